@@ -1,0 +1,45 @@
+# retry-fsm: every target does its own set-up (virtualenv, packages, Graphviz `dot`).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup demo test diagrams bench oracle clean
+
+setup: $(STAMP) .dot
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+# Graphviz's `dot` renders the SVG diagrams; install it through the system package manager.
+.dot:
+	@command -v dot >/dev/null 2>&1 || { \
+	  echo "installing Graphviz (dot)"; \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; \
+	  elif command -v dnf >/dev/null 2>&1; then $(SUDO) dnf install -y graphviz; \
+	  elif command -v brew >/dev/null 2>&1; then brew install graphviz; \
+	  else echo "please install Graphviz (the dot binary)" >&2; exit 1; fi; }
+	@command -v dot >/dev/null 2>&1
+
+demo: setup
+	$(PY) -m fsm demo
+
+test: setup
+	$(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-report=json:build/coverage.json
+
+diagrams: setup
+	$(PY) -m fsm diagrams --out diagrams
+
+bench: setup
+	$(PY) benchmarks/run.py
+
+oracle: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ../shared/oracle/run_all.sh
+
+clean:
+	rm -rf build .coverage .coverage.* oracle-traces

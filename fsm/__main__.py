@@ -1,0 +1,39 @@
+"""Command line: ``python -m fsm <command> ...``.
+
+Each command lives in ``fsm/commands/<name>.py`` and exposes ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int`` (the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("classify", "demo", "fault-server", "rpc", "chat", "diagrams", "audit")
+
+
+def _module(name: str):
+    return importlib.import_module("fsm.commands." + name.replace("-", "_"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fsm", description="retry-fsm command line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            mod = _module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != "fsm.commands." + name.replace("-", "_"):
+                raise
+            continue
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    args = parser.parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

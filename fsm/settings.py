@@ -1,0 +1,160 @@
+"""Retry settings (SPEC §1): validation, loading from the original's JSON shape, backoff.
+
+The original's settings file has the shape ``{"retry": {"enabled", "maxRetries",
+"baseDelayMs", ...}}``; keys this project does not use (such as ``retry.provider``, the
+original's HTTP-client retry) are ignored with a warning, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random as _random
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+JITTER_MODES: tuple[str, ...] = ("none", "full", "equal")
+
+# Limits on what is "absurd": one backoff longer than a day, or more than 100 retries in one
+# chain, is a typo (a delay written in seconds as ms, an extra zero), not a policy.
+MAX_RETRIES_LIMIT = 100
+MAX_DELAY_LIMIT_MS = 86_400_000
+
+_KEYS = {
+    "enabled": "enabled",
+    "maxRetries": "max_retries",
+    "baseDelayMs": "base_delay_ms",
+    "maxDelayMs": "max_delay_ms",
+    "jitter": "jitter",
+}
+
+
+class SettingsError(ValueError):
+    """A setting has a wrong type or an out-of-range value; ``key`` and ``value`` name it."""
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        name = f"retry.{key}" if key else "retry settings"
+        super().__init__(f"{name}: expected {expected}, got {shown}")
+        self.key = key
+        self.value = value
+
+
+def _check_int(key: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        else:
+            raise SettingsError(key, value, f"an integer from {lo} to {hi}")
+    if not lo <= value <= hi:
+        raise SettingsError(key, value, f"an integer from {lo} to {hi}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    """The five retry settings of SPEC §1.
+
+    - ``enabled``: automatic retry on or off (default ``True``).
+    - ``max_retries``: retries per chain, 0..100 (default 3).
+    - ``base_delay_ms``: first backoff in ms, doubled each attempt, 0..86 400 000 (default 2000).
+    - ``max_delay_ms``: cap on one backoff in ms, or ``None`` for no cap (default, as the seed).
+    - ``jitter``: ``"none"`` (the seed), ``"full"`` (uniform 0..d) or ``"equal"`` (d/2 + uniform
+      0..d/2), to spread concurrent sessions (AWS architecture blog, "Exponential Backoff And
+      Jitter").
+
+    Construction validates every field and raises :class:`SettingsError` naming the key and
+    the value; a ``RetrySettings`` that exists is always valid.
+    """
+
+    enabled: bool = True
+    max_retries: int = 3
+    base_delay_ms: int = 2000
+    max_delay_ms: int | None = None
+    jitter: str = "none"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise SettingsError("enabled", self.enabled, "true or false")
+        object.__setattr__(self, "max_retries",
+                           _check_int("maxRetries", self.max_retries, 0, MAX_RETRIES_LIMIT))
+        object.__setattr__(self, "base_delay_ms",
+                           _check_int("baseDelayMs", self.base_delay_ms, 0, MAX_DELAY_LIMIT_MS))
+        if self.max_delay_ms is not None:
+            object.__setattr__(self, "max_delay_ms",
+                               _check_int("maxDelayMs", self.max_delay_ms, 0, MAX_DELAY_LIMIT_MS))
+        if self.jitter not in JITTER_MODES:
+            raise SettingsError("jitter", self.jitter, 'one of "none", "full", "equal"')
+
+    def with_enabled(self, enabled: bool) -> "RetrySettings":
+        """A copy with ``enabled`` changed (validated)."""
+        return replace(self, enabled=enabled)
+
+    def nominal_delay_ms(self, attempt: int) -> int:
+        """``base_delay_ms × 2^(attempt−1)``, capped by ``max_delay_ms`` (ms, no jitter).
+
+        ``attempt`` is 1-based; raises ``ValueError`` for ``attempt < 1``.
+        """
+        if attempt < 1:
+            raise ValueError(f"attempt is 1-based, got {attempt}")
+        delay = self.base_delay_ms << (attempt - 1)
+        cap = MAX_DELAY_LIMIT_MS if self.max_delay_ms is None else self.max_delay_ms
+        return delay if delay < cap else cap
+
+    def backoff_ms(self, attempt: int, random: Callable[[], float] = _random.random) -> int:
+        """The backoff before retry ``attempt`` in ms, with the jitter mode applied.
+
+        ``random`` returns a float in [0, 1); inject it for deterministic tests.
+        """
+        delay = self.nominal_delay_ms(attempt)
+        if self.jitter == "none" or delay == 0:
+            return delay
+        if self.jitter == "full":
+            return int(delay * random())
+        half = delay / 2
+        return int(half + half * random())
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``retry`` object of the settings file (camelCase keys)."""
+        return {"enabled": self.enabled, "maxRetries": self.max_retries,
+                "baseDelayMs": self.base_delay_ms, "maxDelayMs": self.max_delay_ms,
+                "jitter": self.jitter}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, base: "RetrySettings | None" = None) -> "RetrySettings":
+        """Load from the settings-file shape ``{"retry": {...}}`` (other top-level keys ignored).
+
+        Missing keys keep the value of ``base`` (the defaults when ``base`` is None). Unknown
+        keys inside ``retry`` are ignored with a :class:`UserWarning` naming them. Raises
+        :class:`SettingsError` for a bad value; nothing is half-applied.
+        """
+        if not isinstance(data, Mapping):
+            raise SettingsError("", data, "a JSON object at the top level")
+        retry = data.get("retry", {})
+        if retry is None:
+            retry = {}
+        if not isinstance(retry, Mapping):
+            raise SettingsError("", retry, "an object under \"retry\"")
+        unknown = sorted(k for k in retry if k not in _KEYS)
+        if unknown:
+            warnings.warn(f"retry settings: ignoring unknown keys {', '.join(map(str, unknown))}",
+                          UserWarning, stacklevel=2)
+        fields = {_KEYS[k]: v for k, v in retry.items() if k in _KEYS}
+        return replace(base or cls(), **fields)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RetrySettings":
+        """Read a settings file; raises :class:`SettingsError` for bad JSON or values."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError("", str(path), f"a readable UTF-8 settings file ({exc})") from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise SettingsError("", str(path), f"valid JSON ({exc})") from None
+        return cls.from_json(data)

@@ -1,0 +1,120 @@
+import json
+import math
+import warnings
+
+import pytest
+from hypothesis import given, strategies as st
+
+from fsm.settings import RetrySettings, SettingsError
+
+
+def test_defaults_are_the_seeds():
+    s = RetrySettings()
+    assert (s.enabled, s.max_retries, s.base_delay_ms, s.max_delay_ms, s.jitter) == (True, 3, 2000, None, "none")
+    assert [s.backoff_ms(n) for n in (1, 2, 3)] == [2000, 4000, 8000]
+
+
+def test_cap_limits_one_backoff():
+    s = RetrySettings(base_delay_ms=2000, max_delay_ms=5000)
+    assert [s.backoff_ms(n) for n in (1, 2, 3, 4)] == [2000, 4000, 5000, 5000]
+
+
+def test_huge_attempt_is_capped_not_overflowing():
+    s = RetrySettings(max_retries=100, base_delay_ms=86_400_000)
+    assert s.backoff_ms(100) == 86_400_000
+
+
+def test_attempt_is_one_based():
+    with pytest.raises(ValueError, match="1-based"):
+        RetrySettings().backoff_ms(0)
+
+
+def test_full_jitter_spans_zero_to_delay():
+    s = RetrySettings(jitter="full")
+    assert s.backoff_ms(2, random=lambda: 0.0) == 0
+    assert s.backoff_ms(2, random=lambda: 0.5) == 2000
+    assert s.backoff_ms(2, random=lambda: 0.999999) == 3999
+
+
+def test_equal_jitter_keeps_half():
+    s = RetrySettings(jitter="equal")
+    assert s.backoff_ms(1, random=lambda: 0.0) == 1000
+    assert s.backoff_ms(1, random=lambda: 0.999999) == 1999
+
+
+def test_zero_base_delay_has_no_jitter_call():
+    s = RetrySettings(base_delay_ms=0, jitter="full")
+    assert s.backoff_ms(3, random=lambda: 1 / 0) == 0
+
+
+@pytest.mark.parametrize("key,value", [
+    ("enabled", "yes"), ("enabled", 1), ("maxRetries", -1), ("maxRetries", 101), ("maxRetries", "3"),
+    ("maxRetries", True), ("maxRetries", 2.5), ("maxRetries", math.nan), ("baseDelayMs", -5),
+    ("baseDelayMs", 10**12), ("baseDelayMs", math.inf), ("maxDelayMs", -1), ("jitter", "random"),
+    ("jitter", None),
+])
+def test_bad_values_name_the_key_and_value(key, value):
+    with pytest.raises(SettingsError) as info:
+        RetrySettings.from_json({"retry": {key: value}})
+    assert f"retry.{key}" in str(info.value)
+    assert repr(value)[:20] in str(info.value)
+    assert info.value.key == key
+
+
+def test_integral_float_is_accepted_as_int():
+    assert RetrySettings.from_json({"retry": {"baseDelayMs": 50.0}}).base_delay_ms == 50
+
+
+def test_original_shape_with_unknown_keys_warns_and_ignores():
+    data = {"retry": {"enabled": True, "maxRetries": 3, "baseDelayMs": 50, "provider": {"maxRetries": 0}},
+            "theme": "dark"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = RetrySettings.from_json(data)
+    assert s == RetrySettings(base_delay_ms=50)
+    assert any("provider" in str(w.message) for w in caught)
+
+
+def test_nothing_half_applied_on_error():
+    base = RetrySettings(max_retries=5)
+    with pytest.raises(SettingsError):
+        RetrySettings.from_json({"retry": {"maxRetries": 1, "baseDelayMs": -1}}, base=base)
+    assert base.max_retries == 5
+
+
+def test_missing_retry_section_gives_defaults():
+    assert RetrySettings.from_json({}) == RetrySettings()
+    assert RetrySettings.from_json({"retry": None}) == RetrySettings()
+
+
+@pytest.mark.parametrize("data", [[1, 2], {"retry": [1]}, {"retry": "on"}])
+def test_wrong_shapes_are_rejected(data):
+    with pytest.raises(SettingsError):
+        RetrySettings.from_json(data)
+
+
+def test_load_file(tmp_path):
+    p = tmp_path / "settings.json"
+    p.write_text(json.dumps({"retry": {"maxRetries": 1, "jitter": "full"}}))
+    assert RetrySettings.load(p) == RetrySettings(max_retries=1, jitter="full")
+    p.write_text("{not json")
+    with pytest.raises(SettingsError, match="valid JSON"):
+        RetrySettings.load(p)
+    with pytest.raises(SettingsError, match="readable"):
+        RetrySettings.load(tmp_path / "missing.json")
+
+
+def test_round_trip_and_with_enabled():
+    s = RetrySettings(max_retries=2, max_delay_ms=100, jitter="equal")
+    assert RetrySettings.from_json({"retry": s.to_json()}) == s
+    assert s.with_enabled(False).enabled is False
+    with pytest.raises(SettingsError):
+        s.with_enabled("no")  # type: ignore[arg-type]
+
+
+@given(st.integers(0, 86_400_000), st.integers(1, 100), st.sampled_from(["none", "full", "equal"]),
+       st.floats(0, 1, exclude_max=True))
+def test_backoff_is_never_negative_nor_above_nominal(base, attempt, jitter, r):
+    s = RetrySettings(base_delay_ms=base, max_retries=100, jitter=jitter)
+    d = s.backoff_ms(attempt, random=lambda: r)
+    assert 0 <= d <= s.nominal_delay_ms(attempt) <= 86_400_000

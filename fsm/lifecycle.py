@@ -13,6 +13,7 @@ either one or more transitions or one explicit ignored entry; :func:`validate` c
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
@@ -172,9 +173,11 @@ INITIAL = IDLE
 def validate() -> None:
     """Check the declaration: every (state, trigger) cell is covered exactly one way.
 
-    Raises ``ValueError`` naming the first cell that is missing, declared both as a transition
-    and as ignored, ignored twice, or whose guarded rows can all be rejected with no fallback
-    in a way that is not intended (only ``timer_is_current`` may reject without a sibling).
+    Raises ``ValueError`` naming the first problem: an undeclared state, trigger or guard; a
+    cell with no outcome, declared both as a transition and as ignored, or ignored twice; a
+    cell whose guarded rows overlap (two rows pass for the same guard values, so only their
+    order would decide) or leave a gap (no row passes). The one allowed gap is a stale timer:
+    ``timer_is_current`` false means the fact is dropped.
     """
     names = set(STATES)
     for row in TRANSITIONS:
@@ -183,19 +186,30 @@ def validate() -> None:
         for g in row.guards:
             if g.lstrip("!") not in GUARDS:
                 raise ValueError(f"row {row.id} names an undeclared guard {g!r}")
-    moving = {(r.source, r.trigger) for r in TRANSITIONS}
+    by_cell: dict[tuple[str, str], list[Row]] = {}
+    for row in TRANSITIONS:
+        by_cell.setdefault((row.source, row.trigger), []).append(row)
     seen: set[tuple[str, str]] = set()
     for ig in IGNORED:
         cell = (ig.source, ig.trigger)
-        if cell in moving:
+        if cell in by_cell:
             raise ValueError(f"cell {cell} is both a transition and ignored")
         if cell in seen:
             raise ValueError(f"cell {cell} is ignored twice")
         seen.add(cell)
-    for s in STATES:
-        for t in TRIGGERS:
-            if (s, t) not in moving and (s, t) not in seen:
-                raise ValueError(f"cell ({s}, {t}) has no declared outcome")
+    for cell in itertools.product(STATES, TRIGGERS):
+        if cell not in by_cell and cell not in seen:
+            raise ValueError(f"cell {cell} has no declared outcome")
+    for cell, rows in by_cell.items():
+        guards = sorted({g.lstrip("!") for r in rows for g in r.guards})
+        for values in itertools.product((True, False), repeat=len(guards)):
+            env = dict(zip(guards, values))
+            passing = [r for r in rows
+                       if all(env[g.lstrip("!")] != g.startswith("!") for g in r.guards)]
+            if len(passing) > 1:
+                raise ValueError(f"cell {cell}: rows {[r.id for r in passing]} overlap for {env}")
+            if not passing and env.get(TIMER_IS_CURRENT, True):
+                raise ValueError(f"cell {cell}: no row passes for {env}")
 
 
 def cells() -> Iterator[tuple[str, str]]:

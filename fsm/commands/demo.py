@@ -79,19 +79,24 @@ async def _main(args: argparse.Namespace) -> int:
 
         def on_event(event: dict) -> None:
             kind = event["type"]
-            if kind == "message_update":
+            if kind in ("message_update", "message_start"):
                 return
-            if kind == "message_end":
+            if kind == "agent_start":
+                _print(f"{stamp()} turn starts (HTTP request {len(server.chat_requests) + 1})")
+            elif kind == "agent_end":
+                stops = [m["stopReason"] for m in event["messages"] if m["role"] == "assistant"]
+                _print(f"{stamp()} turn ends, stop reason {', '.join(stops)}")
+            elif kind == "message_end":
                 m = event["message"]
                 if m["role"] == "user":
                     _print(f"{stamp()} user: {m['content'][0]['text']}")
                 elif m["stopReason"] == "error":
-                    _print(f"{stamp()} assistant: error: {m.get('errorMessage')}")
+                    _print(f"{stamp()} assistant error: {m.get('errorMessage')}")
                 else:
                     text = "".join(c.get("text", "") for c in m["content"])
-                    _print(f"{stamp()} assistant ({m['stopReason']}): {text}")
-                return
-            _print(f"{stamp()} event {json.dumps(event, ensure_ascii=False)}")
+                    _print(f"{stamp()} assistant: {text}")
+            else:
+                _print(f"{stamp()} {json.dumps(event, ensure_ascii=False)}")
             if kind == "auto_retry_start":
                 _print(f"{stamp()} {loader_text(event['attempt'], event['maxAttempts'], event['delayMs'])}")
             elif kind == "auto_retry_end" and not event["success"]:

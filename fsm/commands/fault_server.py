@@ -1,0 +1,71 @@
+"""``python -m fsm fault-server --script FILE``: serve a scripted, fault-injecting
+OpenAI-compatible endpoint (see :mod:`fsm.providers.fault_server` for the script format).
+
+The first stdout line is the base URL (``http://127.0.0.1:PORT/v1``); the server then runs
+until SIGINT or SIGTERM (exit status 0). A bad script is refused before anything is bound:
+the error names the entry's index, and the exit status is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+HELP = "serve a scripted fault-injecting OpenAI-compatible endpoint (for testing clients)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--script", required=True, metavar="FILE",
+                        help="JSON list of entries, one per chat request (or '-' for stdin); "
+                             "an oracle scenario file with server.script also works")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port (default 0: a free port)")
+    parser.add_argument("--model", default="fault-model", help="model id listed by GET /models")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log one JSON line per answered request to stderr")
+
+
+def _load(path: str) -> object:
+    if path == "-":
+        data = json.load(sys.stdin)
+    else:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    # An oracle scenario ({"server": {"script": [...]}}) carries its script inside.
+    if isinstance(data, dict) and isinstance(data.get("server"), dict) and "script" in data["server"]:
+        return data["server"]["script"]
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    from fsm.providers.fault_server import FaultServer, validate_script
+
+    try:
+        script = validate_script(_load(args.script))
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        print(f"fault-server: bad script {args.script}: {exc}", file=sys.stderr)
+        return 2
+    if not 0 <= args.port <= 65535:
+        print(f"fault-server: --port must be in 0–65535, got {args.port}", file=sys.stderr)
+        return 2
+    try:
+        server = FaultServer(script, host=args.host, port=args.port, model=args.model,
+                             verbose=args.verbose)
+    except OSError as exc:
+        print(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        print(server.base_url, flush=True)
+        while not stop.wait(0.5):  # a timed wait lets the signal handler run promptly
+            pass
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,562 @@
+"""A scripted, fault-injecting OpenAI-compatible server for testing model clients.
+
+The server answers each ``POST …/chat/completions`` request with the next entry of a script
+(a JSON list, one entry per chat request) and, once the script is used up, with a plain
+successful stream (``"ok"``). It runs in a background thread, so a client under test can run in
+an asyncio loop of the same process. Standard library only; it binds only the host it is given
+(``127.0.0.1`` by default).
+
+Script entry keys (all optional; an empty entry is a plain success; unknown keys are refused):
+
+==================  ==========================================================================
+``status``          HTTP status, an integer in 100–599 (default 200).
+``json``            JSON body of a non-streaming answer (typically an error body).
+``body``            raw text body of a non-streaming answer (``content-type: text/plain``
+                    unless ``headers`` says otherwise).
+``headers``         extra response headers, e.g. ``{"retry-after": "60"}`` (names are
+                    lower-cased; ``content-length`` and ``transfer-encoding`` are the server's).
+``delay_ms``        wait this long (ms) before answering; combinable with everything else.
+``hang_ms``         the same as ``delay_ms`` (kept for scripts written for the oracle harness).
+``stream``          list of SSE items: a string is a text delta (one ``chat.completion.chunk``),
+                    an object is sent verbatim as one ``data:`` event (e.g. an
+                    ``{"error": {...}}`` event). The stream ends with a finish_reason chunk, a
+                    usage chunk and ``data: [DONE]``.
+``chunk_delay_ms``  wait between two stream items (ms).
+``finish_reason``   finish_reason of the final chunk (default ``"stop"``).
+``usage``           usage object of the usage chunk (``null``: no usage chunk).
+``drop``            ``true``: after the stream items (and one more ``chunk_delay_ms``), kill the
+                    connection mid-body.
+``drop_mode``       ``"rst"`` (default: TCP reset, ``SO_LINGER`` 0) or ``"fin"`` (plain close).
+``no_done``         ``true``: end the chunked body cleanly after the stream items, without the
+                    finish_reason chunk, the usage chunk and ``[DONE]`` (a truncated stream).
+==================  ==========================================================================
+
+An entry without ``json``, ``body`` or ``stream`` answers a plain success when its status is
+200 (an SSE stream, or a ``chat.completion`` object when the request did not ask to stream)
+and an empty body otherwise.
+
+``GET …/models`` answers a list with one model; every other path gets a 404 JSON error and is
+recorded with ``index`` ``None``.
+
+Python use::
+
+    with FaultServer([{"status": 529, "json": {...}}, {"stream": ["Hel", "lo"]}]) as srv:
+        client = AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+        ...
+        srv.requests   # [{"index": 0, "t_ms": ..., "path": "/v1/chat/completions", ...}, ...]
+
+Command line: ``python -m fsm fault-server --script FILE`` (see :mod:`fsm.commands.fault_server`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import selectors
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["DEFAULT_ENTRY", "ENTRY_KEYS", "FaultServer", "validate_script"]
+
+DEFAULT_ENTRY: dict[str, Any] = {}
+"""What every chat request gets once the script is used up: a plain success (a stream of
+``"ok"``, or a ``chat.completion`` object when the request did not ask to stream)."""
+
+_PLAIN_STREAM: dict[str, Any] = {"stream": ["ok"]}
+
+ENTRY_KEYS: tuple[str, ...] = (
+    "status", "json", "body", "headers", "delay_ms", "hang_ms", "stream", "chunk_delay_ms",
+    "finish_reason", "usage", "drop", "drop_mode", "no_done",
+)
+_STREAM_ONLY = ("chunk_delay_ms", "finish_reason", "usage", "drop", "drop_mode", "no_done")
+_DELAYS = ("delay_ms", "hang_ms", "chunk_delay_ms")
+_POLL_S = 0.05
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """The first problem of one script entry, or ``None`` when it is valid."""
+    if not isinstance(entry, dict):
+        return f"must be an object, got {_type_name(entry)} {entry!r:.60}"
+    for key in entry:
+        if key not in ENTRY_KEYS:
+            return f"unknown key {key!r} (known keys: {', '.join(ENTRY_KEYS)})"
+    status = entry.get("status", 200)
+    if not isinstance(status, int) or isinstance(status, bool):
+        return f"status must be an integer, got {_type_name(status)} {status!r:.60}"
+    if not 100 <= status <= 599:
+        return f"status must be between 100 and 599, got {status}"
+    for key in _DELAYS:
+        if key in entry:
+            value = entry[key]
+            if not _is_number(value):
+                return f"{key} must be a number of milliseconds, got {_type_name(value)} {value!r:.60}"
+            if not math.isfinite(value) or value < 0:
+                return f"{key} must be a finite number ≥ 0, got {value!r}"
+    if "body" in entry and not isinstance(entry["body"], str):
+        return f"body must be a string, got {_type_name(entry['body'])}"
+    if "json" in entry and "body" in entry:
+        return "json and body are mutually exclusive"
+    headers = entry.get("headers", {})
+    if not isinstance(headers, dict):
+        return f"headers must be an object, got {_type_name(headers)}"
+    for name, value in headers.items():
+        if not name or any(c in name for c in " \t\r\n:") or not name.isascii():
+            return f"header name {name!r} is not a valid HTTP header name"
+        if name.lower() in ("content-length", "transfer-encoding"):
+            return f"header {name!r} is set by the server, leave it out"
+        if not (isinstance(value, str) or _is_number(value)):
+            return f"header {name!r} must be a string or a number, got {_type_name(value)}"
+        if isinstance(value, str) and any(c in value for c in "\r\n"):
+            return f"header {name!r} must not contain a line break"
+    if "stream" not in entry:
+        for key in _STREAM_ONLY:
+            if key in entry:
+                return f"{key} needs a stream (add \"stream\": [...])"
+        return None
+    stream = entry["stream"]
+    if not isinstance(stream, list):
+        return f"stream must be a list of strings or objects, got {_type_name(stream)}"
+    for i, item in enumerate(stream):
+        if not isinstance(item, (str, dict)):
+            return f"stream[{i}] must be a string (a text delta) or an object (a raw event), got {_type_name(item)}"
+    for key in ("json", "body"):
+        if key in entry:
+            return f"{key} and stream are mutually exclusive"
+    for key in ("drop", "no_done"):
+        if key in entry and not isinstance(entry[key], bool):
+            return f"{key} must be true or false, got {_type_name(entry[key])}"
+    if entry.get("drop") and entry.get("no_done"):
+        return "drop and no_done are mutually exclusive"
+    if "drop_mode" in entry:
+        if entry["drop_mode"] not in ("rst", "fin"):
+            return f"drop_mode must be \"rst\" or \"fin\", got {entry['drop_mode']!r:.60}"
+        if not entry.get("drop"):
+            return "drop_mode needs \"drop\": true"
+    if "finish_reason" in entry and not isinstance(entry["finish_reason"], str):
+        return f"finish_reason must be a string, got {_type_name(entry['finish_reason'])}"
+    if "usage" in entry and not (entry["usage"] is None or isinstance(entry["usage"], dict)):
+        return f"usage must be an object or null, got {_type_name(entry['usage'])}"
+    return None
+
+
+def validate_script(obj: Any) -> list[dict]:
+    """Check a script and return it as a list of entries (header values turned into strings).
+
+    Raises ``ValueError`` naming the entry's index and the problem, e.g.
+    ``script entry 2: status must be between 100 and 599, got 700``.
+    """
+    if not isinstance(obj, list):
+        raise ValueError(f"script must be a JSON list of entries, got {_type_name(obj)}")
+    out: list[dict] = []
+    for index, entry in enumerate(obj):
+        problem = _entry_problem(entry)
+        if problem is not None:
+            raise ValueError(f"script entry {index}: {problem}")
+        entry = dict(entry)
+        if "headers" in entry:
+            entry["headers"] = {k.lower(): str(v) for k, v in entry["headers"].items()}
+        out.append(entry)
+    return out
+
+
+def _wait_sent(conn: socket.socket, stopping: threading.Event, timeout_s: float = 2.0) -> None:
+    """Wait until the peer has acknowledged every byte written to ``conn`` (Linux), at most
+    ``timeout_s``; elsewhere, wait a short fixed time."""
+    try:
+        import fcntl
+        import termios
+        outq = termios.TIOCOUTQ
+    except (ImportError, AttributeError):  # not Linux
+        stopping.wait(0.05)
+        return
+    deadline = time.monotonic() + timeout_s
+    buf = struct.pack("i", 0)
+    while time.monotonic() < deadline and not stopping.is_set():
+        try:
+            if struct.unpack("i", fcntl.ioctl(conn.fileno(), outq, buf))[0] == 0:
+                return
+        except (OSError, ValueError):  # the socket is already closed
+            return
+        stopping.wait(0.001)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fsm-fault-server/1"
+    sys_version = ""
+    disable_nagle_algorithm = True  # each SSE event leaves at once, as from a real provider
+    server: "_HTTPServer"
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        pass  # FaultServer(verbose=True) logs one JSON line per answered request instead
+
+    # -- reading --------------------------------------------------------------------------
+    def _header_dict(self) -> dict[str, str]:
+        return {name.lower(): value for name, value in self.headers.items()}
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            return self.rfile.read(length)
+        if (self.headers.get("transfer-encoding") or "").lower() == "chunked":
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        return b""
+
+    def _pause(self, ms: float) -> bool:
+        """Wait ``ms``; ``False`` early when the client went away or the server stops."""
+        deadline = time.monotonic() + ms / 1000.0
+        stopping = self.server.owner._stopping
+        with selectors.DefaultSelector() as sel:  # not select(): hundreds of fds may be open
+            sel.register(self.connection, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                if stopping.is_set():
+                    return False
+                if sel.select(min(left, _POLL_S)):
+                    try:
+                        if not self.connection.recv(1, socket.MSG_PEEK):
+                            return False
+                    except OSError:
+                        return False
+                    # Pipelined bytes of a next request: nothing to watch, just wait.
+                    stopping.wait(min(left, _POLL_S))
+        return True
+
+    # -- writing --------------------------------------------------------------------------
+    # Each answer records its outcome just before its last bytes leave, so a client that has
+    # read a whole answer always finds it recorded.
+    def _done(self, status: int | None, outcome: str) -> None:
+        self.server.owner._update(self._rec, status=status, outcome=outcome)
+
+    def _send(self, status: int, data: bytes, ctype: str, headers: dict[str, str], outcome: str) -> None:
+        self.send_response(status)
+        headers = dict(headers)
+        self.send_header("content-type", headers.pop("content-type", ctype))
+        self.send_header("content-length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self._done(status, outcome)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_json(self, status: int, obj: Any, outcome: str, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(obj).encode(), "application/json", headers or {}, outcome)
+
+    def _chunk(self, payload: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+    def _event(self, obj: Any) -> None:
+        self._chunk(b"data: " + (obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n\n")
+
+    # -- routes ---------------------------------------------------------------------------
+    def _is(self, suffix: str) -> bool:
+        return self.path.split("?")[0].rstrip("/").endswith(suffix)
+
+    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+        self._rec, _ = self.server.owner._record(self.command, self.path, None, chat=False,
+                                                 headers=self._header_dict())
+        if self._is("/models"):
+            self._send_json(200, {"object": "list", "data": [
+                {"id": self.server.owner.model, "object": "model", "created": 0,
+                 "owned_by": "fault-server"}]}, "models")
+        else:
+            self._not_found()
+
+    def do_POST(self) -> None:  # noqa: N802 (stdlib naming)
+        arrival = _now_ms()
+        try:
+            raw = self._read_body()
+        except ValueError:  # a chunk size that is not hexadecimal
+            self.close_connection = True
+            self.send_error(400, "malformed chunked request body")
+            return
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            body = None
+        chat = self._is("/chat/completions")
+        self._rec, entry = self.server.owner._record(self.command, self.path, body, chat=chat,
+                                                     t_ms=arrival, headers=self._header_dict())
+        if not chat:
+            self._not_found()
+            return
+        try:
+            self._answer(entry, body if isinstance(body, dict) else {}, self._rec["index"])
+        except OSError as exc:  # BrokenPipe, ConnectionReset: the client left mid-answer
+            self.close_connection = True
+            self._done(None, f"client_gone:{type(exc).__name__}")
+
+    def _not_found(self) -> None:
+        self._send_json(404, {"error": {"message": f"no route for {self.command} {self.path}",
+                                        "type": "not_found_error"}}, "404")
+
+    def _client_gone(self, status: int | None, outcome: str) -> None:
+        self.close_connection = True
+        self._done(status, outcome)
+
+    def _answer(self, entry: dict, req: dict, index: int) -> None:
+        delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
+        if delay and not self._pause(delay):
+            return self._client_gone(None, "client_gone_during_delay")
+        status = entry.get("status", 200)
+        headers = entry.get("headers", {})
+        if "body" in entry:
+            return self._send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
+        if "json" in entry:
+            return self._send_json(status, entry["json"], "json", headers)
+        if "stream" not in entry:
+            if status != 200:
+                return self._send(status, b"", "text/plain; charset=utf-8", headers, "empty")
+            if not req.get("stream"):
+                return self._send_json(200, self._completion(req, index), "completion", headers)
+            entry = {**_PLAIN_STREAM, **entry}
+        return self._stream(entry, req, index, status, headers)
+
+    def _stream(self, entry: dict, req: dict, index: int, status: int, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        headers = dict(headers)
+        self.send_header("content-type", headers.pop("content-type", "text/event-stream"))
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        base = {"id": f"chatcmpl-fault-{index}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": req.get("model") or self.server.owner.model}
+        self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                          "finish_reason": None}]})
+        chunk_delay = entry.get("chunk_delay_ms", 0)
+        text = ""
+        for i, item in enumerate(entry["stream"]):
+            if chunk_delay and i and not self._pause(chunk_delay):
+                return self._client_gone(status, "client_gone_mid_stream")
+            if isinstance(item, str):
+                text += item
+                item = {**base, "choices": [{"index": 0, "delta": {"content": item},
+                                             "finish_reason": None}]}
+            self._event(item)
+        if entry.get("drop"):
+            if chunk_delay and entry["stream"] and not self._pause(chunk_delay):
+                return self._client_gone(status, "client_gone_mid_stream")
+            mode = entry.get("drop_mode", "rst")
+            self._done(status, f"dropped_{mode}")
+            if mode == "rst":
+                # A reset throws away whatever is still in our send queue: let the client's
+                # kernel acknowledge the deltas first, so the client sees them, then the reset.
+                _wait_sent(self.connection, self.server.owner._stopping)
+                # SO_LINGER 0: close() sends a TCP RST instead of a FIN.
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            self.connection.close()
+            self.close_connection = True
+            return None
+        if entry.get("no_done"):
+            self._done(status, "truncated")
+            return self._chunk(b"")
+        self._event({**base, "choices": [{"index": 0, "delta": {},
+                                          "finish_reason": entry.get("finish_reason", "stop")}]})
+        usage = entry.get("usage", self._usage(text))
+        if usage is not None:
+            self._event({**base, "choices": [], "usage": usage})
+        self._done(status, "stream")
+        self._event("[DONE]")
+        return self._chunk(b"")
+
+    @staticmethod
+    def _usage(text: str) -> dict[str, int]:
+        completion = max(1, len(text) // 4)
+        return {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion}
+
+    def _completion(self, req: dict, index: int) -> dict:
+        return {"id": f"chatcmpl-fault-{index}", "object": "chat.completion", "created": int(time.time()),
+                "model": req.get("model") or self.server.owner.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                             "finish_reason": "stop"}],
+                "usage": self._usage("ok")}
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # stop() must not wait for a handler that is hanging on purpose
+    request_queue_size = 1024  # hundreds of clients may connect at once
+
+    def __init__(self, owner: "FaultServer", address: tuple[str, int]) -> None:
+        self.owner = owner
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup that can take seconds.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client resetting an idle keep-alive connection is normal here, not worth a traceback.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+    def track(self, conn: socket.socket, opened: bool) -> None:
+        with self._open_lock:
+            (self._open.add if opened else self._open.discard)(conn)
+
+    def close_connections(self) -> None:
+        with self._open_lock:
+            conns, self._open = list(self._open), set()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class FaultServer:
+    """A scripted OpenAI-compatible server running in a background thread.
+
+    ``script`` is validated with :func:`validate_script` (``ValueError`` naming the entry's
+    index). ``port`` 0 picks a free port. ``requests`` lists every request received, in arrival
+    order, as dicts: ``index`` (position among chat requests, ``None`` for other paths),
+    ``t_ms`` (arrival, ``time.monotonic()`` in ms), ``end_ms`` (answer finished, or ``None``),
+    ``method``, ``path``, ``headers`` (request headers, lower-case names), ``body`` (the parsed
+    JSON request body or ``None``), ``scripted``
+    (``False`` once the script is used up), ``status`` and ``outcome`` (``json``, ``body``,
+    ``empty``, ``completion``, ``stream``, ``truncated``, ``dropped_rst``, ``dropped_fin``,
+    ``models``, ``404``, ``client_gone…``; ``None`` while the answer is in progress).
+    """
+
+    def __init__(self, script: list[dict] | None = None, host: str = "127.0.0.1", port: int = 0,
+                 *, model: str = "fault-model", verbose: bool = False) -> None:
+        self.script = validate_script(list(script or []))
+        self.host = host
+        self.model = model
+        self.verbose = verbose
+        self._lock = threading.Lock()
+        self._requests: list[dict] = []
+        self._chat_count = 0
+        self._stopping = threading.Event()
+        self._httpd = _HTTPServer(self, (host, port))
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT/v1``, the base URL an OpenAI client takes."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def requests(self) -> list[dict]:
+        """A snapshot of the request records (see the class docstring)."""
+        with self._lock:
+            return [dict(rec) for rec in self._requests]
+
+    @property
+    def chat_requests(self) -> list[dict]:
+        """The records of chat requests only."""
+        return [rec for rec in self.requests if rec["index"] is not None]
+
+    def _record(self, method: str, path: str, body: Any, *, chat: bool, headers: dict[str, str],
+                t_ms: float | None = None) -> tuple[dict, dict]:
+        """Append a live record; for a chat request, also pick its script entry."""
+        rec: dict[str, Any] = {"index": None, "t_ms": t_ms if t_ms is not None else _now_ms(),
+                               "end_ms": None, "method": method, "path": path, "headers": headers,
+                               "body": body, "scripted": False, "status": None, "outcome": None}
+        entry = DEFAULT_ENTRY
+        with self._lock:
+            if chat:
+                rec["index"] = index = self._chat_count
+                self._chat_count += 1
+                if index < len(self.script):
+                    rec["scripted"], entry = True, self.script[index]
+            self._requests.append(rec)
+        return rec, entry
+
+    def _update(self, rec: dict, *, status: int | None, outcome: str) -> None:
+        with self._lock:
+            rec.update(status=status, outcome=outcome, end_ms=_now_ms())
+            line = {k: v for k, v in rec.items() if k not in ("body", "headers")}
+        if self.verbose:
+            sys.stderr.write("fault-server: " + json.dumps(line) + "\n")
+
+    def start(self) -> "FaultServer":
+        """Serve in a daemon thread; returns ``self``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=f"fault-server:{self.port}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        # Our own accept loop instead of serve_forever(): stop() wakes it through a socket
+        # pair at once, where serve_forever() would only notice at its next poll.
+        self._httpd.timeout = _POLL_S  # handle_request() must not block if a client vanished
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._httpd, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                for key, _ in sel.select():
+                    if key.fileobj is self._httpd and not self._stopping.is_set():
+                        self._httpd.handle_request()
+
+    def stop(self) -> None:
+        """Stop serving, end pending delays and close open connections. Idempotent."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._wake_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join()
+        self._httpd.server_close()
+        self._httpd.close_connections()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def __enter__(self) -> "FaultServer":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -200,7 +200,8 @@ class AgentSession:
 
         While the session is busy, ``streaming_behavior`` ``"steer"`` or ``"follow_up"``
         queues the message (delivered with the next continue or turn, never shortening a
-        backoff) and returns at once; without it raises :class:`SessionBusyError`.
+        backoff; after a cancelled chain it waits for the next prompt) and returns at once;
+        without it raises :class:`SessionBusyError`.
         Raises ``TypeError`` / ``ValueError`` for a non-string text or unknown behaviour.
         """
         if not isinstance(text, str):
@@ -220,7 +221,9 @@ class AgentSession:
             await self._run_turn([UserMessage(text)])
             while True:
                 await self._drive_chain()
-                if not self._queue:
+                # After a cancelled chain the user asked to stop: queued messages wait for
+                # the next prompt instead of going out at once.
+                if not self._queue or self.brain.state == "cancelled":
                     break
                 await self._run_turn([])
         except asyncio.CancelledError:
@@ -254,8 +257,10 @@ class AgentSession:
         self._turn_running = True
         self._turn_done.clear()
         try:
-            new = new + list(self._queue)
-            self._queue.clear()
+            if self._queue:
+                new = list(self._queue) + new  # queued first: they were typed earlier
+                self._queue.clear()
+                self._emit({"type": "queue_update", "queued": []})
             if not new and (not self.messages or not isinstance(self.messages[-1], UserMessage)):
                 raise ContinueRejected("cannot continue: the runtime context does not end with "
                                        "a user message")

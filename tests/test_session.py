@@ -428,3 +428,19 @@ async def test_compaction_hook_gets_overflow_and_not_retried_turns():
     await asyncio.wait_for(task, 1)
     assert calls[-1] == ("none", None)
     assert session.state()["autoCompactionEnabled"] is True
+
+
+async def test_queue_is_announced_when_delivered_and_kept_after_a_cancel():
+    session, provider, clock, events = make([error(OVERLOADED), ok("second")])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await started(clock)
+    await session.prompt("queued", streaming_behavior="follow_up")
+    session.abort_retry()
+    await asyncio.wait_for(task, 1)
+    assert len(provider.requests) == 1, "a cancel must not send the queued message at once"
+    assert session.queued_messages == ["queued"]
+    await session.prompt("next")
+    assert provider.requests[1][-2:] == [{"role": "user", "content": "queued"},
+                                         {"role": "user", "content": "next"}]
+    queue_events = [e["queued"] for e in events if e["type"] == "queue_update"]
+    assert queue_events == [["queued"], []]

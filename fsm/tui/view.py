@@ -1,0 +1,232 @@
+"""The terminal front end's view-model: session events in, what the screen shows out (pure).
+
+:class:`ChatView` knows nothing of prompt_toolkit, asyncio or the session object. The
+application feeds it every session event (:meth:`ChatView.handle`) and reads back:
+
+- the lines to print above the input (returned by :meth:`~ChatView.handle`, as :class:`Line`);
+- :attr:`~ChatView.stream_tail`, the unfinished last line of the answer being streamed;
+- :attr:`~ChatView.esc_action`, which Esc handler is bound now (SPEC §6): :data:`ESC_ABORT_RETRY`
+  while a backoff's loader shows, otherwise the handler that was bound before it
+  (:data:`ESC_ABORT_TURN`, which aborts a running turn);
+- :meth:`~ChatView.loader_text` (``Retrying (1/3) in 2s… (esc to cancel)``, counted down live
+  from the injected clock, D9) and :meth:`~ChatView.status_text`.
+
+The clock is ``clock() -> seconds`` (monotonic); tests inject a fake one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..brain import CANCELLED_TEXT  # the finalError of a chain the user cancelled
+from ..ui_text import aborted_text, failure_text, loader_text
+
+ESC_ABORT_TURN = "abort"
+"""Esc aborts the running turn (``await session.abort()``); with no turn running it does nothing."""
+
+ESC_ABORT_RETRY = "abort_retry"
+"""Esc cancels the pending backoff (``session.abort_retry()``), bound while the loader shows."""
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line to print above the input. ``kind``: ``user``, ``assistant``, ``error``,
+    ``retry_failed``, ``aborted`` or ``info`` (the application maps kinds to styles)."""
+
+    text: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """The pending backoff the loader counts down: ``deadline`` is in clock seconds."""
+
+    attempt: int
+    max_attempts: int
+    deadline: float
+
+
+class ChatView:
+    """What the chat screen shows, derived from session events only.
+
+    ``model`` and ``retry_enabled`` feed the status line; set :attr:`retry_enabled` when the
+    user toggles it. ``clock`` returns monotonic seconds.
+    """
+
+    def __init__(self, *, model: str = "", retry_enabled: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.retry_enabled = retry_enabled
+        self._clock = clock
+        # The seed's EventController swaps the Esc handler and later restores "the previous
+        # one": a stack says exactly that.
+        self._esc: list[str] = [ESC_ABORT_TURN]
+        self.backoff: Backoff | None = None
+        self.chain_attempt = 0          # attempt of the active retry chain, 0 outside one
+        self.chain_max = 0
+        self.turn_running = False
+        self.retried_turn = False       # the running turn is a retry (a continue)
+        self.stream_tail = ""
+        self.queued = 0
+        self._abort_reported = False    # "Aborted after N retry attempts" already shown
+        self._streamed = False          # the current assistant message streamed some text
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def esc_action(self) -> str:
+        """:data:`ESC_ABORT_RETRY` while the loader shows, else the handler bound before it."""
+        return self._esc[-1]
+
+    @property
+    def loader_visible(self) -> bool:
+        return self.backoff is not None
+
+    @property
+    def needs_ticks(self) -> bool:
+        """The screen changes with time alone (a countdown or a spinner is showing)."""
+        return self.backoff is not None or self.turn_running
+
+    def remaining_ms(self) -> float:
+        """Milliseconds left in the pending backoff (0 when none or elapsed)."""
+        if self.backoff is None:
+            return 0.0
+        return max(0.0, (self.backoff.deadline - self._clock()) * 1000.0)
+
+    def loader_text(self) -> str | None:
+        """``Retrying (1/3) in 2s… (esc to cancel)`` during a backoff, else None."""
+        b = self.backoff
+        if b is None:
+            return None
+        return loader_text(b.attempt, b.max_attempts, self.remaining_ms())
+
+    def activity_text(self) -> str | None:
+        """The line above the input: the loader, a working indicator, or None."""
+        text = self.loader_text()
+        if text is not None:
+            return text
+        if self.turn_running:
+            spin = SPINNER[int(self._clock() * 10) % len(SPINNER)]
+            what = (f"Retry {self.chain_attempt}/{self.chain_max} running…" if self.retried_turn
+                    else "Working…")
+            return f"{spin} {what} (esc to interrupt)"
+        return None
+
+    @property
+    def state_label(self) -> str:
+        if self.backoff is not None:
+            return f"backing off {self.backoff.attempt}/{self.backoff.max_attempts}"
+        if self.turn_running:
+            if self.retried_turn:
+                return f"retrying {self.chain_attempt}/{self.chain_max}"
+            return "streaming"
+        return "idle"
+
+    def status_text(self) -> str:
+        """``model · retry on · idle`` (plus ``· 1 queued``)."""
+        parts = [self.model or "?", f"retry {'on' if self.retry_enabled else 'off'}",
+                 self.state_label]
+        if self.queued:
+            parts.append(f"{self.queued} queued")
+        return " · ".join(parts)
+
+    # ------------------------------------------------------------------ events
+    def handle(self, event: dict[str, Any]) -> list[Line]:
+        """Apply one session event; returns the lines to print above the input, in order."""
+        kind = event.get("type")
+        handler = getattr(self, "_on_" + str(kind), None)
+        if handler is None:
+            return []
+        return handler(event)
+
+    def _on_agent_start(self, event: dict[str, Any]) -> list[Line]:
+        self.turn_running = True
+        self.stream_tail = ""
+        self.queued = 0  # a turn takes every queued message with it (AgentSession._run_turn)
+        if self.backoff is not None:  # the retried turn starts: the backoff is over
+            self.retried_turn = True
+            self._end_backoff()
+        return []
+
+    def _on_message_update(self, event: dict[str, Any]) -> list[Line]:
+        delta = (event.get("assistantMessageEvent") or {}).get("delta") or ""
+        if not delta:
+            return []
+        self._streamed = True
+        *done, self.stream_tail = (self.stream_tail + delta).split("\n")
+        return [Line(text, "assistant") for text in done]
+
+    def _on_message_start(self, event: dict[str, Any]) -> list[Line]:
+        if (event.get("message") or {}).get("role") == "assistant":
+            self.stream_tail, self._streamed = "", False
+        return []
+
+    def _on_message_end(self, event: dict[str, Any]) -> list[Line]:
+        message = event.get("message") or {}
+        text = "".join(c.get("text", "") for c in message.get("content") or ()
+                       if isinstance(c, dict))
+        if message.get("role") == "user":
+            return [Line(f"› {text}", "user")]
+        out: list[Line] = []
+        if self._streamed:
+            if self.stream_tail:
+                out.append(Line(self.stream_tail, "assistant"))
+        elif text:  # nothing was streamed (an answer in one piece): print it whole
+            out.extend(Line(t, "assistant") for t in text.split("\n"))
+        self.stream_tail, self._streamed = "", False
+        stop = message.get("stopReason")
+        if stop == "error":
+            where = f" (retry {self.chain_attempt}/{self.chain_max})" if self.retried_turn else ""
+            out.append(Line(f"Error{where}: {message.get('errorMessage') or 'unknown error'}", "error"))
+        elif stop == "aborted":
+            if self.retried_turn and self.chain_attempt > 0:
+                out.append(Line(aborted_text(self.chain_attempt), "aborted"))
+                self._abort_reported = True
+            else:
+                out.append(Line("Aborted", "aborted"))
+        elif stop == "length":
+            out.append(Line("(the answer was cut: the model hit its output limit)", "info"))
+        return out
+
+    def _on_agent_end(self, event: dict[str, Any]) -> list[Line]:
+        self.turn_running = False
+        self.retried_turn = False
+        return []
+
+    def _on_auto_retry_start(self, event: dict[str, Any]) -> list[Line]:
+        attempt = int(event.get("attempt", 1))
+        max_attempts = int(event.get("maxAttempts", attempt))
+        delay_ms = float(event.get("delayMs", 0) or 0)
+        self.chain_attempt, self.chain_max = attempt, max_attempts
+        if self.backoff is None:
+            self._esc.append(ESC_ABORT_RETRY)
+        self.backoff = Backoff(attempt, max_attempts, self._clock() + delay_ms / 1000.0)
+        return []
+
+    def _on_auto_retry_end(self, event: dict[str, Any]) -> list[Line]:
+        self._end_backoff()
+        attempt = int(event.get("attempt", 0))
+        out: list[Line] = []
+        if not event.get("success"):
+            final = str(event.get("finalError", ""))
+            if not (self._abort_reported and final == CANCELLED_TEXT):
+                out.append(Line(failure_text(attempt, final), "retry_failed"))
+        self.chain_attempt = self.chain_max = 0
+        self._abort_reported = False
+        return out
+
+    def _on_queue_update(self, event: dict[str, Any]) -> list[Line]:
+        self.queued = len(event.get("queued") or ())
+        return []
+
+    def _on_extension_error(self, event: dict[str, Any]) -> list[Line]:
+        return [Line(f"extension failed on {event.get('event')}: {event.get('error')}", "info")]
+
+    def _end_backoff(self) -> None:
+        if self.backoff is not None:
+            self.backoff = None
+            if len(self._esc) > 1 and self._esc[-1] == ESC_ABORT_RETRY:
+                self._esc.pop()

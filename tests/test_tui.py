@@ -1,0 +1,273 @@
+"""The terminal's view-model (fsm.tui.view.ChatView): which Esc handler is bound and what the
+loader says, driven by session events and a fake clock. No terminal, no prompt_toolkit."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsm.tui.view import ESC_ABORT_RETRY, ESC_ABORT_TURN, ChatView, Line
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def view(clock: Clock) -> ChatView:
+    return ChatView(model="m1", clock=clock)
+
+
+def start(attempt=1, max_attempts=3, delay_ms=2000, error="Error code: 529 - overloaded"):
+    return {"type": "auto_retry_start", "attempt": attempt, "maxAttempts": max_attempts,
+            "delayMs": delay_ms, "errorMessage": error}
+
+
+def end(success, attempt, final_error=None):
+    event = {"type": "auto_retry_end", "success": success, "attempt": attempt}
+    if final_error is not None:
+        event["finalError"] = final_error
+    return event
+
+
+def assistant_end(stop="stop", text="", error=None):
+    message = {"role": "assistant", "content": [{"type": "text", "text": text}] if text else [],
+               "stopReason": stop}
+    if error is not None:
+        message["errorMessage"] = error
+    return {"type": "message_end", "message": message}
+
+
+def delta(text):
+    return {"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "delta": text}}
+
+
+AGENT_START = {"type": "agent_start"}
+AGENT_END = {"type": "agent_end", "messages": []}
+ASSISTANT_START = {"type": "message_start", "message": {"role": "assistant"}}
+
+
+def failed_turn(view: ChatView, error="Error code: 529 - overloaded") -> list[Line]:
+    lines = []
+    for event in (AGENT_START, ASSISTANT_START, assistant_end("error", error=error), AGENT_END):
+        lines += view.handle(event)
+    return lines
+
+
+# ---------------------------------------------------------------------- idle
+def test_idle_view_binds_esc_to_abort_and_shows_no_loader(view):
+    assert view.esc_action == ESC_ABORT_TURN
+    assert view.loader_text() is None
+    assert view.activity_text() is None
+    assert view.status_text() == "m1 · retry on · idle"
+    assert not view.needs_ticks
+
+
+def test_status_line_names_model_retry_switch_state_and_queue(view):
+    view.retry_enabled = False
+    view.handle({"type": "queue_update", "queued": ["a", "b"]})
+    assert view.status_text() == "m1 · retry off · idle · 2 queued"
+
+
+# ---------------------------------------------------------------------- the backoff
+def test_retry_start_rebinds_esc_to_abort_retry_and_shows_the_loader(view):
+    failed_turn(view)
+    assert view.handle(start()) == []
+    assert view.esc_action == ESC_ABORT_RETRY
+    assert view.loader_text() == "Retrying (1/3) in 2s… (esc to cancel)"
+    assert view.activity_text() == view.loader_text()
+    assert view.status_text() == "m1 · retry on · backing off 1/3"
+    assert view.needs_ticks
+
+
+def test_loader_counts_down_with_seconds_rounded_half_up(view, clock):
+    view.handle(start(delay_ms=2500))
+    seen = []
+    for elapsed in (0.0, 0.4, 0.5, 1.2, 1.5, 2.0, 2.1, 2.6, 9.0):
+        clock.now = 100.0 + elapsed
+        seen.append(view.loader_text())
+    assert [s.split(" in ")[1].split("…")[0] for s in seen] == [
+        "3s", "2s", "2s", "1s", "1s", "1s", "0s", "0s", "0s"]
+
+
+def test_half_a_second_left_shows_one_second(view, clock):
+    view.handle(start(delay_ms=500))
+    assert view.loader_text() == "Retrying (1/3) in 1s… (esc to cancel)"
+    clock.now += 0.001
+    assert view.loader_text() == "Retrying (1/3) in 0s… (esc to cancel)"
+
+
+def test_retried_turn_start_restores_esc_and_clears_the_loader(view):
+    failed_turn(view)
+    view.handle(start(attempt=2, max_attempts=3))
+    view.handle(AGENT_START)
+    assert view.esc_action == ESC_ABORT_TURN
+    assert view.loader_text() is None
+    assert view.status_text() == "m1 · retry on · retrying 2/3"
+    assert view.activity_text().endswith("Retry 2/3 running… (esc to interrupt)")
+
+
+def test_success_end_clears_the_loader_quietly(view):
+    failed_turn(view)
+    view.handle(start())
+    view.handle(AGENT_START)
+    lines = view.handle(ASSISTANT_START) + view.handle(delta("hi")) + view.handle(
+        assistant_end(text="hi")) + view.handle(AGENT_END) + view.handle(end(True, 1))
+    assert lines == [Line("hi", "assistant")]
+    assert view.esc_action == ESC_ABORT_TURN
+    assert view.loader_text() is None and view.activity_text() is None
+    assert view.status_text() == "m1 · retry on · idle"
+
+
+def test_end_without_a_retried_turn_also_restores_esc(view):
+    failed_turn(view)
+    view.handle(start())
+    view.handle(end(True, 1))
+    assert view.esc_action == ESC_ABORT_TURN
+    assert view.loader_text() is None
+
+
+def test_esc_cancel_during_backoff_prints_the_failure_line_singular(view):
+    failed_turn(view)
+    view.handle(start())
+    lines = view.handle(end(False, 1, "Retry cancelled"))
+    assert lines == [Line("Retry failed after 1 attempt: Retry cancelled", "retry_failed")]
+    assert view.esc_action == ESC_ABORT_TURN
+    assert view.loader_text() is None
+
+
+def test_exhausted_chain_prints_the_final_error_plural(view):
+    failed_turn(view)
+    for attempt in (1, 2, 3):
+        view.handle(start(attempt=attempt))
+        view.handle(AGENT_START)
+        view.handle(ASSISTANT_START)
+        view.handle(assistant_end("error", error="503 Service Unavailable"))
+        view.handle(AGENT_END)
+    lines = view.handle(end(False, 3, "503 Service Unavailable"))
+    assert lines == [Line("Retry failed after 3 attempts: 503 Service Unavailable", "retry_failed")]
+    assert view.esc_action == ESC_ABORT_TURN
+
+
+def test_each_failed_attempt_shows_its_error(view):
+    lines = failed_turn(view, error="Error code: 529 - {'type': 'overloaded_error'}")
+    assert lines == [Line("Error: Error code: 529 - {'type': 'overloaded_error'}", "error")]
+
+
+def test_abort_during_retried_turn_says_aborted_after_n_attempts_once(view):
+    failed_turn(view)
+    view.handle(start(attempt=1))
+    view.handle(AGENT_START)
+    failed_turn_lines = view.handle(ASSISTANT_START) + view.handle(
+        assistant_end("error", error="503")) + view.handle(AGENT_END)
+    assert failed_turn_lines == [Line("Error (retry 1/3): 503", "error")]
+    view.handle(start(attempt=2))
+    view.handle(AGENT_START)
+    lines = view.handle(ASSISTANT_START) + view.handle(delta("par")) + view.handle(
+        assistant_end("aborted", text="par", error="Request was aborted")) + view.handle(AGENT_END)
+    lines += view.handle(end(False, 2, "Retry cancelled"))
+    assert lines == [Line("par", "assistant"), Line("Aborted after 2 retry attempts", "aborted")]
+    assert view.esc_action == ESC_ABORT_TURN
+
+
+def test_abort_after_one_retry_is_singular(view):
+    failed_turn(view)
+    view.handle(start(attempt=1))
+    view.handle(AGENT_START)
+    lines = view.handle(assistant_end("aborted", error="Request was aborted"))
+    assert lines == [Line("Aborted after 1 retry attempt", "aborted")]
+
+
+def test_abort_of_a_plain_turn_says_aborted(view):
+    view.handle(AGENT_START)
+    assert view.handle(assistant_end("aborted", error="Request was aborted")) == [Line("Aborted", "aborted")]
+
+
+def test_a_new_chain_after_a_cancelled_one_reports_its_own_failure(view):
+    failed_turn(view)
+    view.handle(start(attempt=1))
+    view.handle(AGENT_START)
+    view.handle(assistant_end("aborted", error="Request was aborted"))
+    view.handle(AGENT_END)
+    view.handle(end(False, 1, "Retry cancelled"))
+    failed_turn(view)
+    view.handle(start(attempt=1))
+    assert view.handle(end(False, 1, "Retry cancelled")) == [
+        Line("Retry failed after 1 attempt: Retry cancelled", "retry_failed")]
+
+
+def test_max_retries_zero_end_without_start_keeps_esc_bound_to_abort(view):
+    failed_turn(view)
+    lines = view.handle(end(False, 0, "overloaded"))
+    assert lines == [Line("Retry failed after 0 attempts: overloaded", "retry_failed")]
+    assert view.esc_action == ESC_ABORT_TURN
+
+
+def test_two_starts_without_a_turn_between_push_one_handler(view, clock):
+    view.handle(start(attempt=1, delay_ms=1000))
+    view.handle(start(attempt=2, delay_ms=4000))
+    assert view.loader_text() == "Retrying (2/3) in 4s… (esc to cancel)"
+    view.handle(end(False, 2, "Retry cancelled"))
+    assert view.esc_action == ESC_ABORT_TURN
+    view.handle(end(True, 2))  # a stray end never pops the base handler
+    assert view.esc_action == ESC_ABORT_TURN
+
+
+# ---------------------------------------------------------------------- streaming
+def test_streamed_lines_are_printed_as_they_complete(view):
+    view.handle(AGENT_START)
+    view.handle(ASSISTANT_START)
+    assert view.handle(delta("Hel")) == []
+    assert view.stream_tail == "Hel"
+    assert view.handle(delta("lo\nwor")) == [Line("Hello", "assistant")]
+    assert view.stream_tail == "wor"
+    assert view.handle(delta("ld\n\nbye")) == [Line("world", "assistant"), Line("", "assistant")]
+    assert view.handle(assistant_end(text="Hello\nworld\n\nbye")) == [Line("bye", "assistant")]
+    assert view.stream_tail == ""
+
+
+def test_an_answer_that_was_not_streamed_is_printed_whole(view):
+    view.handle(AGENT_START)
+    view.handle(ASSISTANT_START)
+    assert view.handle(assistant_end(text="one\ntwo")) == [Line("one", "assistant"), Line("two", "assistant")]
+
+
+def test_partial_text_of_a_failed_stream_is_kept_before_the_error(view):
+    view.handle(AGENT_START)
+    view.handle(ASSISTANT_START)
+    view.handle(delta("half an ans"))
+    assert view.handle(assistant_end("error", text="half an ans", error="premature close")) == [
+        Line("half an ans", "assistant"), Line("Error: premature close", "error")]
+
+
+def test_user_messages_are_echoed_when_sent(view):
+    event = {"type": "message_end", "message": {"role": "user", "content": [{"type": "text", "text": "hi"}]}}
+    assert view.handle(event) == [Line("› hi", "user")]
+
+
+def test_a_turn_takes_the_queued_messages(view):
+    view.handle({"type": "queue_update", "queued": ["later"]})
+    assert view.queued == 1
+    view.handle(AGENT_START)
+    assert view.queued == 0
+
+
+def test_unknown_events_are_ignored(view):
+    assert view.handle({"type": "something_new", "x": 1}) == []
+    assert view.handle({}) == []
+
+
+def test_working_spinner_while_a_turn_runs(view):
+    view.handle(AGENT_START)
+    assert view.activity_text().endswith("Working… (esc to interrupt)")
+    assert view.status_text() == "m1 · retry on · streaming"
+    view.handle(AGENT_END)
+    assert view.activity_text() is None

@@ -73,7 +73,7 @@ HAS_RETRIES_LEFT = "has_retries_left"
 TIMER_IS_CURRENT = "timer_is_current"
 GUARDS: dict[str, str] = {
     RETRY_ENABLED: "retry.enabled is true now (read live, so a mid-chain toggle counts)",
-    HAS_RETRIES_LEFT: "attempt < retry.maxRetries of the chain",
+    HAS_RETRIES_LEFT: "attempt < maxRetries (at rest: retry.maxRetries >= 1; in a chain: the chain's maxRetries)",
     TIMER_IS_CURRENT: "the timer that fired is the chain's current backoff timer",
 }
 
@@ -237,7 +237,16 @@ def declaration() -> dict:
 
 
 def _version() -> str:
-    blob = json.dumps(declaration(), sort_keys=True, separators=(",", ":")).encode()
+    # Only what changes behaviour counts: a reworded citation or reason keeps old traces valid.
+    d = declaration()
+    structure = {
+        "states": d["states"], "initial": d["initial"], "triggers": d["triggers"],
+        "guards": sorted(d["guards"]),
+        "transitions": [[t["source"], t["trigger"], t["guards"], t["dest"], t["effect"]]
+                        for t in d["transitions"]],
+        "ignored": [[i["source"], i["trigger"]] for i in d["ignored"]],
+    }
+    blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -1,0 +1,518 @@
+"""Diagrams of the retry lifecycle, generated from the one declaration (SPEC §7).
+
+The pipeline is *extract → model → render*:
+
+- :func:`extract` reads :func:`fsm.lifecycle.declaration` (plus the state and trigger docs and
+  the at-rest / in-chain grouping of :mod:`fsm.lifecycle`) into a :class:`Diagram`, a small
+  immutable model that knows nothing about output formats;
+- one renderer per format turns a :class:`Diagram` into text: :func:`render_dot` (Graphviz
+  DOT, built with :class:`graphviz.Digraph`), :func:`render_svg` (DOT laid out by the ``dot``
+  binary), :func:`render_mermaid` (Mermaid ``stateDiagram-v2``) and :func:`render_markdown`
+  (the transition table and the state × trigger matrix).
+
+Every declared transition is exactly one edge, labelled ``trigger [guard ∧ ¬guard]``; the
+ignored cells are never drawn (the Markdown lists them with their reasons). The text outputs
+are byte-stable: declaration order only, no timestamps or versions, ``\\n`` line endings.
+The SVG embeds the Graphviz version and coordinates, so it is checked for validity only.
+
+:func:`render_dot` and :func:`render_svg` also draw a coverage view: pass ``marks`` (row id
+→ :class:`EdgeMark`) and covered edges are drawn solid, uncovered ones red and dashed
+(:mod:`fsm.audit` uses this for ``--svg``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from . import lifecycle as L
+
+NAME = "retry_lifecycle"
+"""Base name of the generated files (``retry_lifecycle.dot`` ...) and of the graph."""
+
+TEXT_SUFFIXES: tuple[str, ...] = (".dot", ".mmd", ".md")
+"""The byte-stable outputs; the SVG is written too but never compared byte for byte."""
+
+AND, NOT = "∧", "¬"
+
+# Okabe–Ito palette: distinguishable with the common colour-vision deficiencies. One colour
+# per trigger, in declaration order, so the parallel edges of the four at-rest states can be
+# matched by colour. Red is kept free for the coverage view ("not covered").
+_PALETTE = ("#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#000000", "#8C6D00",
+            "#7F7F7F")
+_UNCOVERED = "#D00000"
+_COVERED = "#333333"
+_GROUP_LABELS = {"in_chain": "in a retry chain", "ended": "chain ended (at rest)",
+                 "at_rest": "at rest"}
+_CLUSTERS = ("in_chain", "ended")  # idle stays outside: most edges of the ended states end there
+_FILLS = {"in_chain": "#FFF4D6", "ended": "#EEF3FA", "at_rest": "#FFFFFF"}
+
+
+class DiagramError(RuntimeError):
+    """A diagram could not be produced (for example Graphviz's ``dot`` is not installed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """A state: ``group`` is ``"in_chain"``, ``"ended"``, ``"at_rest"`` (idle) or ``""``."""
+
+    name: str
+    doc: str
+    group: str
+    initial: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One declared transition (one :class:`fsm.lifecycle.Row`).
+
+    ``order`` is the row's position among the rows of its (source, trigger) cell (rows are
+    tried in that order; the first whose guards hold is taken). ``takeable`` / ``rejectable``
+    say whether some combination of guard values lets the row be taken / be tried and
+    rejected, given the rows tried before it: the fallback row of a cell whose earlier rows
+    cover every other case can never be rejected, and a row shadowed by earlier ones can never
+    be taken. Guards are treated as independent booleans.
+    """
+
+    id: str
+    source: str
+    trigger: str
+    dest: str
+    guards: tuple[str, ...]
+    effect: str | None
+    spec: str
+    order: int
+    takeable: bool
+    rejectable: bool
+
+    @property
+    def guard_text(self) -> str:
+        """``retry_enabled ∧ ¬has_retries_left``; empty for an unguarded row."""
+        return f" {AND} ".join(NOT + g[1:] if g.startswith("!") else g for g in self.guards)
+
+    @property
+    def label(self) -> str:
+        """``trigger [guards]``, e.g. ``turn_failed_retryable [retry_enabled ∧ ¬has_retries_left]``."""
+        return f"{self.trigger} [{self.guard_text}]" if self.guards else self.trigger
+
+
+@dataclass(frozen=True, slots=True)
+class IgnoredCell:
+    """A (state, trigger) cell that is explicitly not a transition, and why."""
+
+    id: str
+    source: str
+    trigger: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Diagram:
+    """The intermediate model: everything a renderer needs, in declaration order."""
+
+    name: str
+    states: tuple[State, ...]
+    triggers: tuple[tuple[str, str], ...]
+    guards: tuple[tuple[str, str], ...]
+    edges: tuple[Edge, ...]
+    ignored: tuple[IgnoredCell, ...]
+
+    def state(self, name: str) -> State:
+        """The state called ``name``; ``KeyError`` if there is none."""
+        for s in self.states:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def twins(self) -> tuple[tuple[str, ...], ...]:
+        """Groups of two or more states whose outgoing behaviour is identical.
+
+        Two states are twins when they have the same rows (trigger, guards, dest, effect, in
+        order) and the same ignored cells (trigger, reason). Diagrams say so in the legend, since
+        their identical edges are drawn once per state.
+        """
+        groups: dict[tuple, list[str]] = {}
+        for s in self.states:
+            sig = (tuple((e.trigger, e.guards, e.dest, e.effect) for e in self.edges
+                         if e.source == s.name),
+                   tuple((i.trigger, i.reason) for i in self.ignored if i.source == s.name))
+            groups.setdefault(sig, []).append(s.name)
+        return tuple(tuple(g) for g in groups.values() if len(g) > 1)
+
+    def cell(self, source: str, trigger: str) -> tuple[tuple[Edge, ...], IgnoredCell | None]:
+        """The edges (in try order) and the ignored entry of one (state, trigger) cell."""
+        edges = tuple(e for e in self.edges if e.source == source and e.trigger == trigger)
+        ignored = next((i for i in self.ignored if i.source == source and i.trigger == trigger),
+                       None)
+        return edges, ignored
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeMark:
+    """How to draw one edge in the coverage view: ``covered`` or not, and a short ``note``."""
+
+    covered: bool
+    note: str = ""
+
+
+# ----------------------------------------------------------------------------- extract
+
+def _passes(guards: Sequence[str], values: Mapping[str, bool]) -> bool:
+    return all(values[g[1:]] is False if g.startswith("!") else values[g] for g in guards)
+
+
+def _reachability(cell_rows: Sequence[Sequence[str]], k: int) -> tuple[bool, bool]:
+    """(takeable, rejectable) of row ``k`` among the guard lists of one cell, in try order."""
+    names = sorted({g.lstrip("!") for guards in cell_rows[:k + 1] for g in guards})
+    takeable = rejectable = False
+    for combo in itertools.product((False, True), repeat=len(names)):
+        values = dict(zip(names, combo))
+        if any(_passes(earlier, values) for earlier in cell_rows[:k]):
+            continue  # row k is not even tried under these values
+        if _passes(cell_rows[k], values):
+            takeable = True
+        else:
+            rejectable = True
+    return takeable, rejectable
+
+
+def extract(decl: Mapping | None = None) -> Diagram:
+    """Build the :class:`Diagram` of ``decl`` (default: :func:`fsm.lifecycle.declaration`).
+
+    ``decl`` has the shape of :func:`fsm.lifecycle.declaration`; state and trigger docs and
+    the grouping come from :mod:`fsm.lifecycle` (``STATE_DOCS``, ``TRIGGER_DOCS``,
+    ``IN_CHAIN``, ``ENDED``, ``AT_REST``) and are optional. Raises ``ValueError`` when two
+    rows share an id.
+    """
+    decl = L.declaration() if decl is None else decl
+    state_docs = getattr(L, "STATE_DOCS", {})
+    trigger_docs = getattr(L, "TRIGGER_DOCS", {})
+    groups = (("in_chain", set(getattr(L, "IN_CHAIN", ()))), ("ended", set(getattr(L, "ENDED", ()))),
+              ("at_rest", set(getattr(L, "AT_REST", ()))))
+    states = tuple(
+        State(name, state_docs.get(name, ""),
+              next((group for group, members in groups if name in members), ""),
+              name == decl["initial"])
+        for name in decl["states"])
+    cell_guards: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+    for t in decl["transitions"]:
+        cell_guards.setdefault((t["source"], t["trigger"]), []).append(tuple(t["guards"]))
+    seen: dict[tuple[str, str], int] = {}
+    edges = []
+    for t in decl["transitions"]:
+        cell = (t["source"], t["trigger"])
+        k = seen[cell] = seen.get(cell, -1) + 1
+        takeable, rejectable = _reachability(cell_guards[cell], k)
+        edges.append(Edge(t["id"], t["source"], t["trigger"], t["dest"], tuple(t["guards"]),
+                          t["effect"], t["spec"], k, takeable,
+                          rejectable and bool(t["guards"])))
+    ignored = tuple(IgnoredCell(i["id"], i["source"], i["trigger"], i["reason"])
+                    for i in decl["ignored"])
+    ids = [e.id for e in edges] + [i.id for i in ignored]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"row ids must be unique (edges, SVG ids and audit counts use them); "
+                         f"repeated: {', '.join(duplicates)}")
+    return Diagram(NAME, states,
+                   tuple((t, trigger_docs.get(t, "")) for t in decl["triggers"]),
+                   tuple((g, doc) for g, doc in decl["guards"].items()),
+                   tuple(edges), ignored)
+
+
+# ----------------------------------------------------------------------------- DOT / SVG
+
+def _dot_text(text: str) -> str:
+    # Free text (docs, specs) must not be read as a DOT escape or an HTML label.
+    import graphviz
+
+    return graphviz.nohtml(text.replace("\\", "\\\\"))
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _legend(diagram: Diagram, colours: Mapping[str, str], summary: str | None) -> str:
+    rows = []
+    if summary is not None:
+        rows.append(f'<tr><td colspan="2" align="left"><b>{_html(summary)}</b></td></tr>')
+        rows.append('<tr><td colspan="2" align="left">solid: covered; '
+                    f'<font color="{_UNCOVERED}">red dashed: not covered</font></td></tr>')
+    else:
+        rows.append('<tr><td colspan="2" align="left"><b>edge colour = trigger</b></td></tr>')
+        for trigger, doc in diagram.triggers:
+            rows.append(f'<tr><td align="left"><font color="{colours[trigger]}">━━ {_html(trigger)}'
+                        f'</font></td><td align="left">{_html(doc)}</td></tr>')
+    rows.append('<tr><td colspan="2" align="left"><b>guards</b> '
+                f'({AND} and, {NOT} not; rows of a cell are tried top to bottom)</td></tr>')
+    for guard, doc in diagram.guards:
+        rows.append(f'<tr><td align="left">{_html(guard)}</td><td align="left">{_html(doc)}</td></tr>')
+    for twins in diagram.twins():
+        rows.append(f'<tr><td colspan="2" align="left">{_html(_twins_text(twins))}</td></tr>')
+    rows.append(f'<tr><td colspan="2" align="left">{len(diagram.ignored)} ignored (state, trigger)'
+                f' cells are not drawn: see {diagram.name}.md</td></tr>')
+    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="2">'
+            + "".join(rows) + "</table>>")
+
+
+def _twins_text(twins: Sequence[str]) -> str:
+    return (f"{', '.join(twins[1:])}: the same transitions and ignored cells as {twins[0]} "
+            "(one edge each)")
+
+
+def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
+                  summary: str | None = None):
+    """The :class:`graphviz.Digraph` of ``diagram``.
+
+    States are grouped in two clusters (in a chain / chain ended), ``idle`` stays outside
+    (most edges of the ended states lead to it); each edge has ``id`` = the row
+    id, the ``trigger [guards]`` label and a tooltip with the effect and the spec reference.
+    With ``marks`` (row id → :class:`EdgeMark`) edges are drawn for coverage: covered solid,
+    uncovered red and dashed, a row without a mark counts as uncovered; ``summary`` heads the
+    legend.
+    """
+    import graphviz
+
+    colours = {t: _PALETTE[i % len(_PALETTE)] for i, (t, _) in enumerate(diagram.triggers)}
+    g = graphviz.Digraph(diagram.name)
+    g.attr("graph", rankdir="LR", newrank="true", nodesep="0.35", ranksep="1.1",
+           fontname="Helvetica", fontsize="11", labelloc="t",
+           label=_dot_text(f"{diagram.name}: generated from fsm/lifecycle.py"))
+    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+           fillcolor="#FFFFFF")
+    g.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7")
+    initial = [s for s in diagram.states if s.initial]
+    if initial:
+        g.node("__initial", label="", shape="point", width="0.15", style="filled",
+               fillcolor="black")
+    for group in _CLUSTERS:
+        members = [s for s in diagram.states if s.group == group]
+        if not members:
+            continue
+        with g.subgraph(name=f"cluster_{group}") as c:
+            c.attr(label=_GROUP_LABELS[group], style="rounded,dashed", color="#999999",
+                   fontcolor="#555555")
+            for s in members:
+                _state_node(c, s)
+    for s in diagram.states:
+        if s.group not in _CLUSTERS:
+            _state_node(g, s)
+    for s in initial:
+        g.edge("__initial", s.name, id="initial", tooltip="initial state")
+    for e in diagram.edges:
+        attrs = {"id": e.id, "tooltip": _dot_text(f"{e.id} / {e.effect or '-'}: {e.spec}")}
+        label = e.label
+        if marks is None:
+            attrs["color"] = attrs["fontcolor"] = colours[e.trigger]
+        else:
+            mark = marks.get(e.id, EdgeMark(False, "no data"))
+            if mark.note:
+                label = f"{label} ({mark.note})"
+            if mark.covered:
+                attrs.update(color=_COVERED, fontcolor=_COVERED, style="solid")
+            else:
+                attrs.update(color=_UNCOVERED, fontcolor=_UNCOVERED, style="dashed",
+                             penwidth="1.6")
+        g.edge(e.source, e.dest, label=_dot_text(label), **attrs)
+    g.node("__legend", label=_legend(diagram, colours, summary), shape="plaintext",
+           style="", fontsize="10")
+    return g
+
+
+def _state_node(graph, s: State) -> None:
+    graph.node(s.name, label=s.name, fillcolor=_FILLS.get(s.group, "#FFFFFF"), tooltip=_dot_text(s.doc or s.name),
+               penwidth="2" if s.initial else "1")
+
+
+def render_dot(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
+               summary: str | None = None) -> str:
+    """Graphviz DOT text of ``diagram`` (``\\n`` endings); see :func:`build_digraph`."""
+    return build_digraph(diagram, marks, summary).source
+
+
+def render_svg(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
+               summary: str | None = None) -> bytes:
+    """SVG bytes laid out by Graphviz's ``dot``.
+
+    Raises :class:`DiagramError` when the ``dot`` binary is not on ``PATH`` (install Graphviz:
+    ``make setup`` or ``apt-get install graphviz``) or when it fails.
+    """
+    import graphviz
+
+    try:
+        return build_digraph(diagram, marks, summary).pipe(format="svg")
+    except graphviz.ExecutableNotFound as exc:
+        raise DiagramError(
+            "cannot render SVG: Graphviz's 'dot' program was not found on PATH; install "
+            "Graphviz ('make setup', or 'apt-get install graphviz') and run again") from exc
+    except graphviz.CalledProcessError as exc:
+        raise DiagramError(f"cannot render SVG: 'dot' failed: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- Mermaid
+
+def render_mermaid(diagram: Diagram) -> str:
+    """Mermaid ``stateDiagram-v2`` text: one ``src --> dst : label`` line per edge."""
+    lines = ["---", f"title: {diagram.name}", "---", "stateDiagram-v2", "    direction LR",
+             "    %% generated from fsm/lifecycle.py by 'python -m fsm diagrams'; do not edit",
+             f"    %% {len(diagram.ignored)} ignored (state, trigger) cells are not drawn: "
+             f"see {diagram.name}.md"]
+    for s in diagram.states:
+        if s.doc:
+            lines.append(f"    {s.name} : {_mermaid_text(s.doc)}")
+    for s in diagram.states:
+        if s.initial:
+            lines.append(f"    [*] --> {s.name}")
+    for e in diagram.edges:
+        lines.append(f"    {e.source} --> {e.dest} : {_mermaid_text(e.label)}")
+    for twins in diagram.twins():
+        lines.append(f"    %% {_twins_text(twins)}")
+    for group, css in (("in_chain", "fill:#FFF4D6,stroke:#8C6D00"),
+                       ("ended", "fill:#EEF3FA,stroke:#0072B2")):
+        members = [s.name for s in diagram.states if s.group == group]
+        if members:
+            lines.append(f"    classDef {group} {css}")
+            lines.append(f"    class {','.join(members)} {group}")
+    return "\n".join(lines) + "\n"
+
+
+def _mermaid_text(text: str) -> str:
+    # ':' separates a label and ';' ends a statement in Mermaid; '#' starts an entity code.
+    return text.replace(":", " -").replace(";", ",").replace("#", "no. ")
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(name: str) -> str:
+    return f"`{name}`"
+
+
+def render_markdown(diagram: Diagram) -> str:
+    """The transition table, the state × trigger matrix and the ignored cells, as Markdown."""
+    out: list[str] = [
+        f"# The retry lifecycle ({diagram.name})",
+        "",
+        "Generated from `fsm/lifecycle.py` by `python -m fsm diagrams` (`make diagrams`); "
+        "do not edit by hand.",
+        f"Pictures: [{diagram.name}.svg]({diagram.name}.svg) (Graphviz), "
+        f"[{diagram.name}.mmd]({diagram.name}.mmd) (Mermaid).",
+        "",
+        "## States",
+        "",
+        "| state | group | meaning |",
+        "|---|---|---|",
+    ]
+    for s in diagram.states:
+        group = _GROUP_LABELS.get(s.group, "")
+        name = _code(s.name) + (" (initial)" if s.initial else "")
+        out.append(f"| {name} | {group} | {_md(s.doc)} |")
+    if diagram.twins():
+        out.append("")
+        out += [f"- {_twins_text(t)}." for t in diagram.twins()]
+    out += ["", "## Triggers", "", "| trigger | meaning |", "|---|---|"]
+    out += [f"| {_code(t)} | {_md(doc)} |" for t, doc in diagram.triggers]
+    out += ["", "## Guards", "",
+            f"`!name` in the declaration, `{NOT}name` in the diagrams: the guard must be false; "
+            f"`{AND}` joins guards that must all hold.", "",
+            "| guard | meaning |", "|---|---|"]
+    out += [f"| {_code(g)} | {_md(doc)} |" for g, doc in diagram.guards]
+    out += ["", "## Transitions", "",
+            "One row per declared transition, in declaration order. Within a (state, trigger) "
+            "cell the rows are tried top to bottom and the first whose guards hold is taken.",
+            "", "| # | source | trigger | guards | dest | effect | spec |",
+            "|---|---|---|---|---|---|---|"]
+    for n, e in enumerate(diagram.edges, 1):
+        out.append(f"| {n} | {_code(e.source)} | {_code(e.trigger)} | {_md(e.guard_text)} | "
+                   f"{_code(e.dest)} | {_code(e.effect) if e.effect else ''} | {_md(e.spec)} |")
+    reasons: dict[str, str] = {}
+    for i in diagram.ignored:
+        reasons.setdefault(i.reason, f"I{len(reasons) + 1}")
+    out += ["", "## State × trigger matrix", "",
+            "Each cell holds its transitions (`→ dest [guards]`, in try order) or *ignored* "
+            "with the key of its reason; an empty cell has no declared outcome.", "",
+            "| state \\ trigger | " + " | ".join(_code(t) for t, _ in diagram.triggers) + " |",
+            "|---|" + "---|" * len(diagram.triggers)]
+    for s in diagram.states:
+        cells = []
+        for t, _ in diagram.triggers:
+            edges, ignored = diagram.cell(s.name, t)
+            parts = [f"→ {_code(e.dest)}" + (f" [{e.guard_text}]" if e.guards else "")
+                     for e in edges]
+            if ignored is not None:
+                parts.append(f"*ignored* ({reasons[ignored.reason]})")
+            cells.append("<br>".join(_md(p) for p in parts))
+        out.append(f"| {_code(s.name)} | " + " | ".join(cells) + " |")
+    out += ["", "Reasons:", ""]
+    out += [f"- **{key}**: {_md(reason)}" for reason, key in reasons.items()]
+    out += ["", "## Ignored cells", "",
+            "Not drawn as edges. The coverage audit counts each as covered once it is seen "
+            "ignored.", "", "| # | state | trigger | reason |", "|---|---|---|---|"]
+    out += [f"| {n} | {_code(i.source)} | {_code(i.trigger)} | {_md(i.reason)} |"
+            for n, i in enumerate(diagram.ignored, 1)]
+    fallbacks = [e for e in diagram.edges if e.guards and e.takeable and not e.rejectable]
+    shadowed = [e for e in diagram.edges if not e.takeable]
+    out += ["", "## Rows the audit cannot see rejected", ""]
+    if fallbacks:
+        out += ["These guarded rows are the fallback of their cell: whenever their guards fail, "
+                "an earlier row of the cell is taken, so they are never tried and rejected. "
+                "The coverage audit does not ask for their rejection.", ""]
+        out += [f"- {_code(e.id)}" for e in fallbacks]
+    else:
+        out.append("None: every guarded row can be rejected.")
+    if shadowed:
+        out += ["", "## Rows that can never be taken", "",
+                "Earlier rows of the same cell take every case these rows' guards allow: "
+                "probably a mistake in the declaration.", ""]
+        out += [f"- {_code(e.id)}" for e in shadowed]
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------- files
+
+def render_all(diagram: Diagram | None = None) -> dict[str, str]:
+    """The byte-stable text outputs, file name → text: ``.dot``, ``.mmd``, ``.md``."""
+    diagram = extract() if diagram is None else diagram
+    return {f"{diagram.name}.dot": render_dot(diagram),
+            f"{diagram.name}.mmd": render_mermaid(diagram),
+            f"{diagram.name}.md": render_markdown(diagram)}
+
+
+def write_file(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8 with ``\\n`` endings) to ``path``, creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def write_all(out: Path | str, *, svg: bool = True) -> list[Path]:
+    """Write every output into the folder ``out``; return the paths written, in order.
+
+    The text files are written first, so a missing ``dot`` (:class:`DiagramError`) still
+    leaves them up to date.
+    """
+    out = Path(out)
+    diagram = extract()
+    written = []
+    for name, text in render_all(diagram).items():
+        write_file(out / name, text)
+        written.append(out / name)
+    if svg:
+        write_file(out / f"{diagram.name}.svg", render_svg(diagram))
+        written.append(out / f"{diagram.name}.svg")
+    return written
+
+
+def check(out: Path | str) -> list[str]:
+    """Compare the committed text outputs in ``out`` with fresh ones; return the stale names."""
+    out = Path(out)
+    stale = []
+    for name, text in render_all().items():
+        path = out / name
+        if not path.is_file() or path.read_bytes() != text.encode("utf-8"):
+            stale.append(name)
+    return stale

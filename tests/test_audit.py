@@ -1,0 +1,555 @@
+"""Transition coverage: recording (Collector, TraceWriter), reading traces, the audit command."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from fsm import audit as A
+from fsm import lifecycle as L
+from fsm.__main__ import main
+from fsm.brain import RetryBrain
+from fsm.classify import Classification
+from fsm.messages import AssistantMessage
+from fsm.settings import RetrySettings
+
+RETRYABLE = Classification("retryable", "test.retryable")
+FATAL = Classification("fatal", "test.fatal")
+OVERFLOW = Classification("context_overflow", "test.overflow")
+NONE = Classification("none", "stop_reason.not_error")
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+ROW = {r.id: r for r in L.TRANSITIONS}
+FALLBACKS = [r.id for r in L.TRANSITIONS if r.guards == ("!retry_enabled",)]
+CHAIN = ["idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off",
+         "backing_off--backoff_elapsed[timer_is_current]->continuing",
+         "continuing--turn_succeeded->succeeded"]
+
+
+def error_message() -> AssistantMessage:
+    return AssistantMessage("error", error_message="503 Service Unavailable")
+
+
+def fail(brain: RetryBrain, cls: Classification = RETRYABLE) -> list:
+    return brain.turn_ended(error_message(), classification=cls)
+
+
+def succeed(brain: RetryBrain) -> list:
+    return brain.turn_ended(AssistantMessage("stop", text="done"), classification=NONE)
+
+
+def abort_turn(brain: RetryBrain) -> list:
+    return brain.turn_ended(AssistantMessage("aborted", error_message="aborted"), classification=NONE)
+
+
+def brain_in(state: str, max_retries: int = 3) -> RetryBrain:
+    """A brain brought to ``state`` through real transitions."""
+    b = RetryBrain(RetrySettings(max_retries=max_retries, base_delay_ms=0))
+    if state == L.IDLE:
+        return b
+    if state == L.EXHAUSTED:
+        b.update_settings(RetrySettings(max_retries=1, base_delay_ms=0))
+    fail(b)
+    if state == L.CANCELLED:
+        b.abort_retry()
+    elif state != L.BACKING_OFF:
+        b.backoff_elapsed(b.timer_id)
+        if state == L.SUCCEEDED:
+            succeed(b)
+        elif state == L.EXHAUSTED:
+            fail(b)  # attempt 1 of 1
+    assert b.state == state
+    return b
+
+
+def tour() -> None:
+    """Every row taken, every rejectable row rejected, every ignored cell ignored."""
+    for s in L.AT_REST:
+        b = brain_in(s)
+        fail(b)
+        assert b.state == L.BACKING_OFF
+        b = brain_in(s)
+        b.update_settings(RetrySettings(max_retries=0))
+        fail(b)
+        assert b.state == L.EXHAUSTED
+        b = brain_in(s)
+        b.set_enabled(False)
+        fail(b)
+        assert b.state == L.IDLE
+        for turn in (lambda b: fail(b, FATAL), lambda b: fail(b, OVERFLOW), succeed, abort_turn):
+            b = brain_in(s)
+            turn(b)
+            assert b.state == L.IDLE
+        b = brain_in(s)
+        b.backoff_elapsed(b.timer_id + 7)
+        b.abort_retry()
+        b.continue_failed("late")
+        assert b.state == s
+    b = brain_in(L.BACKING_OFF)
+    for turn in (fail, lambda b: fail(b, FATAL), lambda b: fail(b, OVERFLOW), succeed, abort_turn):
+        assert turn(b) == []
+    b.continue_failed("late")
+    b.backoff_elapsed(b.timer_id - 1)  # a stale timer: rejected
+    assert b.state == L.BACKING_OFF
+    b.abort_retry()
+    assert b.state == L.CANCELLED
+    for end, dest in ((succeed, L.SUCCEEDED), (fail, L.BACKING_OFF),
+                      (lambda b: fail(b, FATAL), L.EXHAUSTED),
+                      (lambda b: fail(b, OVERFLOW), L.EXHAUSTED), (abort_turn, L.CANCELLED),
+                      (lambda b: b.continue_failed("rejected"), L.EXHAUSTED)):
+        b = brain_in(L.CONTINUING)
+        b.backoff_elapsed(b.timer_id)
+        b.abort_retry()
+        assert b.state == L.CONTINUING
+        end(b)
+        assert b.state == dest
+    b = brain_in(L.CONTINUING)
+    b.set_enabled(False)
+    fail(b)
+    assert b.state == L.EXHAUSTED
+
+
+def item_count() -> int:
+    """Items counted independently of fsm.diagrams: fallback rows are the ¬retry_enabled ones."""
+    rejectable = [r for r in L.TRANSITIONS if r.guards and r.id not in FALLBACKS]
+    return len(L.TRANSITIONS) + len(rejectable) + len(L.IGNORED)
+
+
+# ----------------------------------------------------------------------------- Collector
+
+def test_collector_counts_one_chain_exactly():
+    with A.Collector() as c:
+        b = brain_in(L.IDLE)
+        fail(b)
+        b.backoff_elapsed(b.timer_id)
+        succeed(b)
+    assert c.counts == {(row, "taken"): 1 for row in CHAIN}
+
+
+def test_collector_counts_rejections_and_ignored_cells():
+    b = brain_in(L.IDLE)
+    b.set_enabled(False)
+    with A.Collector() as c:
+        fail(b)
+        b.abort_retry()
+    assert c.counts == {
+        ("idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off", "rejected"): 1,
+        ("idle--turn_failed_retryable[retry_enabled,!has_retries_left]->exhausted", "rejected"): 1,
+        ("idle--turn_failed_retryable[!retry_enabled]->idle", "taken"): 1,
+        ("idle--retry_cancelled->(ignored)", "ignored"): 1,
+    }
+
+
+def test_collector_for_one_model_ignores_other_brains():
+    mine, other = brain_in(L.IDLE), brain_in(L.IDLE)
+    with A.Collector(model=mine) as c:
+        fail(other)
+        fail(mine)
+        mine.abort_retry()
+    assert c.counts == {(CHAIN[0], "taken"): 1, ("backing_off--retry_cancelled->cancelled", "taken"): 1}
+
+
+def test_collector_stops_when_uninstalled():
+    c = A.Collector().install()
+    fail(brain_in(L.IDLE))
+    c.uninstall()
+    fail(brain_in(L.IDLE))
+    assert c.counts == {(CHAIN[0], "taken"): 1}
+
+
+def test_collector_json_round_trip_and_merge():
+    c = A.Collector()
+    c.add({("b", "taken"): 2, ("a", "ignored"): 1})
+    data = json.loads(json.dumps(c.to_json()))
+    assert data == {"version": L.VERSION, "counts": [["a", "ignored", 1], ["b", "taken", 2]]}
+    other = A.Collector()
+    other.add({("b", "taken"): 1})
+    other.add(A.Collector.counts_from_json(data))
+    assert other.counts == {("b", "taken"): 3, ("a", "ignored"): 1}
+    with pytest.raises(ValueError, match="not a Collector.to_json"):
+        A.Collector.counts_from_json({"counts": [["a", "taken"]]})
+
+
+def test_tour_covers_every_item_and_never_rejects_a_fallback():
+    with A.Collector() as c:
+        tour()
+    report = A.coverage(c.counts)
+    assert report.declared == item_count() == 69
+    assert report.uncovered == []
+    assert (report.covered, report.percent) == (69, 100.0)
+    for row in FALLBACKS:
+        assert c.counts.get((row, "rejected"), 0) == 0
+        assert c.counts[(row, "taken")] >= 1
+    assert sorted(report.unrejectable) == sorted(FALLBACKS)
+
+
+# ----------------------------------------------------------------------------- TraceWriter
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_trace_writer_writes_header_then_one_record_per_line(tmp_path):
+    path = tmp_path / "sub" / "trace.jsonl"
+    seen: list[L.TransitionRecord] = []
+    spy = lambda model, record: seen.append(record)  # noqa: E731
+    L.add_recorder(spy)
+    try:
+        with A.TraceWriter(path) as tw:
+            b = brain_in(L.IDLE)
+            fail(b)
+            b.backoff_elapsed(b.timer_id)
+            succeed(b)
+            b.abort_retry()
+    finally:
+        L.remove_recorder(spy)
+    lines = read_lines(path)
+    assert lines[0] == {"type": "trace", "version": L.VERSION, "machine": "retry_lifecycle"}
+    assert lines[1:] == [r.to_json() for r in seen]
+    assert [l["row"] for l in lines[1:]] == CHAIN + ["succeeded--retry_cancelled->(ignored)"]
+    assert tw.records == 4 and tw.closed and tw.error is None
+    assert path.read_bytes().endswith(b"}\n") and b"\r" not in path.read_bytes()
+
+
+def test_trace_writer_for_one_model_and_stops_on_close(tmp_path):
+    path = tmp_path / "t.jsonl"
+    mine, other = brain_in(L.IDLE), brain_in(L.IDLE)
+    tw = A.TraceWriter(path, model=mine)
+    fail(other)
+    fail(mine)
+    tw.close()
+    tw.close()  # twice is harmless
+    mine.abort_retry()
+    assert [l["row"] for l in read_lines(path)[1:]] == [CHAIN[0]]
+
+
+def test_trace_writer_flushes_each_line_by_default(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with A.TraceWriter(path):
+        fail(brain_in(L.IDLE))
+        assert len(read_lines(path)) == 2  # visible before close: a killed process keeps it
+
+
+def test_trace_writer_can_buffer(tmp_path):
+    path = tmp_path / "t.jsonl"
+    b = brain_in(L.IDLE)
+    with A.TraceWriter(path, flush_every=3):
+        assert len(read_lines(path)) == 1  # the header is flushed at once
+        b.abort_retry()  # idle: an ignored cell, one record each time
+        b.abort_retry()
+        assert len(read_lines(path)) == 1
+        b.abort_retry()
+        assert len(read_lines(path)) == 4
+        b.abort_retry()
+    assert len(read_lines(path)) == 5
+
+
+def test_trace_writer_rejects_a_bad_flush_interval(tmp_path):
+    with pytest.raises(ValueError, match="flush_every must be at least 1, got 0"):
+        A.TraceWriter(tmp_path / "t.jsonl", flush_every=0)
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_failing_trace_never_breaks_the_brain(tmp_path):
+    tw = A.TraceWriter(tmp_path / "t.jsonl")
+    tw._file.close()  # the file goes away behind the writer's back
+    b = brain_in(L.IDLE)
+    with pytest.warns(RuntimeWarning, match="recording stopped after 0 records"):
+        actions = fail(b)
+    assert b.state == L.BACKING_OFF and actions
+    assert isinstance(tw.error, ValueError)
+    fail(b)  # no second warning: the writer is no longer a recorder
+    tw.close()
+    assert tw.closed
+
+
+# ----------------------------------------------------------------------------- reading traces
+
+def write_trace(path: Path, records: list[dict], version: str = L.VERSION,
+                header: dict | None = None) -> Path:
+    head = header if header is not None else {"type": "trace", "version": version,
+                                                "machine": "retry_lifecycle"}
+    path.write_text("\n".join(json.dumps(x) for x in [head] + records) + "\n", encoding="utf-8")
+    return path
+
+
+def rec(row: str, outcome: str = "taken", version: str = L.VERSION) -> dict:
+    return {"row": row, "outcome": outcome, "version": version}
+
+
+def test_read_trace_counts_records_and_skips_blank_lines(tmp_path):
+    path = write_trace(tmp_path / "t.jsonl", [rec(CHAIN[0]), rec(CHAIN[0]), rec(CHAIN[0], "rejected")])
+    path.write_text(path.read_text() + "\n\n")
+    t = A.read_trace(path)
+    assert (t.version, t.records, t.foreign) == (L.VERSION, 3, False)
+    assert t.counts == {(CHAIN[0], "taken"): 2, (CHAIN[0], "rejected"): 1}
+
+
+@pytest.mark.parametrize("content, line, message", [
+    ("", 0, "empty file: no trace header"),
+    ('{"type": "log"}\n', 1, "the first line must be the trace header"),
+    ('[1, 2]\n', 1, "expected a JSON object"),
+    ('{"type": "trace", "version": "V", "machine": "other"}\n', 1, "a trace of machine 'other'"),
+    ('HEADER\n{"row": "x", "outcome"\n', 2, "not JSON"),
+    ('HEADER\n{"row": 1, "outcome": "taken"}\n', 2, "a record needs a string 'row'"),
+    ('HEADER\n{"row": "x", "outcome": "maybe"}\n', 2, "a record needs a string 'row'"),
+    ('HEADER\n\n{"row": "nope", "outcome": "taken"}\n', 3, "row 'nope' is not in the declaration"),
+    ('HEADER\n{"row": "idle--turn_succeeded->idle", "outcome": "rejected"}\n', 2,
+     "cannot be rejected (it can be: taken)"),
+    ('HEADER\n{"row": "idle--retry_cancelled->(ignored)", "outcome": "taken"}\n', 2,
+     "cannot be taken (it can be: ignored)"),
+    ('HEADER\n{"row": "idle--turn_succeeded->idle", "outcome": "taken", "version": "old"}\n', 2,
+     "record version 'old' differs from the header's"),
+])
+def test_read_trace_names_the_file_and_line_of_bad_input(tmp_path, content, line, message):
+    header = json.dumps({"type": "trace", "version": L.VERSION, "machine": "retry_lifecycle"})
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content.replace("HEADER", header), encoding="utf-8")
+    with pytest.raises(A.TraceError, match=re.escape(message)) as info:
+        A.read_trace(path)
+    assert (info.value.path, info.value.line) == (str(path), line)
+    assert str(info.value).startswith(f"{path}:{line}: " if line else f"{path}: ")
+
+
+def test_read_trace_rejects_binary_and_missing_files(tmp_path):
+    path = tmp_path / "bin.jsonl"
+    write_trace(path, [])
+    path.write_bytes(path.read_bytes() + b"\xff\xfe\n")
+    with pytest.raises(A.TraceError, match="not UTF-8"):
+        A.read_trace(path)
+    with pytest.raises(A.TraceError, match="cannot read the trace") as info:
+        A.read_trace(tmp_path / "missing.jsonl")
+    assert info.value.line == 0
+
+
+def test_foreign_trace_records_are_counted_apart_and_not_checked(tmp_path):
+    path = write_trace(tmp_path / "old.jsonl", [rec("a--row->gone", "taken", "0ld"),
+                                                rec("a--row->gone", "ignored", "0ld")],
+                       version="0ld")
+    t = A.read_trace(path)
+    assert t.foreign and t.records == 2
+    bad = write_trace(tmp_path / "old-bad.jsonl", [], version="0ld")
+    bad.write_text(bad.read_text() + "{not json\n")
+    with pytest.raises(A.TraceError, match=r"old-bad.jsonl:2: not JSON"):
+        A.read_trace(bad)
+
+
+def test_audit_files_merges_ours_and_lists_foreign_apart(tmp_path):
+    a = write_trace(tmp_path / "a.jsonl", [rec(CHAIN[0]), rec(CHAIN[1])])
+    b = write_trace(tmp_path / "b.jsonl", [rec(CHAIN[0]), rec(CHAIN[1], "rejected")])
+    old = write_trace(tmp_path / "old.jsonl", [rec(CHAIN[2], "taken", "0ld")], version="0ld")
+    report = A.audit_files([a, b, old])
+    rows = {r.id: r for r in report.transitions}
+    assert (rows[CHAIN[0]].taken, rows[CHAIN[0]].rejected) == (2, 0)
+    assert (rows[CHAIN[1]].taken, rows[CHAIN[1]].rejected) == (1, 1)
+    assert rows[CHAIN[2]].taken == 0  # the foreign record is not mixed in
+    assert rows[CHAIN[1]].covered and not rows[CHAIN[0]].covered
+    assert rows[CHAIN[0]].missing == ("rejected",)
+    assert report.covered == 3
+    assert [t.path for t in report.traces] == [str(a), str(b)]
+    assert [(t.path, t.version) for t in report.foreign] == [(str(old), "0ld")]
+
+
+def test_audit_files_with_only_foreign_traces_is_an_error(tmp_path):
+    old = write_trace(tmp_path / "old.jsonl", [], version="0ld")
+    with pytest.raises(A.AllForeignError, match="version 0ld; this one is " + L.VERSION):
+        A.audit_files([old])
+
+
+# ----------------------------------------------------------------------------- the report
+
+def test_coverage_items_and_percent():
+    report = A.coverage({(CHAIN[0], "taken"): 5, (CHAIN[0], "rejected"): 1,
+                         ("idle--retry_cancelled->(ignored)", "ignored"): 2,
+                         ("not-a-row", "taken"): 9})
+    assert (report.declared, report.covered) == (69, 3)
+    assert report.percent == round(300 / 69, 2) == 4.35
+    assert report.summary() == "3/69 items (4.35%)"
+    assert report.below(4.36) and not report.below(4.35) and not report.below(0)
+    uncovered = report.uncovered
+    assert len(uncovered) == 66
+    assert A.Item(CHAIN[0], "taken", True) not in uncovered
+    by_row = {r.id: r for r in report.ignored}
+    assert by_row["idle--retry_cancelled->(ignored)"].to_json() == {
+        "id": "idle--retry_cancelled->(ignored)", "source": "idle", "trigger": "retry_cancelled",
+        "reason": "no chain to cancel", "ignored": 2, "covered": True, "missing": []}
+
+
+def test_fallback_rows_have_only_a_taken_item():
+    report = A.coverage({})
+    rows = {r.id: r for r in report.transitions}
+    for row in FALLBACKS:
+        assert [i.need for i in rows[row].items] == ["taken"]
+    guarded = next(r for r in L.TRANSITIONS if r.guards and r.id not in FALLBACKS)
+    assert [i.need for i in rows[guarded.id].items] == ["taken", "rejected"]
+
+
+def test_report_json_shape():
+    data = A.coverage({(CHAIN[0], "taken"): 1}).to_json()
+    assert {"declared", "covered", "percent", "uncovered", "version", "definition",
+            "transitions", "ignored", "unrejectable", "traces", "foreign"} <= set(data)
+    assert (data["declared"], data["covered"], data["percent"]) == (69, 1, 1.45)
+    assert {"row": CHAIN[0], "need": "rejected"} in data["uncovered"]
+    assert {"row": CHAIN[0], "need": "taken"} not in data["uncovered"]
+    first = data["transitions"][0]
+    assert first == {"id": CHAIN[0], "source": "idle", "trigger": "turn_failed_retryable",
+                     "dest": "backing_off", "guards": ["retry_enabled", "has_retries_left"],
+                     "taken": 1, "rejected": 0, "covered": False, "missing": ["rejected"]}
+
+
+def test_formats_of_a_report_without_traces_or_fallbacks():
+    from fsm.diagrams import extract
+
+    decl = {"states": ["a", "b"], "initial": "a", "triggers": ["t"], "guards": {"g": "g"},
+            "transitions": [{"id": "a--t[g]->b", "source": "a", "trigger": "t", "dest": "b",
+                             "guards": ["g"], "effect": None, "spec": ""}],
+            "ignored": [{"id": "b--t->(ignored)", "source": "b", "trigger": "t", "reason": "r|s"}]}
+    report = A.coverage({("a--t[g]->b", "taken"): 1, ("a--t[g]->b", "rejected"): 2,
+                         ("b--t->(ignored)", "ignored"): 1}, extract(decl))
+    text = A.format_text(report)
+    assert "traces" not in text and "fallback rows" not in text
+    assert "uncovered items (0):\n  none\n" in text
+    assert text.endswith("coverage: 3/3 items (100.00%)\n")
+    md = A.format_markdown(report)
+    assert "Traces:" not in md and "Fallback rows" not in md
+    assert "| ✅ | `a--t[g]->b` | 1 | 2 |  |" in md
+    assert "| ✅ | `b--t->(ignored)` | 1 | r\\|s |" in md
+    assert json.loads(A.format_json(report))["percent"] == 100.0
+
+
+def test_empty_declaration_counts_as_fully_covered():
+    from fsm.diagrams import Diagram
+
+    report = A.coverage({}, Diagram("x", (), (), (), (), ()))
+    assert (report.declared, report.percent, report.below(100)) == (0, 100.0, False)
+
+
+# ----------------------------------------------------------------------------- the command
+
+@pytest.fixture
+def full_trace(tmp_path) -> Path:
+    path = tmp_path / "full.jsonl"
+    with A.TraceWriter(path):
+        tour()
+    return path
+
+
+@pytest.fixture
+def one_chain(tmp_path) -> Path:
+    path = tmp_path / "chain.jsonl"
+    with A.TraceWriter(path):
+        b = brain_in(L.IDLE)
+        fail(b)
+        b.backoff_elapsed(b.timer_id)
+        succeed(b)
+    return path
+
+
+def test_audit_text_lists_every_row_with_counts(one_chain, capsys):
+    assert main(["audit", str(one_chain)]) == 0
+    out = capsys.readouterr().out
+    assert A.DEFINITION in out
+    for r in L.TRANSITIONS:
+        assert f" {r.id} " in out
+    for i in L.IGNORED:
+        assert f" {i.id} " in out
+    line = next(l for l in out.splitlines() if f" {CHAIN[2]} " in l)
+    assert line.split()[0] == "ok" and line.split()[-3:] == ["1", "/", "-"]
+    line = next(l for l in out.splitlines() if f" {CHAIN[0]} " in l)
+    assert line.startswith("  MISS") and line.endswith("1 /      0  never rejected")
+    assert f"{one_chain}: 3 records" in out
+    assert f"  {CHAIN[0]}: never rejected" in out
+    assert out.rstrip().endswith("coverage: 3/69 items (4.35%)")
+
+
+def test_audit_json_and_markdown(one_chain, capsys):
+    assert main(["audit", str(one_chain), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["declared"], data["covered"], data["percent"]) == (69, 3, 4.35)
+    assert data["traces"] == [{"path": str(one_chain), "records": 3}]
+    assert main(["audit", str(one_chain), "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert "**3/69 items (4.35%)**" in md
+    assert f"| ✅ | `{CHAIN[2]}` | 1 | – |  |" in md
+    assert f"| ❌ | `{CHAIN[0]}` | 1 | 0 | never rejected |" in md
+    assert "| ❌ | `idle--retry_cancelled->(ignored)` | 0 | no chain to cancel |" in md
+
+
+def test_audit_fail_under(one_chain, full_trace, capsys):
+    assert main(["audit", str(one_chain), "--fail-under", "4.35"]) == 0
+    assert main(["audit", str(one_chain), "--fail-under", "4.36"]) == 1
+    assert "FAIL: transition coverage 4.35% is under --fail-under 4.36% (66 items uncovered)" in (
+        capsys.readouterr().err)
+    assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
+    assert "coverage: 69/69 items (100.00%)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["101", "-1", "lots"])
+def test_audit_rejects_a_bad_threshold(one_chain, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["audit", str(one_chain), "--fail-under", value])
+    assert info.value.code == 2
+    assert "expected a percentage from 0 to 100" in capsys.readouterr().err
+
+
+def test_audit_bad_input_exits_2_naming_file_and_line(tmp_path, one_chain, capsys):
+    assert main(["audit", str(tmp_path / "missing.jsonl")]) == 2
+    assert f"error: {tmp_path / 'missing.jsonl'}: cannot read the trace" in capsys.readouterr().err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(one_chain.read_text() + '{"row": \n')
+    assert main(["audit", str(one_chain), str(broken)]) == 2
+    assert f"error: {broken}:5: not JSON" in capsys.readouterr().err
+
+
+def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
+    old = write_trace(tmp_path / "old.jsonl", [rec(CHAIN[2], "taken", "0ld")], version="0ld")
+    assert main(["audit", str(one_chain), str(old)]) == 0
+    captured = capsys.readouterr()
+    assert f"  {old}: version 0ld, 1 records" in captured.out
+    assert "coverage: 3/69 items" in captured.out
+    assert f"warning: {old} was recorded with another declaration (version 0ld" in captured.err
+    assert main(["audit", str(old)]) == 2
+    assert "every trace was recorded with another declaration" in capsys.readouterr().err
+    assert main(["audit", str(one_chain), str(old), "--format", "md"]) == 0
+    assert f"Foreign traces, not counted: `{old}` (version `0ld`, 1)" in capsys.readouterr().out
+
+
+def svg_edge_styles(path: Path) -> dict[str, bool]:
+    """Edge id → drawn dashed."""
+    root = ET.parse(path).getroot()
+    return {g.get("id"): any(p.get("stroke-dasharray") for p in g.iter(f"{SVG_NS}path"))
+            for g in root.iter(f"{SVG_NS}g") if g.get("class") == "edge"}
+
+
+def test_audit_svg_marks_uncovered_edges(one_chain, tmp_path, capsys):
+    out = tmp_path / "cov" / "coverage.svg"
+    assert main(["audit", str(one_chain), "--svg", str(out)]) == 0
+    dashed = svg_edge_styles(out)
+    assert set(dashed) == set(ROW) | {"initial"}
+    # a covered edge is solid; a taken but never rejected guarded row is not covered
+    assert dashed[CHAIN[1]] is True and dashed[CHAIN[2]] is False
+    assert dashed[CHAIN[0]] is True
+    assert sum(not d for d in dashed.values()) == 2  # continuing->succeeded and the initial arrow
+    text = out.read_text(encoding="utf-8")
+    assert "transition coverage 3/69 items (4.35%); ignored cells seen ignored: 0/20" in text
+    assert "turn_failed_retryable [retry_enabled ∧ has_retries_left] (1 taken, never rejected)" in text
+    assert "turn_succeeded (1 taken)" in text
+    assert "turn_failed_fatal (never taken)" in text
+
+
+def test_audit_svg_of_a_full_trace_is_all_solid(full_trace, tmp_path):
+    out = tmp_path / "full.svg"
+    assert main(["audit", str(full_trace), "--svg", str(out)]) == 0
+    assert not any(svg_edge_styles(out).values())
+    assert re.search(r"backoff_elapsed \[timer_is_current\] \(\d+ taken, 1 rejected\)",
+                     out.read_text(encoding="utf-8"))
+
+
+def test_audit_svg_without_dot_exits_2(one_chain, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main(["audit", str(one_chain), "--svg", str(tmp_path / "c.svg")]) == 2
+    assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err

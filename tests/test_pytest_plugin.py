@@ -1,0 +1,284 @@
+"""The pytest plugin: --transition-coverage over a whole run, with xdist, and partial runs."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from fsm import lifecycle as L
+from fsm.pytest_plugin import DEFAULT_REPORT
+
+pytest_plugins = ["pytester"]
+
+FIRST = "idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off"
+
+COMMON = """
+from fsm.brain import RetryBrain
+from fsm.classify import Classification
+from fsm.messages import AssistantMessage
+from fsm.settings import RetrySettings
+
+RETRYABLE = Classification("retryable", "test.retryable")
+
+
+def failed_brain():
+    b = RetryBrain(RetrySettings(base_delay_ms=0))
+    b.turn_ended(AssistantMessage("error", error_message="503"), classification=RETRYABLE)
+    return b
+"""
+
+CHAIN = COMMON + """
+
+def test_chain():
+    b = failed_brain()
+    b.backoff_elapsed(b.timer_id)
+    b.turn_ended(AssistantMessage("stop", text="ok"),
+                 classification=Classification("none", "stop_reason.not_error"))
+    assert b.state == "succeeded"
+"""
+
+CANCEL = COMMON + """
+
+import pytest
+
+
+@pytest.mark.slow
+def test_cancel():
+    b = failed_brain()
+    b.abort_retry()
+    b.abort_retry()
+    assert b.state == "cancelled"
+"""
+
+# test_chain covers 3 items (3 rows taken); test_cancel 2 more (a row taken, an ignored cell)
+WHOLE = 5
+CHAIN_ONLY = 3
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeini("""
+        [pytest]
+        testpaths = tests
+        markers = slow: a slow test
+    """)
+    tests = pytester.mkdir("tests")
+    (tests / "test_chain.py").write_text(CHAIN)
+    (tests / "test_cancel.py").write_text(CANCEL)
+    (pytester.path / "test_outside.py").write_text("def test_outside():\n    pass\n")
+    return pytester
+
+
+# Plugins the inner runs do not need; hypothesis alone costs most of a second per session.
+QUIET = ("-p", "no:hypothesispytest", "-p", "no:asyncio", "-p", "no:benchmark")
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest(*QUIET, *args)
+
+
+def run_subprocess(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(*QUIET, *args, timeout=300)
+
+
+def report(pytester: pytest.Pytester, path: str = DEFAULT_REPORT) -> dict:
+    return json.loads((pytester.path / path).read_text(encoding="utf-8"))
+
+
+def summary_line(result: pytest.RunResult) -> str:
+    lines = [l for l in result.outlines if l.startswith("transition coverage: ")]
+    assert len(lines) == 1, result.outlines
+    return lines[0]
+
+
+def test_off_by_default(suite):
+    result = run(suite)
+    result.assert_outcomes(passed=2)
+    assert not (suite.path / "build").exists()
+    assert not any("transition coverage" in l for l in result.outlines)
+
+
+def test_whole_run_writes_the_report_and_a_summary(suite):
+    result = run(suite, "--transition-coverage")
+    result.assert_outcomes(passed=2)
+    assert result.ret == 0
+    data = report(suite)
+    assert (data["declared"], data["covered"]) == (69, WHOLE)
+    assert data["percent"] == round(100 * WHOLE / 69, 2)
+    assert data["partial"] is False and data["partial_reasons"] == []
+    assert data["version"] == L.VERSION
+    rows = {r["id"]: r for r in data["transitions"]}
+    assert (rows[FIRST]["taken"], rows[FIRST]["rejected"]) == (2, 0)
+    assert {"row": FIRST, "need": "rejected"} in data["uncovered"]
+    ignored = {r["id"]: r["ignored"] for r in data["ignored"]}
+    assert ignored["cancelled--retry_cancelled->(ignored)"] == 1
+    assert summary_line(result) == (f"transition coverage: {WHOLE}/69 items (7.25%), report "
+                                    f"{suite.path / DEFAULT_REPORT}")
+
+
+def test_threshold_fails_a_whole_run(suite):
+    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert summary_line(result).endswith("; FAIL: under --transition-coverage-fail-under=50")
+    data = report(suite)
+    assert data["failed"] is True and data["fail_under"] == 50
+
+
+def test_a_threshold_alone_turns_recording_on(suite):
+    result = run(suite, "--transition-coverage-fail-under=50")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert report(suite)["covered"] == WHOLE
+
+
+def test_threshold_met_passes(suite):
+    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=7.25")
+    assert result.ret == 0
+    assert "FAIL" not in summary_line(result)
+    assert report(suite)["failed"] is False
+
+
+def test_failing_tests_keep_their_exit_status(suite):
+    (suite.path / "tests" / "test_broken.py").write_text("def test_broken():\n    assert False\n")
+    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50")
+    result.assert_outcomes(passed=2, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert report(suite)["failed"] is True
+
+
+NARROWER = "paths or test ids narrower than testpaths: "
+
+
+@pytest.mark.parametrize("args, reasons", [
+    (["-k", "chain"], ["-k", "1 tests deselected"]),
+    (["-m", "not slow"], ["-m", "1 tests deselected"]),
+    (["--deselect", "tests/test_cancel.py::test_cancel"], ["--deselect", "1 tests deselected"]),
+    (["tests/test_chain.py"], [NARROWER + "tests/test_chain.py"]),
+    (["tests/test_chain.py::test_chain", "tests/test_cancel.py"],
+     [NARROWER + "tests/test_chain.py::test_chain tests/test_cancel.py"]),
+    (["--ignore", "tests/test_cancel.py"], ["--ignore"]),
+])
+def test_a_partial_run_never_fails_on_the_threshold(suite, args, reasons):
+    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=99", *args)
+    assert result.ret == 0
+    assert summary_line(result).endswith(
+        f"; partial run ({', '.join(reasons)}): threshold not enforced")
+    data = report(suite)
+    assert data["partial"] is True and data["failed"] is False
+    assert data["partial_reasons"] == reasons
+
+
+def test_partial_run_reports_only_what_ran(suite):
+    run(suite, "--transition-coverage", "-k", "chain")
+    assert report(suite)["covered"] == CHAIN_ONLY
+
+
+def test_collect_only_is_partial(suite):
+    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=99",
+                             "--collect-only")
+    assert result.ret == 0
+    assert report(suite)["partial_reasons"] == ["--collect-only"]
+    assert report(suite)["covered"] == 0
+
+
+@pytest.mark.parametrize("args", [["tests"], ["."], ["tests", "tests/test_chain.py"]])
+def test_paths_covering_testpaths_are_a_whole_run(suite, args):
+    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50", *args)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert report(suite)["partial"] is False
+
+
+def test_without_testpaths_the_invocation_dir_is_the_suite(suite):
+    suite.makeini("[pytest]\nmarkers = slow: a slow test\n")
+    whole = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50")
+    whole.assert_outcomes(passed=3)
+    assert whole.ret == pytest.ExitCode.TESTS_FAILED
+    narrow = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50", "tests")
+    assert narrow.ret == 0 and report(suite)["partial"] is True
+
+
+def test_glob_testpaths(suite):
+    suite.makeini("[pytest]\ntestpaths = tes*\nmarkers = slow: a slow test\n")
+    # tes* matches tests/ and test_outside.py: both must be given
+    narrow = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50", "tests")
+    assert narrow.ret == 0 and report(suite)["partial"] is True
+    whole = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50", "tests",
+                            "test_outside.py")
+    whole.assert_outcomes(passed=3)
+    assert whole.ret == pytest.ExitCode.TESTS_FAILED
+    assert report(suite)["partial"] is False
+
+
+def test_deselection_by_a_plugin_is_partial(suite):
+    (suite.path / "conftest.py").write_text(textwrap.dedent("""
+        def pytest_collection_modifyitems(config, items):
+            drop = [i for i in items if "cancel" in i.name]
+            items[:] = [i for i in items if i not in drop]
+            config.hook.pytest_deselected(items=drop)
+    """))
+    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50")
+    assert result.ret == 0
+    assert report(suite)["partial_reasons"] == ["1 tests deselected"]
+
+
+def test_report_path_option(suite, tmp_path):
+    target = tmp_path / "elsewhere" / "cov.json"
+    run(suite, "--transition-coverage", f"--transition-coverage-report={target}")
+    assert json.loads(target.read_text())["covered"] == WHOLE
+    run(suite, "--transition-coverage", "--transition-coverage-report=out/r.json")
+    assert report(suite, "out/r.json")["covered"] == WHOLE
+
+
+@pytest.mark.parametrize("value", ["150", "x"])
+def test_bad_threshold_is_a_usage_error(suite, value):
+    result = run(suite, "--transition-coverage", f"--transition-coverage-fail-under={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*expected a percentage from 0 to 100*"])
+
+
+def test_recorder_is_removed_after_the_run(suite):
+    before = list(L._recorders)
+    run(suite, "--transition-coverage")
+    assert L._recorders == before
+
+
+# ----------------------------------------------------------------------------- pytest-xdist
+
+@pytest.mark.subprocess
+def test_xdist_workers_send_their_counts_to_the_controller(suite):
+    result = run_subprocess(suite, "-n", "2", "--transition-coverage",
+                                        "--transition-coverage-fail-under=50")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    data = report(suite)
+    assert data["covered"] == WHOLE and data["partial"] is False
+    rows = {r["id"]: r for r in data["transitions"]}
+    assert rows[FIRST]["taken"] == 2
+    assert summary_line(result).startswith(f"transition coverage: {WHOLE}/69 items")
+
+
+@pytest.mark.subprocess
+def test_xdist_partial_run_does_not_fail(suite):
+    result = run_subprocess(suite, "-n", "2", "--transition-coverage",
+                                        "--transition-coverage-fail-under=50", "-k", "chain")
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+    data = report(suite)
+    assert data["covered"] == CHAIN_ONLY
+    assert data["partial_reasons"] == ["-k", "1 tests deselected"]
+
+
+@pytest.mark.subprocess
+def test_xdist_worker_deselection_reaches_the_controller(suite):
+    (suite.path / "conftest.py").write_text(textwrap.dedent("""
+        def pytest_collection_modifyitems(config, items):
+            drop = [i for i in items if "cancel" in i.name]
+            items[:] = [i for i in items if i not in drop]
+            config.hook.pytest_deselected(items=drop)
+    """))
+    result = run_subprocess(suite, "-n", "2", "--transition-coverage",
+                                        "--transition-coverage-fail-under=50")
+    assert result.ret == 0
+    assert report(suite)["partial_reasons"] == ["1 tests deselected"]

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test diagrams bench oracle clean
+.PHONY: setup .dot demo test diagrams bench oracle clean
 
 setup: $(STAMP) .dot
 
@@ -30,7 +30,9 @@ demo: setup
 	$(PY) -m fsm demo
 
 test: setup
-	$(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-report=json:build/coverage.json
+	$(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=95 \
+	  --transition-coverage --transition-coverage-fail-under=100 \
+	  --transition-coverage-report=build/transition-coverage.json
 
 diagrams: setup
 	$(PY) -m fsm diagrams --out diagrams

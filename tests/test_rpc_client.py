@@ -1,0 +1,167 @@
+"""RpcClient against the real server subprocess and the in-process FaultServer.
+
+Pins SPEC §8.10 (the original's client dropped the retry events and ignored ``success:false``)
+and the client's promise not to hang: timeouts, and a dead server raising in pending requests,
+new requests and the event iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fsm.providers.fault_server import FaultServer
+from fsm.rpc import RpcClient, RpcError, RpcTimeout, ServerDied
+
+pytestmark = pytest.mark.subprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
+                                                                  "message": "Overloaded"}}}
+
+
+def env() -> dict[str, str]:
+    out = dict(os.environ)
+    out["PYTHONPATH"] = str(ROOT) + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
+    return out
+
+
+def client_for(fs: FaultServer, tmp_path: Path, retry: dict | None = None, **kwargs) -> RpcClient:
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"retry": {"maxRetries": 3, "baseDelayMs": 20, **(retry or {})}}))
+    return RpcClient(["--base-url", fs.base_url, "--model", "m", "--settings", str(settings),
+                      "--no-session"], env=env(), cwd=tmp_path, **kwargs)
+
+
+async def test_commands_events_and_idle(tmp_path):
+    with FaultServer([OVERLOADED, {"stream": ["Hel", "lo"]}]) as fs:
+        async with client_for(fs, tmp_path, record=True) as client:
+            assert client.ready_ms is not None and client.ready_ms > 0
+            state = await client.get_state()
+            assert state["autoRetryEnabled"] is True and state["isRetrying"] is False
+            await client.prompt("hi")
+            state = await client.wait_for_idle(timeout_s=20)
+            assert state["isStreaming"] is False and state["isRetrying"] is False
+            await client.set_auto_retry(False)
+            assert (await client.get_state())["autoRetryEnabled"] is False
+            await client.abort_retry()
+            await client.abort()
+        assert client.returncode == 0
+    types = [e["type"] for e in client.received]
+    # SPEC §8.10: retry events reach the client, in order, with the deltas of the turn.
+    assert types.count("auto_retry_start") == 1 and types.count("auto_retry_end") == 1
+    assert types.index("auto_retry_start") < types.index("message_update") < types.index("auto_retry_end")
+    start = next(e for e in client.received if e["type"] == "auto_retry_start")
+    assert {"attempt": 1, "maxAttempts": 3, "delayMs": 20}.items() <= start.items()
+    assert "529" in start["errorMessage"]
+    assert len(fs.chat_requests) == 2
+
+
+async def test_event_iterator_sees_every_event_then_ends_on_close(tmp_path):
+    with FaultServer([OVERLOADED, OVERLOADED, {}]) as fs:
+        client = await client_for(fs, tmp_path).start()
+        await client.prompt("hi")
+        await client.wait_for_idle(timeout_s=20)
+        await client.close()
+        seen = [e async for e in client.events()]  # buffered from the start, never dropped
+    retry = [(e["type"], e["attempt"]) for e in seen if e["type"].startswith("auto_retry")]
+    assert retry == [("auto_retry_start", 1), ("auto_retry_start", 2), ("auto_retry_end", 2)]
+    assert await client.next_event() is None  # it stays ended
+
+
+async def test_wait_for_idle_does_not_return_during_a_backoff(tmp_path):
+    with FaultServer([OVERLOADED, {}]) as fs:
+        async with client_for(fs, tmp_path, {"baseDelayMs": 400}, record=True) as client:
+            await client.prompt("hi")
+            t0 = time.monotonic()
+            await client.wait_for_idle(timeout_s=20)
+            assert time.monotonic() - t0 >= 0.35
+            ends = [e for e in client.received if e["type"] == "auto_retry_end"]
+            assert ends and ends[0]["success"] is True
+            assert len(fs.chat_requests) == 2
+
+
+async def test_success_false_raises_rpc_error_with_the_servers_message(tmp_path):
+    with FaultServer([{"stream": ["x"], "delay_ms": 3000}]) as fs:
+        async with client_for(fs, tmp_path) as client:
+            await client.prompt("first")
+            with pytest.raises(RpcError, match="turn is running") as info:
+                await client.prompt("second")
+            assert info.value.command == "prompt"
+            assert info.value.response["success"] is False
+            with pytest.raises(RpcError, match='"enabled" must be true or false, got string'):
+                await client.set_auto_retry("yes")  # type: ignore[arg-type]
+            with pytest.raises(RpcError, match='unknown command "dance"'):
+                await client.request({"type": "dance"})
+            await client.abort()
+
+
+async def test_request_timeout_raises_rpc_timeout(tmp_path):
+    with FaultServer([]) as fs:
+        async with client_for(fs, tmp_path) as client:
+            os.kill(client.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(RpcTimeout, match="no response to get_state within 0.3 s"):
+                    await client.get_state(timeout_s=0.3)
+                # A line larger than the pipe cannot even be sent: that is bounded too.
+                with pytest.raises(RpcTimeout, match="could not send prompt within 0.3 s"):
+                    await client.prompt("x" * (1 << 20), timeout_s=0.3)
+            finally:
+                os.kill(client.pid, signal.SIGCONT)
+            # The late prompt still arrives once the server runs again; its answer is dropped.
+            await client.wait_for_idle(timeout_s=20)
+            assert (await client.get_state())["messageCount"] == 2
+
+
+async def test_killed_server_raises_instead_of_hanging(tmp_path):
+    with FaultServer([OVERLOADED]) as fs:
+        client = await client_for(fs, tmp_path, {"baseDelayMs": 5000}).start()
+        try:
+            await client.prompt("hi")
+            await client.wait_for_event("auto_retry_start", timeout_s=20)
+            os.kill(client.pid, signal.SIGSTOP)
+            pending = asyncio.ensure_future(client.get_state(timeout_s=30))
+            await asyncio.sleep(0.1)
+            os.kill(client.pid, signal.SIGKILL)
+            with pytest.raises(ServerDied) as info:
+                await asyncio.wait_for(pending, 5)
+            assert info.value.returncode == -signal.SIGKILL
+            assert "exited with status -9" in str(info.value)
+            with pytest.raises(ServerDied):  # the event iterator too
+                async for _ in client.events():
+                    pass
+            with pytest.raises(ServerDied):  # and any later request, at once
+                await asyncio.wait_for(client.abort_retry(), 1)
+        finally:
+            await client.close()
+
+
+async def test_server_failing_at_start_reports_status_and_stderr(tmp_path):
+    client = RpcClient(["--model", "m", "--context-window", "-5"], env=env(), cwd=tmp_path)
+    with pytest.raises(ServerDied) as info:
+        await client.start()
+    assert info.value.returncode == 2
+    assert "--context-window" in info.value.stderr_tail and "-5" in str(info.value)
+
+
+async def test_close_is_idempotent_and_later_requests_fail(tmp_path):
+    with FaultServer([]) as fs:
+        client = await client_for(fs, tmp_path).start()
+        assert await client.close() == 0
+        assert await client.close() == 0
+        with pytest.raises(RpcError, match="closed"):
+            await client.get_state()
+
+
+async def test_unstarted_client_refuses_requests():
+    client = RpcClient(["--model", "m"])
+    with pytest.raises(RpcError, match="not started"):
+        await client.get_state()
+    with pytest.raises(TypeError):
+        RpcClient("--model m")  # type: ignore[arg-type]

@@ -29,8 +29,11 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m fsm demo
 
+# COVERAGE_FILE is absolute so that the subprocesses the tests start (rpc, chat, demo, classify)
+# write their coverage data next to ours, whatever their working folder.
 test: setup
-	$(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=95 \
+	@mkdir -p build
+	COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=95 \
 	  --transition-coverage --transition-coverage-fail-under=100 \
 	  --transition-coverage-report=build/transition-coverage.json
 

@@ -282,12 +282,3 @@ class RetryBrain:
     def __repr__(self) -> str:
         return f"<RetryBrain state={self.state} attempt={self.attempt} chain={self.chain_id}>"
 
-
-def describe_action(action: Action) -> str:
-    """A short human-readable form of an action, for logs and the demo."""
-    name = type(action).__name__
-    if isinstance(action, Emit):
-        return f"{name} {action.event}"
-    if isinstance(action, StartBackoff):
-        return f"{name} {action.delay_ms} ms (timer {action.timer_id})"
-    return name

@@ -444,3 +444,74 @@ async def test_queue_is_announced_when_delivered_and_kept_after_a_cancel():
                                          {"role": "user", "content": "next"}]
     queue_events = [e["queued"] for e in events if e["type"] == "queue_update"]
     assert queue_events == [["queued"], []]
+
+
+async def test_compaction_hook_failure_is_reported_not_raised(caplog):
+    async def hook(session, message, kind):
+        raise RuntimeError("compactor broke")
+    session = AgentSession(ScriptedProvider([error("prompt is too long")]), clock=FakeClock(),
+                           compaction_hook=hook)
+    await session.prompt("x")
+    assert "compactor broke" in caplog.text
+    assert not session.is_busy
+
+
+async def test_cancelling_prompt_mid_stream_cancels_the_request():
+    session, provider, clock, events = make([hang()])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await started(clock)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not session.is_busy
+
+
+async def test_cancelling_prompt_while_continuing_ends_the_chain():
+    session, provider, clock, events = make([error(OVERLOADED), hang()])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.advance(2)
+    assert session.brain.state == "continuing"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert retry_events(events)[-1] == ("end", False, 1, "Retry cancelled")
+    assert not session.is_busy and not session.is_retrying
+
+
+async def test_continue_that_raises_ends_the_chain(tmp_path):
+    class FullDisk(SessionLog):
+        fail = False
+
+        def append(self, message):
+            if self.fail:
+                raise OSError("No space left on device")
+            super().append(message)
+    clock = FakeClock()
+    log = FullDisk(tmp_path / "s.jsonl", "sid")
+    session = AgentSession(ScriptedProvider([error(OVERLOADED), ok()]), clock=clock, session_log=log)
+    events = []
+    session.subscribe(events.append)
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await started(clock)
+    log.fail = True
+    session._queue.append(UserMessage("queued"))  # the continue must write it to the log
+    await clock.advance(2)
+    await asyncio.wait_for(task, 1)
+    end = retry_events(events)[-1]
+    assert end[:3] == ("end", False, 1) and "No space left on device" in end[3]
+    assert not session.is_busy
+
+
+async def test_jitter_source_is_injectable_and_close_cancels_a_backoff():
+    clock = FakeClock()
+    session = AgentSession(ScriptedProvider([error(OVERLOADED)]), clock=clock,
+                           settings=RetrySettings(jitter="full"), random=lambda: 0.25)
+    events = []
+    session.subscribe(events.append)
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await started(clock)
+    assert retry_events(events)[0] == ("start", 1, 500)
+    await session.close()
+    await asyncio.wait_for(task, 1)
+    assert retry_events(events)[-1] == ("end", False, 1, "Retry cancelled")
+    assert clock.pending == []

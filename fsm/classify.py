@@ -1,0 +1,931 @@
+"""Classifying the end of a turn: ``retryable``, ``context_overflow``, ``fatal`` or ``none``.
+
+Pure functions, no I/O (SPEC §2). The decision order is fixed:
+
+1. stop reason is not ``"error"`` → ``none`` (rule ``stop_reason.not_error``);
+2. no error message (``None``, empty or blank) → ``fatal`` (``error.no_message``);
+3. context overflow → ``context_overflow``: a rule of :data:`OVERFLOW_RULES`, or the silent
+   overflow ``usage.input + usage.cache_read > context_window`` (``overflow.silent_usage``,
+   only when ``context_window > 0``). A 429 is rate limiting, never overflow: a message that
+   names a 429 status, "too many requests" or throttling skips this step;
+4. permanent conditions that only look transient → ``fatal`` (:data:`PERMANENT_RULES`, **D1**):
+   billing and credit exhaustion, quotas whose limit is 0, invalid keys, TLS trust failures,
+   explicit 4xx statuses… even inside a "500"/"Internal error"/"Server Error" wrapper;
+5. the retryable families → ``retryable`` (:data:`RETRYABLE_RULES` and
+   :data:`USAGE_LIMIT_RULES`; **D2** network transients, **D3** standalone status numbers);
+6. anything else → ``fatal`` (``fatal.unmatched``).
+
+The rule tables are data: one :class:`Rule` per row with its id (reported in
+:attr:`Classification.rule`, **D4**), family, regex and where it comes from. Patterns match the
+*normal form* of the message (:func:`fsm.hints.normalize_text`): lower case, whitespace runs
+collapsed to one space, ``\\n`` escapes of doubly encoded JSON as spaces, curly quotes
+straightened, URLs removed. So write patterns in lower case, with single spaces, without
+capturing groups (use ``(?:…)``), and start them with a literal character or a character class
+when you can (the engine skips positions by their first character). Every pattern must run in
+linear time: no nested unbounded quantifiers, and bounded gaps (``.{0,40}``) between parts.
+
+Rules match at word starts only, i.e. after a character that is not a letter, a digit or ``_``
+(``ratelimit`` counts in ``x-ratelimit-reset``, ``503`` does not in ``req_503``), except rules
+for scripts written without spaces (Chinese), which are looked for anywhere when no other
+retryable rule matched. Within one step the leftmost match decides; the usage-limit flag and
+the retry hint are looked for in the whole message. How the tables become one fast regex:
+the comment "Compiling the tables" below.
+
+To add a provider's phrasing: add a row to the right table (a new family if needed), add the
+message to ``tests/data/provider-errors.jsonl`` or to the unit tests of that family, and run
+``pytest tests/test_classify.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from fsm.hints import HINT_TRIGGERS, WORD_CHARS, _normalize, parse_hint_at, parse_normalized_hint_ms
+from fsm.messages import AssistantMessage, Usage
+
+__all__ = [
+    "Classification",
+    "Kind",
+    "OVERFLOW_RULES",
+    "PERMANENT_RULES",
+    "RETRYABLE_RULES",
+    "Rule",
+    "USAGE_LIMIT_RULES",
+    "classify",
+    "classify_message",
+]
+
+Kind = Literal["retryable", "context_overflow", "fatal", "none"]
+KINDS: tuple[str, ...] = ("retryable", "context_overflow", "fatal", "none")
+"""The values of :data:`Kind`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of a pattern table.
+
+    ``id``: stable, dotted, prefixed by the outcome (``overflow.``, ``fatal.``, ``retryable.``),
+    e.g. ``"retryable.overloaded"``; reported as :attr:`Classification.rule`. ``family``: the
+    group of conditions it belongs to (``"overloaded"``, ``"rate_limit"``, ``"server_5xx"``,
+    ``"network"``, ``"context_overflow"``, ``"billing"``…). ``pattern``: regex source text,
+    matched against the normal form of the message (see the module docstring). ``source``:
+    where the rule comes from (a provider's documentation, a public bug, a SPEC item such as
+    D1/D2/D3, corpus row ids).
+    """
+
+    id: str
+    family: str
+    pattern: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """How a turn ended.
+
+    ``kind``: one of ``"retryable"``, ``"context_overflow"``, ``"fatal"``, ``"none"``.
+    ``rule``: the id of the rule that decided — a :class:`Rule` id, or one of the fixed steps
+    ``"stop_reason.not_error"``, ``"error.no_message"``, ``"overflow.silent_usage"``,
+    ``"fatal.unmatched"``. ``usage_limit``: the message is a usage-limit error (SPEC §2 "Usage
+    limits"; only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
+    milliseconds (0 … 7 days), only for ``retryable``; ``None`` when the message has none.
+    """
+
+    kind: Kind
+    rule: str
+    usage_limit: bool = False
+    retry_hint_ms: int | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Pattern helpers
+
+# D3: a status code is a standalone number. Not preceded by a letter, digit, `_`, `.`, `,`, `/`,
+# `-`, `+`, `$`, `#` (ids, decimals, 500,000, URL paths, amounts); not followed by a word
+# character, `%`, a decimal or thousands part, `-digit`, or a unit ("1500 tokens" is no 500,
+# and neither is "500 tokens").
+_NOT_BEFORE = r"(?<![a-z0-9_.,/+$#-]\d\d\d)"
+_NOT_AFTER = (r"(?![a-z0-9_%]|[.,]\d|-\d"
+              r"| ?(?:tokens?|bytes?|[kmg]b\b|chars?|characters?|words?|requests?|messages?"
+              r"|ms\b|s\b|secs?\b|seconds?|minutes?|mins?\b|hours?|days?|per\b))")
+
+
+def _status(numbers: str) -> str:
+    """A standalone 3-digit status number; ``numbers`` starts with a literal digit."""
+    return f"{numbers}{_NOT_BEFORE}{_NOT_AFTER}"
+
+
+# 4xx statuses that are never worth retrying as such (408 timeout, 409, 413 size, 425, 429
+# and 499 are left out on purpose).
+_CLIENT_4XX = r"4(?:0[0-7]|1[0-2]|1[4-8]|2[1-46-8]|31|51)(?![0-9])"
+
+# --------------------------------------------------------------------------------------------
+# Step 3: context overflow (handed to compaction, never retried)
+
+OVERFLOW_RULES: tuple[Rule, ...] = (
+    Rule("overflow.prompt_too_long", "context_overflow",
+         r"prompt (?:is )?too long",
+         "Anthropic 'prompt is too long: N tokens > M maximum'; Fireworks; pi-mono overflow.ts; "
+         "corpus anthropic-400-prompt-too-long-json"),
+    Rule("overflow.input_too_long", "context_overflow",
+         r"input (?:is )?too long",
+         "Amazon Bedrock 'Input is too long for requested model' (ValidationException); "
+         "corpus bedrock-*-input-too-long"),
+    Rule("overflow.exceeds_context", "context_overflow",
+         r"exceed(?:s|ed|ing)? (?:(?:the|this|your|its|a|model's|model|available|maximum|max|allowed"
+         r"|configured) ){0,3}"
+         r"context(?: |_|-)?(?:window|length|size|limit)",
+         "OpenAI Responses 'Your input exceeds the context window of this model'; Anthropic "
+         "'input length and max_tokens exceed context limit' and 413 'Request size exceeds model "
+         "context window'; llama.cpp 'exceeds the available context size'; Ollama 'input length "
+         "exceeds the context length'; SPEC §2"),
+    Rule("overflow.context_window_exceeds", "context_overflow",
+         r"context (?:window|length|size) (?:exceeds?|exceeded|overflow)",
+         "MiniMax 'context window exceeds limit'; pi-mono overflow.ts"),
+    Rule("overflow.max_context_length", "context_overflow",
+         r"maximum context length (?:is |of )?\d|too large for model with \d",
+         "OpenAI/Azure/DeepSeek/vLLM/OpenRouter \"This model's maximum context length is N "
+         "tokens\"; Mistral 'too large for model with N maximum context length'; SPEC §2"),
+    Rule("overflow.token_count_exceeds", "context_overflow",
+         r"token count (?:of )?(?:\(?[0-9,]{1,12}\)? )?exceeds? (?:the )?(?:max|limit)",
+         "Gemini/Vertex 'The input token count (N) exceeds the maximum number of tokens allowed'; "
+         "GitHub Copilot 'prompt token count of N exceeds the limit of M'; SPEC §2"),
+    Rule("overflow.input_tokens_exceed", "context_overflow",
+         r"(?:input|prompt) tokens? (?:count )?exceed(?:s|ed)? (?:the )?(?:configured |maximum "
+         r"|max )?(?:limit|context)",
+         "OpenAI Codex 'Input tokens exceed the configured limit of N tokens'"),
+    Rule("overflow.length_exceeds", "context_overflow",
+         r"(?:input|prompt) length (?:exceeds?|exceeded) (?:the )?(?:max|limit|context)"
+         r"|exceeds? (?:the )?max(?:imum)? (?:allowed )?(?:input|prompt|sequence) length",
+         "AI21/Cohere/Ollama 'prompt length exceeds maximum', 'exceeds the maximum input length'"),
+    Rule("overflow.longer_than_context", "context_overflow",
+         r"(?:greater|larger|longer) than (?:the )?(?:max(?:imum)? )?(?:context (?:length|size"
+         r"|window)|model'?s? context length|maximum model length)",
+         "LM Studio 'greater than the context length'; llama.cpp 'larger than the max context "
+         "size'; vLLM 'is longer than the maximum model length'; SPEC §2"),
+    Rule("overflow.context_length_exceeded", "context_overflow",
+         r"context[_ ]length[_ ]exceeded|model_context_window_exceeded|context_window_exceeded"
+         r"|exceed_context_size_error"
+         r"|model_max_prompt_tokens_exceeded|max_prompt_tokens_exceeded|prompt_too_long",
+         "OpenAI code context_length_exceeded; llama.cpp type exceed_context_size_error; "
+         "Copilot code model_max_prompt_tokens_exceeded; SPEC §2; pi-mono overflow.ts"),
+    Rule("overflow.lm_studio", "context_overflow",
+         r"keep the first [0-9,]{1,12} tokens when context(?: the)? overflows|context length of only \d"
+         r"|reached context length of \d|mid-generation context overflow",
+         "LM Studio 'Trying to keep the first N tokens when context the overflows', 'loaded with "
+         "context length of only N tokens', 'Reached context length of N tokens'"),
+    Rule("overflow.reduce_length", "context_overflow",
+         r"reduce the length of the (?:messages|prompt|input)",
+         "Groq/OpenAI 'Please reduce the length of the messages'; pi-mono overflow.ts"),
+    Rule("overflow.maximum_prompt_length", "context_overflow",
+         r"maximum prompt length is \d",
+         "xAI \"This model's maximum prompt length is N but the request contains M tokens\""),
+    Rule("overflow.token_limit", "context_overflow",
+         r"exceed(?:s|ed)? (?:the )?(?:model'?s? |model )?(?:max(?:imum)? )?token limit"
+         r"|token limit exceeded(?! per)|(?:input|prompt) token limit",
+         "Kimi 'exceeded model token limit'; VS Code LM API 'Message exceeds token limit'; "
+         "SPEC §2 'token limit exceeded'"),
+    Rule("overflow.too_many_tokens", "context_overflow",
+         r"too many (?:input |prompt )?tokens(?![,.:]? (?:please wait|per |processed|in the last))",
+         "SPEC §2 'too many tokens' (Cohere 'too many tokens: total number of tokens in the "
+         "prompt cannot exceed'); not Bedrock/Cerebras throttling ('Too many tokens, please "
+         "wait', 'per day', 'processed'; corpus bedrock-*, cerebras-tpm-too-many-tokens)"),
+    Rule("overflow.tgi_inputs", "context_overflow",
+         r"`inputs` (?:must have less than [0-9,]{1,12} tokens|tokens \+ `max_new_tokens` must be <=)",
+         "Hugging Face TGI / Together 'Input validation error: `inputs` must have less than N "
+         "tokens'; corpus tgi-*"),
+    Rule("overflow.qwen_input_length_range", "context_overflow",
+         r"range of input length should be",
+         "Alibaba DashScope (Qwen) 'Range of input length should be [1, N]'"),
+    Rule("overflow.request_too_large", "request_size",
+         r"request_too_large|request (?:entity |body |payload )?too large|payload too large"
+         r"|request (?:size )?exceeds the maximum (?:allowed )?size|payload size exceeds the limit"
+         r"|string_above_max_length",
+         "Anthropic 413 request_too_large (32 MB); Groq 413 'Request too large for model'; "
+         "GitHub Models 'Request body too large'; Gemini 'Request payload size exceeds the "
+         "limit'. Byte limits, but shrinking the history is the only fix (corpus notes)"),
+    Rule("overflow.bedrock_body_length", "request_size",
+         r"'body' failed to satisfy constraint: member must have length",
+         "Bedrock InvokeModel 25 MB body limit; corpus bedrock-validation-body-25000000"),
+    Rule("overflow.status_no_body", "context_overflow",
+         r"^4(?:00|13) ?(?:status code)? ?\(no body\)",
+         "Cerebras/Mistral bare '400 status code (no body)' / '413 (no body)' at the start of "
+         "the message; SPEC §2; pi-mono overflow.ts"),
+)
+
+# --------------------------------------------------------------------------------------------
+# Step 4: permanent conditions that only look transient (D1)
+
+PERMANENT_RULES: tuple[Rule, ...] = (
+    # billing: nothing changes until someone pays
+    Rule("fatal.insufficient_quota", "billing",
+         r"insufficient[_ ]quota",
+         "OpenAI 429 insufficient_quota; SPEC D1; corpus openai-insufficient-quota-*"),
+    Rule("fatal.exceeded_current_quota", "billing",
+         r"exceeded your current quota",
+         "OpenAI/Gemini 'You exceeded your current quota, please check your plan and billing "
+         "details'; SPEC D1. Stands down when the message also carries a retry hint (Gemini "
+         "sends this wording with 'Please retry in Ns' for per-minute quotas)"),
+    Rule("fatal.credit_balance", "billing",
+         r"credit balance (?:is )?too low|insufficient (?:account )?(?:credits?|balance|funds)"
+         r"|(?:purchase|buy|requires?) more credits|can only afford|used all (?:available |your )?credits"
+         r"|out of credits|no credits (?:left|remaining)|credits? (?:have been |has been |are "
+         r"|is )?(?:exhausted|depleted)",
+         "Anthropic 'Your credit balance is too low'; DeepSeek 402 'Insufficient Balance'; "
+         "OpenRouter 402 'requires more credits … can only afford'; xAI 'used all available "
+         "credits'; SPEC D1"),
+    Rule("fatal.spending_limit", "billing",
+         r"spending (?:limit|cap)|billing[_ ]hard[_ ]limit|billing_not_active|account is not active"
+         r"|premium request allowance|you have no (?:remaining )?quota|trial (?:has )?(?:expired|ended)",
+         "xAI 'reached its monthly spending limit' (corpus xai-*); OpenAI "
+         "billing_hard_limit_reached / billing_not_active; Copilot 'exceeded your premium "
+         "request allowance', 402 'You have no quota'"),
+    Rule("fatal.payment_required", "billing",
+         _status("402") + r"|payment[_ ]required",
+         "HTTP 402 Payment Required (DeepSeek, OpenRouter, Copilot); SPEC D1"),
+    Rule("fatal.quota_limit_zero", "billing",
+         r"limit[:=]? ?0(?![0-9a-z]|[.,][0-9])",
+         "SPEC D1 'quotas whose limit is 0': Gemini 'Quota exceeded for metric: …, limit: 0'; "
+         "OpenAI 'Limit 0, Used 0, Requested N' (a model the tier does not include)"),
+    # authentication and authorisation
+    Rule("fatal.invalid_api_key", "auth",
+         r"(?:invalid|incorrect|missing|no|wrong|expired|revoked) (?:x-)?api[ _-]?key"
+         r"|invalid_api_key|api[ _-]?key (?:is )?(?:not valid|invalid|expired|revoked|missing"
+         r"|required|not found)"
+         r"|api_key_invalid",
+         "OpenAI 401 'Incorrect API key provided' / invalid_api_key; Anthropic 'invalid "
+         "x-api-key'; Gemini 400 'API key not valid' API_KEY_INVALID; corpus "
+         "gemini-api-key-invalid-nuxt-500-prefix, openai-401-server-error-prefix"),
+    Rule("fatal.authentication", "auth",
+         r"authentication[_ ]?(?:error|failed|failure)|invalid[_ ](?:authentication|auth\b|bearer"
+         r"|access token|token)"
+         r"|unauthori[sz]ed|unauthenticated|permission[_ -]?denied|permission_error|access denied"
+         r"|request_forbidden|no cookie auth credentials"
+         r"|(?:account|organization|organisation) (?:has been |is |was )?(?:deactivated|disabled"
+         r"|suspended|banned)"
+         r"|(?:oauth|access|auth) token (?:has )?expired",
+         "Anthropic authentication_error / permission_error; OpenAI 403 request_forbidden; "
+         "Vertex PERMISSION_DENIED; OpenRouter 401 'No cookie auth credentials found'"),
+    Rule("fatal.region_unsupported", "region",
+         r"unsupported_country|country, region,? or territory not supported|user location is not supported"
+         r"|not available in your (?:country|region)|unsupported[_ ]region",
+         "OpenAI 403 unsupported_country_region_territory; Gemini 400 FAILED_PRECONDITION 'User "
+         "location is not supported'"),
+    Rule("fatal.tls_certificate", "tls_config",
+         r"certificate[_ ]verify[_ ]failed|self[- _]signed[_ ]cert"
+         r"|unable to (?:get|verify) (?:the )?(?:local )?(?:issuer |first )?certificate"
+         r"|unable_to_verify_leaf_signature|unable_to_get_issuer_cert|cert_has_expired"
+         r"|certificate has expired"
+         r"|err_tls_cert_altname_invalid|does not match certificate's altnames|hostname mismatch",
+         "Python ssl CERTIFICATE_VERIFY_FAILED, Node SELF_SIGNED_CERT_IN_CHAIN / "
+         "UNABLE_TO_VERIFY_LEAF_SIGNATURE: a TLS-intercepting proxy or a missing CA bundle "
+         "fails the same way until the configuration changes; corpus ssl-cert-verify-*, "
+         "litellm-internalservererror-cert-verify"),
+    Rule("fatal.content_policy", "content_policy",
+         r"content management policy|content_policy_violation|responsibleaipolicyviolation"
+         r"|rejected as a result of (?:our|the) safety system|flagged as potentially violating"
+         r"|invalid_prompt"
+         r"|code[\"']: ?[\"']content_filter",
+         "Azure content_filter / 'content management policy' (its 'Please modify your prompt "
+         "and retry' is not a retry); OpenAI content_policy_violation, invalid_prompt"),
+    Rule("fatal.model_not_found", "model_not_found",
+         r"model_not_found|not_found_error|does not exist or you do not have access"
+         r"|model [\"'`][^\"'`]{1,100}[\"'`] (?:not found|does not exist|is not supported)"
+         r"|try pulling it first|model (?:has been )?decommissioned|model_decommissioned|unknown model",
+         "OpenAI/Groq 404 model_not_found; Anthropic not_found_error; Ollama 'model \"x\" not "
+         "found, try pulling it first'"),
+    Rule("fatal.client_status", "client_4xx",
+         r"(?:status(?:[ _]?code)?|http(?:/[0-9.]{1,3})?|error(?:[ _]?code)?|code)"
+         r"[:= \"'\\(\[]{0,4}" + _CLIENT_4XX,
+         "an explicit 4xx status (400-407, 410-418 but 413, 421-428 but 425, 431, 451) is not "
+         "transient even inside a 'Server Error:' or 'InternalServerError' wrapper; corpus "
+         "openai-401-server-error-prefix, hermes-openrouter-401-attempt-1-of-3"),
+    Rule("fatal.client_status_phrase", "client_4xx",
+         r"400 bad request|401 unauthorized|403 forbidden|404 not found|405 method not allowed"
+         r"|406 not acceptable|410 gone|415 unsupported media type|422 unprocessable (?:entity|content)",
+         "HTTP reason phrases of permanent 4xx statuses (RFC 9110 §15.5)"),
+    Rule("fatal.client_status_leading", "client_4xx",
+         r"^" + _CLIENT_4XX,
+         "a message that starts with a permanent 4xx status (Node SDK '404 The model …', "
+         "'401 Incorrect API key provided')"),
+)
+
+# Rules that stand down when the message also carries a retry hint and no other permanent
+# rule matches.
+_YIELDS_TO_HINT = frozenset({"fatal.exceeded_current_quota"})
+
+# --------------------------------------------------------------------------------------------
+# Step 5: retryable families
+
+USAGE_LIMIT_RULES: tuple[Rule, ...] = (
+    Rule("retryable.usage_limit", "usage_limit",
+         r"usage[ _-]?limit|limit_reached",
+         "the seed's 'usage limit' family and SPEC §2 'Usage limits' (\"usage limit\", "
+         "usage_limit_reached, limit_reached): Claude and Codex subscription windows"),
+    Rule("retryable.usage_window_limit", "usage_limit",
+         r"h(?<=[0-9][ -]h)(?:ou)?r limit (?:reached|hit|exceeded)|(?:weekly|daily|session|opus"
+         r"|sonnet) limit (?:reached|hit)",
+         "Claude Code '5-hour limit reached ∙ resets 3pm', 'Weekly limit reached'; corpus "
+         "claude-5-hour-limit-reached-bare"),
+)
+
+RETRYABLE_RULES: tuple[Rule, ...] = (
+    # overloaded: the provider is at capacity
+    Rule("retryable.overloaded", "overloaded",
+         r"overloaded|serveroverloaded|server_is_overloaded",
+         "the seed; Anthropic 529 overloaded_error; OpenAI 'The server is currently overloaded'; "
+         "Gemini 503 'The model is overloaded'"),
+    Rule("retryable.status_529", "overloaded",
+         _status("529"),
+         "Anthropic 529 Overloaded; SPEC D2"),
+    Rule("retryable.capacity", "overloaded",
+         r"(?:no|insufficient|out of|over|at|lack of) capacity|capacity (?:exceeded|exhausted"
+         r"|unavailable|constraints?|limits? reached)"
+         r"|model_capacity_exhausted|capacity_exhausted|capacity_exceeded|experiencing high demand"
+         r"|high demand|server (?:is )?(?:too )?busy"
+         r"|too busy|maximum pending requests|(?:model|engine) is (?:currently )?(?:loading"
+         r"|warming up|not ready)"
+         r"|is currently loading|loading model|model_not_ready|modelnotready",
+         "Google MODEL_CAPACITY_EXHAUSTED 'No capacity available'; Mistral 'Service tier "
+         "capacity exceeded'; Gemini 'high demand'; Ollama 'server busy … maximum pending "
+         "requests'; Hugging Face 503 'Model … is currently loading'; Bedrock "
+         "ModelNotReadyException; llama.cpp 503 'Loading model'"),
+    # rate limits
+    Rule("retryable.rate_limit", "rate_limit",
+         r"rate[ _-]?limit|ratelimit|speed[ _-]?limit|slow[ _]down|reduce your rate of requests",
+         "the seed; OpenAI/Anthropic rate_limit_error, Azure 'Rate limit is exceeded', "
+         "Copilot 'speed limited' (corpus copilot-speed-limited-2-minutes)"),
+    Rule("retryable.throttled", "rate_limit",
+         r"throttl",
+         "Bedrock ThrottlingException, 'Request was throttled'; Azure throttling_error"),
+    Rule("retryable.status_429", "rate_limit",
+         _status("429"),
+         "HTTP 429 Too Many Requests (RFC 6585); the seed; SPEC D3"),
+    Rule("retryable.too_many_requests", "rate_limit",
+         r"too many (?:concurrent )?requests|too_many_requests|toomanyrequests",
+         "the seed's 'too many requests'"),
+    Rule("retryable.too_many_tokens", "rate_limit",
+         r"too many tokens|concurren(?:cy|t requests?) limit",
+         "Bedrock 'Too many tokens, please wait before trying again' (a 429 "
+         "ThrottlingException, not overflow: corpus bedrock-cc-429-too-many-tokens)"),
+    Rule("retryable.per_time_quota", "rate_limit",
+         r"(?:requests?|tokens?) per (?:second|sec|minute|min|hour|day)\b|quota exceeded"
+         r"|exceeded (?:the )?quota"
+         r"|resource[ _](?:has been )?exhausted|resourceexhausted",
+         "Gemini/Vertex 429 RESOURCE_EXHAUSTED 'Quota exceeded for quota metric … per minute'; "
+         "Cerebras 'Tokens per minute limit exceeded'; Bedrock 'Too many tokens per day'"),
+    Rule("retryable.cn_rate_limit", "rate_limit",
+         r"请求过于频繁|请求太频繁|速率限制|频率限制|限流|服务繁忙|负载已?饱和|稍后再试|稍后重试",
+         "Chinese gateways (one-api/new-api, Copilot zh-CN): 'requests too frequent', 'rate "
+         "limit', 'busy', 'load saturated', 'try again later'"),
+    # HTTP-like server classes and their names
+    Rule("retryable.status_5xx", "server_5xx",
+         _status("5(?:0[0234]|2[0-4])"),
+         "the seed's 500/502/503/504 and Cloudflare 520-524; SPEC D3 standalone numbers"),
+    Rule("retryable.status_408", "network",
+         _status("408"),
+         "HTTP 408 Request Timeout"),
+    Rule("retryable.service_unavailable", "server_5xx",
+         r"service[ _]?(?:is )?(?:temporarily )?unavailable|temporarily unavailable"
+         r"|temporarily unable to process"
+         r"|status\\?[\"']?:? ?\\?[\"']?unavailable\b|statuscode\.unavailable|bad ?gateway"
+         r"|gateway ?time-?out"
+         r"|origin (?:is )?unreachable|no healthy upstream",
+         "the seed; Bedrock ServiceUnavailableException; Google status UNAVAILABLE; gRPC "
+         "StatusCode.UNAVAILABLE; nginx/Cloudflare 502/504 pages; envoy"),
+    Rule("retryable.server_error", "server_5xx",
+         r"server[ _]?error|internal[ _]?(?:server[ _]?)?(?:error|exception)|server had an error"
+         r"|status\\?[\"']?:? ?\\?[\"']?internal\b",
+         "the seed's 'server error' / 'internal error'; SPEC D3 server_error / internal_error "
+         "(underscore); OpenAI 'The server had an error while processing your request'; "
+         "Google status INTERNAL; Bedrock InternalServerException"),
+    # network transients (D2)
+    Rule("retryable.connection", "network",
+         r"connection[ _-]?(?:error|reset|refused|closed|aborted|timed? ?out|lost|dropped|terminated"
+         r"|failed|failure|broken|interrupted)"
+         r"|connection (?:was |has been )?(?:closed|reset|dropped|aborted|terminated|lost|refused)"
+         r"|connect ?error|connect call failed|apiconnectionerror|clientconnectorerror"
+         r"|network ?error|network (?:is )?(?:unreachable|down)|err_network|network request failed"
+         r"|err_connection_",
+         "the seed's 'connection error'; SPEC D2 connection reset/refused/closed; OpenAI and "
+         "Anthropic SDK APIConnectionError 'Connection error.'; httpx ConnectError; asyncio "
+         "'Connect call failed'; aiohttp ClientConnectorError"),
+    Rule("retryable.errno", "network",
+         r"e(?:connreset|connrefused|connaborted|timedout|pipe|hostunreach|netunreach|netdown"
+         r"|notfound|ai_again)\b"
+         r"|winerror 100(?:53|54|60|61)|errno (?:104|110|111|113|32|54|60|61)\]",
+         "POSIX/Windows socket errors (ECONNRESET, ECONNREFUSED, ETIMEDOUT, EPIPE, EAI_AGAIN, "
+         "WinError 10054/10060/10061, [Errno 104/111])"),
+    Rule("retryable.cannot_connect", "network",
+         r"(?:unable|cannot|can't|could not|couldn't|failed) to connect|cannot connect"
+         r"|no connection could be made"
+         r"|failed to establish a new connection|no such host|name or service not known"
+         r"|temporary failure in name resolution|getaddrinfo",
+         "urllib3 'Failed to establish a new connection'; aiohttp 'Cannot connect to host'; "
+         "Windows 'No connection could be made'; Claude Code 'Unable to connect to API'; DNS"),
+    Rule("retryable.fetch_failed", "network",
+         r"fetch failed|failed to fetch|und_err_(?:socket|connect_timeout|headers_timeout"
+         r"|body_timeout|closed|destroyed)",
+         "the seed's 'fetch failed' (Node undici); browsers 'Failed to fetch'; undici codes"),
+    Rule("retryable.socket_closed", "network",
+         r"socket hang up|other side closed|socket (?:connection )?(?:was )?(?:closed|disconnected"
+         r"|error|timeout)"
+         r"|socketerror|broken pipe|server ?disconnected|remote end closed connection|remotedisconnected"
+         r"|peer closed connection|closed by (?:the )?(?:remote|peer)|forcibly closed|reset by peer"
+         r"|reset before headers|upstream connect error|upstream (?:request )?timeout"
+         r"|upstream prematurely closed"
+         r"|goaway|stream (?:was )?(?:reset|disconnected|interrupted)|stream closed before"
+         r"|stream ended unexpectedly"
+         r"|err_http2_stream_error|http2 stream error|readerror|writeerror",
+         "SPEC D2: socket hang up, other side closed, upstream connect error (envoy, corpus "
+         "envoy-upstream-reset-reason-overflow); aiohttp ServerDisconnectedError; HTTP/2 GOAWAY; "
+         "Codex 'stream disconnected before completion'; httpx ReadError"),
+    Rule("retryable.premature_close", "network",
+         r"premature(?:ly)?[ _](?:close|closed|end)|err_stream_premature_close|ended prematurely"
+         r"|incomplete ?(?:chunked )?read|incompleteread"
+         r"|incomplete ?message|connection broken|response payload is not completed"
+         r"|unexpected[ _]eof|ssleoferror"
+         r"|eof occurred in violation of protocol|unexpected end of (?:stream|file|data)"
+         r"|remote ?protocol ?error",
+         "SPEC D2 premature close (node-fetch ERR_STREAM_PREMATURE_CLOSE); httpx "
+         "RemoteProtocolError 'incomplete chunked read'; requests ChunkedEncodingError; "
+         "aiohttp ClientPayloadError; ssl UNEXPECTED_EOF_WHILE_READING"),
+    Rule("retryable.terminated", "network",
+         r"terminated(?<!been terminated)(?<!was terminated)(?<!is terminated)",
+         "SPEC D2 'terminated' (undici 'TypeError: terminated' when the body stream dies); "
+         "not 'account has been terminated'"),
+    Rule("retryable.timeout", "network",
+         r"timed?[ _-]?out|deadline[ _]?exceeded|(?:read|connect|write|pool|headers|body|api|model)timeout",
+         "SPEC D2 'timed out'; undici HeadersTimeoutError; httpx ReadTimeout; litellm Timeout "
+         "/ APITimeoutError; gRPC/Google 504 DEADLINE_EXCEEDED; Bedrock ModelTimeoutException"),
+    # the provider says when (or that) to retry
+    Rule("retryable.retry_delay", "retry_delay",
+         r"retry[ _-]?delay|retry[ _-]?after(?:[ _-]?ms)?\\?[\"']?\s?[:=]|retry (?:in|after) \d"
+         r"|try again (?:in|after) \d|please wait \d|try again later|retry later",
+         "the seed's 'retry delay' phrasing; Google RetryInfo retryDelay; retry-after headers; "
+         "Azure 'Please retry after N seconds'; Copilot 'Please wait N seconds'"),
+)
+
+# --------------------------------------------------------------------------------------------
+# Compiling the tables
+#
+# Python's regex engine tries every alternative of a big alternation at every position: ~50 µs
+# for a 200-character message and ~1 s for a megabyte. So the tables are compiled into one
+# regex of the shape
+#
+#     [^a-z0-9_…](?=[<1st chars>][<2nd chars>])(?:o(?:verloaded()|…)|r(?:ate(?=[ _-]?limit)()|…)|…)
+#
+# - every rule matches at a word start, so the regex starts with one non-word character
+#   (:data:`_BOUNDARY`) and the engine skips letters and digits in C; the lookahead cheaply
+#   rejects boundaries followed by a quote or a space, and one-letter words. The text gets a
+#   leading space so that position 0 is a word start too; ``^``-anchored alternatives are
+#   matched once, at the start, by a separate small regex. Words of scripts written without
+#   spaces (Chinese) are searched separately;
+# - the alternatives of every rule (a leading ``(?:a|b)`` distributed) form a trie over their
+#   literal prefixes, so one character comparison rejects a whole subtree; at every branch,
+#   overflow rules come first, then permanent ones, so no later step can hide them;
+# - retryable rules and the hint trigger words are *peeks*: they consume their first word only
+#   (the rest is a lookahead), so they never hide a match that starts at a later word;
+# - each alternative ends with an empty group: ``m.lastindex`` maps back to the rule.
+#
+# One ``finditer`` over this regex answers every question of :func:`classify` in one pass over
+# the text. Past 48 matches (adversarial repetitions) :func:`_continue` takes over: one
+# ``search`` per question still open, each resuming where the last stopped, with smaller
+# regexes built the same way on first use. Either way the text is read about once.
+
+_SPECIAL = frozenset(".^$*+?{}[]\\|()")
+# A character that may precede a word: not a letter or digit (Latin, Greek, Cyrillic, CJK,
+# kana, Hangul) nor `_`. Spelled out: a class of ranges is checked faster than \W.
+_BOUNDARY = f"[^{WORD_CHARS}]"
+_OVERFLOW, _PERMANENT, _RETRYABLE, _HINT = 0, 1, 2, 3
+
+
+def _scan(pattern: str, i: int, stop_at_bar: bool) -> int:
+    """Index of the ``|`` at depth 0 (``stop_at_bar``) or of the ``)`` closing the group that
+    opens at ``i``; ``len(pattern)`` when there is none."""
+    depth, in_class = 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0 and not stop_at_bar:
+                return i
+        elif ch == "|" and depth == 0 and stop_at_bar:
+            return i
+        i += 1
+    return i
+
+
+def _alternatives(pattern: str) -> list[str]:
+    """Top-level alternatives of ``pattern``; a leading ``(?:a|b)rest`` becomes ``arest``,
+    ``brest`` (recursively), unless a quantifier follows the group."""
+    parts, start = [], 0
+    while True:
+        end = _scan(pattern, start, True)
+        parts.append(pattern[start:end])
+        if end >= len(pattern):
+            break
+        start = end + 1
+    out: list[str] = []
+    for alt in parts:
+        if alt.startswith("(?:"):
+            close = _scan(alt, 0, False)
+            if close + 1 >= len(alt) or alt[close + 1] not in "?*+{":
+                rest = alt[close + 1:]
+                out.extend(a for inner in _alternatives(alt[3:close]) for a in _alternatives(inner + rest))
+                continue
+        out.append(alt)
+    return out
+
+
+def _literal_prefix(alt: str) -> list[str]:
+    """The leading literal characters of ``alt`` as regex source units (``a``, ``\\(``)."""
+    units, i = [], 0
+    while i < len(alt):
+        if alt[i] == "\\":
+            if i + 1 >= len(alt) or alt[i + 1].isalnum():
+                break
+            unit = alt[i:i + 2]
+        elif alt[i] in _SPECIAL:
+            break
+        else:
+            unit = alt[i]
+        nxt = i + len(unit)
+        if nxt < len(alt) and alt[nxt] in "?*+{":
+            break  # the quantifier applies to this character
+        units.append(unit)
+        i = nxt
+    return units
+
+
+class _Trie:
+    """Alternatives keyed by their literal prefix; ``rank`` orders siblings (lowest first)."""
+
+    __slots__ = ("children", "ends", "rank")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Trie] = {}
+        self.ends: list[tuple[int, str, int]] = []  # (rank, rest, owner)
+        self.rank = 99
+
+    def add(self, units: list[str], rest: str, owner: int, rank: int) -> None:
+        node = self
+        node.rank = min(node.rank, rank)
+        for unit in units:
+            node = node.children.setdefault(unit, _Trie())
+            node.rank = min(node.rank, rank)
+        node.ends.append((rank, rest, owner))
+
+    def emit(self, owners: list[int]) -> str:
+        parts: list[tuple[int, int, str | tuple[str, _Trie] | tuple[str, int]]] = []
+        for order, (unit, child) in enumerate(self.children.items()):
+            parts.append((child.rank, order, (unit, child)))
+        for order, (rank, rest, owner) in enumerate(self.ends, len(parts)):
+            parts.append((rank, order, (rest, owner)))
+        parts.sort(key=lambda p: (p[0], p[1]))  # stable: by rank, then insertion order
+        texts = []
+        for _, _, (head, item) in parts:
+            if isinstance(item, _Trie):
+                texts.append(head + item.emit(owners))
+            else:
+                texts.append(head + "()")
+                owners.append(item)
+        return texts[0] if len(texts) == 1 else "(?:" + "|".join(texts) + ")"
+
+
+def _char_filter(trie: _Trie) -> str:
+    """A lookahead for the first two characters a match can start with: it rejects, before any
+    alternative is tried, boundaries followed by a quote or a space and one-letter words.
+    Conservative where an alternative's second character is not a literal."""
+    if trie.ends:  # pragma: no cover - every table alternative starts with a literal
+        return ""
+    firsts, seconds = set(), set()
+    for unit, child in trie.children.items():
+        firsts.add(unit[-1])
+        seconds.update(u[-1] for u in child.children)
+        if child.ends:
+            seconds.update("0123456789" if unit[-1].isdigit() else "abcdefghijklmnopqrstuvwxyz0123456789")
+    def cls(chars: set[str]) -> str:
+        return "[" + "".join(re.escape(c) for c in sorted(chars)) + "]"
+    return f"(?={cls(firsts)}{cls(seconds)})"
+
+
+def _peek(alt: str) -> str:
+    """``alt`` consuming only its first word (up to the first space of its literal prefix), the
+    rest as a lookahead."""
+    units = _literal_prefix(alt)
+    if " " in units:
+        units = units[:units.index(" ")]
+    head = "".join(units)
+    rest = alt[len(head):]
+    return head + (f"(?={rest})" if rest else "")
+
+
+def _compile(entries: list[tuple[int, Rule]], peek: frozenset[int]) -> tuple[
+        re.Pattern[str], re.Pattern[str] | None, tuple[tuple[int, Rule, bool], ...]]:
+    """The scan regex for ``(tag, rule)`` entries (tags in ``peek`` as peeks), the regex of
+    their ``^``-anchored alternatives (matched once, at the start), and per marker group
+    (``m.lastindex - 1``, the same numbering for both) ``(tag, rule, starts_with_a_trigger)``."""
+    trie = _Trie()
+    anchored: list[tuple[str, int]] = []
+    info: list[tuple[int, Rule, bool]] = []
+    for tag, rule in entries:
+        for alt in _alternatives(rule.pattern):
+            if alt[:1] > "\x7f":
+                continue  # a word in a script without spaces: see _SCRIPT_RULES
+            units = _literal_prefix(alt.lstrip("^"))
+            literal = "".join(u[-1] for u in units)
+            # where a hint may start: a trigger word, or a retryable alternative that begins
+            # with one and can carry a number ("retry after 30s", not "try again later")
+            trigger = tag == _HINT or (tag == _RETRYABLE and literal.startswith(HINT_TRIGGERS)
+                                       and len("".join(units)) < len(alt.lstrip("^")))
+            info.append((tag, rule, trigger))
+            if alt.startswith("^"):
+                anchored.append((alt[1:], len(info) - 1))
+                continue
+            if tag in peek:
+                alt = _peek(alt)
+            units = _literal_prefix(alt)
+            trie.add(units, alt[len("".join(units)):], len(info) - 1, tag)
+    owners: list[int] = []
+    regex = re.compile(_BOUNDARY + _char_filter(trie) + trie.emit(owners))
+    start = re.compile(" (?:" + "|".join(f"{alt}()" for alt, _ in anchored) + ")") if anchored else None
+    if regex.groups != len(owners) or (start is not None and start.groups != len(anchored)):
+        raise ValueError("rule patterns must not contain capturing groups; use (?:...)")
+    marks = tuple(info[i] for i in owners)
+    start_marks = tuple(info[i] for _, i in anchored)
+    return regex, start, marks + start_marks
+
+
+_TRIGGER_RULE = Rule("hint.trigger", "hint", "|".join(re.escape(w) for w in HINT_TRIGGERS),
+                     "fsm.hints.HINT_TRIGGERS: where retry hints start")
+_TAGGED = ([(_OVERFLOW, r) for r in OVERFLOW_RULES] + [(_PERMANENT, r) for r in PERMANENT_RULES]
+           + [(_RETRYABLE, r) for r in RETRYABLE_RULES + USAGE_LIMIT_RULES] + [(_HINT, _TRIGGER_RULE)])
+_USAGE_IDS = frozenset(rule.id for rule in USAGE_LIMIT_RULES)
+# A message that names a 429 (or throttling) is rate limiting, never overflow (SPEC §2).
+_GUARD_IDS = frozenset({"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"})
+# Substrings without which no guard rule can match (checked by the tests): `in` is far cheaper
+# than a regex scan, and most overflow messages have none of them.
+_GUARD_NEEDLES = ("429", "too many", "too_many", "toomany", "throttl")
+
+# The questions a scan answers, as sets of rules ("categories").
+_O, _PS, _PY, _R, _U, _G = "overflow", "strict_permanent", "yielding_permanent", "retryable", "usage", "guard"
+
+
+def _category_rules(category: str) -> list[tuple[int, Rule]]:
+    keep = {
+        _O: lambda tag, rule: tag == _OVERFLOW,
+        _PS: lambda tag, rule: tag == _PERMANENT and rule.id not in _YIELDS_TO_HINT,
+        _PY: lambda tag, rule: tag == _PERMANENT and rule.id in _YIELDS_TO_HINT,
+        _R: lambda tag, rule: tag == _RETRYABLE,
+        _U: lambda tag, rule: tag == _RETRYABLE and rule.id in _USAGE_IDS,
+        _G: lambda tag, rule: tag == _RETRYABLE and rule.id in _GUARD_IDS,
+    }[category]
+    return [(tag, rule) for tag, rule in _TAGGED if keep(tag, rule)]
+
+
+class _Matcher:
+    """A compiled set of rules: ``regex`` (``marks[m.lastindex - 1]`` → ``(tag, rule,
+    starts_with_a_hint_trigger)``) and the ``^``-anchored alternatives (:meth:`at_start`)."""
+
+    __slots__ = ("regex", "start", "marks", "start_marks")
+
+    def __init__(self, entries: list[tuple[int, Rule]], peek: frozenset[int]) -> None:
+        self.regex, self.start, marks = _compile(entries, peek)
+        self.marks = marks[:self.regex.groups]
+        self.start_marks = marks[self.regex.groups:]
+
+    def at_start(self, t: str) -> tuple[int, Rule, bool] | None:
+        """The ``^``-anchored rule matching at the start of ``t`` (padded with a space)."""
+        m = None if self.start is None else self.start.match(t)
+        return None if m is None else self.start_marks[m.lastindex - 1]  # type: ignore[operator]
+
+    def start_chars(self) -> str:
+        """The characters an anchored alternative can start with ("" when unknown)."""
+        chars = set()
+        for _, rule, _ in self.start_marks:
+            for alt in _alternatives(rule.pattern):
+                if alt.startswith("^"):
+                    units = _literal_prefix(alt[1:])
+                    if not units:  # pragma: no cover - anchored table rules start with a digit
+                        return ""
+                    chars.add(units[0][-1])
+        return "".join(sorted(chars))
+
+
+_SUBSETS: dict[frozenset[str], _Matcher] = {}
+
+
+def _subset(categories: frozenset[str]) -> _Matcher:
+    """The matcher for a union of categories, compiled on first use (only texts with very many
+    matches, or a 429 next to an overflow, need them)."""
+    matcher = _SUBSETS.get(categories)
+    if matcher is None:
+        entries = [entry for category in sorted(categories) for entry in _category_rules(category)]
+        matcher = _SUBSETS[categories] = _Matcher(entries, frozenset({_RETRYABLE}))
+    return matcher
+
+
+_ALL = _Matcher(list(_TAGGED), frozenset({_RETRYABLE, _HINT}))
+_ALL_FINDITER = _ALL.regex.finditer
+# per marker group: (tag, rule, starts with a hint trigger, is a usage-limit rule, stands down
+# for a hint)
+_ALL_MARKS = tuple((tag, rule, trigger, rule.id in _USAGE_IDS, rule.id in _YIELDS_TO_HINT)
+                   for tag, rule, trigger in _ALL.marks)
+_ALL_START_CHARS = _ALL.start_chars()
+_MAX_MATCHES = 48  # more (adversarial repetitions): one search per open question instead
+# Rules for scripts written without spaces (Chinese…) cannot rely on word starts: a plain
+# alternation, searched when the text is not ASCII and no other retryable rule matched.
+_SCRIPT_RULES = tuple(rule for rule in RETRYABLE_RULES
+                      if any(a[:1] > "\x7f" for a in _alternatives(rule.pattern)))
+_SCRIPT_RE = re.compile("|".join(
+    "(?:" + "|".join(a for a in _alternatives(rule.pattern) if a[:1] > "\x7f") + ")()"
+    for rule in _SCRIPT_RULES))
+
+_NOT_ERROR = Classification("none", "stop_reason.not_error")
+_NO_MESSAGE = Classification("fatal", "error.no_message")
+_SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
+_UNMATCHED = Classification("fatal", "fatal.unmatched")
+_RESULT: dict[tuple[str, bool], Classification] = {}
+for _tag, _rule in _TAGGED[:-1]:
+    _RESULT[_rule.id, False] = Classification(  # type: ignore[arg-type]
+        ("context_overflow", "fatal", "retryable")[_tag], _rule.id)
+    _RESULT[_rule.id, True] = Classification("retryable", _rule.id, True)
+
+
+def _names_a_429(t: str) -> bool:
+    for needle in _GUARD_NEEDLES:
+        if needle in t:
+            return _subset(frozenset({_G})).regex.search(t) is not None
+    return False
+
+
+def classify(stop_reason: str, error_message: str | None, usage: Usage | None = None,
+             context_window: int = 0, *, now_ms: float | None = None) -> Classification:
+    """Classify how a turn ended (SPEC §2; the order is in the module docstring).
+
+    ``stop_reason``: ``"stop"``, ``"length"``, ``"toolUse"``, ``"error"`` or ``"aborted"``
+    (anything but ``"error"`` gives ``none``). ``error_message``: the provider's error text as
+    the SDK reported it, or ``None``. ``usage``: token counts of the failed message (for silent
+    overflow). ``context_window``: the model's context window in tokens; 0 (or less) disables
+    the silent-overflow check. ``now_ms``: wall clock in epoch ms for absolute retry hints
+    (default: now).
+
+    Returns a :class:`Classification`; never raises for a ``str`` message of any size (linear
+    time: a few µs for a provider's message, tens of ms for a megabyte).
+    """
+    if stop_reason != "error":
+        return _NOT_ERROR
+    if not error_message or error_message.isspace():
+        return _NO_MESSAGE
+    t = _normalize(error_message)  # " " + the normal form
+    silent = (usage is not None and context_window > 0
+              and usage.input + usage.cache_read > context_window)
+
+    permanent = retryable = None
+    usage_limit = yielding = False
+    triggers: list[int] | None = []
+    if t[1:2] in _ALL_START_CHARS:
+        start = _ALL.at_start(t)
+        if start is not None:
+            if start[0] == _OVERFLOW:
+                return _overflow(t, start[1], silent, now_ms)
+            permanent = start[1]
+    count = 0
+    for m in _ALL_FINDITER(t):
+        tag, rule, trigger, is_usage, yields = _ALL_MARKS[m.lastindex - 1]  # type: ignore[operator]
+        if tag == _RETRYABLE:
+            if retryable is None:
+                retryable = rule
+            if is_usage:
+                usage_limit = True
+        elif tag == _OVERFLOW:
+            return _overflow(t, rule, silent, now_ms, m.start() + 1, permanent, retryable,
+                             usage_limit)
+        elif tag == _PERMANENT and (permanent is None or (yielding and not yields)):
+            permanent, yielding = rule, yields
+        count += 1
+        if count > _MAX_MATCHES:
+            return _continue(t, m.start() + 1, silent, permanent, retryable, usage_limit, now_ms)
+        if trigger:
+            triggers.append(m.start() + 1)  # type: ignore[union-attr]
+    if silent:
+        return _overflow(t, None, silent, now_ms, len(t), permanent, retryable, usage_limit)
+    if permanent is None and retryable is not None and not triggers and t.isascii():
+        return _RESULT[retryable.id, usage_limit]  # the common case, without a hint
+    if not t.isascii():
+        triggers = None  # trigger words inside such scripts have no word start: search all
+        if retryable is None:
+            retryable = _script_rule(t)
+    return _decide(t, permanent, retryable, usage_limit, triggers, now_ms)
+
+
+def _overflow(t: str, rule: Rule | None, silent: bool, now_ms: float | None, pos: int = 1,
+              permanent: Rule | None = None, retryable: Rule | None = None,
+              usage_limit: bool = False) -> Classification:
+    """Step 3 found an overflow rule (``rule``, at ``pos``) or a silent overflow: it decides
+    unless the message names a 429; then steps 4-6 go on from ``pos``."""
+    if not _names_a_429(t):
+        return _SILENT_OVERFLOW if rule is None else _RESULT[rule.id, False]
+    if rule is None:  # a silent overflow voided: the text was scanned to the end already
+        return _continue(t, len(t), False, permanent, retryable, usage_limit, now_ms)
+    return _continue(t, pos, False, permanent, retryable, usage_limit, now_ms,
+                     overflow_done=True, at_start=pos <= 1)
+
+
+def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable: Rule | None,
+              usage_limit: bool, now_ms: float | None, *, overflow_done: bool = False,
+              at_start: bool = False) -> Classification:
+    """The rest of :func:`classify` from ``t[pos:]``, for texts with very many matches (or an
+    overflow voided by a 429): one search per open question, each resuming where the last one
+    stopped and each answering a question, so the text is still read about once."""
+    open_ = set() if overflow_done else {_O}
+    if permanent is None or permanent.id in _YIELDS_TO_HINT:
+        open_.add(_PS)
+        if permanent is None:
+            open_.add(_PY)
+        if retryable is None:
+            open_.add(_R)
+        if not usage_limit:
+            open_.add(_U)
+    if at_start and open_:
+        found = _subset(frozenset(open_)).at_start(t)
+        if found is not None and found[0] == _PERMANENT:
+            permanent = found[1]
+            open_ -= {_PS, _PY, _R, _U} if permanent.id not in _YIELDS_TO_HINT else {_PY}
+    while open_:
+        matcher = _subset(frozenset(open_))
+        m = matcher.regex.search(t, pos)
+        if m is None:
+            break
+        tag, rule, _ = matcher.marks[m.lastindex - 1]  # type: ignore[operator]
+        pos = m.start() + 1
+        if tag == _OVERFLOW:
+            if not _names_a_429(t):
+                return _RESULT[rule.id, False]
+            open_.discard(_O)
+            silent = False
+        elif tag == _PERMANENT:
+            if rule.id in _YIELDS_TO_HINT:
+                permanent = permanent or rule
+                open_.discard(_PY)
+            else:
+                permanent = rule
+                open_ -= {_PS, _PY, _R, _U}
+        else:
+            retryable = retryable or rule
+            open_.discard(_R)
+            if rule.id in _USAGE_IDS:
+                usage_limit = True
+                open_.discard(_U)
+    if silent and not _names_a_429(t):
+        return _SILENT_OVERFLOW
+    if retryable is None and not t.isascii():
+        retryable = _script_rule(t)
+    return _decide(t, permanent, retryable, usage_limit, None, now_ms)
+
+
+def _script_rule(t: str) -> Rule | None:
+    m = _SCRIPT_RE.search(t)
+    return None if m is None else _SCRIPT_RULES[m.lastindex - 1]  # type: ignore[operator]
+
+
+def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit: bool,
+            triggers: list[int] | None, now_ms: float | None) -> Classification:
+    """Steps 4-6 once no overflow applies. ``triggers``: hint trigger positions, or ``None``
+    to look for them in the whole text."""
+    hint = None
+    if permanent is not None:
+        if permanent.id not in _YIELDS_TO_HINT:
+            return _RESULT[permanent.id, False]
+        hint = parse_normalized_hint_ms(t, now_ms=now_ms)
+        if hint is None or retryable is None:
+            return _RESULT[permanent.id, False]
+    if retryable is None:
+        return _UNMATCHED
+    if hint is None:
+        if triggers is None:
+            hint = parse_normalized_hint_ms(t, now_ms=now_ms)
+        elif triggers:
+            hint = parse_hint_at(t, triggers, now_ms=now_ms)
+        if hint is None:
+            return _RESULT[retryable.id, usage_limit]
+    return Classification("retryable", retryable.id, usage_limit, hint)
+
+
+def classify_message(message: AssistantMessage, context_window: int = 0, *,
+                     now_ms: float | None = None) -> Classification:
+    """:func:`classify` applied to an assistant message's stop reason, error message and usage."""
+    return classify(message.stop_reason, message.error_message, message.usage, context_window,
+                    now_ms=now_ms)

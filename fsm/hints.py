@@ -1,0 +1,404 @@
+"""Retry hints: how long a provider asks us to wait, parsed from an error message's text.
+
+Pure functions, no I/O. The wall clock is read only for absolute hints (an HTTP date, an epoch,
+"try again at Jul 5th, 2026 8:19 PM"), and it can be injected (``now_ms``) so tests and replays
+are deterministic.
+
+Formats understood (SPEC §2 "Usage limits", plus what the corpus shows), best first when a
+message carries several:
+
+1. ``retry-after-ms: 1500`` / ``retry-after-ms=1500`` (milliseconds; OpenAI and Anthropic SDKs)
+2. ``retry-after: 30`` (seconds, RFC 9110 §10.2.3) or an HTTP date
+   ``retry-after: Wed, 21 Oct 2015 07:28:00 GMT``; also ``"retry_after": 30`` in JSON bodies
+3. Google RetryInfo: ``"retryDelay": "30s"`` (JSON) or ``retry_delay { seconds: 30 }`` (gRPC text)
+4. ``"resets_in_seconds": 13872`` (Codex) and ``X-…-Reset-After-Seconds: 13873`` headers
+5. ``x-ratelimit-reset-ms: N`` (milliseconds, or epoch milliseconds when > 10^12)
+6. ``x-ratelimit-reset[-requests|-tokens]: N`` (seconds, or epoch seconds when > 10^9, or
+   epoch milliseconds when > 10^12), an OpenAI duration (``6m0s``) or an RFC 3339 time;
+   ``anthropic-ratelimit-*-reset: 2026-06-01T00:00:00Z``
+7. ``"estimated_time": 176.7`` (Hugging Face, a model still loading; seconds)
+8. phrases: "Please retry in 37.5s", "try again in 2h 13m", "try again in 9m38.016s",
+   "reset after 5h8m26s", "Please retry after 86400 seconds", "Please wait 17 seconds",
+   "Retrying in 1 seconds", "请等待 70 seconds", "try again in 5 days 22 hours 11 minutes"
+9. absolute: "usage limit reached|1749924000" (Claude, epoch seconds), ``"resets_at": N``,
+   "reset at 3pm (America/Santiago)", "try again at Jul 5th, 2026 8:19 PM" (no zone: the local
+   zone, as the apps that print it use), "regain access on 2026-06-01 at 00:00 UTC"
+
+A value that is negative, not a number, in the past, or longer than :data:`MAX_HINT_MS` (7 days)
+is ignored, and the next candidate is tried. Only the first 256 occurrences of each trigger word
+are looked at, so an adversarial message cannot make parsing slow.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import date, datetime, timedelta, timezone, tzinfo
+from email.utils import parsedate_to_datetime
+
+__all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "normalize_text", "parse_hint_at",
+           "parse_normalized_hint_ms", "parse_retry_hint_ms"]
+
+MAX_HINT_MS = 7 * 24 * 3600 * 1000
+"""Hints longer than this (7 days, in ms) are treated as absurd and ignored."""
+
+
+# --------------------------------------------------------------------------------------------
+# Normal form shared with the classifier
+
+WORD_CHARS = "a-z0-9_\u00c0-\u02af\u0370-\u052f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+"""A regex character-class body of the characters that make up words in the normal form
+(Latin, Greek, Cyrillic, kana, CJK, Hangul letters, digits, ``_``). Rules and hint trigger
+words match only at word starts, i.e. after any other character."""
+_WORD_CHAR = re.compile(f"[{WORD_CHARS}]")
+_URL_RE = re.compile(r"https?://[^\s\"'<>\\()\[\]{},|`]*")
+_WS_RE = re.compile(r"\s(?:\s+|(?<=[^ ]))")  # runs of 2+, or one that is not a space
+
+
+def normalize_text(text: str) -> str:
+    """The normal form that the classifier's rule patterns and the hint patterns match.
+
+    Lower case; ``’``/``‘`` straightened to ``'``; the two-character escapes ``\\n``, ``\\r``,
+    ``\\t`` of doubly encoded JSON turned into spaces; URLs removed (their paths, such as
+    ``/docs/rate-limits``, ``/account/billing`` or ``/Status/503``, say nothing about this
+    error); every run of whitespace (newlines included: terminals wrap error texts) collapsed
+    to one space; leading and trailing space stripped. Linear in the length of ``text``.
+    """
+    return _normalize(text)[1:]
+
+
+# ASCII whitespace other than the space itself (str.split()'s set), mapped to spaces.
+_ASCII_WS = str.maketrans({c: " " for c in "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"})
+
+
+def _normalize(text: str) -> str:
+    """" " + :func:`normalize_text` (the classifier scans it with a leading space)."""
+    t = text.lower()
+    if "\\" in t:
+        t = t.replace("\\n", " ").replace("\\r", " ").replace("\\t", " ")
+    if "://" in t:
+        t = _URL_RE.sub(" ", t)
+    if t.isascii():
+        if not t.isprintable():
+            t = t.translate(_ASCII_WS)
+        while "  " in t:  # each pass shortens the runs: a handful of C-speed passes
+            t = t.replace("   ", " ").replace("  ", " ")
+        if t[-1:] == " ":
+            t = t[:-1]
+        return t if t[:1] == " " else " " + t
+    if "’" in t or "‘" in t:
+        t = t.replace("’", "'").replace("‘", "'")
+    if len(t) < 4096:
+        return " " + " ".join(t.split())
+    # one regex pass instead of a list of a million words
+    return " " + _WS_RE.sub(" ", t).strip()
+
+
+# --------------------------------------------------------------------------------------------
+# Grammar pieces (they match the normal form: lower case, single spaces)
+
+_NUM = r"(\d{1,15}(?:\.\d{1,9})?)(?!\d|\.\d)"
+_SEP = r"\\{0,3}[\"']?\s?[:=]\s?\\{0,3}[\"']?"  # `: `, `=`, `": "` and `\": \"` (escaped JSON)
+_UNIT = (r"(?:milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h"
+         r"|days?|d|weeks?|w)(?![a-z])")
+_DURATION = (rf"\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}"
+             rf"(?:(?:,? and |, | )?\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}){{0,5}}")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?) ?([a-z]+)")
+_UNIT_MS = {
+    "ms": 1, "msec": 1, "msecs": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hr": 3_600_000, "hrs": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
+    "w": 604_800_000, "week": 604_800_000, "weeks": 604_800_000,
+}
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_HTTP_DATE = (r"((?:mon|tue|wed|thu|fri|sat|sun)[a-z]{0,6}, \d{1,2}[ -][a-z]{3}[ -]\d{2,4}"
+              r" \d{2}:\d{2}:\d{2} (?:gmt|utc|[+-]\d{4}))")
+_ISO = (r"(\d{4}-\d{2}-\d{2}(?:t| |,? at )\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?"
+        r"(?: ?(?:z|utc|gmt|[+-]\d{2}:?\d{2}))?)")
+_ISO_PARTS = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})(?:t| |,? at )(\d{2}):(\d{2})(?::(\d{2})(\.\d{1,9})?)?"
+    r"(?: ?(z|utc|gmt|[+-]\d{2}:?\d{2}))?")
+_ABS_START = (r"(?=(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]{0,6}\.? \d"
+              r"|\d{1,2}(?::\d{2})? ?[ap]\.?m\b|\d{1,2}:\d{2}|\d{4}-\d{2}-\d{2})")
+
+# One alternative per hint kind, in order of preference (at one position the first that
+# matches wins). Each ends with an empty named group, so ``m.lastgroup`` names the kind.
+# Every alternative starts with one of :data:`HINT_TRIGGERS`: the regex only runs anchored at
+# those words, found by the classifier's scan or by ``str.find`` (C speed).
+_KINDS: tuple[tuple[str, str], ...] = (
+    ("ms_header", rf"retry[-_]?after[-_]?ms{_SEP}{_NUM}"),
+    ("after_header", rf"retry[-_]?after(?:[-_]?s(?:ec(?:ond)?s?)?)?{_SEP}(?:{_NUM}|{_HTTP_DATE})"),
+    ("retry_delay_json", rf"retry[-_]?delay\\{{0,3}}\"?\s?:\s?\\{{0,3}}\""
+                         rf"(\d{{1,9}}(?:\.\d{{1,9}})?)(m?s)\\{{0,3}}\""),
+    ("retry_delay_proto", r"retry_delay \{ seconds: (\d{1,9})(?: nanos: (\d{1,9}))? \}"),
+    ("reset_in_seconds", rf"resets?[-_](?:in|after)[-_]s(?:ec(?:ond)?s?)?{_SEP}{_NUM}"),
+    ("ratelimit_reset_ms", rf"ratelimit-reset-ms{_SEP}{_NUM}"),
+    ("ratelimit_reset", rf"ratelimit-reset(?:-[a-z-]{{1,30}})?{_SEP}(?:{_ISO}|({_DURATION})|{_NUM})"),
+    ("ratelimit_reset_iso", rf"ratelimit-[a-z-]{{1,30}}-reset{_SEP}{_ISO}"),
+    ("estimated_time", rf"estimated_time{_SEP}{_NUM}"),
+    ("phrase", rf"(?:retry|retrying|try again|trying again|wait|waiting|reset|resets"
+               rf"|available again|available|等待)"
+               rf"(?: in| after| for)?:? ?(?:about |approximately |approx\. |~)?({_DURATION})"),
+    ("epoch_pipe", r"limit reached\|(\d{10,13})(?!\d)"),
+    ("resets_at", rf"resets?[-_]at{_SEP}(\d{{10,13}})(?![\d.])"),
+    ("absolute", rf"(?:try again|retry|resets?|available again|available|regain access)"
+                 rf"(?: at| on| after)? {_ABS_START}"),
+)
+_PRIORITY = {name: i for i, (name, _) in enumerate(_KINDS)}
+_HINT_RE = re.compile("|".join(f"(?:{pattern})(?P<{name}>)" for name, pattern in _KINDS))
+HINT_TRIGGERS: tuple[str, ...] = (
+    "retry", "try again", "trying again", "wait", "reset", "ratelimit", "estimated_time",
+    "available", "等待", "limit reached|", "regain access")
+"""Every hint starts with one of these words (in the normal form); the classifier finds them
+during its own scan and passes their positions to :func:`parse_hint_at`."""
+_MAX_PER_TRIGGER = 256
+
+# Dates and times after an "absolute" trigger.
+_ABS_RE = re.compile(
+    r"(?:(?P<mon>jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]{0,6}\.? (?P<day>\d{1,2})"
+    r"(?:st|nd|rd|th)?(?:,? (?P<year>\d{4}))?(?:,? at |,? | at )"
+    r"|(?P<iy>\d{4})-(?P<im>\d{2})-(?P<id>\d{2})(?:t| |,? at ))?"
+    r"(?:(?P<h12>\d{1,2})(?::(?P<m12>\d{2}))? ?(?P<ampm>[ap])\.?m\.?"
+    r"|(?P<h24>\d{1,2}):(?P<m24>\d{2})(?::(?P<s24>\d{2})(?:\.\d{1,9})?)?)"
+    r"(?: ?\((?P<zone>[a-z][a-z0-9_+\-]{0,30}(?:/[a-z0-9_+\-]{1,30}){0,2})\)"
+    r"| ?(?P<zabbr>z|utc|gmt)(?P<zoff>[+-]\d{1,2}(?::?\d{2})?)?(?![a-z])"
+    r"| ?(?P<off>[+-]\d{2}:?\d{2}))?"
+)
+
+
+def parse_retry_hint_ms(text: str, *, now_ms: float | None = None) -> int | None:
+    """The retry hint carried by an error message, in milliseconds, or ``None``.
+
+    ``text`` is the provider's error text as-is (any case, any whitespace). ``now_ms`` is the
+    wall clock in epoch milliseconds, used only for absolute hints (HTTP dates, epochs, times of
+    day); default ``time.time() * 1000``. Relative hints are rounded to the nearest ms.
+
+    Returns an ``int`` between 0 and :data:`MAX_HINT_MS` inclusive, or ``None`` when the text
+    carries no usable hint (none at all, negative, NaN, in the past or absurdly long). Never
+    raises for any ``str``. See the module docstring for the formats and their precedence.
+    """
+    return parse_normalized_hint_ms(normalize_text(text), now_ms=now_ms)
+
+
+def parse_normalized_hint_ms(t: str, *, now_ms: float | None = None) -> int | None:
+    """:func:`parse_retry_hint_ms` for a text already in :func:`normalize_text` form.
+
+    Only the first 256 occurrences of each trigger word (:data:`HINT_TRIGGERS`) are looked
+    at: a bounded amount of work however long the text.
+    """
+    positions: list[int] = []
+    for trigger in HINT_TRIGGERS:
+        anywhere = trigger > "\x7f"  # words of scripts without spaces have no word start
+        i = t.find(trigger)
+        seen = 0
+        while i >= 0 and seen < _MAX_PER_TRIGGER:
+            seen += 1
+            if anywhere or i == 0 or _WORD_CHAR.match(t, i - 1) is None:
+                positions.append(i)
+            i = t.find(trigger, i + 1)
+    return parse_hint_at(t, positions, now_ms=now_ms)
+
+
+def parse_hint_at(t: str, positions: list[int], *, now_ms: float | None = None) -> int | None:
+    """The best hint among those starting at ``positions`` (indexes of trigger words in the
+    normal form ``t``), in ms, or ``None``. See :func:`parse_retry_hint_ms`."""
+    candidates = []
+    for i in positions:
+        m = _HINT_RE.match(t, i)
+        if m is not None:
+            kind = m.lastgroup
+            candidates.append((_PRIORITY[kind], i, kind, m))  # type: ignore[index]
+    if not candidates:
+        return None
+    if len(candidates) > 1:
+        candidates.sort(key=lambda c: (c[0], c[1]))
+    clock = [now_ms]
+    for _, _, kind, m in candidates:
+        value = _value(kind, m, t, clock)
+        if value is not None:
+            return value
+    return None
+
+
+def _now(clock: list[float | None]) -> float:
+    if clock[0] is None:
+        clock[0] = time.time() * 1000
+    return clock[0]  # type: ignore[return-value]
+
+
+def _round(ms: float) -> int | None:
+    if ms != ms or ms < 0 or ms > MAX_HINT_MS:  # NaN, negative, absurd
+        return None
+    return int(ms + 0.5)
+
+
+def _duration_ms(text: str) -> int | None:
+    total = 0.0
+    for number, unit in _DURATION_PART.findall(text):
+        total += float(number) * _UNIT_MS[unit]
+    return _round(total)
+
+
+def _epoch_ms(value: float, clock: list[float | None]) -> int | None:
+    """Epoch seconds (10 digits) or milliseconds (13 digits) → ms from now."""
+    epoch_ms = value if value >= 1e12 else value * 1000
+    return _round(epoch_ms - _now(clock))
+
+
+def _value(kind: str, m: re.Match[str], t: str, clock: list[float | None]) -> int | None:
+    groups = [g for g in m.groups() if g is not None and g != ""]
+    if kind == "ms_header":
+        return _round(float(groups[0]))
+    if kind == "after_header":
+        raw = groups[0]
+        if raw[0].isdigit():
+            return _round(float(raw) * 1000)
+        return _http_date_ms(raw, clock)
+    if kind == "retry_delay_json":
+        number, unit = groups[0], groups[1]
+        return _round(float(number) * (1 if unit == "ms" else 1000))
+    if kind == "retry_delay_proto":
+        nanos = float(groups[1]) if len(groups) > 1 else 0.0
+        return _round(float(groups[0]) * 1000 + nanos / 1e6)
+    if kind in ("reset_in_seconds", "estimated_time"):
+        return _round(float(groups[0]) * 1000)
+    if kind == "ratelimit_reset_ms":
+        value = float(groups[0])
+        return _epoch_ms(value, clock) if value >= 1e12 else _round(value)
+    if kind == "ratelimit_reset":
+        raw = groups[0]
+        if "-" in raw[1:5] or ":" in raw:
+            return _iso_ms(raw, clock)
+        if not raw.replace(".", "", 1).isdigit():
+            return _duration_ms(raw)
+        value = float(raw)
+        return _epoch_ms(value, clock) if value >= 1e9 else _round(value * 1000)
+    if kind == "ratelimit_reset_iso":
+        return _iso_ms(groups[0], clock)
+    if kind == "phrase":
+        return _duration_ms(groups[0])
+    if kind in ("epoch_pipe", "resets_at"):
+        return _epoch_ms(float(groups[0]), clock)
+    return _absolute_ms(t, m.end(), clock)
+
+
+def _http_date_ms(raw: str, clock: list[float | None]) -> int | None:
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return _round(when.timestamp() * 1000 - _now(clock))
+
+
+def _iso_ms(raw: str, clock: list[float | None]) -> int | None:
+    m = _ISO_PARTS.match(raw)
+    if m is None:  # pragma: no cover - _ISO and _ISO_PARTS accept the same texts
+        return None
+    year, month, day, hour, minute, second, fraction, zone = m.groups()
+    tz = _offset(zone) if zone and zone[0] in "+-" else timezone.utc  # no zone: UTC
+    try:
+        when = datetime(int(year), int(month), int(day), int(hour), int(minute),
+                        int(second or 0), tzinfo=tz)
+    except ValueError:
+        return None
+    return _round(when.timestamp() * 1000 + float(fraction or 0) * 1000 - _now(clock))
+
+
+_ZONE_NAMES: dict[str, str] | None = None
+
+
+def _zone(name: str) -> tzinfo | None:
+    """An IANA zone from its lower-case name (``america/santiago``), or ``None``."""
+    global _ZONE_NAMES
+    from zoneinfo import ZoneInfo, available_timezones  # imported here: rarely needed
+
+    try:
+        return ZoneInfo("/".join(part.title() for part in name.split("/")))
+    except (ValueError, OSError, KeyError):
+        pass
+    if _ZONE_NAMES is None:
+        _ZONE_NAMES = {key.lower(): key for key in available_timezones()}
+    key = _ZONE_NAMES.get(name)
+    if key is None:
+        return None
+    try:
+        return ZoneInfo(key)
+    except (ValueError, OSError, KeyError):  # pragma: no cover - listed yet unreadable
+        return None
+
+
+def _offset(text: str) -> timezone:
+    """``+05:30``, ``-0800``, ``+3`` → a fixed offset (clamped to the legal ±23:59)."""
+    digits = text[1:].replace(":", "")
+    hours, minutes = (int(digits[:-2]), int(digits[-2:])) if len(digits) > 2 else (int(digits), 0)
+    delta = timedelta(hours=min(hours, 23), minutes=min(minutes, 59))
+    return timezone(-delta if text[0] == "-" else delta)
+
+
+def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
+    """A date and/or time of day starting at ``t[pos]`` → ms from now (next occurrence)."""
+    m = _ABS_RE.match(t, pos)
+    if m is None:
+        return None
+    g = m.groupdict()
+    if g["h12"] is not None:
+        hour, minute, second = int(g["h12"]), int(g["m12"] or 0), 0
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if g["ampm"] == "p" else 0)
+    else:
+        hour, minute, second = int(g["h24"]), int(g["m24"]), int(g["s24"] or 0)
+    zone: tzinfo | None
+    if g["zone"]:
+        zone = timezone.utc if g["zone"] in ("utc", "gmt", "z") else _zone(g["zone"])
+        if zone is None:
+            return None  # a zone we do not know: better no hint than a wrong one
+    elif g["zabbr"]:
+        zone = _offset(g["zoff"]) if g["zoff"] else timezone.utc
+    elif g["off"]:
+        zone = _offset(g["off"])
+    else:
+        zone = None  # the local zone, as the apps printing such times use
+    now = _now(clock)
+    try:
+        now_dt = datetime.fromtimestamp(now / 1000, zone if zone is not None else timezone.utc)
+        if zone is None:
+            now_dt = now_dt.astimezone()
+    except (OverflowError, OSError, ValueError):  # an injected clock outside datetime's range
+        return None
+    try:
+        if g["mon"]:
+            year = int(g["year"]) if g["year"] else now_dt.year
+            day = date(year, _MONTHS.index(g["mon"]) + 1, int(g["day"]))
+        elif g["iy"]:
+            day = date(int(g["iy"]), int(g["im"]), int(g["id"]))
+        else:
+            day = now_dt.date()
+        when = datetime(day.year, day.month, day.day, hour, minute, second, tzinfo=zone)
+    except ValueError:
+        return None
+    if zone is None:
+        when = when.astimezone()  # naive → local
+    when_ms = when.timestamp() * 1000
+    if when_ms < now:
+        if not (g["mon"] or g["iy"]):
+            when_ms = _next_day(day, hour, minute, second, zone) * 1000
+        elif g["mon"] and not g["year"]:
+            try:
+                nxt = when.replace(year=when.year + 1)
+            except ValueError:
+                return None
+            when_ms = nxt.timestamp() * 1000
+    return _round(when_ms - now)
+
+
+def _next_day(day: date, hour: int, minute: int, second: int, zone: tzinfo | None) -> float:
+    nxt = day + timedelta(days=1)
+    when = datetime(nxt.year, nxt.month, nxt.day, hour, minute, second, tzinfo=zone)
+    if zone is None:
+        when = when.astimezone()
+    return when.timestamp()

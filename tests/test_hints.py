@@ -1,0 +1,341 @@
+"""Retry-hint parsing (fsm.hints): every format of SPEC §2, precedence, what is ignored."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fsm.hints import MAX_HINT_MS, normalize_text, parse_retry_hint_ms
+
+# A fixed clock: 2026-06-14T12:00:00Z, a Sunday.
+NOW = datetime(2026, 6, 14, 12, 0, 0, tzinfo=timezone.utc)
+NOW_MS = NOW.timestamp() * 1000
+DAY_MS = 86_400_000
+
+
+def at(**delta: float) -> datetime:
+    return NOW + timedelta(**delta)
+
+
+def parse(text: str) -> int | None:
+    return parse_retry_hint_ms(text, now_ms=NOW_MS)
+
+
+# --- one test per format ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("retry-after-ms: 1500", 1500),
+    ("retry-after-ms=250", 250),
+    ("Retry-After-Ms: 12.6", 13),
+    ('{"retry_after_ms": 800}', 800),
+])
+def test_retry_after_ms(text, expected):
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("retry-after: 30", 30_000),
+    ("Retry-After=2", 2_000),
+    ("(retry-after: 60)", 60_000),
+    ('{"retry_after": 7}', 7_000),
+    ('"retryAfter": "1.5"', 1_500),
+    ("retry-after: 0", 0),
+])
+def test_retry_after_seconds(text, expected):
+    assert parse(text) == expected
+
+
+def test_retry_after_http_date():
+    when = at(seconds=90).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    assert parse(f"Retry-After: {when}") == 90_000
+
+
+def test_retry_after_http_date_in_the_past_is_ignored():
+    assert parse("Retry-After: Wed, 21 Oct 2015 07:28:00 GMT") is None
+
+
+def test_retry_after_http_date_variants():
+    assert parse("Retry-After: Sun, 14 Jun 2026 12:00:10 -0000") == 10_000  # naive: UTC
+    assert parse("Retry-After: Sun, 14 Jun 2026 14:00:10 +0200") == 10_000
+    assert parse("Retry-After: Sun, 99 Xyz 2026 12:00:10 GMT") is None  # not a date
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("x-ratelimit-reset-ms: 2500", 2500),
+    (f"x-ratelimit-reset-ms: {int(NOW_MS) + 4000}", 4000),  # epoch milliseconds
+])
+def test_x_ratelimit_reset_ms(text, expected):
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("x-ratelimit-reset: 12", 12_000),  # relative seconds
+    (f"x-ratelimit-reset: {int(NOW_MS // 1000) + 60}", 60_000),  # epoch seconds
+    (f'"X-RateLimit-Reset":"{int(NOW_MS) + 5000}"', 5000),  # epoch ms (OpenRouter)
+    ("x-ratelimit-reset-requests: 1s", 1_000),  # OpenAI durations
+    ("x-ratelimit-reset-tokens: 6m0s", 360_000),
+    ("x-ratelimit-reset-tokens: 20ms", 20),
+    ("ratelimit-reset: 45", 45_000),  # IETF draft header
+    ("x-ratelimit-reset: 2026-06-14T12:00:30Z", 30_000),
+])
+def test_x_ratelimit_reset(text, expected):
+    assert parse(text) == expected
+
+
+def test_anthropic_reset_header_rfc3339():
+    assert parse("anthropic-ratelimit-tokens-reset: 2026-06-14T12:01:00Z") == 60_000
+    assert parse("anthropic-ratelimit-requests-reset: 2026-06-14T14:01:00+02:00") == 60_000
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Please retry in 37.5s", 37_500),
+    ("try again in 2h 13m", (2 * 60 + 13) * 60_000),
+    ("reset after 5h8m26s", ((5 * 60 + 8) * 60 + 26) * 1000),
+    ("Please try again in 9m38.016s.", 578_016),
+    ("Please try again in 114h18m0s.", 411_480_000),
+    ("Please try again in 2ms.", 2),
+    ("Please retry after 86400 seconds.", 86_400_000),
+    ("Please wait 17 seconds before trying again.", 17_000),
+    ("Please wait 9 hours 23 minutes and try again!", 33_780_000),
+    ("try again in 5 days 22 hours 11 minutes.", 511_860_000),
+    ("Retrying in 1 seconds… (attempt 1/10)", 1000),
+    ("Your limit will reset in 2 hours, try again then.", 7_200_000),
+    ("请等待 70 seconds，然后重试。", 70_000),
+    ("Try again in 1 minute and 30 seconds", 90_000),
+    ("available again in ~45s", 45_000),
+])
+def test_phrases(text, expected):
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('"retryDelay": "30s"', 30_000),
+    ('{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37.581s"}', 37_581),
+    ('\\"retryDelay\\": \\"12s\\"', 12_000),  # doubly encoded JSON
+    ('"retryDelay": "500ms"', 500),
+    ("retry_delay {\n  seconds: 37\n}", 37_000),
+    ("retry_delay { seconds: 2 nanos: 500000000 }", 2_500),
+])
+def test_google_retry_info(text, expected):
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('"resets_in_seconds":13872', 13_872_000),
+    ('"X-Codex-Primary-Reset-After-Seconds":"13873"', 13_873_000),
+    ('{"error":"Model X is currently loading","estimated_time":176.7188568}', 176_719),
+])
+def test_structured_relative_fields(text, expected):
+    assert parse(text) == expected
+
+
+def test_epoch_after_usage_limit_pipe():
+    epoch = int(NOW_MS // 1000) + 3600
+    assert parse(f"Claude AI usage limit reached|{epoch}") == 3_600_000
+    assert parse(f"Claude AI usage limit reached|{epoch * 1000}") == 3_600_000
+
+
+def test_resets_at_epoch():
+    assert parse(f'"resets_at":{int(NOW_MS // 1000) + 120}') == 120_000
+
+
+def test_time_of_day_in_a_named_zone_is_the_next_occurrence():
+    zone = ZoneInfo("America/Santiago")
+    now = datetime(2026, 6, 14, 12, 0, tzinfo=zone)
+    text = "Claude usage limit reached. Your limit will reset at 3pm (America/Santiago)."
+    assert parse_retry_hint_ms(text, now_ms=now.timestamp() * 1000) == 3 * 3_600_000
+    later = datetime(2026, 6, 14, 16, 0, tzinfo=zone)  # 3pm has passed: tomorrow's
+    assert parse_retry_hint_ms(text, now_ms=later.timestamp() * 1000) == 23 * 3_600_000
+
+
+def test_claude_code_resets_phrasings():
+    zone = ZoneInfo("Europe/Rome")
+    now = datetime(2026, 10, 8, 9, 0, tzinfo=zone)
+    now_ms = now.timestamp() * 1000
+    assert parse_retry_hint_ms("5-hour limit reached ∙ resets 10:30am (Europe/Rome)",
+                               now_ms=now_ms) == 90 * 60_000
+    assert parse_retry_hint_ms("Weekly limit reached ∙ resets Oct 9 at 10am (Europe/Rome)",
+                               now_ms=now_ms) == 25 * 3_600_000
+
+
+def test_absolute_date_without_zone_is_local_time():
+    target = datetime(2026, 7, 5, 20, 19)  # naive: local, as the Codex app prints it
+    now_ms = target.timestamp() * 1000 - 600_000
+    text = "You've hit your usage limit. ... or try again at Jul 5th, 2026 8:19 PM."
+    assert parse_retry_hint_ms(text, now_ms=now_ms) == 600_000
+
+
+def test_zone_names_in_any_case_and_offsets():
+    assert parse("Your limit will reset at 12:30pm (us/eastern)") == _minutes_until(
+        datetime(2026, 6, 14, 12, 30, tzinfo=ZoneInfo("US/Eastern")))
+    assert parse("resets at 2:30 pm +02:00") == 30 * 60_000
+    assert parse("resets at 12:45 UTC+1") == (23 * 60 + 45) * 60_000  # 11:45Z: tomorrow's
+    assert parse("resets at 12:45 gmt") == 45 * 60_000
+
+
+def _minutes_until(when: datetime) -> int:
+    return int(when.timestamp() * 1000 - NOW_MS)
+
+
+def test_month_day_without_year_rolls_over_to_next_year():
+    new_year_eve = datetime(2026, 12, 31, 20, 0, tzinfo=timezone.utc).timestamp() * 1000
+    assert parse_retry_hint_ms("resets Jan 1 at 10am (UTC)", now_ms=new_year_eve) == 14 * 3_600_000
+    # Feb 29 2028 has passed and 2029 has none: no hint
+    march_2028 = datetime(2028, 3, 1, tzinfo=timezone.utc).timestamp() * 1000
+    assert parse_retry_hint_ms("resets Feb 29 at 10am (UTC)", now_ms=march_2028) is None
+
+
+def test_invalid_iso_dates_are_ignored():
+    assert parse("x-ratelimit-reset: 2026-02-30T10:00:00Z") is None
+
+
+def test_regain_access_on_utc_date():
+    assert parse("You will regain access on 2026-06-15 at 00:00 UTC.") == 12 * 3_600_000
+
+
+# --- precedence ---------------------------------------------------------------------------
+
+def test_server_headers_beat_phrases():
+    text = "Rate limit reached. Please try again in 60s. (retry-after: 65, retry-after-ms: 64500)"
+    assert parse(text) == 64_500
+    assert parse("Please try again in 60s. (retry-after: 65)") == 65_000
+
+
+def test_relative_beats_absolute():
+    epoch = int(NOW_MS // 1000) + 7200
+    text = f'{{"resets_at":{epoch},"resets_in_seconds":3600}}'
+    assert parse(text) == 3_600_000
+
+
+def test_an_unusable_candidate_falls_back_to_the_next():
+    assert parse("retry-after: 999999999 ... please retry in 3s") == 3000
+
+
+# --- ignored --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "",
+    "Overloaded",
+    "try again in a moment",
+    "Please try again later.",
+    "retry-after: -5",
+    "retry-after: NaN",
+    "retry-after: soon",
+    "try again in 8 days",  # absurd: more than 7 days
+    "retry-after-ms: 604800001",
+    "Retry your request with the ID or ARN of an inference profile",
+    '"totalRetryDelay":274',  # the AWS SDK's own retries, not a hint
+    "(reached max retries: 4)",
+    "preset 5 minutes",  # trigger words only at word starts
+    "Your limit will reset at 3pm (Mars/Olympus_Mons).",  # unknown zone: no guess
+    "try again at Feb 30th, 2026 8:19 PM",  # no such day
+    "Your limit will reset at 13pm (UTC)",
+    "Limit 10000, Used 8554, Requested 3082.",
+    "Claude AI usage limit reached|1749924000",  # June 2025: in the past
+])
+def test_no_usable_hint(text):
+    assert parse(text) is None
+
+
+def test_seven_days_is_the_limit():
+    assert parse("retry-after-ms: 604800000") == MAX_HINT_MS
+    assert parse("retry-after: 604800") == MAX_HINT_MS
+    assert parse("retry-after: 604801") is None
+
+
+def test_default_clock_is_now():
+    assert parse_retry_hint_ms("retry-after: 3") == 3000
+    soon = datetime.now(timezone.utc) + timedelta(hours=1)
+    hint = parse_retry_hint_ms(f"x-ratelimit-reset: {int(soon.timestamp())}")
+    assert hint is not None and abs(hint - 3_600_000) < 5_000
+
+
+def test_only_bounded_work_on_repeated_triggers():
+    text = "retry " * 50_000 + "retry-after: 5"
+    # the 256-occurrence cap per trigger word drops the late hint: bounded work matters more
+    assert parse(text) is None
+    assert parse("retry-after: 5 " + "retry " * 50_000) == 5000
+
+
+# --- the normal form ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, normal", [
+    ("Rate  LIMIT\n\t exceeded ", "rate limit exceeded"),
+    ("invalid\nx-api-key", "invalid x-api-key"),
+    ('{\\"message\\": \\"An internal \\n error\\"}', '{\\"message\\": \\"an internal error\\"}'),
+    ("model’s maximum", "model's maximum"),
+    ("see https://platform.openai.com/docs/guides/rate-limits. thanks", "see thanks"),
+    ("url:'https://x.example/Status/503' code", "url:' ' code"),
+    ("", ""),
+])
+def test_normalize_text(raw, normal):
+    assert normalize_text(raw) == normal
+
+
+def test_normalize_long_text_matches_short_text_rules():
+    chunk = "A  b\n c\u2028d\x1fe "
+    long = chunk * 2000
+    assert normalize_text(long) == " ".join(normalize_text(chunk) for _ in range(2000))
+
+
+# --- properties ---------------------------------------------------------------------------
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(), st.one_of(st.floats(min_value=0, max_value=4e12), st.floats()))
+def test_parse_never_raises_and_stays_in_range(text, now_ms):
+    hint = parse_retry_hint_ms(text, now_ms=now_ms)
+    assert hint is None or (isinstance(hint, int) and 0 <= hint <= MAX_HINT_MS)
+
+
+_words = st.sampled_from(["retry", "try again", "in", "after", "wait", "reset", "at", "3pm",
+                          "retry-after:", "x-ratelimit-reset:", "-5", "1e9", "NaN", "2h",
+                          "13m", "0.5s", "(utc)", "jul", "5th,", "2026", "8:19", "pm", "|",
+                          "limit reached|1749924000", "retryDelay", '"', ":", "seconds", "ms"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_words, max_size=12).map(" ".join))
+def test_parse_never_raises_on_hint_like_text(text):
+    hint = parse(text)
+    assert hint is None or 0 <= hint <= MAX_HINT_MS
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=604_800))
+def test_relative_seconds_round_trip(seconds):
+    assert parse(f"Please retry in {seconds}s") == seconds * 1000
+    assert parse(f"retry-after: {seconds}") == seconds * 1000
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=0, max_value=600, allow_nan=False).map(lambda x: round(x, 3)))
+def test_fractional_seconds_are_rounded_to_the_ms(seconds):
+    assert parse(f"Please try again in {seconds}s") == math.floor(seconds * 1000 + 0.5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_normalize_is_idempotent(text):
+    once = normalize_text(text)
+    assert normalize_text(once) == once
+
+
+def test_trigger_words_inside_other_words_cost_bounded_work():
+    import time as _time
+    text = "xretry" * 200_000 + " retry-after: 5"
+    start = _time.process_time()
+    assert parse(text) is None  # past the first 256 occurrences: not looked at
+    assert _time.process_time() - start < 1.0
+
+
+@pytest.mark.parametrize("now_ms", [1e20, -1e15, float("inf"), float("-inf"), float("nan")])
+def test_a_clock_outside_datetime_range_gives_no_absolute_hint(now_ms):
+    for text in ["reset at 3pm (UTC)", "try again at Jul 5th, 2026 8:19 PM", "reset at 3pm",
+                 "retry-after: Wed, 21 Oct 2015 07:28:00 GMT", '"resets_at": 1749924000']:
+        assert parse_retry_hint_ms(text, now_ms=now_ms) is None
+    assert parse_retry_hint_ms("retry-after: 3", now_ms=now_ms) == 3000  # relative: no clock

@@ -1,0 +1,159 @@
+"""Many sessions in one event loop: ``sessions_10k_s``, ``timer_lateness_p99_ms``,
+``abort_latency_p99_us``, ``peak_rss_mb``.
+
+Phase 1 — ``sessions_10k_s``: ``n`` (10,000) ``AgentSession`` objects, each with its own
+in-process :class:`~fsm.testing.ScriptedProvider` that fails the first request with a real
+overload error and succeeds after; ``RetrySettings(base_delay_ms=100)``; the real event loop
+clock (a real 100 ms backoff each). The figure is the wall time from the start of the
+``prompt()`` calls until every one has returned (the floor is 0.1 s). Every session must end
+its chain with ``auto_retry_end {success: true}``.
+
+``timer_lateness_*_ms``: the sessions' clock wraps ``loop.call_later``: it records the planned
+fire time (now + delay) and the wrapped callback records when it actually ran; lateness is
+the difference. Percentiles over all ``n`` backoff timers. ``timer_creation_spread_ms`` is
+the time between the first and the last timer being started: the sessions advance in lockstep
+(one event-loop iteration runs the same step of every session), so it is about the length of
+the iteration in which every first turn ends, during which no timer can fire.
+
+Phase 2 — ``abort_latency_*_us``: ``n`` other sessions, all backing off (a 10-minute backoff);
+for each, the time from calling ``session.abort_retry()`` to its ``auto_retry_end`` event
+reaching a subscribed listener. Then every ``prompt()`` must return.
+
+``peak_rss_mb``: ``ru_maxrss`` of the process at the end (run this group in its own process,
+as ``benchmarks/run.py`` does); ``rss_start_mb`` is the resident size before any session
+existed, for reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import resource
+import statistics
+import time
+from typing import Any, Callable
+
+from fsm.session import AgentSession
+from fsm.settings import RetrySettings
+from fsm.testing import ScriptedProvider, error
+
+from ._timing import now_ns, percentile
+
+ERROR_TEXT = ('529 {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}')
+
+
+class RecordingClock:
+    """``call_later`` on the running loop that records how late each timer fired (ns)."""
+
+    def __init__(self) -> None:
+        self.lateness_ns: list[int] = []
+        self.created_ns: list[int] = []
+
+    def call_later(self, delay_s: float, callback: Callable[..., Any], *args: Any):
+        created = now_ns()
+        self.created_ns.append(created)
+        planned = created + int(delay_s * 1e9)
+        record = self.lateness_ns.append
+
+        def fire() -> None:
+            record(now_ns() - planned)
+            callback(*args)
+        return asyncio.get_running_loop().call_later(delay_s, fire)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+async def _retry_storm(n: int, base_delay_ms: int) -> dict[str, float]:
+    clock = RecordingClock()
+    settings = RetrySettings(base_delay_ms=base_delay_ms)
+    ended_ok = 0
+
+    def listener(event: dict) -> None:
+        nonlocal ended_ok
+        if event["type"] == "auto_retry_end" and event["success"]:
+            ended_ok += 1
+
+    t0 = now_ns()
+    sessions = []
+    for _ in range(n):
+        s = AgentSession(ScriptedProvider([error(ERROR_TEXT)]), settings=settings, clock=clock)
+        s.subscribe(listener)
+        sessions.append(s)
+    t1 = now_ns()
+    await asyncio.gather(*(s.prompt("hello") for s in sessions))
+    t2 = now_ns()
+    if ended_ok != n or len(clock.lateness_ns) != n:
+        raise AssertionError(f"{ended_ok} of {n} chains succeeded, "
+                             f"{len(clock.lateness_ns)} timers fired")
+    late_ms = [x / 1e6 for x in clock.lateness_ns]
+    return {
+        "sessions_10k_s": (t2 - t1) / 1e9,
+        "sessions_create_s": (t1 - t0) / 1e9,
+        "timer_lateness_p50_ms": statistics.median(late_ms),
+        "timer_lateness_p99_ms": percentile(late_ms, 99),
+        "timer_lateness_max_ms": max(late_ms),
+        "timer_creation_spread_ms": (max(clock.created_ns) - min(clock.created_ns)) / 1e6,
+    }
+
+
+async def _abort_many(n: int) -> dict[str, float]:
+    settings = RetrySettings(base_delay_ms=600_000)
+    ends = [0] * n
+    sessions = []
+    for i in range(n):
+        s = AgentSession(ScriptedProvider([error(ERROR_TEXT)]), settings=settings)
+
+        def listener(event: dict, i: int = i) -> None:
+            if event["type"] == "auto_retry_end":
+                ends[i] = now_ns()
+        s.subscribe(listener)
+        sessions.append(s)
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(s.prompt("hello")) for s in sessions]
+    deadline = time.monotonic() + 120
+    while not all(s.brain.is_backing_off for s in sessions):
+        if time.monotonic() > deadline:
+            raise AssertionError("the sessions did not all reach backing_off within 120 s")
+        await asyncio.sleep(0.01)
+    lat_us = []
+    for i, s in enumerate(sessions):
+        t0 = now_ns()
+        s.abort_retry()
+        lat_us.append((ends[i] - t0) / 1000.0)
+    t1 = now_ns()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    t2 = now_ns()
+    if any(e == 0 for e in ends) or any(s.is_retrying for s in sessions):
+        raise AssertionError("an abort_retry did not end its chain")
+    return {
+        "abort_latency_p50_us": statistics.median(lat_us),
+        "abort_latency_p99_us": percentile(lat_us, 99),
+        "abort_latency_max_us": max(lat_us),
+        "abort_release_all_ms": (t2 - t1) / 1e6,
+    }
+
+
+def measure(*, n: int = 10_000, base_delay_ms: int = 100, rounds: int = 3) -> dict[str, float]:
+    """The figures of this group; ``n`` sessions in each phase. Phase 1 runs ``rounds`` times
+    (each in a fresh event loop) and each of its figures is the median over rounds
+    (``timer_lateness_p99_worst_ms`` is the worst round)."""
+    gc.collect()
+    out: dict[str, float] = {"rss_start_mb": _rss_mb(), "sessions": float(n)}
+    storms = []
+    for _ in range(rounds):
+        storms.append(asyncio.run(_retry_storm(n, base_delay_ms)))
+        gc.collect()
+    for key in storms[0]:
+        out[key] = statistics.median(s[key] for s in storms)
+    out["timer_lateness_p99_worst_ms"] = max(s["timer_lateness_p99_ms"] for s in storms)
+    out.update(asyncio.run(_abort_many(n)))
+    out["peak_rss_mb"] = _peak_rss_mb()
+    return out

@@ -1,0 +1,78 @@
+"""Smoke test of ``make bench``: every figure group runs with tiny sizes and yields its figures.
+
+Speed is not asserted here (benchmarks are not tests); only that each figure the benchmark
+report promises exists and is a positive finite number, and that the runner formats them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import classification, decision, memory, rpc, run, sessions, transition
+
+
+def assert_figures(figures: dict, keys: tuple[str, ...]) -> None:
+    """``keys`` exist and are positive numbers; every other figure is a number ≥ 0 (counts of
+    failures, such as ``rpc_unclean_exits``, may be 0)."""
+    missing = [k for k in keys if k not in figures]
+    assert not missing, f"missing figures {missing}; got {sorted(figures)}"
+    for key, value in figures.items():
+        assert isinstance(value, float | int) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value) and value >= 0, f"{key} = {value!r} is not a number ≥ 0"
+        if key in keys:
+            assert value > 0, f"{key} = {value!r} is not a positive number"
+
+
+def test_decision_vs_tenacity():
+    figures = decision.measure(number=3, repeat=1, warmup=1, max_messages=3)
+    assert_figures(figures, ("decision_us", "tenacity_us", "decision_ratio_vs_tenacity",
+                             "decision_preclassified_us", "decision_short_us"))
+
+
+def test_transition_vs_dict_table():
+    figures = transition.measure(number=50, repeat=1, warmup=5)
+    assert_figures(figures, ("transition_us", "dict_baseline_us", "transition_ratio_vs_dict"))
+
+
+def test_memory_and_creation():
+    figures = memory.measure(alive=200, small=100, large=400, repeat=1)
+    assert_figures(figures, ("brain_bytes", "session_bytes", "brain_create_us_1k",
+                             "brain_create_us_10k", "brain_create_growth_vs_plain"))
+
+
+def test_classification():
+    figures = classification.measure(number=2, repeat=1, warmup=1, limit=5, big_size=2_000,
+                                     big_repeat=1, kinds=("mixed", "digits"))
+    assert_figures(figures, ("classify_us_median", "classify_1mb_ms", "classify_1mb_ms_mixed"))
+
+
+def test_sessions():
+    figures = sessions.measure(n=30, base_delay_ms=20, rounds=1)
+    assert_figures(figures, ("sessions_10k_s", "timer_lateness_p99_ms", "abort_latency_p99_us",
+                             "peak_rss_mb"))
+
+
+@pytest.mark.subprocess
+def test_rpc():
+    figures = rpc.measure(starts=1, trials=1, eof_starts=1)
+    assert_figures(figures, ("rpc_ready_ms", "rpc_abort_retry_to_end_ms",
+                             "rpc_get_state_roundtrip_ms", "pipe_echo_ms", "rpc_exits"))
+    assert "rpc_unclean_exits" in figures
+
+
+def test_runner_checks_targets_and_formats_a_table():
+    figures = {}
+    for name, value in (("decision_ratio_vs_tenacity", 0.25), ("classify_us_median", 7.0),
+                        ("decision_us", 12.5)):
+        target, ok = run.check(name, value)
+        figures[name] = {"value": value, "unit": run.unit_of(name), "target": target, "pass": ok}
+    assert figures["decision_ratio_vs_tenacity"]["pass"] is True
+    assert figures["classify_us_median"]["pass"] is False
+    assert figures["decision_us"]["pass"] is None and figures["decision_us"]["unit"] == "µs"
+    text = run.table(figures)
+    assert "PASS" in text and "MISS" in text and "decision_us" in text
+    json.dumps(figures)  # JSON-able as written to build/bench.json
+    assert set(run.TARGETS) <= set(run.ORDER)

@@ -508,7 +508,7 @@ async def _settle(task: Any) -> None:
 class DeferredProvider:
     """Stands in for a provider whose module is slow to import (the ``openai`` SDK: ~0.7 s).
 
-    ``factory()`` runs in a daemon thread once :meth:`start` is called; :meth:`complete` waits
+    ``factory()`` runs in a background thread once :meth:`start` is called; :meth:`complete` waits
     for it, then delegates. ``name`` and ``model`` are known up front, so the session (and
     ``get_state``) works before the import is done. If the factory fails, each turn ends with
     an error message naming the failure (a provider never raises).
@@ -529,7 +529,10 @@ class DeferredProvider:
             if self._started:
                 return
             self._started = True
-        threading.Thread(target=self._load, name="fsm-rpc-provider-load", daemon=True).start()
+        # Not a daemon: a daemon thread still importing when the interpreter shuts down
+        # crashes it (SIGSEGV on the freed import lock). Shutdown waits for the import
+        # instead, which costs at most its remaining ~0.7 s, and only in the first second.
+        threading.Thread(target=self._load, name="fsm-rpc-provider-load", daemon=False).start()
 
     def _load(self) -> None:
         try:

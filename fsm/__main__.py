@@ -22,12 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        try:
-            mod = _module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != "fsm.commands." + name.replace("-", "_"):
-                raise
-            continue
+        mod = _module(name)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

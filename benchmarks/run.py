@@ -70,6 +70,7 @@ ORDER = (
     "brain_create_growth_vs_plain",
     "sessions_10k_s", "sessions_create_s", "timer_lateness_p50_ms", "timer_lateness_p99_ms",
     "timer_lateness_max_ms", "timer_lateness_p99_worst_ms", "timer_creation_spread_ms",
+    "timer_lateness_p99_ms_spread_5s",
     "abort_latency_p50_us", "abort_latency_p99_us", "abort_latency_max_us",
     "abort_release_all_ms", "rss_start_mb", "peak_rss_mb",
     "classify_us_median", "classify_us_p90", "classify_us_max", "classify_1mb_ms",

@@ -358,3 +358,13 @@ def test_command_reports_an_unwritable_folder(tmp_path, capsys):
     blocker.write_text("not a folder")
     assert main(["diagrams", "--no-svg", "--out", str(blocker / "sub")]) == 2
     assert "cannot write the diagrams" in capsys.readouterr().err
+
+
+def test_readme_shows_the_generated_mermaid_diagram():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    mermaid = (root / "diagrams" / "retry_lifecycle.mmd").read_text(encoding="utf-8")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert "```mermaid\n" + mermaid.rstrip("\n") + "\n```" in readme, \
+        "README's Mermaid block differs from diagrams/retry_lifecycle.mmd: paste the generated one"
+    assert "(diagrams/retry_lifecycle.svg)" in readme

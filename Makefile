@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup .dot demo test diagrams bench oracle clean
+.PHONY: setup .dot demo test diagrams bench clean
 
 setup: $(STAMP) .dot
 
@@ -43,8 +43,5 @@ diagrams: setup
 bench: setup
 	$(PY) benchmarks/run.py
 
-oracle: setup
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ../shared/oracle/run_all.sh
-
 clean:
-	rm -rf build .coverage .coverage.* oracle-traces
+	rm -rf build .coverage .coverage.*

@@ -170,3 +170,20 @@ def test_help_lists_the_command():
     proc = subprocess.run([sys.executable, "-m", "fsm", "--help"], capture_output=True, cwd=ROOT,
                           timeout=60)
     assert b"classify" in proc.stdout
+
+
+def test_dash_reads_the_message_from_stdin():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "fsm", "classify", "-"], input=b"503 Service Unavailable\n",
+                          capture_output=True, timeout=30)
+    assert proc.returncode == 0
+    assert b"kind:        retryable" in proc.stdout
+
+
+def test_help_documents_the_jsonl_shape():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "fsm", "classify", "--help"], capture_output=True,
+                          text=True, timeout=30)
+    assert "contextWindow" in proc.stdout and "retryHintMs" in proc.stdout

@@ -1,6 +1,6 @@
 """``python -m fsm classify``: classify error messages from the command line.
 
-One message::
+One message (``-`` reads it from standard input)::
 
     python -m fsm classify "Error: 429 {...rate_limit_error...} (retry-after: 30)"
     kind:        retryable
@@ -32,7 +32,10 @@ HELP = "classify provider error messages: kind, deciding rule, usage limit, retr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("message", nargs="?", help="the error message to classify")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n", 2)[2]
+    parser.add_argument("message", nargs="?",
+                        help="the error message to classify ('-' reads it from standard input)")
     parser.add_argument("--jsonl", metavar="FILE",
                         help="classify one JSON object per line of FILE ('-' for standard input)")
     parser.add_argument("--stop-reason", default="error", metavar="REASON",
@@ -65,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from fsm.classify import classify
     from fsm.messages import Usage
 
+    message = args.message
+    if message == "-":
+        message = sys.stdin.buffer.read().decode("utf-8", errors="replace").rstrip("\n")
     usage = Usage(input=args.input_tokens, cache_read=args.cache_read_tokens)
-    result = classify(args.stop_reason, args.message, usage, args.context_window, now_ms=args.now_ms)
+    result = classify(args.stop_reason, message, usage, args.context_window, now_ms=args.now_ms)
     if args.json:
         print(json.dumps(_fields(result)))
         return 0

@@ -20,7 +20,7 @@ DEMO_SCRIPT = [
     {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}},
     {"status": 503, "json": {"error": {"message": "Service Unavailable", "type": "server_error",
                                        "code": "service_unavailable"}}},
-    {"stream": ["The retry brain ", "backed off twice ", "and the third attempt ", "got through."]},
+    {"stream": ["The retry brain ", "backed off twice ", "and the second retry ", "got through."]},
 ]
 
 
@@ -43,6 +43,7 @@ def _print(line: str) -> None:
 
 async def _main(args: argparse.Namespace) -> int:
     import time
+    import warnings
 
     from ..audit import TraceWriter
     from ..providers.fault_server import FaultServer, validate_script
@@ -53,7 +54,11 @@ async def _main(args: argparse.Namespace) -> int:
     from ..ui_text import failure_text, loader_text
 
     try:
-        settings = RetrySettings.load(args.settings) if args.settings else RetrySettings()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            settings = RetrySettings.load(args.settings) if args.settings else RetrySettings()
+        for w in caught:
+            print(f"demo: warning: {w.message}", file=sys.stderr)
         script = DEMO_SCRIPT
         if args.script:
             script = validate_script(json.loads(Path(args.script).read_text(encoding="utf-8")))

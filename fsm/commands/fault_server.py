@@ -17,10 +17,24 @@ import threading
 HELP = "serve a scripted fault-injecting OpenAI-compatible endpoint (for testing clients)"
 
 
+EPILOG = """script: a JSON list, one entry per chat request; after the list, plain successes.
+entry keys (all optional):
+  status, json, headers      an HTTP answer, e.g. {"status": 529, "json": {...}, "headers": {"retry-after": "2"}}
+  body                       a raw text body instead of json
+  stream                     text deltas sent as an SSE stream, e.g. {"stream": ["Hel", "lo"]}
+  drop, drop_mode            reset ("rst", default) or close ("fin") the connection after the deltas
+  no_done                    end the stream without finish_reason or [DONE] (truncated)
+  delay_ms, chunk_delay_ms   wait before answering / between stream chunks
+  finish_reason, usage       of the final stream chunk
+the full description is in the fsm.providers.fault_server module."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
     parser.add_argument("--script", required=True, metavar="FILE",
                         help="JSON list of entries, one per chat request (or '-' for stdin); "
-                             "an oracle scenario file with server.script also works")
+                             "a scenario file with the list under server.script also works")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free port)")
     parser.add_argument("--model", default="fault-model", help="model id listed by GET /models")
@@ -34,7 +48,7 @@ def _load(path: str) -> object:
     else:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    # An oracle scenario ({"server": {"script": [...]}}) carries its script inside.
+    # A scenario file ({"server": {"script": [...]}}) carries its script inside.
     if isinstance(data, dict) and isinstance(data.get("server"), dict) and "script" in data["server"]:
         return data["server"]["script"]
     return data
@@ -47,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         script = validate_script(_load(args.script))
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         print(f"fault-server: bad script {args.script}: {exc}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"fault-server: bad script {args.script}: JSON nested too deeply", file=sys.stderr)
         return 2
     if not 0 <= args.port <= 65535:
         print(f"fault-server: --port must be in 0–65535, got {args.port}", file=sys.stderr)

@@ -16,7 +16,7 @@ Script entry keys (all optional; an empty entry is a plain success; unknown keys
 ``headers``         extra response headers, e.g. ``{"retry-after": "60"}`` (names are
                     lower-cased; ``content-length`` and ``transfer-encoding`` are the server's).
 ``delay_ms``        wait this long (ms) before answering; combinable with everything else.
-``hang_ms``         the same as ``delay_ms`` (kept for scripts written for the oracle harness).
+``hang_ms``         the same as ``delay_ms`` (an alias, for scripts that name a hang).
 ``stream``          list of SSE items: a string is a text delta (one ``chat.completion.chunk``),
                     an object is sent verbatim as one ``data:`` event (e.g. an
                     ``{"error": {...}}`` event). The stream ends with a finish_reason chunk, a

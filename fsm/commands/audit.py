@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     except (audit.TraceError, audit.AllForeignError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RecursionError:  # fsm.audit.read_trace lets json's RecursionError through
+        print(f"error: a trace line is JSON nested too deeply to be a trace record "
+              f"(in {', '.join(args.traces)})", file=sys.stderr)
+        return 2
     sys.stdout.write(audit.FORMATS[args.format](report))
     for t in report.foreign:
         print(f"warning: {t.path} was recorded with another declaration (version {t.version}, "

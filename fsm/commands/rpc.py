@@ -67,23 +67,31 @@ def _load_settings(path: str):  # -> RetrySettings
     """Load the retry settings; report ignored keys as one stderr line each (not as tracebacks)."""
     import warnings
 
-    from ..settings import RetrySettings
+    from ..settings import RetrySettings, SettingsError
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        settings = RetrySettings.load(path)
+        try:
+            settings = RetrySettings.load(path)
+        except RecursionError:  # RetrySettings.load lets json's RecursionError through
+            raise SettingsError("", path, "a settings file, not JSON nested this deeply") from None
     for w in caught:
-        print(f"fsm rpc: settings {path}: {w.message}", file=sys.stderr)
+        print(f"fsm rpc: settings {path}: {_clip(str(w.message), 300)}", file=sys.stderr)
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         unused = sorted(k for k in data if k != "retry") if isinstance(data, dict) else []
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         unused = []
     if unused:
         print(f"fsm rpc: settings {path}: ignoring keys this project does not use: "
-              f"{', '.join(map(str, unused))}", file=sys.stderr)
+              f"{_clip(', '.join(_clip(k, 60) for k in unused), 300)}", file=sys.stderr)
     return settings
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters (a 50 MB key is named, not copied to stderr)."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _provider_name(base_url: str | None) -> str:

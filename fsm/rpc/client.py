@@ -88,6 +88,15 @@ class RpcClient:
     Use ``async with RpcClient(...)`` or :meth:`start` / :meth:`close`.
     """
 
+    DEATH_WAIT_S = 2.0
+    """How long a server that closed its stdout gets to exit before it is reported dead."""
+
+    IDLE_POLL_S = 0.02
+    """Shortest interval between two ``get_state`` checks of :meth:`wait_for_idle`."""
+
+    max_line_bytes = _MAX_EVENT_LINE
+    """Longest stdout line read; a longer one is dropped with a warning (set before start())."""
+
     def __init__(self, args: Sequence[str] = (), *, timeout_s: float = 10.0,
                  start_timeout_s: float = 30.0, python: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
@@ -118,8 +127,6 @@ class RpcClient:
         self._events: asyncio.Queue = asyncio.Queue()
         self._activity = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._stdout_done: asyncio.Event = asyncio.Event()
-        self._stderr_done: asyncio.Event = asyncio.Event()
         self._closing = False
         self._death: ServerDied | None = None
         self._write_lock = asyncio.Lock()
@@ -181,27 +188,15 @@ class RpcClient:
             return None
         self._closing = True
         if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
-            try:
-                proc.stdin.close()
-            except (OSError, RuntimeError):
-                pass
+            proc.stdin.close()
         for signal_it, wait_s in ((None, self.close_grace_s), (proc.terminate, 1.0), (proc.kill, 5.0)):
             if proc.returncode is not None:
                 break
             if signal_it is not None:
-                try:
-                    signal_it()
-                except ProcessLookupError:
-                    pass
-            try:
-                await asyncio.wait_for(proc.wait(), wait_s)
-            except asyncio.TimeoutError:
-                continue
-        for done in (self._stdout_done, self._stderr_done):
-            try:
-                await asyncio.wait_for(done.wait(), 1.0)
-            except asyncio.TimeoutError:
-                pass
+                signal_it()  # returncode is None: the child is not reaped, so its pid is valid
+            await asyncio.wait({asyncio.ensure_future(proc.wait())}, timeout=wait_s)
+        # The readers end at EOF (unless another process holds the pipes open).
+        await asyncio.wait(self._tasks, timeout=1.0)
         for task in self._tasks:
             task.cancel()
         self._fail_pending(RpcError("the RPC client was closed"))
@@ -211,7 +206,7 @@ class RpcClient:
     # ------------------------------------------------------------------ reading
     async def _read_stdout(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        framer = LineFramer(_MAX_EVENT_LINE)
+        framer = LineFramer(self.max_line_bytes)
         stream = self._proc.stdout
         try:
             while True:
@@ -224,7 +219,6 @@ class RpcClient:
         except Exception as exc:  # a reader must not die silently: the death path reports it
             log.warning("reading the RPC server's stdout failed: %r", exc)
         finally:
-            self._stdout_done.set()
             if not self._closing:
                 await self._on_death()
 
@@ -238,11 +232,14 @@ class RpcClient:
                 if len(self._tail) > self._tail_limit:
                     del self._tail[:len(self._tail) - self._tail_limit]
                 if self._stderr_cb is not None:
-                    self._stderr_cb(decoder.decode(data))
-        except Exception as exc:
+                    try:
+                        self._stderr_cb(decoder.decode(data))
+                    except Exception as exc:
+                        # stderr must still be drained, or a chatty server blocks on a full pipe.
+                        log.warning("the stderr callback failed (%r); it is no longer called", exc)
+                        self._stderr_cb = None
+        except Exception as exc:  # a read error (the pipe's transport failed)
             log.debug("reading the RPC server's stderr failed: %r", exc)
-        finally:
-            self._stderr_done.set()
 
     def _on_line(self, frame: bytes | LineTooLong) -> None:
         if isinstance(frame, LineTooLong):
@@ -258,7 +255,6 @@ class RpcClient:
             log.warning("not a protocol line on the RPC server's stdout: %r", frame[:200])
             self.noise.append(frame)
             return
-        self._activity.set()
         if obj.get("type") == "response":
             entry = self._pending.pop(obj.get("id"), None) if isinstance(obj.get("id"), str) else None
             if entry is None:
@@ -271,18 +267,14 @@ class RpcClient:
         if self.record:
             self.received.append(obj)
         self._events.put_nowait(obj)
+        self._activity.set()  # events only: the answer to wait_for_idle's own get_state is none
 
     async def _on_death(self) -> None:
         proc = self._proc
         assert proc is not None
-        try:
-            await asyncio.wait_for(proc.wait(), 2.0)
-        except asyncio.TimeoutError:
-            pass
-        try:
-            await asyncio.wait_for(self._stderr_done.wait(), 1.0)
-        except asyncio.TimeoutError:
-            pass
+        # Its exit status and the end of its stderr make the report; a server that closed its
+        # stdout and lives on is reported after DEATH_WAIT_S with no status.
+        await asyncio.wait({asyncio.ensure_future(proc.wait()), self._tasks[1]}, timeout=self.DEATH_WAIT_S)
         if self._closing:
             return
         self._death = ServerDied(proc.returncode, self.stderr_tail)
@@ -383,38 +375,37 @@ class RpcClient:
         if self._closing:
             raise RpcError(f"cannot send {kind}: the client is closed")
         request_id = f"c{next(self._ids)}"
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (future, kind)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
         line = encode_line({**command, "id": request_id})
         limit = self.timeout_s if timeout_s is None else timeout_s
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
-        try:
-            # write() buffers the whole line at once; only drain() waits, so a timeout can
-            # never leave half a line behind.
-            await asyncio.wait_for(self._write(line), limit)
-        except asyncio.TimeoutError:
-            self._pending.pop(request_id, None)
-            raise RpcTimeout(f"could not send {kind} within {limit} s: the server (pid {proc.pid}) "
-                             "is not reading its stdin", command=kind) from None
-        except (ConnectionError, OSError, RuntimeError):
-            # The pipe broke: the server is gone; its death report is on the way.
-            self._pending.pop(request_id, None)
+        self._pending[request_id] = (future, kind)
+        try:  # whatever happens (timeout, cancellation, a broken pipe), the entry goes
             try:
-                await asyncio.wait_for(self._stdout_done.wait(), 3.0)
+                # write() buffers the whole line at once; only drain() waits, so a timeout can
+                # never leave half a line behind.
+                await asyncio.wait_for(self._write(line), limit)
             except asyncio.TimeoutError:
-                pass
-            if self._death is None and not self._closing:
-                await self._on_death()
-            if self._death is not None:
-                raise ServerDied(self._death.returncode, self._death.stderr_tail, kind) from None
-            raise RpcError(f"cannot send {kind}: the client is closed") from None
-        try:
-            reply = await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
+                raise RpcTimeout(f"could not send {kind} within {limit} s: the server (pid "
+                                 f"{proc.pid}) is not reading its stdin", command=kind) from None
+            except (ConnectionError, OSError) as exc:
+                # The pipe broke: the server is gone (its stdout reader reports the death once
+                # it has read the last lines and the exit status), or it closed its stdin.
+                await asyncio.wait({self._tasks[0]}, timeout=self.DEATH_WAIT_S + 1.0)
+                if self._death is not None:
+                    raise ServerDied(self._death.returncode, self._death.stderr_tail, kind) from None
+                if self._closing:
+                    raise RpcError(f"cannot send {kind}: the client is closed", command=kind) from None
+                raise RpcError(f"cannot send {kind}: the server (pid {proc.pid}) closed its stdin "
+                               f"({exc})", command=kind) from None
+            try:
+                reply = await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                raise RpcTimeout(f"no response to {kind} within {limit} s (server pid {proc.pid})",
+                                 command=kind) from None
+        finally:
             self._pending.pop(request_id, None)
-            raise RpcTimeout(f"no response to {kind} within {limit} s (server pid {proc.pid})",
-                             command=kind) from None
         if reply.get("success") is not True:
             raise RpcError(str(reply.get("error") or f"{kind} failed"), command=kind, response=reply)
         return reply
@@ -454,9 +445,13 @@ class RpcClient:
         return dict(reply.get("data") or {})
 
     async def wait_for_idle(self, timeout_s: float | None = None) -> dict[str, Any]:
-        """Wait until no turn runs, no retry chain is active and no message is queued; return
-        that state. Never returns during a backoff. Raises :class:`RpcTimeout` after
-        ``timeout_s`` seconds (None: no limit) and :class:`ServerDied`.
+        """Wait until no turn runs, no retry chain is active and no queued message is about to
+        be sent; return that state. Never returns during a backoff. Raises :class:`RpcTimeout`
+        after ``timeout_s`` seconds (None: no limit) and :class:`ServerDied`.
+
+        Messages queued (``steer`` / ``followUp``) during a chain that was then cancelled stay
+        queued until the next prompt (``retryState`` is ``"cancelled"``): nothing will happen
+        until then, so they do not count as busy.
 
         Each check is a ``get_state``: the server answers it in stream order, after every
         event emitted before it, so an idle answer means the last prompt's chain has ended.
@@ -466,8 +461,9 @@ class RpcClient:
         while True:
             self._activity.clear()
             state = await self.get_state()
+            waiting = state.get("queuedMessageCount") and state.get("retryState") != "cancelled"
             if not (state.get("isStreaming") or state.get("isRetrying")
-                    or state.get("isCompacting") or state.get("queuedMessageCount")):
+                    or state.get("isCompacting") or waiting):
                 return state
             wait = 0.25
             if deadline is not None:
@@ -479,3 +475,7 @@ class RpcClient:
                 await asyncio.wait_for(self._activity.wait(), wait)
             except asyncio.TimeoutError:
                 pass
+            else:
+                # Something arrived: look again soon, but not once per event of a stream (a
+                # thousand deltas must not cost a thousand get_state round trips).
+                await asyncio.sleep(min(self.IDLE_POLL_S, max(0.0, wait)))

@@ -15,8 +15,11 @@ Commands (an optional ``id`` of any JSON string or number is echoed in the respo
 Responses: ``{"id"?, "type": "response", "command", "success": true, "data"?}`` or
 ``{"id"?, "type": "response", "command", "success": false, "error": "<what was wrong>"}``.
 Bad input of any kind (invalid UTF-8, invalid JSON, a non-object, an unknown command, a missing
-or wrongly typed field, a line longer than :data:`MAX_LINE_BYTES`) gets an error response and
-the server keeps serving. Every session event is written as it happens (SPEC §4).
+or wrongly typed field, a message with a lone surrogate escape such as ``"\\ud800"``, an id
+too large to echo, a line longer than :data:`MAX_LINE_BYTES`) gets an error response and the
+server keeps serving. Once it stops (EOF, SIGTERM), prompts still waiting behind an abort are
+refused and no new model request leaves (:class:`ProviderGate`). Every session event is
+written as it happens (SPEC §4).
 
 The pure parts (:class:`LineFramer`, :func:`parse_command`, :func:`encode_line`) do no I/O;
 :class:`RpcServer` dispatches parsed commands to a session; :func:`serve` is the process shell
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -57,8 +61,21 @@ some, such as ``images``, that this project does not use)."""
 
 STREAMING_BEHAVIORS = ("steer", "followUp")
 
+
+def _is_text(value: Any) -> bool:
+    """A string that can be sent on: no lone surrogate (a ``"\\ud800"`` escape is valid JSON
+    but no UTF-8 text, so no provider or session log could ever carry it)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "string": (lambda v: isinstance(v, str), "a string"),
+    "string": (_is_text, "a string"),
     "boolean": (lambda v: isinstance(v, bool), "true or false"),
     "streaming_behavior": (lambda v: v in STREAMING_BEHAVIORS, '"steer" or "followUp"'),
 }
@@ -225,6 +242,10 @@ def parse_command(line: bytes | LineTooLong) -> Command | CommandError | None:
     if has_id and (isinstance(id_, (bool, dict, list))):
         return CommandError(obj["type"] if isinstance(obj.get("type"), str) else "parse",
                             f"field \"id\" must be a string or a number, got {_type_name(id_)}")
+    if has_id and isinstance(id_, float) and not math.isfinite(id_):
+        # 1e400 parses as infinity, which cannot be echoed as JSON.
+        return CommandError(obj["type"] if isinstance(obj.get("type"), str) else "parse",
+                            "field \"id\" must be a finite number, got one too large for a double")
     known = ", ".join(sorted(COMMAND_FIELDS))
     if "type" not in obj:
         return CommandError("parse", f"missing field \"type\" (one of: {known})", id_, has_id)
@@ -242,8 +263,14 @@ def parse_command(line: bytes | LineTooLong) -> Command | CommandError | None:
                 return CommandError(kind, f"{kind}: missing field \"{name}\" ({wanted})", id_, has_id)
             continue
         if not (obj[name] is None and not required) and not check(obj[name]):
+            value = obj[name]
+            if isinstance(value, str) and expected == "string":
+                where = next(i for i, c in enumerate(value) if 0xD800 <= ord(c) <= 0xDFFF)
+                return CommandError(kind, f"{kind}: field \"{name}\" must be Unicode text, got a lone "
+                                    f"surrogate \\u{ord(value[where]):04x} at character {where}",
+                                    id_, has_id)
             return CommandError(kind, f"{kind}: field \"{name}\" must be {wanted}, got "
-                                f"{_type_name(obj[name])} {_shown(obj[name])}", id_, has_id)
+                                f"{_type_name(value)} {_shown(value)}", id_, has_id)
     return Command(kind, obj, id_, has_id)
 
 
@@ -355,6 +382,7 @@ class RpcServer:
         self._held: list[dict[str, Any]] = []  # events held back while a prompt is answered
         self._holding = 0
         self._answered: set[Any] = set()
+        self._stopping = False  # set by shutdown(): prompts not started yet are refused
         self._unsubscribe = session.subscribe(self._on_event)
 
     def _on_event(self, event: dict[str, Any]) -> None:
@@ -430,6 +458,11 @@ class RpcServer:
         if previous is not None and not previous.done():
             async def run() -> None:
                 await _settle(previous)
+                if self._stopping:
+                    # The input ended (or SIGTERM) while this prompt waited for an abort: the
+                    # client is gone, so no new turn (and no request to the model) is started.
+                    self._respond(cmd, False, error="prompt not sent: the server is shutting down")
+                    return
                 await self._start_prompt(cmd)
             self._control = self._spawn(run())
             return
@@ -471,6 +504,7 @@ class RpcServer:
         import asyncio
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
+        self._stopping = True
         session = self.session
         try:
             if session.is_retrying:
@@ -573,6 +607,39 @@ class DeferredProvider:
         provider = self.loaded
         if provider is not None and hasattr(provider, "aclose"):
             await provider.aclose()
+
+
+class ProviderGate:
+    """The session's provider inside :func:`serve`: forwards to ``provider`` until :meth:`close`.
+
+    Once the server stops (EOF on stdin, SIGTERM, stdout gone) no new request may leave: a turn
+    that starts then (a follow-up the session still had queued when the running turn was
+    aborted) ends at once as aborted, with its events, instead of calling the model for a
+    client that is gone.
+    """
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+        self.closed = False
+
+    @property
+    def name(self) -> str:
+        return self.provider.name
+
+    @property
+    def model(self) -> str:
+        return self.provider.model
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def complete(self, messages: list[dict], *, on_text: Callable[[str], None] | None = None,
+                       api_key: str | None = None) -> Any:
+        if self.closed:
+            from ..messages import AssistantMessage
+            return AssistantMessage("aborted", error_message="Request was aborted: the RPC server "
+                                    "is shutting down", model=self.model)
+        return await self.provider.complete(messages, on_text=on_text, api_key=api_key)
 
 
 # ---------------------------------------------------------------------------------- process
@@ -745,7 +812,8 @@ async def serve(config: ServeConfig) -> int:
     if config.session_file is not None:
         path = config.session_file.replace("{id}", session_id)
         session_log = SessionLog(path, session_id)
-    session = AgentSession(config.provider, settings=config.settings,
+    gate = ProviderGate(config.provider)
+    session = AgentSession(gate, settings=config.settings,
                            context_window=config.context_window, session_log=session_log,
                            session_id=session_id, **(config.session_kwargs or {}))
     trace = None
@@ -805,6 +873,7 @@ async def serve(config: ServeConfig) -> int:
         reader.close()
         if preload is not None:
             preload.cancel()
+        gate.close()
         await server.shutdown()
         provider_close = getattr(config.provider, "aclose", None)
         if provider_close is not None:

@@ -230,6 +230,8 @@ def read_trace(path: str | Path, diagram: Diagram | None = None) -> Trace:
                 except json.JSONDecodeError as exc:
                     raise TraceError(path, number, f"not JSON ({exc.msg}): {line.strip()!r:.120}") \
                         from None
+                except RecursionError:
+                    raise TraceError(path, number, "JSON nested too deeply") from None
                 if not isinstance(obj, dict):
                     raise TraceError(path, number, f"expected a JSON object, got {line.strip()!r:.120}")
                 if trace is None:

@@ -93,7 +93,8 @@ class AgentSession:
         self._stream_task: asyncio.Task | None = None
         self._turn_running = False
         self._abort_turn = False
-        self._prompt_active = False
+        self._prompt_owner: object | None = None  # the prompt() call that owns the session
+        self._last_turn_aborted = False
         self._turn_done = asyncio.Event()
         self._turn_done.set()
 
@@ -127,7 +128,7 @@ class AgentSession:
     @property
     def is_busy(self) -> bool:
         """A prompt is being handled: a turn runs, a chain is active, or follow-ups drain."""
-        return self._prompt_active or self._turn_running or self.brain.is_retrying
+        return self._prompt_owner is not None or self._turn_running or self.brain.is_retrying
 
     @property
     def queued_messages(self) -> list[str]:
@@ -202,10 +203,16 @@ class AgentSession:
         queues the message (delivered with the next continue or turn, never shortening a
         backoff; after a cancelled chain it waits for the next prompt) and returns at once;
         without it raises :class:`SessionBusyError`.
-        Raises ``TypeError`` / ``ValueError`` for a non-string text or unknown behaviour.
+        Raises ``TypeError`` / ``ValueError`` for a non-string text, text that is not valid
+        Unicode (a lone surrogate) or an unknown behaviour; nothing is applied then.
         """
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"prompt text is not valid Unicode: {exc.object[exc.start:exc.end]!r} "
+                             f"at character {exc.start}") from None
         if streaming_behavior is not None and streaming_behavior not in STREAMING_BEHAVIORS:
             raise ValueError(f"streaming_behavior must be 'steer' or 'follow_up', got {streaming_behavior!r}")
         if self.is_busy:
@@ -216,21 +223,24 @@ class AgentSession:
             self._queue.append(UserMessage(text))
             self._emit({"type": "queue_update", "queued": self.queued_messages})
             return
-        self._prompt_active = True
+        owner = self._prompt_owner = object()
         try:
             await self._run_turn([UserMessage(text)])
-            while True:
+            while self._prompt_owner is owner:
                 await self._drive_chain()
-                # After a cancelled chain the user asked to stop: queued messages wait for
+                # After a cancel or an abort the user asked to stop: queued messages wait for
                 # the next prompt instead of going out at once.
-                if not self._queue or self.brain.state == "cancelled":
+                if (self._prompt_owner is not owner or not self._queue
+                        or self.brain.state == "cancelled" or self._last_turn_aborted):
                     break
                 await self._run_turn([])
         except asyncio.CancelledError:
-            self._cancel_chain()
+            if self._prompt_owner is owner:
+                self._cancel_chain()
             raise
         finally:
-            self._prompt_active = False
+            if self._prompt_owner is owner:
+                self._prompt_owner = None
 
     def abort_retry(self) -> None:
         """Cancel a pending backoff (SPEC §5); while a retried turn runs, the turn decides."""
@@ -272,6 +282,7 @@ class AgentSession:
                 self._emit({"type": "message_end", "message": user.to_json()})
                 run.append(user.to_json())
             message = await self._complete()
+            self._last_turn_aborted = message.stop_reason == "aborted"
             self._add(message)
             run.append(message.to_json())
         finally:
@@ -294,7 +305,12 @@ class AgentSession:
             return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model)
         api_key = None
         if self.credentials is not None:
-            api_key = self.credentials.api_key(self.provider.name, self.session_id)
+            try:
+                api_key = self.credentials.api_key(self.provider.name, self.session_id)
+            except Exception as exc:  # a broken store fails the turn; it never picks a key for us
+                log.warning("credential store failed: %s", exc)
+                return AssistantMessage("error", error_message=f"credential store failed: "
+                                        f"{type(exc).__name__}: {exc}", model=self.provider.model)
         self._emit({"type": "message_start", "message": {"role": "assistant"}})
         context = [m.to_openai() for m in self.messages]
         self._stream_task = task = asyncio.ensure_future(
@@ -323,11 +339,14 @@ class AgentSession:
         """Wait out the chain this prompt started: backoffs, continues, until it ends."""
         loop = asyncio.get_running_loop()
         while self.brain.is_retrying:
-            self._wake = loop.create_future()
+            self._wake = wake = loop.create_future()
             try:
-                what = await self._wake
+                what = await wake
             finally:
-                self._wake = None
+                if self._wake is wake:
+                    self._wake = None
+            if what == "ended":
+                return
             if what == "continue":
                 try:
                     await self._run_turn([])
@@ -352,8 +371,14 @@ class AgentSession:
         self._perform(self.brain.backoff_elapsed(timer_id))
 
     def _wake_driver(self, what: str) -> None:
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(what)
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(what)
+            if what == "ended":
+                # The chain ended during its backoff (a cancel): its prompt() has nothing
+                # left to do, so the session is free now, not when that task resumes.
+                self._wake = None
+                self._prompt_owner = None
 
     def _perform(self, actions: Iterable[B.Action]) -> B.CheckCompaction | None:
         """Carry out the brain's actions in order; returns a pending compaction check."""

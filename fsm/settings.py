@@ -139,9 +139,11 @@ class RetrySettings:
             retry = {}
         if not isinstance(retry, Mapping):
             raise SettingsError("", retry, "an object under \"retry\"")
-        unknown = sorted(k for k in retry if k not in _KEYS)
+        unknown = sorted(str(k) for k in retry if k not in _KEYS)
         if unknown:
-            warnings.warn(f"retry settings: ignoring unknown keys {', '.join(map(str, unknown))}",
+            shown = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:10])
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            warnings.warn(f"retry settings: ignoring unknown keys {shown}{more}",
                           UserWarning, stacklevel=2)
         fields = {_KEYS[k]: v for k, v in retry.items() if k in _KEYS}
         return replace(base or cls(), **fields)
@@ -157,4 +159,6 @@ class RetrySettings:
             data = json.loads(text)
         except ValueError as exc:
             raise SettingsError("", str(path), f"valid JSON ({exc})") from None
+        except RecursionError:
+            raise SettingsError("", str(path), "JSON that is not nested too deeply") from None
         return cls.from_json(data)

@@ -326,10 +326,6 @@ async def test_abort_between_the_timer_and_the_continue_sends_nothing():
 
 
 # ---------------------------------------------------------------------------------- bugs
-@pytest.mark.xfail(strict=True, reason="fsm/session.py AgentSession.prompt: after abort_retry()/abort() "
-                   "ends a chain, the chain's prompt() task has not resumed yet, so _prompt_active is "
-                   "still set and an immediate prompt() raises SessionBusyError 'a turn is running' "
-                   "although nothing runs and is_retrying/is_streaming are False")
 @pytest.mark.parametrize("how", ["abort_retry", "abort"])
 async def test_prompt_right_after_cancelling_a_chain_is_not_refused(how):
     session, provider, clock, _ = make([error(RETRYABLE)], base_delay_ms=1000)
@@ -346,9 +342,6 @@ async def test_prompt_right_after_cancelling_a_chain_is_not_refused(how):
     assert len(provider.requests) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="fsm/session.py AgentSession.prompt/_run_turn: a steer message "
-                   "sent right after abort_retry() is parked by the finishing prompt() (state "
-                   "'cancelled') instead of being sent, although the session reports idle")
 async def test_steer_right_after_cancelling_a_chain_is_sent():
     session, provider, clock, _ = make([error(RETRYABLE)], base_delay_ms=1000)
     first = asyncio.ensure_future(session.prompt("hi"))
@@ -360,10 +353,6 @@ async def test_steer_right_after_cancelling_a_chain_is_sent():
     assert session.queued_messages == [] and len(provider.requests) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="fsm/session.py AgentSession.prompt accepts text with a lone "
-                   "surrogate ('\\ud800'); with a session log, SessionLog.append raises "
-                   "UnicodeEncodeError after the message entered the runtime context and agent_start "
-                   "was emitted: half-applied, no agent_end, and every later turn carries it")
 async def test_prompt_with_a_lone_surrogate_is_rejected_before_anything_happens(tmp_path):
     log = SessionLog(tmp_path / "s.jsonl", "sid")
     provider = ScriptedProvider([])
@@ -375,10 +364,6 @@ async def test_prompt_with_a_lone_surrogate_is_rejected_before_anything_happens(
     assert session.messages == [] and events == []
 
 
-@pytest.mark.xfail(strict=True, reason="fsm/session.py AgentSession._complete: a credential store whose "
-                   "api_key() raises makes prompt() raise the store's error, with agent_start emitted "
-                   "and no message_end/agent_end (mark_usage_limit_reached is guarded, api_key is not); "
-                   "it should end the turn as a failed message like a raising provider")
 async def test_credential_store_whose_api_key_raises_fails_the_turn_cleanly():
     class Broken:
         def api_key(self, provider, session_id):
@@ -395,10 +380,6 @@ async def test_credential_store_whose_api_key_raises_fails_the_turn_cleanly():
     assert session.messages[-1].stop_reason == "error"
 
 
-@pytest.mark.xfail(strict=True, reason="fsm/session.py AgentSession.prompt: abort() of a running turn "
-                   "outside a retry chain lets prompt() send the queued follow-up at once (a new model "
-                   "request right after the user's abort), whereas an abort during a chain parks the "
-                   "queue until the next prompt ('the user asked to stop')")
 async def test_abort_of_a_plain_turn_does_not_send_the_queued_follow_up():
     provider = ScriptedProvider([hang()])
     session = AgentSession(provider, clock=FakeClock())

@@ -129,6 +129,8 @@ def _entry_problem(entry: Any) -> str | None:
             return f"header {name!r} must be a string or a number, got {_type_name(value)}"
         if isinstance(value, str) and any(c in value for c in "\r\n"):
             return f"header {name!r} must not contain a line break"
+        if isinstance(value, str) and not value.isascii():
+            return f"header {name!r} must be ASCII text (HTTP headers), got {value!r:.80}"
     if "stream" not in entry:
         for key in _STREAM_ONLY:
             if key in entry:

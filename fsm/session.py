@@ -201,7 +201,8 @@ class AgentSession:
 
         While the session is busy, ``streaming_behavior`` ``"steer"`` or ``"follow_up"``
         queues the message (delivered with the next continue or turn, never shortening a
-        backoff; after a cancelled chain it waits for the next prompt) and returns at once;
+        backoff; after a cancelled chain or an aborted turn it waits for the next prompt) and
+        returns at once;
         without it raises :class:`SessionBusyError`.
         Raises ``TypeError`` / ``ValueError`` for a non-string text, text that is not valid
         Unicode (a lone surrogate) or an unknown behaviour; nothing is applied then.

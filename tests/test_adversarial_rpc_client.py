@@ -21,10 +21,10 @@ import pytest
 
 from fsm.providers.fault_server import FaultServer
 from fsm.rpc import RpcClient, RpcError, RpcTimeout, ServerDied
+from support import OVERLOADED, ROOT
 
 pytestmark = pytest.mark.subprocess
 
-ROOT = Path(__file__).resolve().parents[1]
 
 FAKE = r'''
 import json, os, signal, sys, time
@@ -139,7 +139,7 @@ async def test_concurrent_requests_from_many_tasks_get_their_own_answers(fake_py
             except RpcError as exc:
                 return f"error:{exc.command}:{exc}"
         results = await asyncio.gather(*(one(k) for k in kinds))
-        expected = [f"error:fail:the fake refuses" if k == "fail" else k for k in kinds]
+        expected = ["error:fail:the fake refuses" if k == "fail" else k for k in kinds]
         assert results == expected
         assert len(client.drain_events()) == 25 * 3
 
@@ -385,8 +385,6 @@ def test_server_died_message_when_only_stdout_closed():
 
 
 # ---------------------------------------------------------------------------------- real server
-OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
-                                                                  "message": "Overloaded"}}}
 
 
 def real_client(fs: FaultServer, tmp_path: Path, **retry) -> RpcClient:

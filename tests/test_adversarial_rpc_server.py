@@ -25,18 +25,9 @@ import pytest
 
 from fsm.providers.fault_server import FaultServer, validate_script
 from fsm.rpc.server import CommandError, parse_command
+from support import OVERLOADED, env
 
 pytestmark = pytest.mark.subprocess
-
-ROOT = Path(__file__).resolve().parents[1]
-OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
-                                                                  "message": "Overloaded"}}}
-
-
-def env() -> dict[str, str]:
-    out = dict(os.environ)
-    out["PYTHONPATH"] = str(ROOT) + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
-    return out
 
 
 class Proc:

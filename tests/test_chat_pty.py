@@ -25,15 +25,12 @@ import pytest
 pexpect = pytest.importorskip("pexpect")
 
 from fsm.providers.fault_server import FaultServer  # noqa: E402
+from support import OVERLOADED, ROOT
 
 pytestmark = pytest.mark.pty
 
-ROOT = Path(__file__).resolve().parent.parent
 ROWS, COLS = 30, 120
 WAIT_S = 30.0  # generous: a loaded CI machine may take seconds to start Python
-
-OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
-                                                                  "message": "Overloaded"}}}
 
 
 # ---------------------------------------------------------------------- a small terminal

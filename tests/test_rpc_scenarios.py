@@ -23,10 +23,9 @@ import pytest_asyncio
 
 from fsm.providers.fault_server import FaultServer, validate_script
 from fsm.rpc import RpcClient, RpcError
+from support import OVERLOADED, ROOT
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.asyncio(loop_scope="module")]
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def err(status: int, message: str, type_: str = "error", code: str | None = None, headers=None) -> dict:
@@ -34,8 +33,6 @@ def err(status: int, message: str, type_: str = "error", code: str | None = None
     return {"status": status, "json": body, **({"headers": headers} if headers else {})}
 
 
-OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
-                                                                  "message": "Overloaded"}}}
 UNAVAILABLE = err(503, "Service Unavailable", "server_error", "service_unavailable")
 RATE_LIMITED = err(429, "Rate limit reached for requests", "rate_limit_error", "rate_limit_exceeded")
 UNAUTHORIZED = err(401, "Incorrect API key provided: oracle-***-key.", "invalid_request_error",

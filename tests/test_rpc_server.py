@@ -23,12 +23,9 @@ import pytest
 from fsm.providers.fault_server import FaultServer
 from fsm.rpc.server import (MAX_LINE_BYTES, Command, CommandError, LineFramer, LineTooLong,
                             encode_line, parse_command)
+from support import OVERLOADED, ROOT
 
 pytestmark = pytest.mark.subprocess
-
-ROOT = Path(__file__).resolve().parents[1]
-OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
-                                                                  "message": "Overloaded"}}}
 
 
 def rpc_env(**extra: str) -> dict[str, str]:

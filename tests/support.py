@@ -1,0 +1,17 @@
+"""Shared by the tests that start the project's own processes (rpc, chat, fault server)."""
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The fault-server entry for an Anthropic-style 529 overloaded_error.
+OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
+                                                                  "message": "Overloaded"}}}
+
+
+def env() -> dict[str, str]:
+    """The environment for a child ``python -m fsm ...``: this checkout first on the path."""
+    out = dict(os.environ)
+    out["PYTHONPATH"] = str(ROOT) + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
+    return out

@@ -290,10 +290,16 @@ class AgentSession:
             self._turn_running = False
             self._abort_turn = False
             self._turn_done.set()
+        # The decision is taken before any await and before any listener hears of the turn's
+        # end (SPEC §8.1). Event order as the original: a successful retry's auto_retry_end
+        # comes before agent_end; auto_retry_start and a failed end come after it (SPEC §4).
+        actions = self.brain.turn_ended(message, self.context_window)
         self._emit({"type": "message_end", "message": message.to_json()})
+        if actions and isinstance(actions[0], B.Emit) and actions[0].event.get("success") is True:
+            self._emit(actions[0].event)
+            actions = actions[1:]
         self._emit({"type": "agent_end", "messages": run})
-        # No await between the end of the turn and the decision (SPEC §8.1).
-        compaction = self._perform(self.brain.turn_ended(message, self.context_window))
+        compaction = self._perform(actions)
         if compaction is not None and self.compaction_hook is not None:
             try:
                 await self.compaction_hook(self, compaction.message, compaction.kind)

@@ -96,7 +96,8 @@ async def test_hazard_1_prompt_does_not_return_before_the_retry_starts():
     session.subscribe(on_event)
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
-    assert seen == {"agent_end_retrying": False, "start_prompt_done": False}
+    # the decision is taken before listeners hear of the turn's end
+    assert seen == {"agent_end_retrying": True, "start_prompt_done": False}
     assert session.is_retrying and not task.done()
     types = [e["type"] for e in events]
     assert types.index("agent_end") < types.index("auto_retry_start")
@@ -515,3 +516,23 @@ async def test_jitter_source_is_injectable_and_close_cancels_a_backoff():
     await asyncio.wait_for(task, 1)
     assert retry_events(events)[-1] == ("end", False, 1, "Retry cancelled")
     assert clock.pending == []
+
+
+async def test_event_order_matches_the_original():
+    session, provider, clock, events = make([error(OVERLOADED), ok()])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.advance(2)
+    await asyncio.wait_for(task, 1)
+    order = [e["type"] for e in events if e["type"] in
+             ("agent_start", "message_end", "agent_end", "auto_retry_start", "auto_retry_end")]
+    assert order == ["agent_start", "message_end", "message_end", "agent_end", "auto_retry_start",
+                     "agent_start", "message_end", "auto_retry_end", "agent_end"]
+
+
+async def test_failed_end_comes_after_agent_end():
+    session, provider, clock, events = make([error(OVERLOADED), error(AUTH)])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.advance(2)
+    await asyncio.wait_for(task, 1)
+    order = [e["type"] for e in events][-2:]
+    assert order == ["agent_end", "auto_retry_end"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = ("classify", "demo", "fault-server", "rpc", "chat", "diagrams", "audit")
@@ -18,7 +19,8 @@ def _module(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fsm", description="retry-fsm command line")
+    prog = "retry-fsm" if os.path.basename(sys.argv[0]) == "retry-fsm" else "python -m fsm"
+    parser = argparse.ArgumentParser(prog=prog, description="retry-fsm command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -33,7 +33,7 @@ HELP = "classify provider error messages: kind, deciding rule, usage limit, retr
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("\n", 2)[2]
+    parser.epilog = __doc__.split("\n", 2)[2].replace("``", "").replace("::", ":")
     parser.add_argument("message", nargs="?",
                         help="the error message to classify ('-' reads it from standard input)")
     parser.add_argument("--jsonl", metavar="FILE",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -121,5 +122,6 @@ async def _main(args: argparse.Namespace) -> int:
     _print(f"answer: {answer.text or answer.error_message}")
     _print(f"HTTP requests: {requests} (one per attempt)")
     _print(f"session log (every message, failed ones included): {log_path}")
-    _print(f"transition trace: {trace_path}  (python -m fsm audit {trace_path})")
+    python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
+    _print(f"transition trace: {trace_path}  ({python} -m fsm audit {trace_path})")
     return 0 if answer.stop_reason == "stop" else 1

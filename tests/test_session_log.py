@@ -40,3 +40,17 @@ def test_rpc_package_exports_lazily():
     assert "RpcError" in dir(fsm.rpc)
     with pytest.raises(AttributeError, match="nope"):
         fsm.rpc.nope
+
+
+def test_top_level_names_are_importable_and_lazy():
+    import subprocess
+    import sys
+    code = ("import sys, fsm; assert 'fsm.brain' not in sys.modules; "
+            "from fsm import RetryBrain, AgentSession, classify; "
+            "assert 'RetryBrain' in dir(fsm); print(RetryBrain.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "fsm.brain"
+    import fsm
+    with pytest.raises(AttributeError, match="'fsm' has no attribute 'nope'"):
+        fsm.nope

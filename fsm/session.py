@@ -171,6 +171,8 @@ class AgentSession:
                 listener(event)
             except Exception:  # a broken listener must not break the chain
                 log.exception("listener failed on %s", event.get("type"))
+        if not self._extensions:
+            return
         handlers = self._extensions.get(event["type"], []) + self._extensions.get("*", [])
         if handlers:
             self._ext_queue.extend((h, event) for h in handlers)

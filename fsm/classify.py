@@ -460,6 +460,11 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"timed?[ _-]?out|deadline[ _]?exceeded|(?:read|connect|write|pool|headers|body|api|model)timeout",
          "SPEC D2 'timed out'; undici HeadersTimeoutError; httpx ReadTimeout; litellm Timeout "
          "/ APITimeoutError; gRPC/Google 504 DEADLINE_EXCEEDED; Bedrock ModelTimeoutException"),
+    Rule("retryable.stream_finish_error", "network",
+         r"finish_reason\\?[\"']?:? ?\\?[\"']?error\b",
+         "OpenRouter and other routers end a stream with finish_reason 'error' when the upstream "
+         "provider fails mid-generation; our provider reports it as 'The provider ended the "
+         "stream with finish_reason: error'"),
     # the provider says when (or that) to retry
     Rule("retryable.retry_delay", "retry_delay",
          r"retry[ _-]?delay|retry[ _-]?after(?:[ _-]?ms)?\\?[\"']?\s?[:=]|retry (?:in|after) \d"

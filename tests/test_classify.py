@@ -477,6 +477,7 @@ RULE_EXAMPLES = {
     "retryable.fetch_failed": "TypeError: fetch failed",
     "retryable.socket_closed": "socket hang up",
     "retryable.premature_close": "Premature close",
+    "retryable.stream_finish_error": "The provider ended the stream with finish_reason: error",
     "retryable.terminated": "TypeError: terminated",
     "retryable.timeout": "Request timed out.",
     "retryable.retry_delay": "Please retry after 30 seconds",

@@ -15,3 +15,17 @@ def env() -> dict[str, str]:
     out = dict(os.environ)
     out["PYTHONPATH"] = str(ROOT) + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
     return out
+
+
+def stop_process(proc, timeout: float = 5.0) -> int:
+    """Close a child's stdin (EOF), wait for it, kill it if it outlives ``timeout``; its status."""
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        return proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -25,7 +25,7 @@ import pytest
 
 from fsm.providers.fault_server import FaultServer, validate_script
 from fsm.rpc.server import CommandError, parse_command
-from support import OVERLOADED, env
+from support import OVERLOADED, env, stop_process
 
 pytestmark = pytest.mark.subprocess
 
@@ -95,15 +95,8 @@ class Proc:
 
     def close(self, timeout: float = 5.0) -> int:
         try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            return self.proc.wait(timeout)
+            return stop_process(self.proc, timeout)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
             self.closed.wait(2)
 
 
@@ -264,14 +257,20 @@ def test_bursts_of_controls_at_the_moment_the_backoff_elapses(tmp_path):
         assert not early, (s, early)
 
 
-def test_eof_with_a_prompt_waiting_behind_an_abort_starts_no_new_turn(tmp_path):
+def start_slow_turn(tmp_path: Path) -> tuple[FaultServer, "Proc"]:
+    """A server whose first turn is streaming (a 3 s answer) once this returns."""
     fs = FaultServer([{"stream": ["slow"], "delay_ms": 3000}] * 2).start()
     server = Proc(["--base-url", fs.base_url, "--model", "m", "--no-session"], tmp_path)
+    server.request({"type": "prompt", "message": "hi"}, timeout=20)
+    deadline = time.monotonic() + 10
+    while not fs.chat_requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return fs, server
+
+
+def test_eof_with_a_prompt_waiting_behind_an_abort_starts_no_new_turn(tmp_path):
+    fs, server = start_slow_turn(tmp_path)
     try:
-        server.request({"type": "prompt", "message": "hi"}, timeout=20)
-        deadline = time.monotonic() + 10
-        while not fs.chat_requests and time.monotonic() < deadline:
-            time.sleep(0.01)
         server.send(b'{"id":"ab","type":"abort"}\n{"id":"late","type":"prompt","message":"after"}\n'
                     b'{"id":"half","type":"get_st')  # EOF in the middle of a line
         t0 = time.monotonic()
@@ -292,13 +291,8 @@ def test_eof_with_a_prompt_waiting_behind_an_abort_starts_no_new_turn(tmp_path):
 
 
 def test_eof_with_a_queued_follow_up_sends_nothing_more(tmp_path):
-    fs = FaultServer([{"stream": ["slow"], "delay_ms": 3000}] * 2).start()
-    server = Proc(["--base-url", fs.base_url, "--model", "m", "--no-session"], tmp_path)
+    fs, server = start_slow_turn(tmp_path)
     try:
-        server.request({"type": "prompt", "message": "hi"}, timeout=20)
-        deadline = time.monotonic() + 10
-        while not fs.chat_requests and time.monotonic() < deadline:
-            time.sleep(0.01)
         assert server.request({"type": "prompt", "message": "next", "streamingBehavior": "followUp"})["success"]
         t0 = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)

@@ -23,7 +23,7 @@ import pytest
 from fsm.providers.fault_server import FaultServer
 from fsm.rpc.server import (MAX_LINE_BYTES, Command, CommandError, LineFramer, LineTooLong,
                             encode_line, parse_command)
-from support import OVERLOADED, ROOT
+from support import OVERLOADED, ROOT, stop_process
 
 pytestmark = pytest.mark.subprocess
 
@@ -112,16 +112,7 @@ class RawServer:
         return reply["data"]
 
     def close(self, timeout: float = 5.0) -> int:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+        return stop_process(self.proc, timeout)
 
 
 @pytest.fixture(scope="module")

@@ -368,16 +368,20 @@ async def test_usage_limit_switches_credentials_and_skips_the_backoff():
     assert store.blocked_until("scripted")["key-a"] == 1_000_000 + (2 * 3600 + 13 * 60) * 1000
 
 
-async def test_usage_limit_without_another_credential_keeps_the_normal_backoff():
+async def usage_limit_chain(credentials):
+    """One usage-limit failure then a success, 2 s of fake time; the session's events."""
     clock = FakeClock()
-    store = InMemoryCredentialStore({"scripted": ["only"]})
-    provider = ScriptedProvider([error(USAGE), ok()])
-    session = AgentSession(provider, clock=clock, credentials=store)
+    session = AgentSession(ScriptedProvider([error(USAGE), ok()]), clock=clock, credentials=credentials)
     events = []
     session.subscribe(events.append)
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)
     await asyncio.wait_for(task, 1)
+    return events
+
+
+async def test_usage_limit_without_another_credential_keeps_the_normal_backoff():
+    events = await usage_limit_chain(InMemoryCredentialStore({"scripted": ["only"]}))
     assert retry_events(events)[0] == ("start", 1, 2000)
 
 
@@ -401,13 +405,7 @@ async def test_broken_credential_store_falls_back_to_the_normal_backoff():
 
         def mark_usage_limit_reached(self, *a):
             raise OSError("disk full")
-    clock = FakeClock()
-    session = AgentSession(ScriptedProvider([error(USAGE), ok()]), clock=clock, credentials=Broken())
-    events = []
-    session.subscribe(events.append)
-    task = asyncio.ensure_future(session.prompt("hi"))
-    await clock.advance(2)
-    await asyncio.wait_for(task, 1)
+    events = await usage_limit_chain(Broken())
     assert retry_events(events)[0] == ("start", 1, 2000)
 
 

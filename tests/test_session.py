@@ -534,3 +534,16 @@ async def test_failed_end_comes_after_agent_end():
     await asyncio.wait_for(task, 1)
     order = [e["type"] for e in events][-2:]
     assert order == ["agent_end", "auto_retry_end"]
+
+
+async def test_abort_retry_while_the_retried_turn_runs_lets_the_turn_decide():
+    """SPEC §3: abort_retry in continuing only releases waiters; the running turn ends the chain."""
+    session, provider, clock, events = make([error(OVERLOADED), hang()])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.advance(2)
+    assert session.brain.state == "continuing" and session.is_streaming
+    session.abort_retry()
+    assert session.is_retrying and retry_events(events) == [("start", 1, 2000)]
+    provider.release.set()
+    await asyncio.wait_for(task, 1)
+    assert retry_events(events)[-1] == ("end", True, 1, None)

@@ -1,0 +1,194 @@
+"""Text that comes from outside (a provider, a user's settings, a key) made safe to keep.
+
+Four small, pure helpers used wherever such text is written to an event, the runtime context,
+the session log, a store or stderr:
+
+- :func:`clean_text` makes any ``str`` encodable as UTF-8: a UTF-16 surrogate pair that arrived
+  split (``"\\ud83d"`` then ``"\\ude00"``, as two JSON ``\\u`` escapes in two stream deltas) is
+  joined into its character, and a surrogate that has no partner becomes U+FFFD.
+- :func:`clip_text` keeps a bounded excerpt of a long text (an error body of 10 MB): its head,
+  a marker naming how much was left out, and its tail, at most ``limit_bytes`` UTF-8 bytes in
+  all, never cutting a character in two (``docs/policy.md §8b.10``: error text kept in events,
+  the runtime context and the log is clipped to 8 KB).
+- :func:`scrub_secrets` replaces credentials in a text with :data:`REDACTED`.
+- :func:`check_api_key` refuses an API key that cannot go into an HTTP header (a trailing CR
+  from a file with Windows line endings, a space, a line feed, a non-ASCII character) with an
+  error that names where the key came from and what is wrong with it, never the key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+__all__ = ["ApiKeyError", "CLIP_LIMIT_BYTES", "REDACTED", "check_api_key", "clean_text",
+           "clip_text", "scrub_secrets"]
+
+CLIP_LIMIT_BYTES = 8192
+"""The default bound of :func:`clip_text`, in UTF-8 bytes (``docs/policy.md §8b.10``)."""
+
+REDACTED = "[redacted]"
+"""What :func:`scrub_secrets` puts where a credential was."""
+
+MIN_SECRET_LENGTH = 8
+"""Secrets shorter than this are not replaced by value: a placeholder key such as ``"x"``
+would otherwise redact every ``x`` of a text. Real API keys are 20 characters and more."""
+
+_MIN_CLIP_BYTES = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(s: str) -> str:
+    """``s`` with split surrogate pairs joined and lone surrogates replaced by U+FFFD.
+
+    Python strings may hold surrogate code points (U+D800–U+DFFF) that UTF-8 cannot encode;
+    ``json.loads`` produces them from ``\\u`` escapes. A high surrogate directly followed by a
+    low one is the UTF-16 encoding of one character and becomes that character; any other
+    surrogate becomes U+FFFD. Every other character is kept, so ``clean_text(s) == s`` for
+    text that already encodes. Linear time; a fast path returns ``s`` itself when it has no
+    surrogate. Raises ``TypeError`` when ``s`` is not a ``str``.
+    """
+    if not isinstance(s, str):
+        raise TypeError(f"clean_text expects a str, got {type(s).__name__}")
+    if _SURROGATE.search(s) is None:
+        return s
+    # UTF-16 with surrogatepass writes each surrogate as its own code unit; decoding pairs
+    # them up again and turns what stays unpaired into U+FFFD.
+    return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _head(s: str, budget: int) -> str:
+    """The longest prefix of ``s`` whose UTF-8 encoding fits in ``budget`` bytes."""
+    piece = s[:budget]  # a character takes at least one byte
+    if piece and "\ud800" <= piece[-1] <= "\udbff":
+        piece = piece[:-1]  # half of a pair at the cut: leave it out
+    return clean_text(piece).encode("utf-8")[:budget].decode("utf-8", "ignore")
+
+
+def _tail(s: str, budget: int) -> str:
+    """The longest suffix of ``s`` whose UTF-8 encoding fits in ``budget`` bytes."""
+    piece = s[-budget:] if budget else ""
+    if piece and "\udc00" <= piece[0] <= "\udfff":
+        piece = piece[1:]
+    data = clean_text(piece).encode("utf-8")
+    data = data[len(data) - budget:] if len(data) > budget else data
+    return data.decode("utf-8", "ignore")
+
+
+def clip_text(s: str, limit_bytes: int = CLIP_LIMIT_BYTES) -> str:
+    """A bounded excerpt of ``s``: at most ``limit_bytes`` bytes once encoded as UTF-8.
+
+    A text that fits is returned whole (cleaned by :func:`clean_text`). A longer one becomes
+    its head (about two thirds of the room), the marker ``"\\n[… N characters clipped …]\\n"``
+    and its tail (the rest of the room): an error body usually says what went wrong at its
+    start and sometimes at its end. Cuts fall between characters, never inside one (nor
+    inside a surrogate pair). The result always encodes as UTF-8. Reads only the first and
+    last ``limit_bytes`` characters of a longer text, so a 40 MB body costs microseconds.
+    Raises ``ValueError`` for ``limit_bytes`` below 64 (no room for the marker) and
+    ``TypeError`` when ``s`` is not a ``str``.
+    """
+    if not isinstance(s, str):
+        raise TypeError(f"clip_text expects a str, got {type(s).__name__}")
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < _MIN_CLIP_BYTES:
+        raise ValueError(f"limit_bytes must be an integer of at least {_MIN_CLIP_BYTES}, got {limit_bytes!r}")
+    if len(s) * 4 <= limit_bytes:  # at most 4 bytes per character: fits whatever it holds
+        return clean_text(s)
+    if len(s) <= limit_bytes:
+        cleaned = clean_text(s)
+        if len(cleaned.encode("utf-8")) <= limit_bytes:
+            return cleaned
+    # The marker's number is at most len(s); reserve room for it before choosing the cuts.
+    room = limit_bytes - len(f"\n[… {len(s)} characters clipped …]\n".encode("utf-8"))
+    head = _head(s, room * 2 // 3)
+    tail = _tail(s, room - len(head.encode("utf-8")))
+    left_out = len(s) - len(head) - len(tail)
+    return f"{head}\n[… {left_out} characters clipped …]\n{tail}"
+
+
+# Shapes of credentials that need no list of secrets: an OpenAI/Anthropic-style key
+# (``sk-…``, ``sk-proj-…``, ``sk-ant-api03-…``) and the value of a bearer token. Both must hold
+# a digit and be long, so words ("sk-learn", "Bearer tokens", "bearer authentication") stay.
+_KEY_SHAPE = re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{16,}")
+_BEARER_SHAPE = re.compile(r"(?<![A-Za-z0-9])(Bearer|bearer|BEARER)(\s+)([A-Za-z0-9._~+/=-]{12,})")
+
+
+def _looks_random(token: str) -> bool:
+    return any(c.isdigit() for c in token)
+
+
+def scrub_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with every credential replaced by :data:`REDACTED`.
+
+    Replaced: every occurrence of each string of ``secrets`` that has at least
+    :data:`MIN_SECRET_LENGTH` characters (also with surrounding whitespace stripped, since a
+    malformed key with a trailing CR shows up in errors as the key plus ``\\r``); ``None`` and
+    short entries are skipped. Also replaced without being listed: ``sk-`` keys of at least 16
+    more letters, digits, ``-`` or ``_`` that hold a digit, and the token after ``Bearer`` when
+    it has at least 12 token characters and a digit (``"Bearer [redacted]"``). Longer secrets
+    are replaced first, so a secret that contains another leaves no fragment. Linear in the
+    text per secret; ``TypeError`` when ``text`` is not a ``str``.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"scrub_secrets expects a str, got {type(text).__name__}")
+    values: set[str] = set()
+    for secret in secrets:
+        if not isinstance(secret, str):
+            continue
+        for form in (secret, secret.strip()):
+            if len(form) >= MIN_SECRET_LENGTH:
+                values.add(form)
+    for value in sorted(values, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, REDACTED)
+    text = _KEY_SHAPE.sub(lambda m: REDACTED if _looks_random(m.group(0)) else m.group(0), text)
+    return _BEARER_SHAPE.sub(
+        lambda m: m.group(1) + m.group(2) + REDACTED if _looks_random(m.group(3)) else m.group(0),
+        text)
+
+
+class ApiKeyError(ValueError):
+    """An API key that cannot be sent; ``source`` names where it came from (never the key)."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: the API key {problem}")
+        self.source = source
+        self.problem = problem
+
+
+_NAMES = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", "\t": "a tab",
+          " ": "a space"}
+
+
+def _describe(ch: str) -> str:
+    return _NAMES.get(ch) or (f"the control character U+{ord(ch):04X}" if ch.isascii()
+                              else f"a non-ASCII character (U+{ord(ch):04X})")
+
+
+def check_api_key(key: str | None, source_name: str) -> str | None:
+    """Return ``key`` unchanged when it can be sent in an HTTP header; ``None`` passes through.
+
+    ``source_name`` says where the key came from (``"--api-key"``, ``"OPENAI_API_KEY"``, a
+    file) and starts the message. Raises :class:`ApiKeyError` (a ``ValueError``) for an empty
+    key, one with leading or trailing whitespace (a line break copied from a file), a space,
+    tab or line break inside, another control character, or a non-ASCII character (HTTP
+    header values are ASCII; ``httpx`` refuses the rest and its error shows the whole header,
+    key included). The message names the problem and its position, never the key, e.g.
+    ``OPENAI_API_KEY: the API key ends with a carriage return (CR); remove it (was the key
+    read from a file with Windows line endings?)``.
+    """
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise ApiKeyError(source_name, f"must be text, got {type(key).__name__}")
+    if not key:
+        raise ApiKeyError(source_name, "is empty")
+    if key != key.strip():
+        where = "ends" if key[-1].isspace() else "starts"
+        ch = key[-1] if where == "ends" else key[0]
+        hint = " (was the key read from a file with Windows line endings?)" if ch == "\r" else ""
+        raise ApiKeyError(source_name, f"{where} with {_describe(ch)}; remove it{hint}")
+    for position, ch in enumerate(key, 1):
+        if not ch.isascii() or not ch.isprintable() or ch == " ":
+            raise ApiKeyError(source_name, f"contains {_describe(ch)} at character {position} "
+                                           f"of {len(key)}; an API key is printable ASCII without spaces")
+    return key

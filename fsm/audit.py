@@ -26,6 +26,7 @@ A trace file is a header line ``{"type": "trace", "version": VERSION, "machine":
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,7 +127,9 @@ class TraceWriter:
         self._flush_every = flush_every
         self._lines: dict[L.TransitionRecord, str] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open(self.path, "w", encoding="utf-8", newline="\n")
+        # A trace shows what a conversation did: private to its user, like the session log.
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._file: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
         header = {"type": "trace", "version": L.VERSION, "machine": MACHINE}
         self._file.write(json.dumps(header) + "\n")
         self._file.flush()

@@ -1,7 +1,11 @@
+import json
+import os
+import stat
+
 import pytest
 
 from fsm.messages import AssistantMessage, Usage, UserMessage
-from fsm.session_log import SessionLog
+from fsm.session_log import SessionLog, TornLineWarning, clean_entry
 
 
 def test_appends_to_an_existing_log_without_a_second_header(tmp_path):
@@ -18,11 +22,88 @@ def test_appends_to_an_existing_log_without_a_second_header(tmp_path):
     assert entries[2]["message"]["usage"] == {"input": 1, "output": 2, "cacheRead": 3, "cacheWrite": 4}
 
 
-def test_read_names_a_malformed_line(tmp_path):
+def test_read_skips_and_reports_a_malformed_line(tmp_path):
     path = tmp_path / "s.jsonl"
-    path.write_text('{"type": "session"}\n\nnot json\n')
-    with pytest.raises(ValueError, match=r"s.jsonl:3"):
-        list(SessionLog.read(path))
+    path.write_text('{"type": "session"}\n\nnot json\n5\n{"type": "message"}\n')
+    with pytest.warns(TornLineWarning, match=r"s.jsonl:[34]"):
+        entries = list(SessionLog.read(path))
+    assert entries == [{"type": "session"}, {"type": "message"}]
+    assert SessionLog.scan(path).torn_lines == [3, 4]
+
+
+def test_surrogates_from_the_provider_never_break_a_write(tmp_path):
+    """Issue 14 item 1: a split surrogate pair in the text and a lone one in the error."""
+    path = tmp_path / "s.jsonl"
+    log = SessionLog(path, "a")
+    split = json.loads('"\\ud83d"') + json.loads('"\\ude00"')
+    log.append(AssistantMessage("error", text="hi " + split, error_message="bad \ud800 event", model="m"))
+    log.close()
+    raw = path.read_bytes().decode("utf-8")  # strict: the file is valid UTF-8
+    assert "\U0001F600" in raw and "\ufffd" in raw
+    entries = list(SessionLog.read(path))
+    assert entries[1]["message"]["errorMessage"].startswith("bad \ufffd event")
+
+
+def test_error_text_is_clipped_and_scrubbed_before_it_is_written(tmp_path):
+    """Issue 14 items 3 and 8: a 10 MB JSON 529 body is kept as an 8 KB excerpt, keys removed."""
+    path = tmp_path / "s.jsonl"
+    secret = "my-own-secret-value-123"
+    log = SessionLog(path, "a", secrets=[secret])
+    body = "529 " + secret + " sk-proj-Abcdef0123456789xyz " + "x" * 10_000_000 + " end"
+    log.append(AssistantMessage("error", error_message=body, model="m"))
+    log.close()
+    assert path.stat().st_size < 10_000
+    text = path.read_text()
+    assert secret not in text and "sk-proj-Abcdef" not in text
+    message = list(SessionLog.read(path))[1]["message"]
+    assert message["errorMessage"].startswith("529 [redacted] [redacted] xxx")
+    assert message["errorMessage"].endswith(" end")
+    assert len(message["errorMessage"].encode()) <= 8192
+
+
+def test_a_torn_last_line_is_skipped_and_later_entries_are_kept(tmp_path):
+    """Issue 14 item 4: a kill mid-write; the next session's entries start on a fresh line."""
+    path = tmp_path / "s.jsonl"
+    log = SessionLog(path, "a")
+    log.append(UserMessage("first"))
+    log.close()
+    with open(path, "a") as fh:
+        fh.write('{"type": "message", "message": {"role": "assistant", "content": [{"ty')
+    log = SessionLog(path, "a")
+    log.append(AssistantMessage("error", error_message="529", model="m"))
+    log.append(UserMessage("after"))
+    log.close()
+    contents = SessionLog.scan(path)
+    assert contents.torn_lines == [3]
+    assert [e.get("message", {}).get("role") for e in contents.entries] == [None, "user", "assistant", "user"]
+    assert contents.entries[-1]["message"]["content"] == [{"type": "text", "text": "after"}]
+
+
+def test_an_entry_glued_onto_a_torn_line_by_an_older_writer_is_recovered(tmp_path):
+    """Issue 14 item 4: logs written before the fix may hold fragment + entry on one line."""
+    path = tmp_path / "s.jsonl"
+    entry = {"type": "message", "message": {"role": "user", "content": "kept"}}
+    path.write_text('{"type": "session"}\n{"type": "mess' + json.dumps(entry) + "\n" + "{" * 1000 + "\n")
+    contents = SessionLog.scan(path)
+    assert contents.entries == [{"type": "session"}, entry]
+    assert contents.torn_lines == [2, 3]
+
+
+def test_a_new_log_is_private(tmp_path):
+    """Issue 14 item 9: conversation history is created 0600, like the credentials."""
+    old = os.umask(0o022)
+    try:
+        log = SessionLog(tmp_path / "s.jsonl", "a")
+        log.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "s.jsonl").stat().st_mode) == 0o600
+
+
+def test_clean_entry_cleans_keys_and_nested_values():
+    out = clean_entry({"k\ud800": ["\ud83d\ude00", 1, None, {"finalError": "e" * 9000}]})
+    assert out == {"k\ufffd": ["\U0001F600", 1, None, {"finalError": out["k\ufffd"][3]["finalError"]}]}
+    assert len(out["k\ufffd"][3]["finalError"].encode()) <= 8192
 
 
 def test_usage_from_json_validates():
@@ -54,3 +135,15 @@ def test_top_level_names_are_importable_and_lazy():
     import fsm
     with pytest.raises(AttributeError, match="'fsm' has no attribute 'nope'"):
         fsm.nope
+
+
+def test_a_new_trace_is_private(tmp_path):
+    """Issue 14 item 9: traces written by TraceWriter are created 0600 as well."""
+    from fsm.audit import TraceWriter
+    old = os.umask(0o022)
+    try:
+        with TraceWriter(tmp_path / "t.jsonl"):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "t.jsonl").stat().st_mode) == 0o600

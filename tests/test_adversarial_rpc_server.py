@@ -335,7 +335,7 @@ def test_absurd_settings_files_exit_2_naming_the_problem(tmp_path, content, word
 
 def test_settings_with_huge_unknown_keys_are_named_briefly(tmp_path):
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"retry": {"maxRetries": 2}, "k" * 5_000_000: 1}))
+    path.write_text(json.dumps({"retry": {"maxRetries": 2}, "k" * 1_000_000: 1}))  # under the 1 MiB cap
     proc = run_cli("rpc", "--model", "m", "--no-session", "--settings", str(path), cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout == b""
     assert b"ignoring keys this project does not use: kkk" in proc.stderr

@@ -118,3 +118,80 @@ def test_backoff_is_never_negative_nor_above_nominal(base, attempt, jitter, r):
     s = RetrySettings(base_delay_ms=base, max_retries=100, jitter=jitter)
     d = s.backoff_ms(attempt, random=lambda: r)
     assert 0 <= d <= s.nominal_delay_ms(attempt) <= 86_400_000
+
+
+def test_duplicate_keys_are_refused_naming_the_key(tmp_path):
+    """Issue 14 item 6: {"maxRetries": -5, "maxRetries": 1} used to load as 1 (last wins)."""
+    p = tmp_path / "s.json"
+    p.write_text('{"retry": {"baseDelayMs": 10, "maxRetries": -5, "maxRetries": 1}}')
+    with pytest.raises(SettingsError, match=r"'retry\.maxRetries' is given more than once"):
+        RetrySettings.load(p)
+    p.write_text('{"retry": {}, "other": [{"a": 1, "a": 2}], "retry": {}}')
+    with pytest.raises(SettingsError, match=r"'retry' is given more than once"):
+        RetrySettings.load(p)
+    p.write_text('{"x": [{"a": 1, "a": 2}]}')
+    with pytest.raises(SettingsError, match=r"'x\.a' is given more than once"):
+        RetrySettings.load(p)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo", "folder"])
+def test_only_regular_files_are_read(tmp_path, special):
+    """Issue 14 item 6: a FIFO or /dev/urandom hung forever; /dev/zero grew without bound."""
+    import os
+    path = special
+    if special == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    elif special == "folder":
+        path = tmp_path
+    with pytest.raises(SettingsError, match="not a regular file"):
+        RetrySettings.load(path)
+
+
+def test_a_settings_file_over_one_megabyte_is_refused(tmp_path):
+    """Issue 14 item 6 (docs/policy.md §8b.10): the size cap is 1 MiB."""
+    from fsm.settings import MAX_SETTINGS_BYTES
+    p = tmp_path / "s.json"
+    pad = MAX_SETTINGS_BYTES - len('{"retry": {"maxRetries": 2}, "pad": ""}')
+    p.write_text('{"retry": {"maxRetries": 2}, "pad": "' + "x" * pad + '"}')
+    assert RetrySettings.load(p).max_retries == 2  # exactly at the cap
+    p.write_text('{"retry": {"maxRetries": 2}, "pad": "' + "x" * (pad + 1) + '"}')
+    with pytest.raises(SettingsError, match="larger than 1048576 bytes"):
+        RetrySettings.load(p)
+
+
+def test_a_4301_digit_integer_names_its_key(tmp_path):
+    """Issue 14 item 6: the int-conversion limit used to error without naming the key."""
+    p = tmp_path / "s.json"
+    p.write_text('{"retry": {"maxRetries": ' + "9" * 4301 + "}}")
+    with pytest.raises(SettingsError, match=r"retry\.maxRetries: .*<an integer of 4301 digits>"):
+        RetrySettings.load(p)
+    p.write_text('{"unused": ' + "9" * 4301 + ', "retry": {"maxRetries": ' + "9" * 4300 + "}}")
+    with pytest.raises(SettingsError, match=r"retry\.maxRetries: expected an integer from 0 to 100"):
+        RetrySettings.load(p)
+    with pytest.raises(SettingsError, match=r"retry\.maxRetries: .*an integer of about 5000 digits"):
+        RetrySettings.from_json({"retry": {"maxRetries": 10 ** 4999}})
+
+
+def test_load_refuses_bad_utf8_and_deep_nesting(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_bytes(b'{"retry": {"jitter": "\xff"}}')
+    with pytest.raises(SettingsError, match="UTF-8"):
+        RetrySettings.load(p)
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SettingsError, match="nested too deeply"):
+        RetrySettings.load(p)
+
+
+def test_rpc_refuses_an_oversized_or_special_settings_file(tmp_path):
+    """Issue 14 item 6 end to end: the command exits 2 at once, naming the reason."""
+    import subprocess
+    import sys
+    from support import env
+    big = tmp_path / "big.json"
+    big.write_text('{"retry": {}, "pad": "' + "x" * (1 << 20) + '"}')
+    for path, words in ((big, b"larger than 1048576 bytes"), ("/dev/zero", b"not a regular file")):
+        proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
+                               "--settings", str(path)], cwd=tmp_path, env=env(),
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr[-400:]

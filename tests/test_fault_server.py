@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import os
 import signal
 import socket
@@ -585,3 +586,168 @@ def test_command_bad_port_and_busy_port(tmp_path, capsys):
         port = busy.getsockname()[1]
         assert main(["fault-server", "--script", str(path), "--port", str(port)]) == 2
     assert f"fault-server: cannot listen on 127.0.0.1:{port}: " in capsys.readouterr().err
+
+
+# -- issue 14 item 10: a user-facing tool faces hostile input ----------------------------------
+
+def raw_exchange(srv: FaultServer, data: bytes, timeout: float = 10) -> bytes:
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
+    try:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::", "192.168.1.20", "example.com"])
+def test_a_host_reachable_from_other_machines_needs_allow_remote(host):
+    with pytest.raises(ValueError, match="pass allow_remote=True"):
+        FaultServer(host=host)
+
+
+def test_allow_remote_binds_every_interface_and_the_base_url_stays_usable():
+    with FaultServer(host="0.0.0.0", allow_remote=True) as srv:
+        assert srv.base_url == f"http://127.0.0.1:{srv.port}/v1"
+        assert get(srv, "/v1/models")[0] == 200
+
+
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::"])
+def test_command_refuses_a_wildcard_host_without_allow_remote(tmp_path, capsys, host):
+    path = tmp_path / "script.json"
+    path.write_text("[]")
+    assert main(["fault-server", "--script", str(path), "--host", host]) == 2
+    err = capsys.readouterr().err
+    assert "can be reached from other machines" in err and "--allow-remote" in err
+
+
+def test_command_warns_loudly_with_allow_remote(tmp_path):
+    path = tmp_path / "script.json"
+    path.write_text("[]")
+    proc = subprocess.Popen([sys.executable, "-m", "fsm", "fault-server", "--script", str(path),
+                             "--host", "0.0.0.0", "--allow-remote"], cwd=ROOT, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().startswith(b"http://127.0.0.1:")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert b"WARNING: listening on 0.0.0.0: anyone who can reach this machine" in err
+
+
+def test_command_refuses_a_bad_timeout(tmp_path, capsys):
+    path = tmp_path / "script.json"
+    path.write_text("[]")
+    assert main(["fault-server", "--script", str(path), "--timeout", "0"]) == 2
+    assert "--timeout must be a positive number of seconds, got 0.0" in capsys.readouterr().err
+
+
+def child_env():
+    from support import env
+    return env()
+
+
+@pytest.mark.parametrize("header, status", [
+    (b"content-length: -1", 400), (b"content-length: abc", 400),
+    (b"content-length: 99999999999999999999999", 413), (b"content-length: 2000", 413),
+    (b"transfer-encoding: gzip", 400), (b"transfer-encoding: chunked\r\ncontent-length: 3", 400),
+])
+def test_bad_or_huge_content_length_is_answered_not_a_traceback(capsys, header, status):
+    with FaultServer(max_body_bytes=1000) as srv:
+        out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 %d " % status), out[:200]
+        assert b"connection: close" in out.lower() and srv.requests == []
+        assert get(srv, "/v1/models")[0] == 200  # still serving
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("chunks, status", [
+    (b"ffffffffffffffffffffffff\r\n", 400),  # a chunk size too long to be real
+    (b"fffffffff\r\n", 413), (b"200\r\n" + b"x" * 512 + b"\r\n" + b"300\r\n", 413),
+    (b"1" * 5000 + b"\r\n", 400), (b"-5\r\n", 400),
+])
+def test_huge_or_malformed_chunk_sizes_are_answered(capsys, chunks, status):
+    with FaultServer(max_body_bytes=1000) as srv:
+        out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                b"transfer-encoding: chunked\r\n\r\n" + chunks)
+        assert out.startswith(b"HTTP/1.1 %d " % status), out[:200]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_chunked_body_with_trailers_is_read():
+    with FaultServer([{"status": 503}]) as srv:
+        body = json.dumps(STREAM_REQ).encode()
+        out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nconnection: close\r\n"
+                                b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-t: 1\r\n\r\n" % (len(body), body))
+        assert out.startswith(b"HTTP/1.1 503 ")
+        assert srv.requests[0]["body"] == STREAM_REQ and srv.requests[0]["body_bytes"] == len(body)
+
+
+def test_a_slow_client_is_dropped_after_the_timeout():
+    with FaultServer(timeout_s=0.2) as srv:
+        started = time.monotonic()
+        out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{")
+        assert out == b"" and time.monotonic() - started < 5
+        idle = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        assert idle.recv(10) == b""  # an idle connection is closed too
+        idle.close()
+        assert srv.requests == []
+
+
+def test_request_bodies_are_not_kept_forever():
+    """Issue 14 item 10: 3 x 200 MB bodies were kept (622 MB); now the log is bounded."""
+    big = {"model": "m", "messages": [{"role": "user", "content": "x" * 300_000}]}
+    size = len(json.dumps(big))
+    with FaultServer(max_log_bytes=2 * size, max_records=4) as srv:
+        for _ in range(3):
+            assert post(srv, big)[0] == 200
+        kept = [r["body_kept"] for r in srv.requests]
+        assert kept == [False, True, True] and srv.requests[0]["body"] is None
+        assert srv.kept_body_bytes == 2 * size
+        for _ in range(3):
+            post(srv, {"stream": False})
+        assert len(srv.requests) == 4 and srv.chat_count == 6
+        assert [r["index"] for r in srv.chat_requests] == [2, 3, 4, 5]
+        assert srv.kept_body_bytes <= 2 * size
+    with pytest.raises(ValueError, match="max_records must be a whole number"):
+        FaultServer(max_records=-1)
+    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+        FaultServer(timeout_s=0)
+
+
+def test_verbose_redacts_keys_in_query_strings_and_headers(capsys):
+    with FaultServer([{"status": 503}], verbose=True) as srv:
+        post(srv, STREAM_REQ, path=CHAT + "?key=AIzaSecret123&api-version=2024&token=t0k",
+             headers={"authorization": "Bearer sk-secret-123456789", "x-api-key": "anthropic-secret"})
+    err = capsys.readouterr().err
+    assert "AIzaSecret123" not in err and "sk-secret" not in err and "t0k" not in err
+    assert "anthropic-secret" not in err
+    line = json.loads(err.strip().splitlines()[0][len("fault-server: "):])
+    assert line["path"] == CHAT + "?key=[redacted]&api-version=2024&token=[redacted]"
+    assert line["headers"]["authorization"] == "Bearer [redacted]"
+    assert line["headers"]["x-api-key"] == "[redacted]"
+    assert srv.requests[0]["headers"]["authorization"] == "Bearer sk-secret-123456789"  # in memory: as sent
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"status": 101}, "status 101 is informational (1xx), not an answer"),
+    ({"status": 100}, "status 100 is informational"),
+    ({"status": 204, "body": "x"}, "status 204 has no body (RFC 9110), leave out body"),
+    ({"status": 204, "json": {}}, "status 204 has no body (RFC 9110), leave out json"),
+    ({"status": 304, "stream": []}, "status 304 has no body (RFC 9110), leave out stream"),
+])
+def test_scripts_with_1xx_or_a_204_with_a_body_are_refused_at_load(entry, message):
+    with pytest.raises(ValueError, match=f"script entry 0: {re.escape(message)}"):
+        validate_script([entry])
+
+
+def test_a_scripted_204_is_sent_without_body_or_length():
+    with FaultServer([{"status": 204, "headers": {"x-a": "1"}}, {}]) as srv:
+        out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nconnection: close\r\n"
+                                b"content-length: 2\r\n\r\n{}")
+        head, _, rest = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 204 ") and b"content-length" not in head.lower()
+        assert b"x-a: 1" in head and rest == b""
+        assert post(srv, {"stream": False})[0] == 200

@@ -3,7 +3,9 @@ OpenAI-compatible endpoint (see :mod:`fsm.providers.fault_server` for the script
 
 The first stdout line is the base URL (``http://127.0.0.1:PORT/v1``); the server then runs
 until SIGINT or SIGTERM (exit status 0). A bad script is refused before anything is bound:
-the error names the entry's index, and the exit status is 2.
+the error names the entry's index, and the exit status is 2. So is a ``--host`` that other
+machines can reach (``''``, ``0.0.0.0``, ``::``), unless ``--allow-remote`` is given; then a
+warning is printed to stderr.
 """
 
 from __future__ import annotations
@@ -35,11 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script", required=True, metavar="FILE",
                         help="JSON list of entries, one per chat request (or '-' for stdin); "
                              "a scenario file with the list under server.script also works")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1); an address other machines can "
+                             "reach ('', 0.0.0.0, ::, a LAN address) needs --allow-remote")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a --host that other machines can reach (anyone there can use "
+                             "the server)")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="close a connection that sends or takes nothing for S seconds (default 30)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free port)")
     parser.add_argument("--model", default="fault-model", help="model id listed by GET /models")
     parser.add_argument("--verbose", action="store_true",
-                        help="log one JSON line per answered request to stderr")
+                        help="log one JSON line per answered request to stderr (API keys in "
+                             "headers and query strings redacted)")
 
 
 def _load(path: str) -> object:
@@ -55,7 +65,7 @@ def _load(path: str) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsm.providers.fault_server import FaultServer, validate_script
+    from fsm.providers.fault_server import FaultServer, is_loopback, validate_script
 
     try:
         script = validate_script(_load(args.script))
@@ -68,9 +78,23 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         print(f"fault-server: --port must be in 0–65535, got {args.port}", file=sys.stderr)
         return 2
+    if not (args.timeout > 0 and args.timeout < float("inf")):
+        print(f"fault-server: --timeout must be a positive number of seconds, got {args.timeout}",
+              file=sys.stderr)
+        return 2
+    if not is_loopback(args.host):
+        if not args.allow_remote:
+            shown = repr(args.host) if args.host else "'' (every interface)"
+            print(f"fault-server: --host {shown} can be reached from other machines and the "
+                  "server answers anyone; add --allow-remote if that is meant, or use 127.0.0.1",
+                  file=sys.stderr)
+            return 2
+        print(f"fault-server: WARNING: listening on {args.host or 'every interface'}: anyone who "
+              "can reach this machine can use this server", file=sys.stderr, flush=True)
     try:
         server = FaultServer(script, host=args.host, port=args.port, model=args.model,
-                             verbose=args.verbose)
+                             verbose=args.verbose, allow_remote=args.allow_remote,
+                             timeout_s=args.timeout)
     except OSError as exc:
         print(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2

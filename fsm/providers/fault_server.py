@@ -4,12 +4,14 @@ The server answers each ``POST …/chat/completions`` request with the next entr
 (a JSON list, one entry per chat request) and, once the script is used up, with a plain
 successful stream (``"ok"``). It runs in a background thread, so a client under test can run in
 an asyncio loop of the same process. Standard library only; it binds only the host it is given
-(``127.0.0.1`` by default).
+(``127.0.0.1`` by default; another interface only with ``allow_remote``). Request bodies, the
+request log and idle connections are bounded (see :class:`FaultServer`).
 
 Script entry keys (all optional; an empty entry is a plain success; unknown keys are refused):
 
 ==================  ==========================================================================
-``status``          HTTP status, an integer in 100–599 (default 200).
+``status``          HTTP status, an integer in 200–599 (default 200); 1xx is refused (not an
+                    answer), and 204/304 take no ``json``, ``body`` or ``stream``.
 ``json``            JSON body of a non-streaming answer (typically an error body).
 ``body``            raw text body of a non-streaming answer (``content-type: text/plain``
                     unless ``headers`` says otherwise).
@@ -50,6 +52,8 @@ Command line: ``python -m fsm fault-server --script FILE`` (see :mod:`fsm.comman
 
 from __future__ import annotations
 
+import collections
+import ipaddress
 import json
 import math
 import selectors
@@ -62,7 +66,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["DEFAULT_ENTRY", "ENTRY_KEYS", "FaultServer", "validate_script"]
+__all__ = ["DEFAULT_ENTRY", "ENTRY_KEYS", "FaultServer", "is_loopback", "redact_headers",
+           "redact_path", "validate_script"]
 
 DEFAULT_ENTRY: dict[str, Any] = {}
 """What every chat request gets once the script is used up: a plain success (a stream of
@@ -77,6 +82,73 @@ ENTRY_KEYS: tuple[str, ...] = (
 _STREAM_ONLY = ("chunk_delay_ms", "finish_reason", "usage", "drop", "drop_mode", "no_done")
 _DELAYS = ("delay_ms", "hang_ms", "chunk_delay_ms")
 _POLL_S = 0.05
+_NO_BODY_STATUSES = (204, 304)
+
+MAX_BODY_BYTES = 16 << 20
+"""Default ``max_body_bytes``: a bigger request body is answered 413 without being read."""
+
+MAX_LOG_BYTES = 64 << 20
+"""Default ``max_log_bytes``: request bodies kept in :attr:`FaultServer.requests`, in all
+(counted in request bytes); the oldest bodies are dropped first."""
+
+MAX_RECORDS = 10_000
+"""Default ``max_records``: request records kept; the oldest are dropped first."""
+
+TIMEOUT_S = 30.0
+"""Default ``timeout_s``: a connection that sends nothing (or takes no bytes) this long is closed."""
+
+_CHUNK_LINE_LIMIT = 1024
+_TRAILER_LINES_LIMIT = 100
+_SENSITIVE_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key",
+                                "x-goog-api-key", "cookie", "set-cookie"})
+_SENSITIVE_PARAM_WORDS = ("key", "token", "secret", "auth", "sig", "password", "credential")
+_REDACTED = "[redacted]"
+
+
+class _BadRequest(Exception):
+    """A request the server answers with ``status`` and closes (bad framing, too big)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` reaches this machine only (``127.0.0.0/8``, ``::1``,
+    ``localhost``). ``""``, ``0.0.0.0`` and ``::`` bind every interface: not loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def redact_path(path: str) -> str:
+    """``path`` with the values of credential-like query parameters (``key``, ``api_key``,
+    ``token``, ``sig``, ...) replaced by ``[redacted]``; other parameters are kept."""
+    base, sep, query = path.partition("?")
+    if not sep:
+        return path
+    parts = []
+    for part in query.split("&"):
+        name, eq, _ = part.partition("=")
+        if eq and any(word in name.lower() for word in _SENSITIVE_PARAM_WORDS):
+            part = f"{name}={_REDACTED}"
+        parts.append(part)
+    return base + "?" + "&".join(parts)
+
+
+def redact_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Request headers with credential values replaced (an ``Authorization`` keeps its
+    scheme: ``"Bearer [redacted]"``)."""
+    out = {}
+    for name, value in headers.items():
+        if name.lower() in _SENSITIVE_HEADERS:
+            scheme = value.split(" ", 1)[0] if " " in value.strip() else ""
+            value = f"{scheme} {_REDACTED}" if scheme and name.lower().endswith("authorization") else _REDACTED
+        out[name] = value
+    return out
 
 
 def _now_ms() -> float:
@@ -106,6 +178,13 @@ def _entry_problem(entry: Any) -> str | None:
         return f"status must be an integer, got {_type_name(status)} {status!r:.60}"
     if not 100 <= status <= 599:
         return f"status must be between 100 and 599, got {status}"
+    if status < 200:
+        return (f"status {status} is informational (1xx), not an answer: a client would wait "
+                "for the real one; use 200–599")
+    if status in _NO_BODY_STATUSES:
+        for key in ("json", "body", "stream"):
+            if key in entry:
+                return f"status {status} has no body (RFC 9110), leave out {key}"
     for key in _DELAYS:
         if key in entry:
             value = entry[key]
@@ -211,6 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: "_HTTPServer"
 
     def setup(self) -> None:
+        self.timeout = self.server.owner.timeout_s  # StreamRequestHandler applies it to the socket
         super().setup()
         self.server.track(self.connection, True)
 
@@ -228,19 +308,62 @@ class _Handler(BaseHTTPRequestHandler):
         return {name.lower(): value for name, value in self.headers.items()}
 
     def _read_body(self) -> bytes:
-        length = int(self.headers.get("content-length") or 0)
-        if length:
-            return self.rfile.read(length)
-        if (self.headers.get("transfer-encoding") or "").lower() == "chunked":
-            out = b""
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return out
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        return b""
+        """The request body, at most ``max_body_bytes``; raises :class:`_BadRequest` for bad
+        framing (400) or a body too big (413), ``OSError`` when the client stalls or leaves."""
+        limit = self.server.owner.max_body_bytes
+        length = self.headers.get("content-length")
+        coding = (self.headers.get("transfer-encoding") or "").strip().lower()
+        if coding and coding != "chunked":
+            raise _BadRequest(400, f"unsupported transfer-encoding {coding[:40]!r}")
+        if coding and length is not None:
+            raise _BadRequest(400, "both content-length and transfer-encoding given")
+        if length is not None:
+            length = length.strip()
+            if not (length.isascii() and length.isdigit()):
+                raise _BadRequest(400, f"content-length must be a whole number of bytes, got {length[:40]!r}")
+            if len(length) > 20 or int(length) > limit:
+                raise _BadRequest(413, f"request body of {length[:40]} bytes is over the limit of {limit}")
+            size = int(length)
+            return self._read_exactly(size)
+        if not coding:
+            return b""
+        out, total = [], 0
+        while True:
+            line = self.rfile.readline(_CHUNK_LINE_LIMIT)
+            if not line.endswith(b"\n"):
+                if not line:
+                    raise ConnectionAbortedError("client left inside the chunked body")
+                raise _BadRequest(400, "chunk size line too long")
+            size_text = line.split(b";")[0].strip()
+            if not size_text or len(size_text) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
+                raise _BadRequest(400, "malformed chunked request body")
+            size = int(size_text, 16)
+            if size == 0:
+                for _ in range(_TRAILER_LINES_LIMIT):
+                    if self.rfile.readline(_CHUNK_LINE_LIMIT) in (b"\r\n", b"\n", b""):
+                        return b"".join(out)
+                raise _BadRequest(400, "too many trailer lines")
+            total += size
+            if total > limit:
+                raise _BadRequest(413, f"request body over the limit of {limit} bytes")
+            out.append(self._read_exactly(size))
+            self.rfile.readline(_CHUNK_LINE_LIMIT)
+
+    def _read_exactly(self, size: int) -> bytes:
+        data = self.rfile.read(size) if size else b""
+        if len(data) < size:
+            raise ConnectionAbortedError("client left inside the request body")
+        return data
+
+    def _refuse(self, exc: _BadRequest) -> None:
+        self.close_connection = True
+        data = json.dumps({"error": {"message": str(exc), "type": "invalid_request_error"}}).encode()
+        self.send_response(exc.status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
 
     def _pause(self, ms: float) -> bool:
         """Wait ``ms``; ``False`` early when the client went away or the server stops."""
@@ -270,13 +393,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, data: bytes, ctype: str, headers: dict[str, str], outcome: str) -> None:
         self.send_response(status)
         headers = dict(headers)
-        self.send_header("content-type", headers.pop("content-type", ctype))
-        self.send_header("content-length", str(len(data)))
+        if status in _NO_BODY_STATUSES:  # no body and no framing headers (RFC 9110 §15.3.5)
+            data = b""
+            headers.pop("content-type", None)
+        else:
+            self.send_header("content-type", headers.pop("content-type", ctype))
+            self.send_header("content-length", str(len(data)))
         for name, value in headers.items():
             self.send_header(name, value)
         self._done(status, outcome)
         self.end_headers()
-        self.wfile.write(data)
+        if data:
+            self.wfile.write(data)
 
     def _send_json(self, status: int, obj: Any, outcome: str, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), "application/json", headers or {}, outcome)
@@ -305,17 +433,19 @@ class _Handler(BaseHTTPRequestHandler):
         arrival = _now_ms()
         try:
             raw = self._read_body()
-        except ValueError:  # a chunk size that is not hexadecimal
+        except _BadRequest as exc:
+            return self._refuse(exc)
+        except OSError:  # the client stalled past timeout_s or left: nobody to answer
             self.close_connection = True
-            self.send_error(400, "malformed chunked request body")
-            return
+            return None
         try:
             body = json.loads(raw or b"null")
         except ValueError:
             body = None
         chat = self._is("/chat/completions")
         self._rec, entry = self.server.owner._record(self.command, self.path, body, chat=chat,
-                                                     t_ms=arrival, headers=self._header_dict())
+                                                     t_ms=arrival, headers=self._header_dict(),
+                                                     body_bytes=len(raw))
         if not chat:
             self._not_found()
             return
@@ -460,20 +590,52 @@ class FaultServer:
     order, as dicts: ``index`` (position among chat requests, ``None`` for other paths),
     ``t_ms`` (arrival, ``time.monotonic()`` in ms), ``end_ms`` (answer finished, or ``None``),
     ``method``, ``path``, ``headers`` (request headers, lower-case names), ``body`` (the parsed
-    JSON request body or ``None``), ``scripted``
+    JSON request body or ``None``), ``body_bytes`` (its size on the wire), ``body_kept``
+    (``False`` once the body was dropped to respect ``max_log_bytes``), ``scripted``
     (``False`` once the script is used up), ``status`` and ``outcome`` (``json``, ``body``,
     ``empty``, ``completion``, ``stream``, ``truncated``, ``dropped_rst``, ``dropped_fin``,
     ``models``, ``404``, ``client_gone…``; ``None`` while the answer is in progress).
+
+    Bounds, for a server that runs for days or faces a hostile client: a request body over
+    ``max_body_bytes`` is answered 413 without being read, bad framing (``Content-Length: -1``,
+    a chunk size that is not hexadecimal or too long) 400, both with ``connection: close``
+    and without a record; at most ``max_records`` records are kept and their bodies hold at
+    most ``max_log_bytes`` request bytes (the oldest go first; :attr:`chat_count` still counts
+    every chat request); a connection that sends or takes nothing for ``timeout_s`` seconds is
+    closed. ``host`` must be a loopback address unless ``allow_remote`` is true (``""``,
+    ``0.0.0.0``, ``::`` or a LAN address let anyone on the network use the server):
+    ``ValueError`` otherwise. With ``verbose``, each answered request is logged to stderr as
+    one JSON line, credential-like query parameters and headers redacted
+    (:func:`redact_path`, :func:`redact_headers`).
     """
 
     def __init__(self, script: list[dict] | None = None, host: str = "127.0.0.1", port: int = 0,
-                 *, model: str = "fault-model", verbose: bool = False) -> None:
+                 *, model: str = "fault-model", verbose: bool = False, allow_remote: bool = False,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_log_bytes: int = MAX_LOG_BYTES,
+                 max_records: int = MAX_RECORDS, timeout_s: float = TIMEOUT_S) -> None:
         self.script = validate_script(list(script or []))
+        if not is_loopback(host) and not allow_remote:
+            shown = repr(host) if host else "'' (every interface)"
+            raise ValueError(f"host {shown} can be reached from other machines, and the fault "
+                             "server answers anyone; pass allow_remote=True (--allow-remote) if "
+                             "that is meant, or use 127.0.0.1")
+        for name, value in (("max_body_bytes", max_body_bytes), ("max_log_bytes", max_log_bytes),
+                            ("max_records", max_records)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
+        if not (_is_number(timeout_s) and 0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.host = host
         self.model = model
         self.verbose = verbose
+        self.max_body_bytes = max_body_bytes
+        self.max_log_bytes = max_log_bytes
+        self.max_records = max_records
+        self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._requests: list[dict] = []
+        self._requests: collections.deque[dict] = collections.deque()
+        self._kept: collections.deque[dict] = collections.deque()  # records still holding a body
+        self._kept_bytes = 0
         self._chat_count = 0
         self._stopping = threading.Event()
         self._httpd = _HTTPServer(self, (host, port))
@@ -486,8 +648,10 @@ class FaultServer:
 
     @property
     def base_url(self) -> str:
-        """``http://HOST:PORT/v1``, the base URL an OpenAI client takes."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        """``http://HOST:PORT/v1``, the base URL an OpenAI client takes (a wildcard host is
+        reached through its loopback address)."""
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}/v1"
 
     @property
@@ -501,12 +665,25 @@ class FaultServer:
         """The records of chat requests only."""
         return [rec for rec in self.requests if rec["index"] is not None]
 
+    @property
+    def chat_count(self) -> int:
+        """How many chat requests arrived in all (records dropped past ``max_records`` count)."""
+        with self._lock:
+            return self._chat_count
+
+    @property
+    def kept_body_bytes(self) -> int:
+        """Request bytes whose parsed bodies the records still hold (≤ ``max_log_bytes``)."""
+        with self._lock:
+            return self._kept_bytes
+
     def _record(self, method: str, path: str, body: Any, *, chat: bool, headers: dict[str, str],
-                t_ms: float | None = None) -> tuple[dict, dict]:
+                t_ms: float | None = None, body_bytes: int = 0) -> tuple[dict, dict]:
         """Append a live record; for a chat request, also pick its script entry."""
         rec: dict[str, Any] = {"index": None, "t_ms": t_ms if t_ms is not None else _now_ms(),
                                "end_ms": None, "method": method, "path": path, "headers": headers,
-                               "body": body, "scripted": False, "status": None, "outcome": None}
+                               "body": body, "body_bytes": body_bytes, "body_kept": True,
+                               "scripted": False, "status": None, "outcome": None}
         entry = DEFAULT_ENTRY
         with self._lock:
             if chat:
@@ -515,12 +692,32 @@ class FaultServer:
                 if index < len(self.script):
                     rec["scripted"], entry = True, self.script[index]
             self._requests.append(rec)
+            if body is not None:
+                self._kept.append(rec)
+                self._kept_bytes += body_bytes
+            self._trim()
         return rec, entry
+
+    def _trim(self) -> None:
+        """Drop the oldest records past max_records, the oldest bodies past max_log_bytes."""
+        while len(self._requests) > self.max_records:
+            self._forget_body(self._requests.popleft())
+        while self._kept and self._kept_bytes > self.max_log_bytes:
+            self._forget_body(self._kept[0])
+
+    def _forget_body(self, rec: dict) -> None:
+        if rec["body"] is not None:
+            # The oldest kept body is the usual one to go; remove() is for the rare other case.
+            self._kept.popleft() if self._kept[0] is rec else self._kept.remove(rec)
+            self._kept_bytes -= rec["body_bytes"]
+            rec["body"], rec["body_kept"] = None, False
 
     def _update(self, rec: dict, *, status: int | None, outcome: str) -> None:
         with self._lock:
             rec.update(status=status, outcome=outcome, end_ms=_now_ms())
             line = {k: v for k, v in rec.items() if k not in ("body", "headers")}
+            line["path"] = redact_path(line["path"])
+            line["headers"] = redact_headers(rec["headers"])
         if self.verbose:
             sys.stderr.write("fault-server: " + json.dumps(line) + "\n")
 

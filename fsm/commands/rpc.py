@@ -121,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
             return _error("--model must not be empty")
         if not (args.timeout > 0 and args.timeout < float("inf")):
             return _error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+        from ..text import ApiKeyError, check_configured_api_key
+        try:  # a key that cannot go into a header would leak into every error text
+            check_configured_api_key(args.api_key)
+        except ApiKeyError as exc:
+            return _error(str(exc))
         from ..settings import RetrySettings, SettingsError
         try:
             settings = _load_settings(args.settings) if args.settings else RetrySettings()

@@ -6,6 +6,8 @@ the session log, a store or stderr:
 - :func:`clean_text` makes any ``str`` encodable as UTF-8: a UTF-16 surrogate pair that arrived
   split (``"\\ud83d"`` then ``"\\ude00"``, as two JSON ``\\u`` escapes in two stream deltas) is
   joined into its character, and a surrogate that has no partner becomes U+FFFD.
+- :class:`StreamJoiner` does the same for a stream of deltas, holding back half a pair
+  until the next delta brings the other half.
 - :func:`clip_text` keeps a bounded excerpt of a long text (an error body of 10 MB): its head,
   a marker naming how much was left out, and its tail, at most ``limit_bytes`` UTF-8 bytes in
   all, never cutting a character in two (``docs/policy.md §8b.10``: error text kept in events,
@@ -22,7 +24,7 @@ import os
 import re
 from typing import Iterable, Mapping
 
-__all__ = ["ApiKeyError", "CLIP_LIMIT_BYTES", "REDACTED", "check_api_key",
+__all__ = ["ApiKeyError", "CLIP_LIMIT_BYTES", "REDACTED", "StreamJoiner", "check_api_key",
            "check_configured_api_key", "clean_text", "clip_text", "scrub_secrets"]
 
 CLIP_LIMIT_BYTES = 8192
@@ -56,6 +58,35 @@ def clean_text(s: str) -> str:
     # UTF-16 with surrogatepass writes each surrogate as its own code unit; decoding pairs
     # them up again and turns what stays unpaired into U+FFFD.
     return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+class StreamJoiner:
+    """Cleans a stream of text deltas without breaking a character split across two of them.
+
+    ``feed(delta)`` returns the clean text that can be shown now: a high surrogate at the end
+    of a delta is held back until the next delta says whether its partner follows. ``flush()``
+    returns what is held back (U+FFFD for a lone half) at the end of the stream. The
+    concatenation of every answer equals ``clean_text`` of the concatenated deltas.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, delta: str) -> str:
+        """The clean text of ``pending + delta``, minus a trailing high surrogate (kept)."""
+        text = self._pending + delta
+        if text and "\ud800" <= text[-1] <= "\udbff":
+            self._pending, text = text[-1], text[:-1]
+        else:
+            self._pending = ""
+        return clean_text(text)
+
+    def flush(self) -> str:
+        """What was held back, cleaned; the joiner is empty afterwards."""
+        text, self._pending = self._pending, ""
+        return clean_text(text)
 
 
 def _head(s: str, budget: int) -> str:

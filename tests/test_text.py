@@ -127,3 +127,13 @@ def test_check_api_key_accepts_a_good_key_and_none():
     assert check_api_key(None, "--api-key") is None
     with pytest.raises(ApiKeyError, match="--api-key: the API key must be text, got int"):
         check_api_key(5, "--api-key")
+
+
+def test_stream_joiner_keeps_an_emoji_split_across_two_deltas():
+    """Issue 14 item 1: each shown delta is clean, and no character is lost or broken."""
+    from fsm.text import StreamJoiner
+    joiner = StreamJoiner()
+    high, low = json.loads('"\\ud83d"'), json.loads('"\\ude00"')
+    shown = [joiner.feed("a" + high), joiner.feed(low + "b"), joiner.feed(high), joiner.flush()]
+    assert shown == ["a", "\U0001F600b", "", "\ufffd"]
+    assert joiner.feed("\udc00x") == "\ufffdx" and joiner.flush() == ""

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from .text import ApiKeyError, check_api_key
 
-__all__ = ["DEFAULT_BLOCK_MS", "DEFAULT_TIMEOUT_S", "IDLE_GRACE_MS", "CredentialFileError",
+__all__ = ["DEFAULT_BLOCK_MS", "DEFAULT_TIMEOUT_S", "IDLE_GRACE_MS", "KEY_TIMEOUT_S", "CredentialFileError",
            "CredentialLockTimeout", "CredentialStore", "CredentialStoreError",
            "InMemoryCredentialStore", "JsonFileCredentialStore"]
 
@@ -52,7 +52,12 @@ IDLE_GRACE_MS = 86_400_000
 """A session is forgotten after being idle the provider's longest block plus this (24 h)."""
 
 DEFAULT_TIMEOUT_S = 0.05
-"""Default ``timeout_s`` of the coroutine methods: the shell's 50 ms (``docs/policy.md §8b.2``)."""
+"""Default ``timeout_s`` of the coroutine methods that feed a decision: the shell's 50 ms
+(``docs/policy.md §8b.2``)."""
+
+KEY_TIMEOUT_S = 2.0
+"""Default ``timeout_s`` of ``aapi_key``: a request may wait longer for its key than a
+decision may wait for a fact."""
 
 _SEEN_RESOLUTION_MS = 3_600_000  # a session's last-seen stamp is refreshed at most hourly
 _PRUNE_EVERY_MS = 3_600_000      # and idle sessions are looked for at most hourly
@@ -199,7 +204,7 @@ class _AsyncMethods:
         raise NotImplementedError
 
     async def aapi_key(self, provider: str, session_id: str, *,
-                       timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
+                       timeout_s: float = KEY_TIMEOUT_S) -> str | None:
         """:meth:`api_key` without blocking the loop; :class:`CredentialLockTimeout` after
         ``timeout_s`` seconds."""
         return await self._acall("api_key", provider, session_id, timeout_s=timeout_s)
@@ -230,6 +235,8 @@ class InMemoryCredentialStore(_AsyncMethods):
     (inject it in tests). Thread-safe; the coroutine methods answer at once.
     """
 
+    blocking = False  # answers without I/O: the session calls it on the loop
+
     def __init__(self, credentials: Mapping[str, Sequence[str]], *,
                  clock: Callable[[], float] = _wall_ms) -> None:
         self._keys = _validate_credentials(credentials)
@@ -256,9 +263,11 @@ class InMemoryCredentialStore(_AsyncMethods):
             return _mark(self._state[provider], keys, session_id, retry_after_ms, int(self._clock()))
 
     def credential_count(self, provider: str) -> int:
+        """How many credentials the store holds for ``provider`` (D13: each gets a try)."""
         return len(self._keys.get(provider, ()))
 
     def limited_count(self, provider: str) -> int:
+        """How many of them are blocked by a usage limit right now."""
         with self._lock:
             return _limited(self._state.get(provider, {}), int(self._clock()))
 
@@ -309,9 +318,12 @@ class JsonFileCredentialStore(_AsyncMethods):
     replaced. Messages never contain a key (a key is named by its position).
     """
 
+    blocking = True  # every call reads (and may write) the file under a lock
+
     def __init__(self, path: str | Path, credentials: Mapping[str, Sequence[str]] | None = None, *,
                  clock: Callable[[], float] = _wall_ms, lock_timeout_s: float = 10.0) -> None:
         self.path = Path(path)
+        self._counts: dict[str, int] = {}  # keys per provider, as of the last read of the file
         self._clock = clock
         self.lock_timeout_s = lock_timeout_s
         given = _validate_credentials(credentials or {})
@@ -361,6 +373,7 @@ class JsonFileCredentialStore(_AsyncMethods):
             self._remove_stale_temporaries()
             tx = _Tx({})
             tx.data, tx.dirty = self._read()
+            self._counts = {p: len(e["keys"]) for p, e in tx.data["providers"].items()}
             yield tx
             if tx.dirty:
                 self._write(tx.data)
@@ -551,8 +564,9 @@ class JsonFileCredentialStore(_AsyncMethods):
             return _mark(entry, entry["keys"], session_id, retry_after_ms, int(self._clock()))
 
     def credential_count(self, provider: str, *, _deadline: float | None = None) -> int:
-        with self._locked(_deadline) as tx:
-            return len(tx.data["providers"].get(provider, {}).get("keys", ()))
+        """How many keys the file held for ``provider`` at the last call (it was read when the
+        store was made, and by every call since): no I/O, safe on the event loop."""
+        return self._counts.get(provider, 0)
 
     def limited_count(self, provider: str, *, _deadline: float | None = None) -> int:
         with self._locked(_deadline) as tx:

@@ -373,10 +373,10 @@ class JsonFileCredentialStore(_AsyncMethods):
             self._remove_stale_temporaries()
             tx = _Tx({})
             tx.data, tx.dirty = self._read()
-            self._counts = {p: len(e["keys"]) for p, e in tx.data["providers"].items()}
             yield tx
             if tx.dirty:
                 self._write(tx.data)
+            self._counts = {p: len(e["keys"]) for p, e in tx.data["providers"].items()}
         finally:
             os.close(fd)  # releases the lock
 

@@ -13,7 +13,8 @@ and waits until idle again (``prompt()`` must never hang after a chain ends). Ch
 - the process keeps serving: it is alive, wrote nothing but protocol lines, and answers a
   last prompt with a success.
 
-Reproduce a failure with ``FSM_RACE_SEED=<seed> pytest tests/test_race_rpc.py``.
+Reproduce a failure, or run more seeds, with ``FSM_RACE_SEED=<seed> pytest tests/test_race_rpc.py``
+(the default run uses one seed to stay within a few seconds).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ MAX_RETRIES = 3
 BASE_DELAY_MS = 40
 ROUNDS = 24
 ABORT_SLACK_MS = 25  # a request already on the wire when abort returned may land this late
-SEEDS = [int(os.environ["FSM_RACE_SEED"])] if os.environ.get("FSM_RACE_SEED") else [1, 2]
+SEEDS = [int(os.environ["FSM_RACE_SEED"])] if os.environ.get("FSM_RACE_SEED") else [2]
 
 
 def random_entry(rng: random.Random) -> dict:
@@ -89,7 +90,8 @@ def summary(events: list[dict]) -> str:
     return " ".join(out)
 
 
-async def control(client: RpcClient, action: str, rng: random.Random) -> None:
+async def control(client: RpcClient, action: str, rng: random.Random) -> bool:
+    """Send one control; False when the server refused it (``success: false``)."""
     if action == "abort":
         await client.abort()
     elif action == "abort_retry":
@@ -100,9 +102,10 @@ async def control(client: RpcClient, action: str, rng: random.Random) -> None:
         try:
             await client.request({"type": "retry_now"})
         except RpcError:
-            pass  # no chain backing off, or a server without retry_now: refused, not a failure
+            return False  # no chain backing off, or a server without retry_now: refused
     else:
         await client.get_state()
+    return True
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -119,6 +122,7 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, seed):
         try:
             quiet_windows: list[tuple[float, float]] = []  # (abort returned, next prompt sent), ms
             abort_marks: list[int] = []  # len(client.received) when each abort returned
+            accepted: dict[str, int] = {}  # action -> how many the server accepted
             for round_no in range(ROUNDS):
                 if rng.random() < 0.8:
                     await client.set_auto_retry(True)
@@ -131,7 +135,7 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, seed):
                     await asyncio.sleep(rng.choice([0, 0.005, 0.02, 0.05, 0.09]))
                     action = rng.choice(["abort", "abort_retry", "abort_retry", "set_auto_retry",
                                          "retry_now", "retry_now", "get_state"])
-                    await control(client, action, rng)
+                    accepted[action] = accepted.get(action, 0) + await control(client, action, rng)
                     if action == "abort":
                         quiet_windows.append((time.monotonic() * 1000, None))
                         abort_marks.append(len(client.received))
@@ -164,3 +168,4 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, seed):
                             f"{summary(client.received[mark:mark + 12])}")
     # The run really raced: chains started and aborts landed (else the test proves nothing).
     assert chains >= 3 and len(quiet_windows) >= 3, (chains, len(quiet_windows))
+    print(f"seed {seed}: {chains} chains, controls accepted {accepted}")

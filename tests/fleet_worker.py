@@ -26,7 +26,10 @@ async def main(spec: dict) -> None:
     if spec.get("wait_go"):
         await coord.ping()
         print(json.dumps("ready"), flush=True)
-        await coord.client.blpop([f"{spec['prefix']}:test-go"], timeout=30)
+        import redis.asyncio
+        barrier = redis.asyncio.Redis.from_url(spec["url"])  # no socket timeout: may wait long
+        await barrier.blpop([f"{spec['prefix']}:test-go"], timeout=30)
+        await barrier.aclose()
     for op, *args in spec["ops"]:
         now = wall_ms()
         if op == "learn":

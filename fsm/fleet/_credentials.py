@@ -143,7 +143,7 @@ class RedisCredentialStore:
     def _sync_client(self) -> Any:
         if self._sync is None and self._url is not None:
             import redis
-            self._sync = redis.Redis.from_url(check_url(self._url), **client_options(self._timeout_s))
+            self._sync = redis.Redis.from_url(check_url(self._url), **client_options(self._timeout_s, asyncio=False))
             self._sync_mark = self._sync.register_script(SCRIPTS["mark"])
         return self._sync
 

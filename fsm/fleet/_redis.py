@@ -114,23 +114,30 @@ def check_url(url: Any) -> str:
 
 
 def safe_reason(exc: BaseException, url: str | None = None) -> str:
-    """A short description of ``exc`` for an event: its class and message, clipped, with the
-    URL's password (if any) removed."""
+    """A short description of ``exc`` for an event: the server's URL, the error's class and
+    message, clipped, with the URL's password (if any) removed."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if url:
         password = urllib.parse.urlsplit(url).password
         if password:
             text = text.replace(password, "***")
+        text = f"{redact_url(url)}: {text}"
     return text[:300]
 
 
-def client_options(socket_timeout_s: float) -> dict[str, Any]:
-    """Connection options for a coordinator's client: no retries inside redis-py (the guard
-    answers from local state instead), short socket timeouts."""
+def client_options(socket_timeout_s: float, *, asyncio: bool = True) -> dict[str, Any]:
+    """Connection options for a coordinator's client: short socket timeouts and one immediate
+    retry on a broken connection only (a pooled connection the server closed by restarting);
+    never a retry on a timeout, since the guard answers from local state instead."""
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    if asyncio:
+        from redis.asyncio.retry import Retry
+    else:
+        from redis.retry import Retry
     return {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s,
-            "retry": Retry(NoBackoff(), 0), "decode_responses": False}
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            "decode_responses": False}
 
 
 class RedisCoordinator:

@@ -43,6 +43,7 @@ GROUPS: dict[str, dict] = {
     "sessions": {"full": {"rounds": 5}, "quick": {"n": 1_000, "rounds": 1}, "timeout": 300},
     "rpc": {"full": {"starts": 15, "trials": 80, "eof_starts": 30},
             "quick": {"starts": 3, "trials": 5, "eof_starts": 5}, "timeout": 240},
+    "fleet": {"full": {}, "quick": {"number": 200, "warmup": 20, "sessions": 50}, "timeout": 300},
 }
 
 # name: (comparison, limit, note)
@@ -60,6 +61,10 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "rpc_ready_ms": ("<=", 300, ""),
     "rpc_abort_retry_to_end_ms": ("<=", 1, ""),
     "rpc_unclean_exits": ("<=", 0, "the rpc process must exit with status 0 on EOF (check ours)"),
+    "coordinator_decision_us_p99": ("<=", 50_000, "Redis on loopback, inside the shell's 50 ms "
+                                    "coordinator timeout"),
+    "fleet_amplification": ("<=", 1.2, "4 processes x 250 sessions, full outage, budget on"),
+    "fleet_requests_in_cooldown": ("<=", 0, ""),
 }
 
 # The order of the table: the brief's figures first, then the ones that explain them.
@@ -79,6 +84,10 @@ ORDER = (
     "rpc_ready_ms", "rpc_ready_max_ms", "python_ready_ms", "rpc_unclean_exits", "rpc_exits",
     "rpc_abort_retry_to_end_ms", "rpc_abort_retry_to_end_p90_ms",
     "rpc_abort_retry_to_end_max_ms", "rpc_get_state_roundtrip_ms", "pipe_echo_ms",
+    "coordinator_decision_us_p50", "coordinator_decision_us_p99",
+    "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",
+    "fleet_amplification", "fleet_amplification_no_budget", "fleet_requests_in_cooldown",
+    "fleet_requests_in_cooldown_unshared",
 )
 
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from benchmarks import classification, decision, memory, rpc, run, sessions, transition
+from benchmarks import classification, decision, fleet, memory, rpc, run, sessions, transition
 
 
 def assert_figures(figures: dict, keys: tuple[str, ...]) -> None:
@@ -52,7 +52,20 @@ def test_classification():
 def test_sessions():
     figures = sessions.measure(n=30, base_delay_ms=20, rounds=1)
     assert_figures(figures, ("sessions_10k_s", "timer_lateness_p99_ms", "abort_latency_p99_us",
-                             "peak_rss_mb"))
+                             "peak_rss_mb", "tenacity_lateness_p99_ms",
+                             "storm_lateness_ratio_vs_tenacity", "timer_lateness_p99_ms_spread_5s"))
+
+
+@pytest.mark.subprocess
+def test_fleet():
+    """The coordinator's cost always; the outage figures once the session takes a coordinator."""
+    figures = fleet.measure(number=20, warmup=2, processes=2, sessions=3, spread_s=0.05)
+    keys = ("coordinator_decision_us_p50", "coordinator_decision_us_p99",
+            "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess")
+    if fleet.integration_missing() is None:
+        keys += ("fleet_amplification", "fleet_amplification_no_budget")
+        assert "fleet_requests_in_cooldown" in figures
+    assert_figures(figures, keys)
 
 
 @pytest.mark.subprocess

@@ -159,6 +159,15 @@ async def test_redis_bucket_expires_after_idle(redis_server, prefix):  # noqa: F
     await c.aclose()
 
 
+async def test_before_decision_reads_the_cooldown_and_takes_a_token_in_one_step(coord):
+    budget = BudgetSettings(max_tokens=4)
+    assert await coord.before_decision(KEY, NOW, budget) == (0, True)  # 3 > 2
+    await coord.learn_cooldown(KEY, NOW + 7_000, NOW)
+    assert await coord.before_decision(KEY, NOW + 1_000, budget) == (6_000, False)  # 2
+    assert await coord.before_decision(KEY, NOW + 2_000, None) == (5_000, None)
+    assert await tokens(coord, KEY, budget) == 2, "no budget: no token taken"
+
+
 # -- cooldowns -----------------------------------------------------------------------------
 
 async def test_cooldown_keeps_the_later_end(coord):

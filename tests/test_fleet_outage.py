@@ -57,12 +57,13 @@ async def test_redis_killed_mid_use_answers_locally_then_shares_again(own_redis,
     # Every call keeps answering, from local state, and no second event is emitted.
     for _ in range(20):
         answers, took = await timed(asyncio.gather(
-            g.take_retry_token(KEY, BUDGET), g.credit_success(KEY, BUDGET),
+            g.take_retry_token(KEY, BUDGET), g.before_decision(KEY, wall_ms(), BUDGET), g.credit_success(KEY, BUDGET),
             g.return_retry_token(KEY, BUDGET), g.learn_cooldown(KEY, wall_ms() + 1000, wall_ms()),
             g.mark_credential_limited("anthropic", "c1", wall_ms() + 5000, wall_ms()),
             g.limited_credentials("anthropic", wall_ms())))
         assert took < TIMEOUT_S + 0.1
-        assert "c1" in answers[5]
+        assert "c1" in answers[6]
+        assert answers[1][0] > 0, "the cooldown learned before the outage still holds"
     assert len(events) == 1 and not g.available
 
     own_redis.start()  # same port, empty (no persistence)
@@ -77,6 +78,8 @@ async def test_redis_killed_mid_use_answers_locally_then_shares_again(own_redis,
     assert 10_000 < answer[0] <= 20_000
     assert await g.take_retry_token(KEY, BUDGET) is True
     assert await other.tokens(KEY, BUDGET) == 9, "the budget is the shared one again"
+    assert await g.before_decision(KEY, now, BUDGET) == (90_000, True)
+    assert await other.tokens(KEY, BUDGET) == 8
     assert len(events) == 2
     await other.aclose()
     await g.aclose()

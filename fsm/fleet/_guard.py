@@ -177,6 +177,14 @@ class GuardedCoordinator:
         ok, allowed = await self._remote(lambda: self.inner.take_retry_token(key, budget))
         return bool(allowed) if ok else self.fallback.take_retry_token_sync(key, budget)
 
+    async def before_decision(self, key: CoordKey, now_ms: int,
+                              budget: BudgetSettings | None) -> tuple[int, bool | None]:
+        ok, answer = await self._remote(lambda: self.inner.before_decision(key, now_ms, budget))
+        if not ok:
+            return self.fallback.before_decision_sync(key, now_ms, budget)
+        left, allowed = answer
+        return max(left, self.fallback.cooldown_left_sync(key, now_ms)), allowed
+
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
         ok, _ = await self._remote(lambda: self.inner.return_retry_token(key, budget))
         if not ok:

@@ -95,6 +95,15 @@ class InProcessCoordinator:
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
         return self.take_retry_token_sync(key, budget)
 
+    def before_decision_sync(self, key: CoordKey, now_ms: int,
+                             budget: BudgetSettings | None) -> tuple[int, bool | None]:
+        left = self.cooldown_left_sync(key, now_ms)
+        return left, (None if budget is None else self.take_retry_token_sync(key, budget))
+
+    async def before_decision(self, key: CoordKey, now_ms: int,
+                              budget: BudgetSettings | None) -> tuple[int, bool | None]:
+        return self.before_decision_sync(key, now_ms, budget)
+
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
         self.add_tokens_sync(key, budget, MILLI)
 

@@ -3,12 +3,13 @@
 Strictly private: import these names from :mod:`fsm.fleet`.
 
 Keys (``P`` is the prefix, each part percent-encoded so that ``:`` in a model name cannot
-make two keys collide; every script touches one key, so the layout works on Redis Cluster):
+make two keys collide; the two keys of one (provider, model, credential) share a Redis
+Cluster hash tag ``{...}``, so that the one script that reads both works on a cluster too):
 
-- ``P:cooldown:PROVIDER:MODEL:CRED`` — a string, the cooldown's end (epoch ms); it expires
+- ``P:{PROVIDER:MODEL:CRED}:cooldown`` — a string, the cooldown's end (epoch ms); it expires
   at that time (``PX``);
-- ``P:budget:PROVIDER:MODEL:CRED`` — a string, the bucket's count in thousandths of a token;
-  absent means full; it expires after ``bucket_idle_ms`` without use (full again);
+- ``P:{PROVIDER:MODEL:CRED}:budget`` — a string, the bucket's count in thousandths of a
+  token; absent means full; it expires after ``bucket_idle_ms`` without use (full again);
 - ``P:limited:PROVIDER`` — a sorted set of credential ids scored by the end of their usage
   limit (epoch ms); it expires with its last mark.
 """
@@ -47,6 +48,25 @@ if t * 2 > max then return {1, t} end
 return {0, t}
 """
 
+# KEYS[1] cooldown key, KEYS[2] bucket key; ARGV now_ms, max_milli (or '' for no budget),
+# idle_ms. The reads before a decision in one round trip: the cooldown left, and (with a
+# budget) TAKE_TOKEN's step. Returns {cooldown_left_ms, allowed (1/0, or -1: no budget)}.
+BEFORE_DECISION = """
+local now = tonumber(ARGV[1])
+local u = tonumber(redis.call('GET', KEYS[1]) or '0')
+local left = 0
+if u > now then left = u - now end
+if ARGV[2] == '' then return {left, -1} end
+local max = tonumber(ARGV[2])
+local t = tonumber(redis.call('GET', KEYS[2]) or ARGV[2])
+if t > max then t = max end
+t = t - 1000
+if t < 0 then t = 0 end
+redis.call('SET', KEYS[2], string.format('%d', t), 'PX', ARGV[3])
+if t * 2 > max then return {left, 1} end
+return {left, 0}
+"""
+
 # KEYS[1] bucket key; ARGV max_milli, add_milli, idle_ms. A returned token or a success's
 # credit, capped at the maximum; a full bucket is deleted (absent = full). Returns milli.
 ADD_TOKENS = """
@@ -75,7 +95,8 @@ end
 return redis.call('ZCARD', KEYS[1])
 """
 
-SCRIPTS = {"learn": LEARN_COOLDOWN, "take": TAKE_TOKEN, "add": ADD_TOKENS, "mark": MARK_LIMITED}
+SCRIPTS = {"learn": LEARN_COOLDOWN, "take": TAKE_TOKEN, "before": BEFORE_DECISION,
+           "add": ADD_TOKENS, "mark": MARK_LIMITED}
 
 
 def _part(text: str) -> str:
@@ -90,11 +111,14 @@ class KeySpace:
             raise ValueError(f"Redis key prefix must be a non-empty string without spaces, got {prefix!r}")
         self.prefix = prefix
 
+    def _tag(self, key: CoordKey) -> str:
+        return f"{self.prefix}:{{{_part(key.provider)}:{_part(key.model)}:{_part(key.credential)}}}"
+
     def cooldown(self, key: CoordKey) -> str:
-        return f"{self.prefix}:cooldown:{_part(key.provider)}:{_part(key.model)}:{_part(key.credential)}"
+        return self._tag(key) + ":cooldown"
 
     def budget(self, key: CoordKey) -> str:
-        return f"{self.prefix}:budget:{_part(key.provider)}:{_part(key.model)}:{_part(key.credential)}"
+        return self._tag(key) + ":budget"
 
     def limited(self, provider: str) -> str:
         return f"{self.prefix}:limited:{_part(provider)}"
@@ -199,6 +223,14 @@ class RedisCoordinator:
         allowed, _ = await self._run(self._scripts["take"](
             keys=[self.keys.budget(key)], args=[budget.max_milli, self.bucket_idle_ms]))
         return bool(allowed)
+
+    async def before_decision(self, key: CoordKey, now_ms: int,
+                              budget: BudgetSettings | None) -> tuple[int, bool | None]:
+        left, allowed = await self._run(self._scripts["before"](
+            keys=[self.keys.cooldown(key), self.keys.budget(key)],
+            args=[check_ms("now_ms", now_ms), budget.max_milli if budget else "",
+                  self.bucket_idle_ms]))
+        return int(left), (None if allowed < 0 else bool(allowed))
 
     async def _add(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
         await self._run(self._scripts["add"](

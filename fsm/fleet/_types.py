@@ -145,6 +145,12 @@ class Coordinator(Protocol):
         """One atomic step: take a token (a new bucket starts full, at ``max_tokens``);
         True when the count left is above ``max_tokens / 2`` (the retry is allowed)."""
 
+    async def before_decision(self, key: CoordKey, now_ms: int,
+                              budget: BudgetSettings | None) -> tuple[int, bool | None]:
+        """What the shell reads before handing a retryable failure to the brain, in one step
+        (one round trip on Redis): ``(cooldown_left_ms(key, now_ms), take_retry_token(key,
+        budget))``, the second ``None`` (and no token taken) when ``budget`` is ``None``."""
+
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
         """Give back the token of a retry the brain refused for another reason (capped)."""
 

@@ -259,3 +259,25 @@ async def test_in_process_sweeps_dead_entries():
     clock[0] = 100
     await c.take_retry_token(KEY, BudgetSettings())
     assert len(c._buckets) == 1
+
+
+async def test_many_concurrent_calls_share_a_few_connections(redis_server, prefix):  # noqa: F811
+    """250 sessions' decisions at once go through at most ``max_connections`` connections."""
+    import asyncio
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix, max_connections=4)
+    answers = await asyncio.gather(*(c.before_decision(KEY, NOW, BudgetSettings(max_tokens=1000))
+                                     for _ in range(250)))
+    assert sorted({a for _, a in answers}) == [True]
+    assert await tokens(c, KEY, BudgetSettings(max_tokens=1000)) == 750
+    clients = await c.client.client_list()
+    assert len(clients) <= 4, "only the pool's connections (the other tests closed theirs)"
+    await c.aclose()
+
+
+def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
+    from fsm.fleet import server
+    with pytest.raises(RuntimeError, match="redis-server exited with 1"):
+        server.RedisServer(binary="false").start()
+    monkeypatch.setattr(server.shutil, "which", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        server.RedisServer()

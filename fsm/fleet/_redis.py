@@ -187,11 +187,16 @@ class RedisCoordinator:
     @classmethod
     def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX,
                  bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
-                 socket_timeout_s: float = 1.0) -> "RedisCoordinator":
+                 socket_timeout_s: float = 1.0, max_connections: int = 32) -> "RedisCoordinator":
         """A coordinator on the server at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for
-        TLS, ``unix:///path.sock``). Connects lazily. ``ValueError`` for a bad URL."""
+        TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` connections
+        (a call waits for a free one), so that hundreds of sessions in a process do not open
+        hundreds of connections. ``ValueError`` for a bad URL."""
         import redis.asyncio
-        client = redis.asyncio.Redis.from_url(check_url(url), **client_options(socket_timeout_s))
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            check_url(url), max_connections=max_connections, timeout=socket_timeout_s,
+            **client_options(socket_timeout_s))
+        client = redis.asyncio.Redis.from_pool(pool)
         return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url)
 
     def __repr__(self) -> str:

@@ -89,3 +89,17 @@ def test_runner_checks_targets_and_formats_a_table():
     assert "PASS" in text and "MISS" in text and "decision_us" in text
     json.dumps(figures)  # JSON-able as written to build/bench.json
     assert set(run.TARGETS) <= set(run.ORDER)
+
+
+def test_fleet_requests_in_cooldown_counts_only_retries_decided_after_another_process_learned():
+    # process 0 learned at 100 a cooldown until 1000; process 1's session 0 failed (ended) at
+    # 50 and retried at 500: decided before the cooldown was learned, not counted; its
+    # session 1 ended at 200 and retried at 600 (inside, decided after): counted; its session
+    # 2 ended at 200 and retried at 1000 (after the end): not counted.
+    results = [
+        {"calls": [[0, 0, 0, 90]], "learned": [[100, 1000]]},
+        {"calls": [[0, 0, 0, 50], [0, 1, 500, 510], [1, 0, 0, 200], [1, 1, 600, 610],
+                   [2, 0, 0, 200], [2, 1, 1000, 1010]], "learned": []},
+    ]
+    assert fleet._in_cooldown(results) == 1
+    assert fleet._in_cooldown([results[1], results[0]]) == 1

@@ -6,6 +6,7 @@ Strictly private: import these names from :mod:`fsm.fleet`.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -69,7 +70,7 @@ class RedisCredentialStore:
             coordinator.subscribe(on_event)
         self.coordinator = coordinator
         inner = coordinator.inner
-        self._url = url if url is not None else getattr(inner, "_url", None)
+        self._url = url if url is not None else getattr(inner, "url", None)
         self._sync_keys = inner.keys if isinstance(inner, RedisCoordinator) else KeySpace(prefix)
         self._timeout_s = timeout_s
         self._sync: Any = None  # the blocking client, made on first sync use
@@ -77,6 +78,7 @@ class RedisCredentialStore:
         self._ids = {p: [credential_id(k) for k in keys] for p, keys in self._keys.items()}
         self._active: dict[str, str] = {}               # provider -> key new sessions get
         self._sessions: dict[tuple[str, str], str] = {}  # (provider, session) -> key
+        self._lock = threading.Lock()  # guards the two maps above (sync callers may be threads)
 
     def credential_count(self, provider: str) -> int:
         """How many keys this store holds for ``provider`` (0 when none)."""
@@ -93,6 +95,10 @@ class RedisCredentialStore:
         return None
 
     def _current(self, provider: str, session_id: str, limited: Mapping[str, int]) -> str:
+        with self._lock:
+            return self._current_locked(provider, session_id, limited)
+
+    def _current_locked(self, provider: str, session_id: str, limited: Mapping[str, int]) -> str:
         keys = self._keys[provider]
         used = self._sessions.get((provider, session_id)) or self._active.get(provider) or keys[0]
         chosen = self._pick(provider, used, limited, skip_start=False)
@@ -105,8 +111,9 @@ class RedisCredentialStore:
         nxt = self._pick(provider, used, limited, skip_start=True)
         if nxt is None:
             return False
-        self._sessions[(provider, session_id)] = nxt
-        self._active[provider] = nxt
+        with self._lock:
+            self._sessions[(provider, session_id)] = nxt
+            self._active[provider] = nxt
         return True
 
     def _used(self, provider: str, session_id: str) -> str:

@@ -199,6 +199,11 @@ class RedisCoordinator:
         client = redis.asyncio.Redis.from_pool(pool)
         return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url)
 
+    @property
+    def url(self) -> str | None:
+        """The server's URL as given (it may hold a password: show :func:`redact_url` of it)."""
+        return self._url
+
     def __repr__(self) -> str:
         where = redact_url(self._url) if self._url else "client"
         return f"RedisCoordinator({where!r}, prefix={self.keys.prefix!r})"

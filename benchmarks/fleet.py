@@ -85,16 +85,51 @@ async def _coordinator_cost(url: str, number: int, warmup: int) -> dict[str, flo
 
 # -- the outage ---------------------------------------------------------------------------
 
+class CountingCoordinator:
+    """Any coordinator, with the names of the coroutine methods called on it in ``calls``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await attr(*args, **kwargs)
+        return call
+
+
 def integration_missing() -> str | None:
-    """Why the outage figures cannot run on this checkout (None: they can)."""
+    """Why the outage figures cannot run on this checkout (None: they can): a session that
+    fails once with a hint must read its coordinator before deciding."""
+    from fsm.clock import FakeClock
     from fsm.session import AgentSession
-    from fsm.settings import RetrySettings
+    from fsm.settings import BudgetSettings as Budget, RetrySettings
+    from fsm.testing import ScriptedProvider, error
+
     if "coordinator" not in inspect.signature(AgentSession).parameters:
         return "AgentSession takes no coordinator= yet"
-    fields = {f.name for f in dataclasses.fields(RetrySettings)}
-    missing = {"budget", "retry_hints"} - fields
-    if missing:
-        return f"RetrySettings has no {', '.join(sorted(missing))} yet"
+    counting = CountingCoordinator(InProcessCoordinator())
+
+    async def probe() -> None:
+        clock = FakeClock()
+        settings = RetrySettings(base_delay_ms=10, retry_hints="honor", budget=Budget())
+        session = AgentSession(ScriptedProvider([error(
+            '529 {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}} '
+            "(retry-after-ms: 20)")]), settings=settings, clock=clock, coordinator=counting)
+        task = asyncio.ensure_future(session.prompt("hello"))
+        for _ in range(10):
+            await clock.advance(0.05)
+            if task.done():
+                break
+        await asyncio.wait_for(task, 5)
+    asyncio.run(probe())
+    if not counting.calls:
+        return "the session does not call its coordinator yet"
     return None
 
 

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable
 
-from ._types import MILLI, BudgetSettings, CoordKey, check_ms
+from ._types import MILLI, BudgetSettings, CoordKey, check_ms, max_milli, ratio_milli
 
 #: A bucket nobody touched for this long is dropped, which is the same as full again.
 DEFAULT_BUCKET_IDLE_MS = 600_000
@@ -67,12 +67,12 @@ class InProcessCoordinator:
     def _bucket(self, key: CoordKey, budget: BudgetSettings, now: float) -> list[float]:
         bucket = self._buckets.get(key)
         if bucket is None or now - bucket[1] >= self.bucket_idle_ms:
-            bucket = self._buckets[key] = [budget.max_milli, now]
+            bucket = self._buckets[key] = [max_milli(budget), now]
             if len(self._buckets) > _SWEEP_AT:
                 self._buckets = {k: b for k, b in self._buckets.items()
                                  if now - b[1] < self.bucket_idle_ms}
                 self._buckets[key] = bucket
-        bucket[0] = min(bucket[0], budget.max_milli)
+        bucket[0] = min(bucket[0], max_milli(budget))
         bucket[1] = now
         return bucket
 
@@ -85,12 +85,12 @@ class InProcessCoordinator:
         with self._lock:
             bucket = self._bucket(key, budget, self._monotonic_ms())
             bucket[0] = max(0, bucket[0] - MILLI)
-            return bucket[0] * 2 > budget.max_milli
+            return bucket[0] * 2 > max_milli(budget)
 
     def add_tokens_sync(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
         with self._lock:
             bucket = self._bucket(key, budget, self._monotonic_ms())
-            bucket[0] = min(budget.max_milli, bucket[0] + milli)
+            bucket[0] = min(max_milli(budget), bucket[0] + milli)
 
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
         return self.take_retry_token_sync(key, budget)
@@ -108,7 +108,7 @@ class InProcessCoordinator:
         self.add_tokens_sync(key, budget, MILLI)
 
     async def credit_success(self, key: CoordKey, budget: BudgetSettings) -> None:
-        self.add_tokens_sync(key, budget, budget.ratio_milli)
+        self.add_tokens_sync(key, budget, ratio_milli(budget))
 
     # -- credential marks -----------------------------------------------------------------
     def mark_credential_limited_sync(self, provider: str, credential: str, until_ms: int,

@@ -21,7 +21,7 @@ import urllib.parse
 from typing import Any
 
 from ._local import DEFAULT_BUCKET_IDLE_MS
-from ._types import MILLI, BudgetSettings, CoordinatorError, CoordKey, check_ms
+from ._types import MILLI, BudgetSettings, CoordinatorError, CoordKey, check_ms, max_milli, ratio_milli
 
 DEFAULT_PREFIX = "retry-fsm"
 
@@ -231,31 +231,31 @@ class RedisCoordinator:
 
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
         allowed, _ = await self._run(self._scripts["take"](
-            keys=[self.keys.budget(key)], args=[budget.max_milli, self.bucket_idle_ms]))
+            keys=[self.keys.budget(key)], args=[max_milli(budget), self.bucket_idle_ms]))
         return bool(allowed)
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
         left, allowed = await self._run(self._scripts["before"](
             keys=[self.keys.cooldown(key), self.keys.budget(key)],
-            args=[check_ms("now_ms", now_ms), budget.max_milli if budget else "",
+            args=[check_ms("now_ms", now_ms), max_milli(budget) if budget else "",
                   self.bucket_idle_ms]))
         return int(left), (None if allowed < 0 else bool(allowed))
 
     async def _add(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
         await self._run(self._scripts["add"](
-            keys=[self.keys.budget(key)], args=[budget.max_milli, milli, self.bucket_idle_ms]))
+            keys=[self.keys.budget(key)], args=[max_milli(budget), milli, self.bucket_idle_ms]))
 
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
         await self._add(key, budget, MILLI)
 
     async def credit_success(self, key: CoordKey, budget: BudgetSettings) -> None:
-        await self._add(key, budget, budget.ratio_milli)
+        await self._add(key, budget, ratio_milli(budget))
 
     async def tokens(self, key: CoordKey, budget: BudgetSettings) -> float:
         """The bucket's count now, in tokens (for tests and diagnostics)."""
         raw = await self._run(self.client.get(self.keys.budget(key)))
-        return min(int(raw), budget.max_milli) / MILLI if raw else float(budget.max_tokens)
+        return min(int(raw), max_milli(budget)) / MILLI if raw else float(budget.max_tokens)
 
     async def mark_credential_limited(self, provider: str, credential: str, until_ms: int,
                                       now_ms: int) -> None:

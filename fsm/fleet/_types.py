@@ -1,4 +1,6 @@
-"""The coordinator's vocabulary: its key, the budget settings, the protocol, its errors.
+"""The coordinator's vocabulary: its key, the protocol, its errors, the budget in milli-tokens.
+
+The budget's settings are :class:`fsm.settings.BudgetSettings` (``retry.budget``).
 
 Strictly private: import these names from :mod:`fsm.fleet`.
 """
@@ -11,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..settings import SettingsError
+from ..settings import BudgetSettings
 
 #: The credential id of a session that uses its provider's default credential (no store).
 DEFAULT_CREDENTIAL = "default"
@@ -19,7 +21,6 @@ DEFAULT_CREDENTIAL = "default"
 # gRPC's retry throttling keeps its token count in thousandths of a token
 # (``tokenRatio`` has at most three decimal places): integer arithmetic, exact in Lua too.
 MILLI = 1000
-MAX_TOKENS_LIMIT = 1000
 
 
 def credential_id(api_key: str | None) -> str:
@@ -61,61 +62,15 @@ class CoordKey:
                 raise ValueError(f"CoordKey.{name} must be a non-empty string, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetSettings:
-    """The retry budget (``retry.budget`` in the settings): gRPC's retry throttling.
+def max_milli(budget: BudgetSettings) -> int:
+    """The bucket's size in thousandths of a token."""
+    return budget.max_tokens * MILLI
 
-    - ``max_tokens``: the bucket's size and its starting count, an integer 1..1000 (default
-      100);
-    - ``token_ratio``: what one success gives back, 0 < r <= 1 (default 0.1), kept to three
-      decimal places as gRPC does (so at least 0.001).
 
-    A failed attempt takes one token; a retry is allowed only while the count after the take
-    is above ``max_tokens / 2`` (gRPC A6, "Retry Throttling"). Construction validates and
-    raises :class:`~fsm.settings.SettingsError` naming ``retry.budget.maxTokens`` or
-    ``retry.budget.tokenRatio`` and the value.
-    """
-
-    max_tokens: int = 100
-    token_ratio: float = 0.1
-
-    def __post_init__(self) -> None:
-        mt = self.max_tokens
-        if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= MAX_TOKENS_LIMIT:
-            raise SettingsError("budget.maxTokens", mt, f"an integer from 1 to {MAX_TOKENS_LIMIT}")
-        r = self.token_ratio
-        if (isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r)
-                or not 0 < r <= 1 or round(r * MILLI) == 0):
-            raise SettingsError("budget.tokenRatio", r,
-                                "a number above 0 (at least 0.001) and at most 1")
-
-    @classmethod
-    def from_json(cls, value: Any) -> "BudgetSettings | None":
-        """``retry.budget`` as written in a settings file: ``null`` (off, the default) or
-        ``{"maxTokens": int, "tokenRatio": number}`` (either may be left out). Raises
-        :class:`~fsm.settings.SettingsError` naming the key."""
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise SettingsError("budget", value, 'null or {"maxTokens", "tokenRatio"}')
-        unknown = sorted(set(value) - {"maxTokens", "tokenRatio"})
-        if unknown:
-            raise SettingsError(f"budget.{unknown[0]}", value[unknown[0]],
-                                "no such key (maxTokens, tokenRatio)")
-        return cls(max_tokens=value.get("maxTokens", 100), token_ratio=value.get("tokenRatio", 0.1))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"maxTokens": self.max_tokens, "tokenRatio": self.token_ratio}
-
-    @property
-    def max_milli(self) -> int:
-        """The bucket's size in thousandths of a token."""
-        return self.max_tokens * MILLI
-
-    @property
-    def ratio_milli(self) -> int:
-        """What one success gives back, in thousandths of a token."""
-        return round(self.token_ratio * MILLI)
+def ratio_milli(budget: BudgetSettings) -> int:
+    """What one success gives back, in thousandths of a token: ``token_ratio`` kept to three
+    decimal places as gRPC does, and at least 0.001."""
+    return max(1, round(budget.token_ratio * MILLI))
 
 
 class CoordinatorError(Exception):

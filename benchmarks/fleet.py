@@ -230,7 +230,7 @@ def _run_fleet(*, processes: int, sessions: int, redis_url: str | None, budget: 
             if proc.returncode != 0:
                 raise AssertionError(f"a fleet worker failed with {proc.returncode}")
             results.append(json.loads(out.strip().splitlines()[-1]))
-        served = len(server.chat_requests())
+        served = len(server.chat_requests)
     calls = [c for r in results for c in r["calls"]]
     first = sum(1 for c in calls if c[1] == 0)
     if first != processes * sessions or served != len(calls):

@@ -1,8 +1,8 @@
 """A randomized race over RPC: prompt, abort, abort_retry, set_auto_retry and retry_now
-interleaved (seeded) with scripted 529s and slow streams, checking the lifecycle invariants
+interleaved (in a reproducible random order) with scripted 529s and slow streams, checking the lifecycle invariants
 of docs/policy.md §3 on every run.
 
-One ``python -m fsm rpc`` process serves every round of a seed. Each round waits until the
+One ``python -m fsm rpc`` process serves every round of a run. Each round waits until the
 session is idle, sends a prompt, then a random sequence of controls with random short pauses,
 and waits until idle again (``prompt()`` must never hang after a chain ends). Checked:
 
@@ -13,8 +13,8 @@ and waits until idle again (``prompt()`` must never hang after a chain ends). Ch
 - the process keeps serving: it is alive, wrote nothing but protocol lines, and answers a
   last prompt with a success.
 
-Reproduce a failure, or run more seeds, with ``FSM_RACE_SEED=<seed> pytest tests/test_race_rpc.py``
-(the default run uses one seed to stay within a few seconds).
+Reproduce a failure, or try other random orders, with ``FSM_RACE_RNG=<n> pytest tests/test_race_rpc.py``
+(the default run uses one random sequence to stay within a few seconds).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ MAX_RETRIES = 3
 BASE_DELAY_MS = 40
 ROUNDS = 24
 ABORT_SLACK_MS = 25  # a request already on the wire when abort returned may land this late
-SEEDS = [int(os.environ["FSM_RACE_SEED"])] if os.environ.get("FSM_RACE_SEED") else [2]
+RNG_SEEDS = [int(os.environ["FSM_RACE_RNG"])] if os.environ.get("FSM_RACE_RNG") else [2]
 
 
 def random_entry(rng: random.Random) -> dict:
@@ -53,13 +53,13 @@ def random_entry(rng: random.Random) -> dict:
     return {"stream": ["ok"]}
 
 
-def check_chains(events: list[dict], seed: int) -> int:
+def check_chains(events: list[dict], rng_seed: int) -> int:
     """The §3 chain invariants over the whole event stream; returns the number of chains."""
     open_chain: list[int] | None = None
     max_attempts = None
     chains = 0
     for i, e in enumerate(events):
-        where = f"seed {seed}, event {i}: {json.dumps(e)[:300]}"
+        where = f"rng_seed {rng_seed}, event {i}: {json.dumps(e)[:300]}"
         if e["type"] == "auto_retry_start":
             if open_chain is None:
                 open_chain, max_attempts = [], e["maxAttempts"]
@@ -74,7 +74,7 @@ def check_chains(events: list[dict], seed: int) -> int:
             else:
                 assert e["attempt"] == open_chain[-1], f"{where} after attempts {open_chain}"
             open_chain = None
-    assert open_chain is None, f"seed {seed}: a chain never ended (attempts {open_chain})"
+    assert open_chain is None, f"rng_seed {rng_seed}: a chain never ended (attempts {open_chain})"
     return chains
 
 
@@ -108,10 +108,10 @@ async def control(client: RpcClient, action: str, rng: random.Random) -> bool:
     return True
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, seed):
+@pytest.mark.parametrize("rng_seed", RNG_SEEDS)
+async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, rng_seed):
     """Issue 14 "done when": a bounded randomized race over RPC, invariants on every run."""
-    rng = random.Random(seed)
+    rng = random.Random(rng_seed)
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"retry": {"maxRetries": MAX_RETRIES, "baseDelayMs": BASE_DELAY_MS}}))
     script = [random_entry(rng) for _ in range(ROUNDS * (MAX_RETRIES + 1))]
@@ -153,19 +153,19 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, seed):
             await client.wait_for_idle(timeout_s=20)
             ends = [e for e in client.received[mark:] if e["type"] == "message_end"
                     and e["message"]["role"] == "assistant"]
-            assert [e["message"]["stopReason"] for e in ends] == ["stop"], f"seed {seed}"
+            assert [e["message"]["stopReason"] for e in ends] == ["stop"], f"rng_seed {rng_seed}"
             assert client.returncode is None and client.noise == []
         finally:
             await client.close()
         requests = fs.chat_requests
-    chains = check_chains(client.received, seed)
+    chains = check_chains(client.received, rng_seed)
     for (returned, next_prompt), mark in zip(quiet_windows, abort_marks):
         late = [r["t_ms"] - returned for r in requests
                 if returned + ABORT_SLACK_MS < r["t_ms"] < next_prompt]
-        assert late == [], (f"seed {seed}: {len(late)} request(s) reached the provider "
+        assert late == [], (f"rng_seed {rng_seed}: {len(late)} request(s) reached the provider "
                             f"{[round(x) for x in late]} ms after abort() returned; events "
                             f"before and after it: {summary(client.received[mark - 8:mark])} | "
                             f"{summary(client.received[mark:mark + 12])}")
     # The run really raced: chains started and aborts landed (else the test proves nothing).
     assert chains >= 3 and len(quiet_windows) >= 3, (chains, len(quiet_windows))
-    print(f"seed {seed}: {chains} chains, controls accepted {accepted}")
+    print(f"rng_seed {rng_seed}: {chains} chains, controls accepted {accepted}")

@@ -45,6 +45,7 @@ GROUPS: dict[str, dict] = {
     "rpc": {"full": {"starts": 15, "trials": 80, "eof_starts": 30},
             "quick": {"starts": 3, "trials": 5, "eof_starts": 5}, "timeout": 240},
     "fleet": {"full": {}, "quick": {"number": 200, "warmup": 20, "sessions": 50}, "timeout": 300},
+    "stores": {"full": {}, "quick": {"sessions": 20_000, "calls": 5, "marks": 50}, "timeout": 120},
 }
 
 # name: (comparison, limit, note)
@@ -67,6 +68,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
                                     "coordinator timeout"),
     "fleet_amplification": ("<=", 1.2, "4 processes x 250 sessions, full outage, budget on"),
     "fleet_requests_in_cooldown": ("<=", 0, ""),
+    "store_after_prune_ratio": ("<=", 2, "JSON credential store: a call after 300k idle sessions "
+                                "were pruned ÷ a call on a fresh store"),
+    "store_loop_lag_ms_locked": ("<=", 50, "200 marks waiting on a lock another process holds"),
 }
 
 # The order of the table: the brief's figures first, then the ones that explain them.
@@ -92,6 +96,8 @@ ORDER = (
     "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",
     "fleet_amplification", "fleet_amplification_no_budget", "fleet_requests_in_cooldown",
     "fleet_requests_in_cooldown_unshared",
+    "store_call_ms_empty", "store_prune_ms", "store_call_ms_after_prune", "store_after_prune_ratio",
+    "store_loop_lag_ms_locked",
 )
 
 

@@ -111,3 +111,10 @@ def test_fleet_requests_in_cooldown_counts_only_retries_decided_after_another_pr
     ]
     assert fleet._in_cooldown(results) == 1
     assert fleet._in_cooldown([results[1], results[0]]) == 1
+
+
+def test_stores_prune_and_never_block_the_loop():
+    from benchmarks import stores
+    figures = stores.measure(sessions=2_000, calls=2, marks=10)
+    assert_figures(figures, ("store_call_ms_empty", "store_prune_ms", "store_call_ms_after_prune",
+                             "store_after_prune_ratio", "store_loop_lag_ms_locked"))

@@ -34,8 +34,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from .protocols import CredentialStore  # the protocol lives there; re-exported here
 from .text import ApiKeyError, check_api_key
 
 __all__ = ["DEFAULT_BLOCK_MS", "DEFAULT_TIMEOUT_S", "IDLE_GRACE_MS", "KEY_TIMEOUT_S", "CredentialFileError",
@@ -76,23 +77,6 @@ class CredentialFileError(CredentialStoreError, ValueError):
 
 class CredentialLockTimeout(CredentialStoreError, TimeoutError):
     """The store did not answer in time (another process holds its lock)."""
-
-
-class CredentialStore(Protocol):
-    """What a session needs from a credential store."""
-
-    def api_key(self, provider: str, session_id: str) -> str | None:
-        """The credential this session should use now for ``provider`` (None: provider default)."""
-
-    def mark_usage_limit_reached(self, provider: str, session_id: str,
-                                 retry_after_ms: int | None) -> bool:
-        """Block the session's credential; True when another one is now in use."""
-
-    def credential_count(self, provider: str) -> int:
-        """How many credentials are configured for ``provider`` (0 when none)."""
-
-    def limited_count(self, provider: str) -> int:
-        """How many of them are blocked by a usage limit right now."""
 
 
 # ----------------------------------------------------------------------------- the policy

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .messages import AssistantMessage, UserMessage
-from .text import CLIP_LIMIT_BYTES, clean_text, clip_text, scrub_secrets
+from .text import CLIP_LIMIT_BYTES, clean_text, safe_error_text
 
 __all__ = ["LogContents", "SessionLog", "TornLineWarning", "clean_entry"]
 
@@ -42,14 +42,13 @@ def clean_entry(value: Any, secrets: Iterable[str] = (), *, _key: str | None = N
     """A copy of a JSON value that always encodes as UTF-8, with error texts bounded.
 
     Every string (keys too) goes through :func:`fsm.text.clean_text`; the value of an
-    ``errorMessage`` or ``finalError`` field is also scrubbed (:func:`fsm.text.scrub_secrets`
-    with ``secrets``) and clipped to 8 KB (:func:`fsm.text.clip_text`). Other types are kept.
+    ``errorMessage`` or ``finalError`` field is also scrubbed of ``secrets`` and key-shaped
+    tokens and clipped to 8 KB (:func:`fsm.text.safe_error_text`). Other types are kept.
     """
     if isinstance(value, str):
-        value = clean_text(value)
         if _key in _ERROR_FIELDS:
-            value = clip_text(scrub_secrets(value, secrets), CLIP_LIMIT_BYTES)
-        return value
+            return safe_error_text(value, secrets, CLIP_LIMIT_BYTES)
+        return clean_text(value)
     if isinstance(value, dict):
         return {clean_text(str(k)): clean_entry(v, secrets, _key=str(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -13,6 +13,8 @@ the session log, a store or stderr:
   all, never cutting a character in two (``docs/policy.md §8b.10``: error text kept in events,
   the runtime context and the log is clipped to 8 KB).
 - :func:`scrub_secrets` replaces credentials in a text with :data:`REDACTED`.
+- :func:`safe_error_text` is the three in one for an error text (clean, scrub, clip), at a
+  cost that does not grow with the text.
 - :func:`check_api_key` refuses an API key that cannot go into an HTTP header (a trailing CR
   from a file with Windows line endings, a space, a line feed, a non-ASCII character) with an
   error that names where the key came from and what is wrong with it, never the key.
@@ -25,7 +27,8 @@ import re
 from typing import Iterable, Mapping
 
 __all__ = ["ApiKeyError", "CLIP_LIMIT_BYTES", "REDACTED", "StreamJoiner", "check_api_key",
-           "check_configured_api_key", "clean_text", "clip_text", "scrub_secrets"]
+           "check_configured_api_key", "clean_text", "clip_text", "safe_error_text",
+           "scrub_secrets"]
 
 CLIP_LIMIT_BYTES = 8192
 """The default bound of :func:`clip_text`, in UTF-8 bytes (``docs/policy.md §8b.10``)."""
@@ -38,7 +41,6 @@ MIN_SECRET_LENGTH = 8
 would otherwise redact every ``x`` of a text. Real API keys are 20 characters and more."""
 
 _MIN_CLIP_BYTES = 64
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def clean_text(s: str) -> str:
@@ -53,8 +55,13 @@ def clean_text(s: str) -> str:
     """
     if not isinstance(s, str):
         raise TypeError(f"clean_text expects a str, got {type(s).__name__}")
-    if _SURROGATE.search(s) is None:
+    if s.isascii():  # the common case, at memory speed
         return s
+    try:
+        s.encode("utf-8")  # C speed; fails exactly when a surrogate is present
+        return s
+    except UnicodeEncodeError:
+        pass
     # UTF-16 with surrogatepass writes each surrogate as its own code unit; decoding pairs
     # them up again and turns what stays unpaired into U+FFFD.
     return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
@@ -129,23 +136,66 @@ def clip_text(s: str, limit_bytes: int = CLIP_LIMIT_BYTES) -> str:
         cleaned = clean_text(s)
         if len(cleaned.encode("utf-8")) <= limit_bytes:
             return cleaned
-    # The marker's number is at most len(s); reserve room for it before choosing the cuts.
-    room = limit_bytes - len(f"\n[… {len(s)} characters clipped …]\n".encode("utf-8"))
-    head = _head(s, room * 2 // 3)
-    tail = _tail(s, room - len(head.encode("utf-8")))
-    left_out = len(s) - len(head) - len(tail)
+    return _excerpt(s, s, len(s), limit_bytes)
+
+
+def _excerpt(head_src: str, tail_src: str, total: int, limit_bytes: int) -> str:
+    """Head of ``head_src``, marker, tail of ``tail_src`` (each at least ``limit_bytes`` long
+    or the whole text), ``total`` characters in the text they came from."""
+    # The marker's number is at most total; reserve room for it before choosing the cuts.
+    room = limit_bytes - len(f"\n[… {total} characters clipped …]\n".encode("utf-8"))
+    head = _head(head_src, room * 2 // 3)
+    tail = _tail(tail_src, room - len(head.encode("utf-8")))
+    left_out = max(0, total - len(head) - len(tail))
     return f"{head}\n[… {left_out} characters clipped …]\n{tail}"
+
+
+def safe_error_text(s: str, secrets: Iterable[str | None] = (),
+                    limit_bytes: int = CLIP_LIMIT_BYTES) -> str:
+    """An error text as it may be kept in an event, the runtime context or a log.
+
+    The same as ``clip_text(scrub_secrets(s, secrets), limit_bytes)`` — cleaned, credentials
+    replaced, at most ``limit_bytes`` UTF-8 bytes (``docs/policy.md §8b.10``) — but its cost
+    does not grow with the text: only the first and last ``2 × limit_bytes`` characters of a
+    long text are scrubbed, which is all the excerpt can show (a secret cut at such a window's
+    edge lies beyond what is kept). The marker's count is then approximate by the length
+    difference of the secrets replaced. Errors as :func:`clip_text`.
+    """
+    if not isinstance(s, str):
+        raise TypeError(f"safe_error_text expects a str, got {type(s).__name__}")
+    window = 2 * limit_bytes if isinstance(limit_bytes, int) else 0
+    if len(s) <= 4 * window:
+        return clip_text(scrub_secrets(s, secrets), limit_bytes)
+    secrets = tuple(secrets)
+    head_src = scrub_secrets(s[:window], secrets)
+    tail_src = scrub_secrets(s[-window:], secrets)
+    clip_text("", limit_bytes)  # the same checks of limit_bytes
+    return _excerpt(head_src, tail_src, len(s), limit_bytes)
 
 
 # Shapes of credentials that need no list of secrets: an OpenAI/Anthropic-style key
 # (``sk-…``, ``sk-proj-…``, ``sk-ant-api03-…``) and the value of a bearer token. Both must hold
 # a digit and be long, so words ("sk-learn", "Bearer tokens", "bearer authentication") stay.
-_KEY_SHAPE = re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{16,}")
-_BEARER_SHAPE = re.compile(r"(?<![A-Za-z0-9])(Bearer|bearer|BEARER)(\s+)([A-Za-z0-9._~+/=-]{12,})")
+# Each pattern starts with a literal, so the regex engine skips ahead to it: linear and fast
+# even on a 10 MB body. The character before the match is checked in Python.
+_KEY_SHAPE = re.compile(r"sk-[A-Za-z0-9_-]{16,}")
+_BEARER_SHAPES = tuple(re.compile(word + r"(\s+)([A-Za-z0-9._~+/=-]{12,})")
+                       for word in ("Bearer", "bearer", "BEARER"))
+
+
+_ASCII_DIGIT = re.compile(r"[0-9]")
 
 
 def _looks_random(token: str) -> bool:
-    return any(c.isdigit() for c in token)
+    return _ASCII_DIGIT.search(token) is not None
+
+
+def _starts_a_word(text: str, start: int, word_chars: str) -> bool:
+    return start == 0 or text[start - 1] not in word_chars
+
+
+_KEY_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+_ALNUM = _KEY_CHARS[:-2]
 
 
 def scrub_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
@@ -172,10 +222,17 @@ def scrub_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
     for value in sorted(values, key=len, reverse=True):
         if value in text:
             text = text.replace(value, REDACTED)
-    text = _KEY_SHAPE.sub(lambda m: REDACTED if _looks_random(m.group(0)) else m.group(0), text)
-    return _BEARER_SHAPE.sub(
-        lambda m: m.group(1) + m.group(2) + REDACTED if _looks_random(m.group(3)) else m.group(0),
-        text)
+    if "sk-" in text:
+        text = _KEY_SHAPE.sub(
+            lambda m: REDACTED if _looks_random(m.group(0)) and _starts_a_word(m.string, m.start(), _KEY_CHARS)
+            else m.group(0), text)
+    for shape in _BEARER_SHAPES:
+        if shape.pattern[:6] in text:
+            text = shape.sub(
+                lambda m: m.group(0)[:m.start(2) - m.start()] + REDACTED
+                if _looks_random(m.group(2)) and _starts_a_word(m.string, m.start(), _ALNUM)
+                else m.group(0), text)
+    return text
 
 
 class ApiKeyError(ValueError):

@@ -137,3 +137,23 @@ def test_stream_joiner_keeps_an_emoji_split_across_two_deltas():
     shown = [joiner.feed("a" + high), joiner.feed(low + "b"), joiner.feed(high), joiner.flush()]
     assert shown == ["a", "\U0001F600b", "", "\ufffd"]
     assert joiner.feed("\udc00x") == "\ufffdx" and joiner.flush() == ""
+
+
+def test_safe_error_text_scrubs_and_clips_at_a_cost_bounded_by_the_excerpt():
+    """Issue 14 items 3 and 8 in one call: what an error text may look like when kept."""
+    from fsm.text import safe_error_text
+    secret = "my-own-secret-value-123"
+    small = f"401 {secret} {KEY}"
+    assert safe_error_text(small, [secret]) == f"401 {REDACTED} {REDACTED}"
+    body = f"529 {secret} " + ("sk-abcdefghijklmnopq1 " * 400_000) + f" {secret} end"
+    out = safe_error_text(body, [secret])
+    assert len(out.encode()) <= CLIP_LIMIT_BYTES
+    assert out.startswith(f"529 {REDACTED} {REDACTED} ") and out.endswith(f" {REDACTED} end")
+    assert secret not in out and "sk-abcdef" not in out
+    slow = clip_text(scrub_secrets(body, [secret]))  # what the bounded cost must not change
+    assert out.split("\n[… ")[0] == slow.split("\n[… ")[0]
+    assert out.split(" …]\n")[1] == slow.split(" …]\n")[1]
+    with pytest.raises(ValueError, match="limit_bytes"):
+        safe_error_text("x" * 10_000, limit_bytes=10)
+    with pytest.raises(TypeError):
+        safe_error_text(None)

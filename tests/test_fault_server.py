@@ -751,3 +751,27 @@ def test_a_scripted_204_is_sent_without_body_or_length():
         assert head.startswith(b"HTTP/1.1 204 ") and b"content-length" not in head.lower()
         assert b"x-a: 1" in head and rest == b""
         assert post(srv, {"stream": False})[0] == 200
+
+
+@pytest.mark.parametrize("tail", [
+    b"content-length: 50\r\n\r\n{\"a\":",           # leaves inside a sized body
+    b"transfer-encoding: chunked\r\n\r\n",        # leaves before a chunk size line
+    b"transfer-encoding: chunked\r\n\r\n10\r\nabc",  # leaves inside a chunk
+])
+def test_a_client_leaving_inside_the_body_is_not_answered_or_recorded(capsys, tail):
+    with FaultServer() as srv:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + tail)
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(100) == b""
+        sock.close()
+        assert get(srv, "/v1/models")[0] == 200
+        assert [r["outcome"] for r in srv.requests] == ["models"]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_too_many_trailer_lines_are_refused():
+    with FaultServer() as srv:
+        out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                b"transfer-encoding: chunked\r\n\r\n0\r\n" + b"x-t: 1\r\n" * 101 + b"\r\n")
+        assert out.startswith(b"HTTP/1.1 400 ") and b"too many trailer lines" in out

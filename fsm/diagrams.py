@@ -16,8 +16,9 @@ are byte-stable: declaration order only, no timestamps or versions, ``\\n`` line
 The SVG embeds the Graphviz version and coordinates, so it is checked for validity only.
 
 :func:`render_dot` and :func:`render_svg` also draw a coverage view: pass ``marks`` (row id
-→ :class:`EdgeMark`) and covered edges are drawn solid, uncovered ones red and dashed
-(:mod:`fsm.audit` uses this for ``--svg``).
+→ :class:`EdgeMark`) and edges are coloured by status — covered, partly covered (taken, never
+rejected), not covered (red, dashed) — with a legend (:mod:`fsm.audit` uses this for
+``--svg``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ AND, NOT = "∧", "¬"
 _PALETTE = ("#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#000000", "#8C6D00",
             "#7F7F7F")
 _UNCOVERED = "#D00000"
-_COVERED = "#333333"
+_COVERED = "#007A56"
+_PARTLY = "#B86E00"
+_STATUS_STYLE = {  # coverage view: (colour, style, pen width, legend text)
+    "covered": (_COVERED, "solid", "1.2", "covered: taken (and rejected, when it can be)"),
+    "partly covered": (_PARTLY, "solid", "2.2", "partly covered: taken, never rejected"),
+    "not covered": (_UNCOVERED, "dashed", "1.6", "not covered: never taken"),
+}
 _GROUP_LABELS = {"in_chain": "in a retry chain", "ended": "chain ended (at rest)",
                  "at_rest": "at rest"}
 _CLUSTERS = ("in_chain", "ended")  # idle stays outside: most edges of the ended states end there
@@ -86,6 +93,7 @@ class Edge:
     order: int
     takeable: bool
     rejectable: bool
+    row: str = ""
 
     @property
     def guard_text(self) -> str:
@@ -96,6 +104,39 @@ class Edge:
     def label(self) -> str:
         """``trigger [guards]``, e.g. ``turn_failed_retryable [retry_enabled ∧ ¬has_retries_left]``."""
         return f"{self.trigger} [{self.guard_text}]" if self.guards else self.trigger
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredRow:
+    """One row as written in the declaration: ``source`` may be a group (``at_rest``).
+
+    ``members`` are the ids of the transitions the machine runs for it, one per member state
+    (one, the row itself, when ``source`` is a state).
+    """
+
+    id: str
+    source: str
+    trigger: str
+    dest: str
+    guards: tuple[str, ...]
+    effect: str | None
+    spec: str
+    members: tuple[str, ...] = ()
+
+    @property
+    def guard_text(self) -> str:
+        """``retry_enabled ∧ ¬has_retries_left``; empty for an unguarded row."""
+        return guard_text(self.guards)
+
+    @property
+    def key(self) -> tuple[str, str, str, str | None]:
+        """What identifies a row between two versions: source, trigger, dest and effect."""
+        return (self.source, self.trigger, self.dest, self.effect)
+
+
+def guard_text(guards: Sequence[str]) -> str:
+    """``["a", "!b"]`` → ``a ∧ ¬b``."""
+    return f" {AND} ".join(NOT + g[1:] if g.startswith("!") else g for g in guards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +159,16 @@ class Diagram:
     guards: tuple[tuple[str, str], ...]
     edges: tuple[Edge, ...]
     ignored: tuple[IgnoredCell, ...]
+    rows: tuple[DeclaredRow, ...] = ()
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    effects: tuple[tuple[str, str], ...] = ()
+
+    def effect_text(self, effect: str | None) -> str:
+        """What ``effect`` does in a reader's words (the declaration's ``effects``); the
+        effect's name with spaces when the declaration has no words for it."""
+        if not effect:
+            return ""
+        return dict(self.effects).get(effect) or effect.replace("_", " ")
 
     def state(self, name: str) -> State:
         """The state called ``name``; ``KeyError`` if there is none."""
@@ -151,9 +202,10 @@ class Diagram:
 
 @dataclass(frozen=True, slots=True)
 class EdgeMark:
-    """How to draw one edge in the coverage view: ``covered`` or not, and a short ``note``."""
+    """How to draw one edge in the coverage view: its ``status`` (``"covered"``, ``"partly
+    covered"`` or ``"not covered"``, see :data:`fsm.audit.STATUSES`) and a short ``note``."""
 
-    covered: bool
+    status: str
     note: str = ""
 
 
@@ -178,11 +230,77 @@ def _reachability(cell_rows: Sequence[Sequence[str]], k: int) -> tuple[bool, boo
     return takeable, rejectable
 
 
+def fold_rows(transitions: Sequence[Mapping], groups: Mapping[str, Sequence[str]]
+              ) -> list[dict]:
+    """The declared rows of a declaration that lists only its expanded ``transitions``.
+
+    For each group (name → member states), transitions that every member has alike (same
+    trigger, guards, dest and effect) become one row with the group as its source, at the
+    place of the first member's; the rest stay one row each. Each row carries ``members``,
+    the ids of its transitions. Used for declarations written before rows were declared (a
+    ``--diff`` against an old version), so both sides are compared row for row.
+    """
+    def same(t: Mapping) -> tuple:
+        return (t["trigger"], tuple(t["guards"]), t["dest"], t.get("effect"))
+
+    by_state: dict[tuple[str, tuple], Mapping] = {(t["source"], same(t)): t for t in transitions}
+    folded: dict[str, dict] = {}
+    for group, members in groups.items():
+        if not members:
+            continue
+        for t in transitions:
+            if t["source"] != members[0] or t["id"] in folded:
+                continue
+            alike = [by_state.get((m, same(t))) for m in members]
+            if all(a is not None and a["id"] not in folded for a in alike):
+                guards = f"[{','.join(t['guards'])}]" if t["guards"] else ""
+                row = {"id": f"{group}--{t['trigger']}{guards}->{t['dest']}", "source": group,
+                       "trigger": t["trigger"], "dest": t["dest"], "guards": list(t["guards"]),
+                       "effect": t.get("effect"), "spec": t.get("spec", ""),
+                       "members": [a["id"] for a in alike]}
+                for a in alike:
+                    folded[a["id"]] = row
+    rows: list[dict] = []
+    placed: set[str] = set()
+    for t in transitions:
+        row = folded.get(t["id"])
+        if row is None:
+            rows.append({**{k: t.get(k) for k in ("id", "source", "trigger", "dest", "effect")},
+                         "guards": list(t["guards"]), "spec": t.get("spec", ""),
+                         "members": [t["id"]]})
+        elif row["id"] not in placed:
+            placed.add(row["id"])
+            rows.append(row)
+    return rows
+
+
+def declared_rows(decl: Mapping, groups: Mapping[str, Sequence[str]] | None = None
+                  ) -> tuple[DeclaredRow, ...]:
+    """The rows of ``decl`` as written (``decl["rows"]``), or folded from its transitions
+    with ``groups`` (default: its own ``groups``) when it declares none; see :func:`fold_rows`.
+    """
+    transitions = decl["transitions"]
+    if decl.get("rows"):
+        members: dict[str, list[str]] = {}
+        for t in transitions:
+            members.setdefault(t.get("row") or t["id"], []).append(t["id"])
+        raw = [{**r, "members": members.get(r["id"], [])} for r in decl["rows"]]
+    else:
+        raw = fold_rows(transitions, decl.get("groups") or {} if groups is None else groups)
+    return tuple(DeclaredRow(r["id"], r["source"], r["trigger"], r["dest"],
+                             tuple(r.get("guards") or ()), r.get("effect"), r.get("spec") or "",
+                             tuple(r.get("members") or ()))
+                 for r in raw)
+
+
 def extract(decl: Mapping | None = None) -> Diagram:
     """Build the :class:`Diagram` of ``decl`` (default: :func:`fsm.lifecycle.declaration`).
 
-    ``decl`` has the shape of :func:`fsm.lifecycle.declaration`; state and trigger docs and
-    the grouping come from :mod:`fsm.lifecycle` (``STATE_DOCS``, ``TRIGGER_DOCS``,
+    ``decl`` has the shape of :func:`fsm.lifecycle.declaration`: ``states``, ``initial``,
+    ``triggers``, ``guards``, ``transitions`` (one per member state), ``ignored`` and,
+    optional, ``rows`` (as declared, a group as source), ``groups`` and ``effects`` (effect →
+    what it does in words). State and trigger docs and the in-chain / ended grouping of the
+    full diagram come from :mod:`fsm.lifecycle` (``STATE_DOCS``, ``TRIGGER_DOCS``,
     ``IN_CHAIN``, ``ENDED``, ``AT_REST``) and are optional. Raises ``ValueError`` when two
     rows share an id.
     """
@@ -199,6 +317,8 @@ def extract(decl: Mapping | None = None) -> Diagram:
     cell_guards: dict[tuple[str, str], list[tuple[str, ...]]] = {}
     for t in decl["transitions"]:
         cell_guards.setdefault((t["source"], t["trigger"]), []).append(tuple(t["guards"]))
+    rows = declared_rows(decl)
+    row_of = {m: r.id for r in rows for m in r.members}
     seen: dict[tuple[str, str], int] = {}
     edges = []
     for t in decl["transitions"]:
@@ -206,8 +326,8 @@ def extract(decl: Mapping | None = None) -> Diagram:
         k = seen[cell] = seen.get(cell, -1) + 1
         takeable, rejectable = _reachability(cell_guards[cell], k)
         edges.append(Edge(t["id"], t["source"], t["trigger"], t["dest"], tuple(t["guards"]),
-                          t["effect"], t["spec"], k, takeable,
-                          rejectable and bool(t["guards"])))
+                          t.get("effect"), t.get("spec") or "", k, takeable,
+                          rejectable and bool(t["guards"]), row_of.get(t["id"], t["id"])))
     ignored = tuple(IgnoredCell(i["id"], i["source"], i["trigger"], i["reason"])
                     for i in decl["ignored"])
     ids = [e.id for e in edges] + [i.id for i in ignored]
@@ -218,7 +338,9 @@ def extract(decl: Mapping | None = None) -> Diagram:
     return Diagram(NAME, states,
                    tuple((t, trigger_docs.get(t, "")) for t in decl["triggers"]),
                    tuple((g, doc) for g, doc in decl["guards"].items()),
-                   tuple(edges), ignored)
+                   tuple(edges), ignored, rows,
+                   tuple((g, tuple(m)) for g, m in (decl.get("groups") or {}).items()),
+                   tuple((e, str(doc)) for e, doc in (decl.get("effects") or {}).items()))
 
 
 # ----------------------------------------------------------------------------- DOT / SVG
@@ -237,9 +359,12 @@ def _html(text: str) -> str:
 def _legend(diagram: Diagram, colours: Mapping[str, str], summary: str | None) -> str:
     rows = []
     if summary is not None:
-        rows.append(f'<tr><td colspan="2" align="left"><b>{_html(summary)}</b></td></tr>')
-        rows.append('<tr><td colspan="2" align="left">solid: covered; '
-                    f'<font color="{_UNCOVERED}">red dashed: not covered</font></td></tr>')
+        for line in summary.split("; "):
+            rows.append(f'<tr><td colspan="2" align="left"><b>{_html(line)}</b></td></tr>')
+        for colour, style, _, text in _STATUS_STYLE.values():
+            stroke = "╍╍" if style == "dashed" else "━━"
+            rows.append(f'<tr><td align="left"><font color="{colour}">{stroke} {_html(text.split(":")[0])}'
+                        f'</font></td><td align="left">{_html(text.split(": ", 1)[1])}</td></tr>')
     else:
         rows.append('<tr><td colspan="2" align="left"><b>edge colour = trigger</b></td></tr>')
         for trigger, doc in diagram.triggers:
@@ -269,9 +394,10 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     States are grouped in two clusters (in a chain / chain ended), ``idle`` stays outside
     (most edges of the ended states lead to it); each edge has ``id`` = the row
     id, the ``trigger [guards]`` label and a tooltip with the effect and the spec reference.
-    With ``marks`` (row id → :class:`EdgeMark`) edges are drawn for coverage: covered solid,
-    uncovered red and dashed, a row without a mark counts as uncovered; ``summary`` heads the
-    legend.
+    With ``marks`` (row id → :class:`EdgeMark`) edges are drawn for coverage: covered solid
+    green, partly covered solid amber and thicker, not covered red and dashed; a row without a
+    mark counts as not covered; ``summary`` (lines joined by ``"; "``) heads the legend, which
+    explains the three.
     """
     import graphviz
 
@@ -307,14 +433,11 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
         if marks is None:
             attrs["color"] = attrs["fontcolor"] = colours[e.trigger]
         else:
-            mark = marks.get(e.id, EdgeMark(False, "no data"))
+            mark = marks.get(e.id, EdgeMark("not covered", "no data"))
             if mark.note:
                 label = f"{label} ({mark.note})"
-            if mark.covered:
-                attrs.update(color=_COVERED, fontcolor=_COVERED, style="solid")
-            else:
-                attrs.update(color=_UNCOVERED, fontcolor=_UNCOVERED, style="dashed",
-                             penwidth="1.6")
+            colour, style, width, _ = _STATUS_STYLE[mark.status]
+            attrs.update(color=colour, fontcolor=colour, style=style, penwidth=width)
         g.edge(e.source, e.dest, label=_dot_text(label), **attrs)
     g.node("__legend", label=_legend(diagram, colours, summary), shape="plaintext",
            style="", fontsize="10")

@@ -376,7 +376,8 @@ def test_coverage_items_and_percent():
     by_row = {r.id: r for r in report.ignored}
     assert by_row["idle--retry_cancelled->(ignored)"].to_json() == {
         "id": "idle--retry_cancelled->(ignored)", "source": "idle", "trigger": "retry_cancelled",
-        "reason": "no chain to cancel", "ignored": 2, "covered": True, "missing": []}
+        "reason": "no chain to cancel", "ignored": 2, "status": "covered", "covered": True,
+        "missing": []}
 
 
 def test_fallback_rows_have_only_a_taken_item():
@@ -391,14 +392,18 @@ def test_fallback_rows_have_only_a_taken_item():
 def test_report_json_shape():
     data = A.coverage({(CHAIN[0], "taken"): 1}).to_json()
     assert {"declared", "covered", "percent", "uncovered", "version", "definition",
-            "transitions", "ignored", "unrejectable", "traces", "foreign"} <= set(data)
+            "transitions", "ignored", "unrejectable", "traces", "foreign", "statuses",
+            "counts"} <= set(data)
+    assert data["counts"] == [[CHAIN[0], "taken", 1]]
+    assert data["statuses"] == {"covered": 0, "partly covered": 1, "not covered": 37}
     assert (data["declared"], data["covered"], data["percent"]) == (69, 1, 1.45)
     assert {"row": CHAIN[0], "need": "rejected"} in data["uncovered"]
     assert {"row": CHAIN[0], "need": "taken"} not in data["uncovered"]
     first = data["transitions"][0]
     assert first == {"id": CHAIN[0], "source": "idle", "trigger": "turn_failed_retryable",
                      "dest": "backing_off", "guards": ["retry_enabled", "has_retries_left"],
-                     "taken": 1, "rejected": 0, "covered": False, "missing": ["rejected"]}
+                     "taken": 1, "rejected": 0, "status": "partly covered", "covered": False,
+                     "missing": ["rejected"]}
 
 
 def test_formats_of_a_report_without_traces_or_fallbacks():
@@ -411,13 +416,15 @@ def test_formats_of_a_report_without_traces_or_fallbacks():
     report = A.coverage({("a--t[g]->b", "taken"): 1, ("a--t[g]->b", "rejected"): 2,
                          ("b--t->(ignored)", "ignored"): 1}, extract(decl))
     text = A.format_text(report)
-    assert "traces" not in text and "fallback rows" not in text
-    assert "uncovered items (0):\n  none\n" in text
-    assert text.endswith("coverage: 3/3 items (100.00%)\n")
+    assert "traces" not in text and "— fallback" not in text
+    assert text.startswith("transition coverage of retry_lifecycle: 3/3 items (100.00%)\n"
+                           "  transitions (1): 1 covered, 0 partly covered (taken, never "
+                           "rejected), 0 not covered\n")
+    assert re.search(r"^  covered +a--t\[g\]->b +1  2$", text, re.M)
     md = A.format_markdown(report)
-    assert "Traces:" not in md and "Fallback rows" not in md
-    assert "| ✅ | `a--t[g]->b` | 1 | 2 |  |" in md
-    assert "| ✅ | `b--t->(ignored)` | 1 | r\\|s |" in md
+    assert "Traces:" not in md
+    assert "| ✅ covered | `a--t[g]->b` | 1 | 2 |  |" in md
+    assert "| ✅ covered | `b--t->(ignored)` | 1 | r\\|s |" in md
     assert json.loads(A.format_json(report))["percent"] == 100.0
 
 
@@ -449,21 +456,48 @@ def one_chain(tmp_path) -> Path:
     return path
 
 
-def test_audit_text_lists_every_row_with_counts(one_chain, capsys):
+def test_audit_text_puts_the_summary_first_and_lists_every_row_once(one_chain, capsys):
     assert main(["audit", str(one_chain)]) == 0
     out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "transition coverage of retry_lifecycle: 3/69 items (4.35%)"
+    assert lines[1] == ("  transitions (38): 1 covered, 2 partly covered (taken, never rejected), "
+                        "35 not covered")
+    assert lines[2] == "  ignored cells (20): 0 seen ignored, 20 never seen"
     assert A.DEFINITION in out
     for r in L.TRANSITIONS:
-        assert f" {r.id} " in out
+        assert sum(f" {r.id} " in l for l in lines) == 1, r.id  # listed once, never repeated
     for i in L.IGNORED:
-        assert f" {i.id} " in out
-    line = next(l for l in out.splitlines() if f" {CHAIN[2]} " in l)
-    assert line.split()[0] == "ok" and line.split()[-3:] == ["1", "/", "-"]
-    line = next(l for l in out.splitlines() if f" {CHAIN[0]} " in l)
-    assert line.startswith("  MISS") and line.endswith("1 /      0  never rejected")
+        assert sum(f" {i.id} " in l for l in lines) == 1, i.id
+    assert "uncovered items" not in out
+    line = next(l for l in lines if f" {CHAIN[2]} " in l)
+    assert line.split()[0] == "covered" and line.split()[-3:] == ["1", "—", "unguarded"]
+    line = next(l for l in lines if f" {CHAIN[0]} " in l)
+    assert line.startswith("  partly covered ") and line.endswith("1  0            never rejected")
+    line = next(l for l in lines if f" {FALLBACKS[0]} " in l)
+    assert line.startswith("  not covered ") and line.endswith("0  — fallback   never taken")
     assert f"{one_chain}: 3 records" in out
-    assert f"  {CHAIN[0]}: never rejected" in out
-    assert out.rstrip().endswith("coverage: 3/69 items (4.35%)")
+
+
+def test_a_taken_row_is_never_reported_not_covered(tmp_path, capsys):
+    """The demo's chain (two retries, then a success): every row it took is covered or partly
+    covered, never "not covered" (the issue: "a transition the demo took is reported MISS")."""
+    path = tmp_path / "demo.jsonl"
+    with A.TraceWriter(path):
+        b = brain_in(L.IDLE)
+        fail(b)
+        b.backoff_elapsed(b.timer_id)
+        fail(b)
+        b.backoff_elapsed(b.timer_id)
+        succeed(b)
+    taken = {l["row"] for l in read_lines(path)[1:]}
+    assert main(["audit", str(path), "--format", "json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)["transitions"]}
+    assert len(taken) == 4
+    for row in taken:
+        assert rows[row]["status"] in ("covered", "partly covered"), row
+    assert rows["continuing--turn_succeeded->succeeded"]["status"] == "covered"
+    assert {r["status"] for r in rows.values() if r["id"] not in taken} == {"not covered"}
 
 
 def test_audit_json_and_markdown(one_chain, capsys):
@@ -473,10 +507,11 @@ def test_audit_json_and_markdown(one_chain, capsys):
     assert data["traces"] == [{"path": str(one_chain), "records": 3}]
     assert main(["audit", str(one_chain), "--format", "md"]) == 0
     md = capsys.readouterr().out
-    assert "**3/69 items (4.35%)**" in md
-    assert f"| ✅ | `{CHAIN[2]}` | 1 | – |  |" in md
-    assert f"| ❌ | `{CHAIN[0]}` | 1 | 0 | never rejected |" in md
-    assert "| ❌ | `idle--retry_cancelled->(ignored)` | 0 | no chain to cancel |" in md
+    assert md.index("**3/69 items (4.35%)**") < md.index("## Transitions")
+    assert f"| ✅ covered | `{CHAIN[2]}` | 1 | — unguarded |  |" in md
+    assert f"| 🟡 partly covered | `{CHAIN[0]}` | 1 | 0 | never rejected |" in md
+    assert f"| ❌ not covered | `{FALLBACKS[0]}` | 0 | — fallback | never taken |" in md
+    assert "| ❌ not covered | `idle--retry_cancelled->(ignored)` | 0 | no chain to cancel |" in md
 
 
 def test_audit_fail_under(one_chain, full_trace, capsys):
@@ -485,7 +520,8 @@ def test_audit_fail_under(one_chain, full_trace, capsys):
     assert "FAIL: transition coverage 4.35% is under --fail-under 4.36% (66 items uncovered)" in (
         capsys.readouterr().err)
     assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
-    assert "coverage: 69/69 items (100.00%)" in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith(
+        "transition coverage of retry_lifecycle: 69/69 items (100.00%)\n")
 
 
 @pytest.mark.parametrize("value", ["101", "-1", "lots"])
@@ -510,7 +546,7 @@ def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
     assert main(["audit", str(one_chain), str(old)]) == 0
     captured = capsys.readouterr()
     assert f"  {old}: version 0ld, 1 records" in captured.out
-    assert "coverage: 3/69 items" in captured.out
+    assert captured.out.startswith("transition coverage of retry_lifecycle: 3/69 items")
     assert f"warning: {old} was recorded with another declaration (version 0ld" in captured.err
     assert main(["audit", str(old)]) == 2
     assert "every trace was recorded with another declaration" in capsys.readouterr().err
@@ -518,24 +554,36 @@ def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
     assert f"Foreign traces, not counted: `{old}` (version `0ld`, 1)" in capsys.readouterr().out
 
 
-def svg_edge_styles(path: Path) -> dict[str, bool]:
-    """Edge id → drawn dashed."""
+def svg_edge_styles(path: Path) -> dict[str, tuple[bool, str]]:
+    """Edge id → (drawn dashed, stroke colour)."""
     root = ET.parse(path).getroot()
-    return {g.get("id"): any(p.get("stroke-dasharray") for p in g.iter(f"{SVG_NS}path"))
-            for g in root.iter(f"{SVG_NS}g") if g.get("class") == "edge"}
+    out = {}
+    for g in root.iter(f"{SVG_NS}g"):
+        if g.get("class") == "edge":
+            paths = list(g.iter(f"{SVG_NS}path"))
+            out[g.get("id")] = (any(p.get("stroke-dasharray") for p in paths),
+                                paths[0].get("stroke"))
+    return out
 
 
-def test_audit_svg_marks_uncovered_edges(one_chain, tmp_path, capsys):
+def test_audit_svg_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys):
     out = tmp_path / "cov" / "coverage.svg"
     assert main(["audit", str(one_chain), "--svg", str(out)]) == 0
-    dashed = svg_edge_styles(out)
-    assert set(dashed) == set(ROW) | {"initial"}
-    # a covered edge is solid; a taken but never rejected guarded row is not covered
-    assert dashed[CHAIN[1]] is True and dashed[CHAIN[2]] is False
-    assert dashed[CHAIN[0]] is True
-    assert sum(not d for d in dashed.values()) == 2  # continuing->succeeded and the initial arrow
+    styles = svg_edge_styles(out)
+    assert set(styles) == set(ROW) | {"initial"}
+    # taken edges are never drawn as missed: covered and partly covered are solid
+    covered, partly, missed = styles[CHAIN[2]], styles[CHAIN[0]], styles[FALLBACKS[0]]
+    assert styles[CHAIN[1]] == partly
+    assert not covered[0] and not partly[0] and missed[0]
+    assert len({covered[1], partly[1], missed[1]}) == 3
+    assert sum(dashed for dashed, _ in styles.values()) == len(ROW) - 3
     text = out.read_text(encoding="utf-8")
-    assert "transition coverage 3/69 items (4.35%); ignored cells seen ignored: 0/20" in text
+    assert "transition coverage 3/69 items (4.35%)" in text
+    assert "transitions (38): 1 covered, 2 partly covered (taken, never rejected), 35 not covered" in text
+    legend = re.findall(r'fill="(#[0-9a-f]{6})">(━━|╍╍) ([a-z ]+)</text>', text)
+    assert legend == [(covered[1], "━━", "covered"), (partly[1], "━━", "partly covered"),
+                      (missed[1], "╍╍", "not covered")]
+    assert ">taken, never rejected</text>" in text and ">never taken</text>" in text
     assert "turn_failed_retryable [retry_enabled ∧ has_retries_left] (1 taken, never rejected)" in text
     assert "turn_succeeded (1 taken)" in text
     assert "turn_failed_fatal (never taken)" in text
@@ -544,7 +592,7 @@ def test_audit_svg_marks_uncovered_edges(one_chain, tmp_path, capsys):
 def test_audit_svg_of_a_full_trace_is_all_solid(full_trace, tmp_path):
     out = tmp_path / "full.svg"
     assert main(["audit", str(full_trace), "--svg", str(out)]) == 0
-    assert not any(svg_edge_styles(out).values())
+    assert not any(dashed for dashed, _ in svg_edge_styles(out).values())
     assert re.search(r"backoff_elapsed \[timer_is_current\] \(\d+ taken, 1 rejected\)",
                      out.read_text(encoding="utf-8"))
 

@@ -172,21 +172,23 @@ def test_committed_svg_is_valid_and_current():
         "diagrams/retry_lifecycle.svg is stale: run 'make diagrams'")
 
 
-def test_coverage_marks_draw_uncovered_edges_red_and_dashed():
+def test_coverage_marks_draw_three_statuses():
     diagram = D.extract()
-    first, second = diagram.edges[0].id, diagram.edges[1].id
-    marks = {first: D.EdgeMark(True, "taken 2"), second: D.EdgeMark(False, "never taken")}
+    first, second, partly = diagram.edges[0].id, diagram.edges[1].id, diagram.edges[3].id
+    marks = {first: D.EdgeMark("covered", "taken 2"), second: D.EdgeMark("not covered", "never taken"),
+             partly: D.EdgeMark("partly covered", "1 taken, never rejected")}
     edges = {attrs["id"]: attrs for _, _, attrs in dot_edges(D.render_dot(diagram, marks, "cov 1/2"))}
-    assert edges[first]["style"] == "solid" and edges[first]["color"] != "#D00000"
+    assert edges[first]["style"] == "solid" and edges[first]["color"] not in ("#D00000", "#B86E00")
     assert edges[first]["label"].endswith("(taken 2)")
     assert edges[second]["style"] == "dashed" and edges[second]["color"] == "#D00000"
+    assert edges[partly]["style"] == "solid" and edges[partly]["color"] == "#B86E00"
     # a row without a mark has no data: it is drawn as not covered
     third = diagram.edges[2].id
     assert edges[third]["style"] == "dashed" and edges[third]["label"].endswith("(no data)")
     svg = svg_edges(D.render_svg(diagram, marks, "cov 1/2"))
     dashed = {g.get("id") for g in svg
               if any(p.get("stroke-dasharray") for p in g.iter(f"{SVG_NS}path"))}
-    assert first not in dashed and second in dashed and third in dashed
+    assert first not in dashed and partly not in dashed and second in dashed and third in dashed
 
 
 def test_missing_dot_is_a_clear_error(tmp_path, monkeypatch, capsys):

@@ -24,6 +24,7 @@ rejected), not covered (red, dashed) — with a legend (:mod:`fsm.audit` uses th
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -462,10 +463,16 @@ def render_svg(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     Raises :class:`DiagramError` when the ``dot`` binary is not on ``PATH`` (install Graphviz:
     ``make setup`` or ``apt-get install graphviz``) or when it fails.
     """
+    return svg_of(build_digraph(diagram, marks, summary))
+
+
+def svg_of(graph) -> bytes:
+    """Lay out a :class:`graphviz.Digraph` with ``dot`` into SVG bytes; see :func:`render_svg`
+    for the errors."""
     import graphviz
 
     try:
-        return build_digraph(diagram, marks, summary).pipe(format="svg")
+        return graph.pipe(format="svg")
     except graphviz.ExecutableNotFound as exc:
         raise DiagramError(
             "cannot render SVG: Graphviz's 'dot' program was not found on PATH; install "
@@ -502,8 +509,279 @@ def render_mermaid(diagram: Diagram) -> str:
 
 
 def _mermaid_text(text: str) -> str:
-    # ':' separates a label and ';' ends a statement in Mermaid; '#' starts an entity code.
-    return text.replace(":", " -").replace(";", ",").replace("#", "no. ")
+    # ':' separates a label and ';' ends a statement in Mermaid (a ratio sign '∶' looks the
+    # same); '#' starts an entity code.
+    return text.replace(":", "∶").replace(";", ",").replace("#", "no. ")
+
+
+# ----------------------------------------------------------------------------- review diagram
+
+REVIEW = f"{NAME}_review"
+"""Base name of the review diagram's files (``retry_lifecycle_review.dot`` ...)."""
+
+ADDED, REMOVED, CHANGED = "added", "removed", "changed"
+_CHANGE_STYLE = {  # diff view: colour, line style, marker; Okabe–Ito, with a marker beside colour
+    ADDED: ("#009E73", "solid", "+"),
+    REMOVED: ("#D55E00", "dashed", "−"),
+    CHANGED: ("#0072B2", "solid", "~"),
+}
+_REVIEW_EDGE = "#444444"
+_GROUP_WORDS = {"at_rest": "at rest"}
+
+
+@dataclass(frozen=True, slots=True)
+class DrawnRow:
+    """A declared row as the review diagram draws it: ``change`` is ``""`` (as it is),
+    ``"added"``, ``"removed"`` or ``"changed"``; ``was`` says what a changed row was."""
+
+    row: DeclaredRow
+    change: str = ""
+    was: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewEdge:
+    """Rows drawn as one edge: the same source and dest (and, in a diff, removed rows apart
+    from the others, added rows apart too)."""
+
+    source: str
+    dest: str
+    rows: tuple[DrawnRow, ...]
+
+    @property
+    def change(self) -> str:
+        """``removed`` / ``added`` when every row is; ``changed`` when some row is; else ``""``."""
+        kinds = {r.change for r in self.rows}
+        if kinds in ({REMOVED}, {ADDED}):
+            return kinds.pop()
+        return CHANGED if kinds - {""} else ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}->{self.dest}" + (f"({self.change})" if self.change in (ADDED, REMOVED) else "")
+
+
+def review_edges(drawn: Sequence[DrawnRow]) -> tuple[ReviewEdge, ...]:
+    """Merge rows between the same two nodes into one edge, in declaration order; removed
+    rows and added rows get edges of their own (drawn in their colour)."""
+    merged: dict[tuple[str, str, str], list[DrawnRow]] = {}
+    for d in drawn:
+        bucket = d.change if d.change in (ADDED, REMOVED) else ""
+        merged.setdefault((d.row.source, d.row.dest, bucket), []).append(d)
+    return tuple(ReviewEdge(src, dst, tuple(rows)) for (src, dst, _), rows in merged.items())
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+
+
+def _label_lines(diagram: Diagram, edge: ReviewEdge, width: int | None
+                 ) -> list[tuple[str, str, str, str]]:
+    """The stacked lines of an edge's label, as ``(kind, bold, text, change)``; ``kind`` is
+    ``row`` (a row's first line), ``more`` (its wrapped guards), ``was`` (what a changed row
+    was) or ``effect``. A trigger repeated by the next rows of one effect is written once,
+    their guards follow as ``or [guards]``; each run of rows with one effect is closed by its
+    ``/ effect`` line, in the declaration's words. ``width`` wraps long lines (None: never)."""
+    def wrap(text: str, n: int) -> list[str]:
+        return [text] if width is None else _wrap(text, n)
+
+    lines: list[tuple[str, str, str, str]] = []
+    runs: list[list[DrawnRow]] = []
+    for d in edge.rows:
+        if runs and runs[-1][-1].row.effect == d.row.effect and runs[-1][-1].change == d.change:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    n = width or 0
+    for run in runs:
+        previous = None
+        for d in run:
+            guards = wrap(f"[{guard_text(d.row.guards)}]", n) if d.row.guards else []
+            if d.row.trigger == previous and guards:
+                lines.append(("row", "", f"  or {guards[0]}", d.change))
+            else:
+                first = guards.pop(0) if guards and (width is None or len(d.row.trigger)
+                                                     + len(guards[0]) <= n) else ""
+                lines.append(("row", d.row.trigger, f" {first}" if first else "", d.change))
+            lines += [("more", "", f"      {w}", d.change) for w in guards[1 if d.row.trigger == previous else 0:]]
+            previous = d.row.trigger
+            if d.was:
+                lines += [("was", "", f"    {w}", d.change) for w in wrap(d.was, n + 6)]
+        effect = diagram.effect_text(run[-1].row.effect)
+        if effect:
+            lines += [("effect", "", ("/ " if i == 0 else "  ") + w, run[-1].change)
+                      for i, w in enumerate(wrap(effect, n))]
+    return lines
+
+
+def _review_label(diagram: Diagram, edge: ReviewEdge) -> str:
+    """The edge's stacked lines (:func:`_label_lines`) as a Graphviz HTML label."""
+    cells = []
+    for kind, bold, text, change in _label_lines(diagram, edge, 64):
+        colour, _, mark = _CHANGE_STYLE.get(change, ("#000000", "", ""))
+        html = (f"<b>{_html(bold)}</b>" if bold else "") + _html(text)
+        if kind == "effect":
+            html = f'<font color="{colour if change else "#555555"}"><i>{html}</i></font>'
+        elif kind == "was":
+            html = f'<font color="{colour}" point-size="8"><i>{html}</i></font>'
+        elif change:
+            html = f'<font color="{colour}">{mark if kind == "row" else " "} {html}</font>'
+        cells.append(f'<tr><td align="left">{html}</td></tr>')
+    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="0">'
+            + "".join(cells) + "</table>>")
+
+
+def _review_legend(diagram: Diagram, diff: str | None) -> str:
+    rows = []
+    if diff is not None:
+        rows.append(f'<tr><td colspan="2" align="left"><b>{_html(diff)}</b></td></tr>')
+        for change, (colour, style, mark) in _CHANGE_STYLE.items():
+            stroke = "╍╍" if style == "dashed" else "━━"
+            rows.append(f'<tr><td align="left"><font color="{colour}">{stroke} {mark} {change}'
+                        '</font></td><td align="left">'
+                        + {ADDED: "a row the old version did not have",
+                           REMOVED: "a row of the old version that is gone",
+                           CHANGED: "same source, trigger, dest and effect; other guards (or "
+                                    "the same guards, another effect)"}[change]
+                        + "</td></tr>")
+    rows.append('<tr><td colspan="2" align="left"><b>read an edge as</b> trigger [guards] / '
+                f'what it does; {AND} and, {NOT} not; a cell\'s rows are tried top to bottom</td></tr>')
+    for guard, doc in diagram.guards:
+        text = '<br align="left"/>'.join(_html(w) for w in _wrap(doc, 72))
+        rows.append(f'<tr><td align="left" valign="top">{_html(guard)}</td>'
+                    f'<td align="left">{text}<br align="left"/></td></tr>')
+    for group, members in diagram.groups:
+        rows.append(f'<tr><td colspan="2" align="left">{_html(_group_words(group))}: a row drawn '
+                    f'from it holds in each of {_html(", ".join(members))} (the audit counts it '
+                    'once per state)</td></tr>')
+    rows.append(f'<tr><td colspan="2" align="left">{len(diagram.ignored)} ignored (state, trigger)'
+                f' cells are not drawn; every cell, per state: {diagram.name}.md</td></tr>')
+    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="2">'
+            + "".join(rows) + "</table>>")
+
+
+def _group_words(group: str) -> str:
+    return _GROUP_WORDS.get(group, group.replace("_", " "))
+
+
+def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = None,
+                         diff: str | None = None, title: str | None = None):
+    """The review :class:`graphviz.Digraph`: the declared rows, not one edge per state.
+
+    Each group of states (``at_rest``) is a cluster holding its member states and one node
+    for the group itself, from which the group's rows are drawn once; rows between the same
+    two nodes are one edge whose label stacks them (``trigger [guards]``, then ``/ what it
+    does`` from the declaration's ``effects``). ``drawn`` (default: every row, unchanged) and
+    ``diff`` (a summary line heading the legend) are how :mod:`fsm.diagrams_diff` draws a
+    change; a row whose states are gone from ``diagram`` gets a dashed node of its own.
+    """
+    import graphviz
+
+    drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
+    g = graphviz.Digraph(REVIEW)
+    g.attr("graph", rankdir="TB", newrank="true", nodesep="0.3", ranksep="0.5",
+           fontname="Helvetica", fontsize="11", labelloc="t", labeljust="l", pad="0.2",
+           label=_dot_text(title or f"{diagram.name}: the rows as declared in fsm/lifecycle.py "
+                                    f"(per state: {diagram.name}.svg)"))
+    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+           fillcolor="#FFFFFF")
+    g.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7", color=_REVIEW_EDGE)
+    names = {s.name for s in diagram.states}
+    grouped = {m: group for group, members in diagram.groups for m in members}
+    initial = [s for s in diagram.states if s.initial]
+    if initial:
+        g.node("__initial", label="", shape="point", width="0.12", style="filled",
+               fillcolor="black")
+    for group, members in diagram.groups:
+        with g.subgraph(name=f"cluster_{group}") as c:
+            c.attr(label=_dot_text(_group_words(group)), style="rounded,filled", color="#7F98B5",
+                   fillcolor="#F3F6FA", fontcolor="#2B4A6F")
+            c.node(group, label=_dot_text(f"any state {_group_words(group)}"), shape="box",
+                   style="rounded,filled,bold", fillcolor="#DCE6F2", color="#2B4A6F",
+                   tooltip=_dot_text(f"{group}: {', '.join(members)}"))
+            for s in diagram.states:
+                if s.name in members:
+                    _state_node(c, s)
+    for s in diagram.states:
+        if s.name not in grouped:
+            _state_node(g, s)
+    known = names | {group for group, _ in diagram.groups}
+    ghosts = []
+    for d in drawn:
+        for end in (d.row.source, d.row.dest):
+            if end not in known and end not in ghosts:
+                ghosts.append(end)
+    for end in ghosts:
+        g.node(end, label=_dot_text(f"{end} (gone)"), style="rounded,dashed",
+               color=_CHANGE_STYLE[REMOVED][0], fontcolor=_CHANGE_STYLE[REMOVED][0])
+    for s in initial:
+        g.edge("__initial", s.name, id="initial", tooltip="initial state")
+    for e in review_edges(drawn):
+        attrs = {"id": e.id, "tooltip": _dot_text("; ".join(d.row.id for d in e.rows))}
+        if e.change:
+            colour, style, _ = _CHANGE_STYLE[e.change]
+            attrs.update(color=colour, style=style, penwidth="1.8")
+        g.edge(e.source, e.dest, label=_review_label(diagram, e), **attrs)
+    g.node("__legend", label=_review_legend(diagram, diff), shape="plaintext", style="",
+           fontsize="10")
+    # The legend sits beside the last states drawn (the bottom row), not above the machine.
+    bottom = [s.name for s in diagram.states if s.name in grouped and s.name != diagram.states[0].name]
+    if bottom:
+        with g.subgraph() as r:
+            r.attr(rank="same")
+            r.node(bottom[-1])
+            r.node("__legend")
+    return g
+
+
+def render_review_dot(diagram: Diagram) -> str:
+    """DOT text of the review diagram (``\\n`` endings); see :func:`build_review_digraph`."""
+    return build_review_digraph(diagram).source
+
+
+def render_review_svg(diagram: Diagram) -> bytes:
+    """SVG of the review diagram; raises :class:`DiagramError` as :func:`render_svg` does."""
+    return svg_of(build_review_digraph(diagram))
+
+
+def render_review_mermaid(diagram: Diagram, drawn: Sequence[DrawnRow] | None = None,
+                          title: str | None = None) -> str:
+    """Mermaid ``stateDiagram-v2`` of the review diagram: one line per merged edge, its rows
+    stacked with ``<br>``; a group is a state of its own (``at_rest``, "any state at rest").
+    In a diff, rows are marked ``+`` added, ``−`` removed, ``~`` changed."""
+    drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
+    lines = ["---", f"title: {title or REVIEW}", "---", "stateDiagram-v2", "    direction LR",
+             "    %% generated from fsm/lifecycle.py by 'python -m fsm diagrams'; do not edit",
+             f"    %% {len(diagram.ignored)} ignored (state, trigger) cells are not drawn: "
+             f"see {diagram.name}.md"]
+    for group, members in diagram.groups:
+        lines.append(f"    state \"any state {_group_words(group)}: {', '.join(members)}\" as {group}")
+    for s in diagram.states:
+        if s.initial:
+            lines.append(f"    [*] --> {s.name}")
+    for e in review_edges(drawn):
+        parts = []
+        for kind, bold, text, change in _label_lines(diagram, e, None):
+            mark = _CHANGE_STYLE[change][2] + " " if change and kind == "row" else ""
+            if kind in ("row", "effect") or not parts:
+                parts.append(f"{mark}{bold}{text}".strip())
+            else:
+                parts[-1] += " " + text.strip()
+        lines.append(f"    {e.source} --> {e.dest} : "
+                     + "<br>".join(_mermaid_text(p) for p in parts))
+    css = {"group": "fill:#DCE6F2,stroke:#2B4A6F", "in_chain": "fill:#FFF4D6,stroke:#8C6D00",
+           "ended": "fill:#EEF3FA,stroke:#0072B2"}
+    if diagram.groups:
+        lines.append(f"    classDef group {css['group']}")
+        lines.append(f"    class {','.join(g for g, _ in diagram.groups)} group")
+    for group in ("in_chain", "ended"):
+        members = [s.name for s in diagram.states if s.group == group]
+        if members:
+            lines.append(f"    classDef {group} {css[group]}")
+            lines.append(f"    class {','.join(members)} {group}")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- Markdown
@@ -598,12 +876,28 @@ def render_markdown(diagram: Diagram) -> str:
 
 # ----------------------------------------------------------------------------- files
 
-def render_all(diagram: Diagram | None = None) -> dict[str, str]:
-    """The byte-stable text outputs, file name → text: ``.dot``, ``.mmd``, ``.md``."""
-    diagram = extract() if diagram is None else diagram
-    return {f"{diagram.name}.dot": render_dot(diagram),
-            f"{diagram.name}.mmd": render_mermaid(diagram),
-            f"{diagram.name}.md": render_markdown(diagram)}
+def declaration_json(decl: Mapping | None = None) -> str:
+    """The declaration (default: :func:`fsm.lifecycle.declaration`) as the JSON written next
+    to the diagrams (``retry_lifecycle.json``), what ``--diff`` compares: 2-space indents,
+    declaration order, UTF-8, a final ``\\n``."""
+    decl = L.declaration() if decl is None else decl
+    return json.dumps(decl, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_all(diagram: Diagram | None = None, decl: Mapping | None = None) -> dict[str, str]:
+    """The byte-stable text outputs, file name → text: the per-state diagram (``.dot``,
+    ``.mmd``, ``.md``), the review diagram (``_review.dot``, ``_review.mmd``) and the
+    declaration as JSON (``.json``)."""
+    decl = L.declaration() if decl is None and diagram is None else decl
+    diagram = extract(decl) if diagram is None else diagram
+    out = {f"{diagram.name}.dot": render_dot(diagram),
+           f"{diagram.name}.mmd": render_mermaid(diagram),
+           f"{diagram.name}.md": render_markdown(diagram),
+           f"{REVIEW}.dot": render_review_dot(diagram),
+           f"{REVIEW}.mmd": render_review_mermaid(diagram)}
+    if decl is not None:
+        out[f"{diagram.name}.json"] = declaration_json(decl)
+    return out
 
 
 def write_file(path: Path, data: str | bytes) -> None:
@@ -619,14 +913,17 @@ def write_all(out: Path | str, *, svg: bool = True) -> list[Path]:
     leaves them up to date.
     """
     out = Path(out)
-    diagram = extract()
+    decl = L.declaration()
+    diagram = extract(decl)
     written = []
-    for name, text in render_all(diagram).items():
+    for name, text in render_all(diagram, decl).items():
         write_file(out / name, text)
         written.append(out / name)
     if svg:
-        write_file(out / f"{diagram.name}.svg", render_svg(diagram))
-        written.append(out / f"{diagram.name}.svg")
+        for name, data in ((diagram.name, render_svg(diagram)),
+                           (REVIEW, render_review_svg(diagram))):
+            write_file(out / f"{name}.svg", data)
+            written.append(out / f"{name}.svg")
     return written
 
 

@@ -318,7 +318,11 @@ def extract(decl: Mapping | None = None) -> Diagram:
     cell_guards: dict[tuple[str, str], list[tuple[str, ...]]] = {}
     for t in decl["transitions"]:
         cell_guards.setdefault((t["source"], t["trigger"]), []).append(tuple(t["guards"]))
-    rows = declared_rows(decl)
+    groups_of = dict(decl.get("groups") or {})
+    at_rest = tuple(getattr(L, "AT_REST", ()))
+    if "groups" not in decl and at_rest and set(at_rest) <= set(decl["states"]):
+        groups_of = {"at_rest": list(at_rest)}  # a declaration from before groups were named
+    rows = declared_rows(decl, None if decl.get("rows") else groups_of)
     row_of = {m: r.id for r in rows for m in r.members}
     seen: dict[tuple[str, str], int] = {}
     edges = []
@@ -340,7 +344,7 @@ def extract(decl: Mapping | None = None) -> Diagram:
                    tuple((t, trigger_docs.get(t, "")) for t in decl["triggers"]),
                    tuple((g, doc) for g, doc in decl["guards"].items()),
                    tuple(edges), ignored, rows,
-                   tuple((g, tuple(m)) for g, m in (decl.get("groups") or {}).items()),
+                   tuple((g, tuple(m)) for g, m in groups_of.items()),
                    tuple((e, str(doc)) for e, doc in (decl.get("effects") or {}).items()))
 
 
@@ -757,7 +761,7 @@ def render_review_mermaid(diagram: Diagram, drawn: Sequence[DrawnRow] | None = N
              f"    %% {len(diagram.ignored)} ignored (state, trigger) cells are not drawn: "
              f"see {diagram.name}.md"]
     for group, members in diagram.groups:
-        lines.append(f"    state \"any state {_group_words(group)}: {', '.join(members)}\" as {group}")
+        lines.append(f"    state \"any state {_group_words(group)} ({', '.join(members)})\" as {group}")
     for s in diagram.states:
         if s.initial:
             lines.append(f"    [*] --> {s.name}")

@@ -771,6 +771,8 @@ def render_review_mermaid(diagram: Diagram, drawn: Sequence[DrawnRow] | None = N
             mark = _CHANGE_STYLE[change][2] + " " if change and kind == "row" else ""
             if kind in ("row", "effect") or not parts:
                 parts.append(f"{mark}{bold}{text}".strip())
+            elif kind == "was":
+                parts[-1] += f" ({text.strip()})"
             else:
                 parts[-1] += " " + text.strip()
         lines.append(f"    {e.source} --> {e.dest} : "

@@ -403,7 +403,8 @@ def test_report_json_shape():
     assert first == {"id": CHAIN[0], "source": "idle", "trigger": "turn_failed_retryable",
                      "dest": "backing_off", "guards": ["retry_enabled", "has_retries_left"],
                      "taken": 1, "rejected": 0, "status": "partly covered", "covered": False,
-                     "missing": ["rejected"]}
+                     "missing": ["rejected"],
+                     "declared": "at_rest--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off"}
 
 
 def test_formats_of_a_report_without_traces_or_fallbacks():

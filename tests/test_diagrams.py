@@ -429,7 +429,9 @@ def review_dot_edges(source: str) -> list[tuple[str, str, dict[str, str], str]]:
             label = re.search(r"label=<(<table.*</table>)>", body)
             text = re.sub(r"<[^>]+>", "\n", label.group(1)) if label else ""
             text = "\n".join(t.strip() for t in text.split("\n") if t.strip())
-            attrs = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', re.sub(r"label=<<table.*</table>>", "", body)))
+            rest = re.sub(r"label=<<table.*</table>>", "", body)
+            attrs = {k: v.strip('"') for k, v in
+                     re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s\]]+)', rest)}
             edges.append((m.group(1), m.group(2), attrs, text.replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&")))
     return edges
 

@@ -88,6 +88,8 @@ class InMemoryCredentialStore:
     wall time in ms (inject it in tests). Thread-safe.
     """
 
+    blocking = False  # answers without I/O: the session calls it on the loop
+
     def __init__(self, credentials: Mapping[str, Sequence[str]], *,
                  clock: Callable[[], float] = lambda: time.time() * 1000) -> None:
         self._keys = _validate_credentials(credentials)

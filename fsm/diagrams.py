@@ -285,7 +285,9 @@ def declared_rows(decl: Mapping, groups: Mapping[str, Sequence[str]] | None = No
         members: dict[str, list[str]] = {}
         for t in transitions:
             members.setdefault(t.get("row") or t["id"], []).append(t["id"])
-        raw = [{**r, "members": members.get(r["id"], [])} for r in decl["rows"]]
+        # Rows may also declare ignored cells (``"ignored": true``, no dest): not drawn.
+        raw = [{**r, "members": members.get(r["id"], [])} for r in decl["rows"]
+               if not r.get("ignored") and r.get("dest") is not None]
     else:
         raw = fold_rows(transitions, decl.get("groups") or {} if groups is None else groups)
     return tuple(DeclaredRow(r["id"], r["source"], r["trigger"], r["dest"],
@@ -581,17 +583,20 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
 
 
-def _label_lines(diagram: Diagram, edge: ReviewEdge, width: int | None
-                 ) -> list[tuple[str, str, str, str]]:
-    """The stacked lines of an edge's label, as ``(kind, bold, text, change)``; ``kind`` is
-    ``row`` (a row's first line), ``more`` (its wrapped guards), ``was`` (what a changed row
-    was) or ``effect``. A trigger repeated by the next rows of one effect is written once,
-    their guards follow as ``or [guards]``; each run of rows with one effect is closed by its
-    ``/ effect`` line, in the declaration's words. ``width`` wraps long lines (None: never)."""
+Line = tuple[str, str, str, str]
+"""One line of a review label: ``(kind, bold, text, change)``; see :func:`_label_runs`."""
+
+
+def _label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
+                ) -> list[tuple[list[list[Line]], list[Line]]]:
+    """The label of an edge as runs of rows that share one effect: ``[(rows, effect lines)]``,
+    each row a list of lines ``(kind, bold, text, change)``; ``kind`` is ``row`` (a row's first
+    line), ``more`` (its wrapped guards), ``was`` (what a changed row was) or ``effect``. A
+    trigger repeated by the next rows is written once, their guards follow as ``or [guards]``;
+    the effect is in the declaration's words. ``width`` wraps long lines (None: never)."""
     def wrap(text: str, n: int) -> list[str]:
         return [text] if width is None else _wrap(text, n)
 
-    lines: list[tuple[str, str, str, str]] = []
     runs: list[list[DrawnRow]] = []
     for d in edge.rows:
         if runs and runs[-1][-1].row.effect == d.row.effect and runs[-1][-1].change == d.change:
@@ -599,42 +604,63 @@ def _label_lines(diagram: Diagram, edge: ReviewEdge, width: int | None
         else:
             runs.append([d])
     n = width or 0
+    previous = None
+    out: list[tuple[list[list[Line]], list[Line]]] = []
     for run in runs:
-        previous = None
+        rows: list[list[Line]] = []
         for d in run:
+            lines: list[Line] = []
             guards = wrap(f"[{guard_text(d.row.guards)}]", n) if d.row.guards else []
             if d.row.trigger == previous and guards:
-                lines.append(("row", "", f"  or {guards[0]}", d.change))
+                lines.append(("row", "", f"  or {guards.pop(0)}", d.change))
+                indent = "      "
             else:
                 first = guards.pop(0) if guards and (width is None or len(d.row.trigger)
                                                      + len(guards[0]) <= n) else ""
                 lines.append(("row", d.row.trigger, f" {first}" if first else "", d.change))
-            lines += [("more", "", f"      {w}", d.change) for w in guards[1 if d.row.trigger == previous else 0:]]
+                indent = "    "
+            lines += [("more", "", f"{indent}{w}", d.change) for w in guards]
             previous = d.row.trigger
             if d.was:
-                lines += [("was", "", f"    {w}", d.change) for w in wrap(d.was, n + 6)]
+                lines += [("was", "", f"{indent}{w}", d.change) for w in wrap(d.was, n)]
+            rows.append(lines)
         effect = diagram.effect_text(run[-1].row.effect)
+        effect_lines: list[Line] = []
         if effect:
-            lines += [("effect", "", ("/ " if i == 0 else "  ") + w, run[-1].change)
-                      for i, w in enumerate(wrap(effect, n))]
-    return lines
+            effect_lines = [("effect", "", ("/ " if i == 0 else "  ") + w, run[-1].change)
+                            for i, w in enumerate(wrap(effect, n))]
+        out.append((rows, effect_lines))
+    return out
+
+
+def _label_lines(diagram: Diagram, edge: ReviewEdge, width: int | None) -> list[Line]:
+    """Every line of :func:`_label_runs`, in reading order (each run's effect after it)."""
+    return [line for rows, effect in _label_runs(diagram, edge, width)
+            for line in [l for row in rows for l in row] + effect]
+
+
+def _line_html(line: Line) -> str:
+    kind, bold, text, change = line
+    colour, _, mark = _CHANGE_STYLE.get(change, ("#000000", "", ""))
+    html = (f"<b>{_html(bold)}</b>" if bold else "") + _html(text)
+    if kind == "effect":
+        return f'<font color="{colour if change else "#555555"}"><i>{html}</i></font>'
+    if kind == "was":
+        return f'<font color="{colour}" point-size="7"><i>{html}</i></font>'
+    if change:
+        return f'<font color="{colour}">{mark if kind == "row" else " "} {html}</font>'
+    return html
+
+
+LABEL_WIDTH = 64
+"""Characters per line of a review label before it wraps."""
 
 
 def _review_label(diagram: Diagram, edge: ReviewEdge) -> str:
     """The edge's stacked lines (:func:`_label_lines`) as a Graphviz HTML label."""
-    cells = []
-    for kind, bold, text, change in _label_lines(diagram, edge, 64):
-        colour, _, mark = _CHANGE_STYLE.get(change, ("#000000", "", ""))
-        html = (f"<b>{_html(bold)}</b>" if bold else "") + _html(text)
-        if kind == "effect":
-            html = f'<font color="{colour if change else "#555555"}"><i>{html}</i></font>'
-        elif kind == "was":
-            html = f'<font color="{colour}" point-size="8"><i>{html}</i></font>'
-        elif change:
-            html = f'<font color="{colour}">{mark if kind == "row" else " "} {html}</font>'
-        cells.append(f'<tr><td align="left">{html}</td></tr>')
-    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="0">'
-            + "".join(cells) + "</table>>")
+    br = '<br align="left"/>'
+    text = br.join(_line_html(line) for line in _label_lines(diagram, edge, LABEL_WIDTH))
+    return f"<{text}{br}>"
 
 
 def _review_legend(diagram: Diagram, diff: str | None) -> str:
@@ -653,8 +679,8 @@ def _review_legend(diagram: Diagram, diff: str | None) -> str:
     rows.append('<tr><td colspan="2" align="left"><b>read an edge as</b> trigger [guards] / '
                 f'what it does; {AND} and, {NOT} not; a cell\'s rows are tried top to bottom</td></tr>')
     for guard, doc in diagram.guards:
-        text = '<br align="left"/>'.join(_html(w) for w in _wrap(doc, 72))
-        rows.append(f'<tr><td align="left" valign="top">{_html(guard)}</td>'
+        text = '<br align="left"/>'.join(_html(w) for w in _wrap(doc, 110))
+        rows.append(f'<tr><td align="left" valign="top">{_html(guard)}&#160;&#160;</td>'
                     f'<td align="left">{text}<br align="left"/></td></tr>')
     for group, members in diagram.groups:
         rows.append(f'<tr><td colspan="2" align="left">{_html(_group_words(group))}: a row drawn '
@@ -662,7 +688,7 @@ def _review_legend(diagram: Diagram, diff: str | None) -> str:
                     'once per state)</td></tr>')
     rows.append(f'<tr><td colspan="2" align="left">{len(diagram.ignored)} ignored (state, trigger)'
                 f' cells are not drawn; every cell, per state: {diagram.name}.md</td></tr>')
-    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="2">'
+    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="1">'
             + "".join(rows) + "</table>>")
 
 
@@ -685,13 +711,13 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
 
     drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
     g = graphviz.Digraph(REVIEW)
-    g.attr("graph", rankdir="TB", newrank="true", nodesep="0.3", ranksep="0.5",
-           fontname="Helvetica", fontsize="11", labelloc="t", labeljust="l", pad="0.2",
+    g.attr("graph", rankdir="TB", newrank="true", nodesep="0.3", ranksep="0.45",
+           fontname="Helvetica", fontsize="11", labelloc="t", labeljust="l", pad="0.1",
            label=_dot_text(title or f"{diagram.name}: the rows as declared in fsm/lifecycle.py "
                                     f"(per state: {diagram.name}.svg)"))
     g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
            fillcolor="#FFFFFF")
-    g.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7", color=_REVIEW_EDGE)
+    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.7", color=_REVIEW_EDGE)
     names = {s.name for s in diagram.states}
     grouped = {m: group for group, members in diagram.groups for m in members}
     initial = [s for s in diagram.states if s.initial]
@@ -729,7 +755,7 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
             attrs.update(color=colour, style=style, penwidth="1.8")
         g.edge(e.source, e.dest, label=_review_label(diagram, e), **attrs)
     g.node("__legend", label=_review_legend(diagram, diff), shape="plaintext", style="",
-           fontsize="10")
+           fontsize="9")
     # The legend sits beside the last states drawn (the bottom row), not above the machine.
     bottom = [s.name for s in diagram.states if s.name in grouped and s.name != diagram.states[0].name]
     if bottom:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -24,10 +25,22 @@ NONE = Classification("none", "stop_reason.not_error")
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 ROW = {r.id: r for r in L.TRANSITIONS}
-FALLBACKS = [r.id for r in L.TRANSITIONS if r.guards == ("!retry_enabled",)]
-CHAIN = ["idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off",
-         "backing_off--backoff_elapsed[timer_is_current]->continuing",
-         "continuing--turn_succeeded->succeeded"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_diagrams import fallback_rows  # noqa: E402
+
+FALLBACKS = fallback_rows()
+
+
+def row_id(source: str, trigger: str, dest: str) -> str:
+    """The first declared transition from ``source`` on ``trigger`` to ``dest``."""
+    return next(r.id for r in L.TRANSITIONS
+                if (r.source, r.trigger, r.dest) == (source, trigger, dest))
+
+
+CHAIN = [row_id(L.IDLE, L.TURN_FAILED_RETRYABLE, L.BACKING_OFF),
+         row_id(L.BACKING_OFF, L.BACKOFF_ELAPSED, L.CONTINUING),
+         row_id(L.CONTINUING, L.TURN_SUCCEEDED, L.SUCCEEDED)]
+N_ROWS, N_IGNORED = len(L.TRANSITIONS), len(L.IGNORED)
 
 
 def error_message() -> AssistantMessage:
@@ -67,56 +80,27 @@ def brain_in(state: str, max_retries: int = 3) -> RetryBrain:
 
 
 def tour() -> None:
-    """Every row taken, every rejectable row rejected, every ignored cell ignored."""
-    for s in L.AT_REST:
-        b = brain_in(s)
-        fail(b)
-        assert b.state == L.BACKING_OFF
-        b = brain_in(s)
-        b.update_settings(RetrySettings(max_retries=0))
-        fail(b)
-        assert b.state == L.EXHAUSTED
-        b = brain_in(s)
-        b.set_enabled(False)
-        fail(b)
-        assert b.state == L.IDLE
-        for turn in (lambda b: fail(b, FATAL), lambda b: fail(b, OVERFLOW), succeed, abort_turn):
-            b = brain_in(s)
-            turn(b)
-            assert b.state == L.IDLE
-        b = brain_in(s)
-        b.backoff_elapsed(b.timer_id + 7)
-        b.abort_retry()
-        b.continue_failed("late")
-        assert b.state == s
-    b = brain_in(L.BACKING_OFF)
-    for turn in (fail, lambda b: fail(b, FATAL), lambda b: fail(b, OVERFLOW), succeed, abort_turn):
-        assert turn(b) == []
-    b.continue_failed("late")
-    b.backoff_elapsed(b.timer_id - 1)  # a stale timer: rejected
-    assert b.state == L.BACKING_OFF
-    b.abort_retry()
-    assert b.state == L.CANCELLED
-    for end, dest in ((succeed, L.SUCCEEDED), (fail, L.BACKING_OFF),
-                      (lambda b: fail(b, FATAL), L.EXHAUSTED),
-                      (lambda b: fail(b, OVERFLOW), L.EXHAUSTED), (abort_turn, L.CANCELLED),
-                      (lambda b: b.continue_failed("rejected"), L.EXHAUSTED)):
-        b = brain_in(L.CONTINUING)
-        b.backoff_elapsed(b.timer_id)
-        b.abort_retry()
-        assert b.state == L.CONTINUING
-        end(b)
-        assert b.state == dest
-    b = brain_in(L.CONTINUING)
-    b.set_enabled(False)
-    fail(b)
-    assert b.state == L.EXHAUSTED
+    """Every row taken, every rejectable row rejected, every ignored cell ignored: the brain
+    matrix's cases (each guard made the first to fail through real settings and facts)."""
+    from test_brain_matrix import CASES, fire, setup
+
+    for state, trigger, fails in CASES:
+        brain, hint, facts = setup(state, fails)
+        fire(brain, trigger, hint, facts)
 
 
 def item_count() -> int:
-    """Items counted independently of fsm.diagrams: fallback rows are the ¬retry_enabled ones."""
+    """Items counted independently of fsm.diagrams (the fallback rows by brute force)."""
     rejectable = [r for r in L.TRANSITIONS if r.guards and r.id not in FALLBACKS]
     return len(L.TRANSITIONS) + len(rejectable) + len(L.IGNORED)
+
+
+ITEMS = item_count()
+
+
+def pct(covered: int) -> str:
+    """The report's percentage text of ``covered`` items."""
+    return f"{100 * covered / ITEMS:.2f}"
 
 
 # ----------------------------------------------------------------------------- Collector
@@ -136,12 +120,12 @@ def test_collector_counts_rejections_and_ignored_cells():
     with A.Collector() as c:
         fail(b)
         b.abort_retry()
-    assert c.counts == {
-        ("idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off", "rejected"): 1,
-        ("idle--turn_failed_retryable[retry_enabled,!has_retries_left]->exhausted", "rejected"): 1,
-        ("idle--turn_failed_retryable[!retry_enabled]->idle", "taken"): 1,
-        ("idle--retry_cancelled->(ignored)", "ignored"): 1,
-    }
+    # the cell's rows are tried in order: each before the [¬retry_enabled] row is rejected
+    cell = [r.id for r in L.TRANSITIONS if (r.source, r.trigger) == (L.IDLE, L.TURN_FAILED_RETRYABLE)]
+    taken = "idle--turn_failed_retryable[!retry_enabled]->idle"
+    expected = {(row, "rejected"): 1 for row in cell[:cell.index(taken)]}
+    expected.update({(taken, "taken"): 1, ("idle--retry_cancelled->(ignored)", "ignored"): 1})
+    assert c.counts == expected
 
 
 def test_collector_for_one_model_ignores_other_brains():
@@ -178,9 +162,9 @@ def test_tour_covers_every_item_and_never_rejects_a_fallback():
     with A.Collector() as c:
         tour()
     report = A.coverage(c.counts)
-    assert report.declared == item_count() == 69
+    assert report.declared == ITEMS
     assert report.uncovered == []
-    assert (report.covered, report.percent) == (69, 100.0)
+    assert (report.covered, report.percent) == (ITEMS, 100.0)
     for row in FALLBACKS:
         assert c.counts.get((row, "rejected"), 0) == 0
         assert c.counts[(row, "taken")] >= 1
@@ -366,12 +350,12 @@ def test_coverage_items_and_percent():
     report = A.coverage({(CHAIN[0], "taken"): 5, (CHAIN[0], "rejected"): 1,
                          ("idle--retry_cancelled->(ignored)", "ignored"): 2,
                          ("not-a-row", "taken"): 9})
-    assert (report.declared, report.covered) == (69, 3)
-    assert report.percent == round(300 / 69, 2) == 4.35
-    assert report.summary() == "3/69 items (4.35%)"
-    assert report.below(4.36) and not report.below(4.35) and not report.below(0)
+    assert (report.declared, report.covered) == (ITEMS, 3)
+    assert report.percent == round(300 / ITEMS, 2) == float(pct(3))
+    assert report.summary() == f"3/{ITEMS} items ({pct(3)}%)"
+    assert report.below(report.percent + 0.01) and not report.below(report.percent)
     uncovered = report.uncovered
-    assert len(uncovered) == 66
+    assert len(uncovered) == ITEMS - 3
     assert A.Item(CHAIN[0], "taken", True) not in uncovered
     by_row = {r.id: r for r in report.ignored}
     assert by_row["idle--retry_cancelled->(ignored)"].to_json() == {
@@ -395,16 +379,16 @@ def test_report_json_shape():
             "transitions", "ignored", "unrejectable", "traces", "foreign", "statuses",
             "counts"} <= set(data)
     assert data["counts"] == [[CHAIN[0], "taken", 1]]
-    assert data["statuses"] == {"covered": 0, "partly covered": 1, "not covered": 37}
-    assert (data["declared"], data["covered"], data["percent"]) == (69, 1, 1.45)
+    assert data["statuses"] == {"covered": 0, "partly covered": 1, "not covered": N_ROWS - 1}
+    assert (data["declared"], data["covered"], data["percent"]) == (ITEMS, 1, float(pct(1)))
     assert {"row": CHAIN[0], "need": "rejected"} in data["uncovered"]
     assert {"row": CHAIN[0], "need": "taken"} not in data["uncovered"]
     first = data["transitions"][0]
     assert first == {"id": CHAIN[0], "source": "idle", "trigger": "turn_failed_retryable",
-                     "dest": "backing_off", "guards": ["retry_enabled", "has_retries_left"],
+                     "dest": "backing_off", "guards": list(ROW[CHAIN[0]].guards),
                      "taken": 1, "rejected": 0, "status": "partly covered", "covered": False,
-                     "missing": ["rejected"],
-                     "declared": "at_rest--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off"}
+                     "missing": ["rejected"], "declared": ROW[CHAIN[0]].declared}
+    assert first["declared"].startswith("at_rest--")
 
 
 def test_formats_of_a_report_without_traces_or_fallbacks():
@@ -461,10 +445,10 @@ def test_audit_text_puts_the_summary_first_and_lists_every_row_once(one_chain, c
     assert main(["audit", str(one_chain)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == "transition coverage of retry_lifecycle: 3/69 items (4.35%)"
-    assert lines[1] == ("  transitions (38): 1 covered, 2 partly covered (taken, never rejected), "
-                        "35 not covered")
-    assert lines[2] == "  ignored cells (20): 0 seen ignored, 20 never seen"
+    assert lines[0] == f"transition coverage of retry_lifecycle: 3/{ITEMS} items ({pct(3)}%)"
+    assert lines[1] == (f"  transitions ({N_ROWS}): 1 covered, 2 partly covered (taken, never "
+                        f"rejected), {N_ROWS - 3} not covered")
+    assert lines[2] == f"  ignored cells ({N_IGNORED}): 0 seen ignored, {N_IGNORED} never seen"
     assert A.DEFINITION in out
     for r in L.TRANSITIONS:
         assert sum(f" {r.id} " in l for l in lines) == 1, r.id  # listed once, never repeated
@@ -504,11 +488,11 @@ def test_a_taken_row_is_never_reported_not_covered(tmp_path, capsys):
 def test_audit_json_and_markdown(one_chain, capsys):
     assert main(["audit", str(one_chain), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert (data["declared"], data["covered"], data["percent"]) == (69, 3, 4.35)
+    assert (data["declared"], data["covered"], data["percent"]) == (ITEMS, 3, float(pct(3)))
     assert data["traces"] == [{"path": str(one_chain), "records": 3}]
     assert main(["audit", str(one_chain), "--format", "md"]) == 0
     md = capsys.readouterr().out
-    assert md.index("**3/69 items (4.35%)**") < md.index("## Transitions")
+    assert md.index(f"**3/{ITEMS} items ({pct(3)}%)**") < md.index("## Transitions")
     assert f"| ✅ covered | `{CHAIN[2]}` | 1 | — unguarded |  |" in md
     assert f"| 🟡 partly covered | `{CHAIN[0]}` | 1 | 0 | never rejected |" in md
     assert f"| ❌ not covered | `{FALLBACKS[0]}` | 0 | — fallback | never taken |" in md
@@ -516,13 +500,14 @@ def test_audit_json_and_markdown(one_chain, capsys):
 
 
 def test_audit_fail_under(one_chain, full_trace, capsys):
-    assert main(["audit", str(one_chain), "--fail-under", "4.35"]) == 0
-    assert main(["audit", str(one_chain), "--fail-under", "4.36"]) == 1
-    assert "FAIL: transition coverage 4.35% is under --fail-under 4.36% (66 items uncovered)" in (
-        capsys.readouterr().err)
+    low, high = pct(3), f"{float(pct(3)) + 0.01:.2f}"
+    assert main(["audit", str(one_chain), "--fail-under", low]) == 0
+    assert main(["audit", str(one_chain), "--fail-under", high]) == 1
+    assert (f"FAIL: transition coverage {low}% is under --fail-under {float(high):g}% "
+            f"({ITEMS - 3} items uncovered)") in capsys.readouterr().err
     assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
     assert capsys.readouterr().out.startswith(
-        "transition coverage of retry_lifecycle: 69/69 items (100.00%)\n")
+        f"transition coverage of retry_lifecycle: {ITEMS}/{ITEMS} items (100.00%)\n")
 
 
 @pytest.mark.parametrize("value", ["101", "-1", "lots"])
@@ -547,7 +532,7 @@ def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
     assert main(["audit", str(one_chain), str(old)]) == 0
     captured = capsys.readouterr()
     assert f"  {old}: version 0ld, 1 records" in captured.out
-    assert captured.out.startswith("transition coverage of retry_lifecycle: 3/69 items")
+    assert captured.out.startswith(f"transition coverage of retry_lifecycle: 3/{ITEMS} items")
     assert f"warning: {old} was recorded with another declaration (version 0ld" in captured.err
     assert main(["audit", str(old)]) == 2
     assert "every trace was recorded with another declaration" in capsys.readouterr().err
@@ -579,13 +564,16 @@ def test_audit_svg_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys
     assert len({covered[1], partly[1], missed[1]}) == 3
     assert sum(dashed for dashed, _ in styles.values()) == len(ROW) - 3
     text = out.read_text(encoding="utf-8")
-    assert "transition coverage 3/69 items (4.35%)" in text
-    assert "transitions (38): 1 covered, 2 partly covered (taken, never rejected), 35 not covered" in text
+    assert f"transition coverage 3/{ITEMS} items ({pct(3)}%)" in text
+    assert (f"transitions ({N_ROWS}): 1 covered, 2 partly covered (taken, never rejected), "
+            f"{N_ROWS - 3} not covered") in text
     legend = re.findall(r'fill="(#[0-9a-f]{6})">(━━|╍╍) ([a-z ]+)</text>', text)
     assert legend == [(covered[1], "━━", "covered"), (partly[1], "━━", "partly covered"),
                       (missed[1], "╍╍", "not covered")]
     assert ">taken, never rejected</text>" in text and ">never taken</text>" in text
-    assert "turn_failed_retryable [retry_enabled ∧ has_retries_left] (1 taken, never rejected)" in text
+    from fsm.diagrams import guard_text
+    assert (f"turn_failed_retryable [{guard_text(ROW[CHAIN[0]].guards)}] (1 taken, never rejected)"
+            in text)
     assert "turn_succeeded (1 taken)" in text
     assert "turn_failed_fatal (never taken)" in text
 

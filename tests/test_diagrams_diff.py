@@ -143,11 +143,11 @@ def test_gone_states_get_a_dashed_node():
 
 def test_diff_command_writes_picture_and_table(tmp_path, capsys):
     old = copy.deepcopy(L.declaration())
-    victim = old["transitions"][-1]
-    old["transitions"].append({**victim, "id": victim["id"] + "-extra", "trigger": "late_fact",
-                               "row": victim["id"] + "-extra"})
-    if old.get("rows"):
-        old["rows"].append({**old["rows"][-1], "id": victim["id"] + "-extra", "trigger": "late_fact"})
+    victim = next(t for t in old["transitions"] if t["source"] == "continuing")
+    extra = victim["id"] + "-extra"
+    old["transitions"].append({**victim, "id": extra, "trigger": "late_fact", "row": extra})
+    old["rows"].append({**next(r for r in old["rows"] if r["id"] == victim["row"]),
+                        "id": extra, "trigger": "late_fact"})
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old), encoding="utf-8")
     out = tmp_path / "diff"

@@ -14,7 +14,8 @@ from fsm.pytest_plugin import DEFAULT_REPORT
 
 pytest_plugins = ["pytester"]
 
-FIRST = "idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off"
+FIRST = next(r.id for r in L.TRANSITIONS if (r.source, r.trigger, r.dest) ==
+             (L.IDLE, L.TURN_FAILED_RETRYABLE, L.BACKING_OFF))
 
 COMMON = """
 from fsm.brain import RetryBrain

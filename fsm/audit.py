@@ -636,13 +636,60 @@ def edge_marks(report: Report) -> dict[str, EdgeMark]:
     return marks
 
 
+def declared_marks(report: Report, diagram: Diagram | None = None) -> dict[str, EdgeMark]:
+    """Declared row id → :class:`fsm.diagrams.EdgeMark` over its member states' transitions:
+    covered when all are, not covered when none was taken, else partly covered; the note
+    gives the counts (``taken 5 (in 3 of 4 states), rejected 2``; ``never taken``)."""
+    diagram = extract() if diagram is None else diagram
+    by_row: dict[str, list[RowCoverage]] = {}
+    for r in report.transitions:
+        by_row.setdefault(r.declared or r.id, []).append(r)
+    marks = {}
+    for row in diagram.rows:
+        members = by_row.get(row.id, [])
+        statuses = {m.status for m in members}
+        status = (COVERED if statuses == {COVERED} else NOT_COVERED
+                  if statuses <= {NOT_COVERED} else PARTLY)
+        taken, rejected = sum(m.taken for m in members), sum(m.rejected for m in members)
+        if not taken:
+            note = "never taken"
+        else:
+            note = f"taken {taken}"
+            if len(members) > 1:
+                note += f" (in {sum(m.taken > 0 for m in members)} of {len(members)} states)"
+            if any(not m.no_rejection for m in members):
+                note += f", rejected {rejected}" if rejected else ", never rejected"
+        marks[row.id] = EdgeMark(status, note)
+    return marks
+
+
+def _summary_lines(report: Report) -> str:
+    return "; ".join([f"transition coverage {report.summary()}"] + report.breakdown())
+
+
 def coverage_svg(report: Report) -> bytes:
-    """The per-state lifecycle diagram coloured by status: covered, partly covered, not
-    covered (red and dashed), with a legend.
+    """The review diagram coloured by coverage: each declared row covered, partly covered
+    (taken somewhere, but a state or a rejection is missing) or not covered (red, dashed),
+    with its counts, and a legend. A row drawn from a group is as covered as its member
+    states' transitions together.
+
+    Raises :class:`fsm.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
+    """
+    from .diagrams import DrawnRow, build_review_digraph, svg_of
+
+    diagram = extract()
+    marks = declared_marks(report, diagram)
+    drawn = [DrawnRow(r, was=marks[r.id].note, coverage=marks[r.id].status) for r in diagram.rows]
+    return svg_of(build_review_digraph(diagram, drawn, summary=_summary_lines(report),
+                                       title=f"{diagram.name}: transition coverage"))
+
+
+def coverage_states_svg(report: Report) -> bytes:
+    """The per-state diagram, one edge per transition the machine runs (what the items
+    count), coloured by status: covered, partly covered, not covered (red and dashed).
 
     Raises :class:`fsm.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
     from .diagrams import render_svg
 
-    summary = [f"transition coverage {report.summary()}"] + report.breakdown()
-    return render_svg(extract(), edge_marks(report), "; ".join(summary))
+    return render_svg(extract(), edge_marks(report), _summary_lines(report))

@@ -538,11 +538,19 @@ _GROUP_WORDS = {"at_rest": "at rest"}
 @dataclass(frozen=True, slots=True)
 class DrawnRow:
     """A declared row as the review diagram draws it: ``change`` is ``""`` (as it is),
-    ``"added"``, ``"removed"`` or ``"changed"``; ``was`` says what a changed row was."""
+    ``"added"``, ``"removed"`` or ``"changed"``; ``was`` says what a changed row was. In the
+    coverage view ``coverage`` is the row's status (``"covered"``, ``"partly covered"``,
+    ``"not covered"``) and ``was`` its counts."""
 
     row: DeclaredRow
     change: str = ""
     was: str = ""
+    coverage: str = ""
+
+    @property
+    def tone(self) -> str:
+        """What colours the row: its change, else its coverage status."""
+        return self.change or self.coverage
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +569,18 @@ class ReviewEdge:
         if kinds in ({REMOVED}, {ADDED}):
             return kinds.pop()
         return CHANGED if kinds - {""} else ""
+
+    @property
+    def coverage(self) -> str:
+        """The edge's coverage status: ``covered`` when every row is, ``not covered`` when no
+        row was taken, else ``partly covered`` (a taken edge is never drawn as missed); ``""``
+        outside the coverage view."""
+        kinds = {r.coverage for r in self.rows}
+        if kinds == {""}:
+            return ""
+        if kinds == {"covered"}:
+            return "covered"
+        return "not covered" if kinds == {"not covered"} else "partly covered"
 
     @property
     def id(self) -> str:
@@ -599,7 +619,7 @@ def _label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
 
     runs: list[list[DrawnRow]] = []
     for d in edge.rows:
-        if runs and runs[-1][-1].row.effect == d.row.effect and runs[-1][-1].change == d.change:
+        if runs and runs[-1][-1].row.effect == d.row.effect and runs[-1][-1].tone == d.tone:
             runs[-1].append(d)
         else:
             runs.append([d])
@@ -612,17 +632,17 @@ def _label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
             lines: list[Line] = []
             guards = wrap(f"[{guard_text(d.row.guards)}]", n) if d.row.guards else []
             if d.row.trigger == previous and guards:
-                lines.append(("row", "", f"  or {guards.pop(0)}", d.change))
+                lines.append(("row", "", f"  or {guards.pop(0)}", d.tone))
                 indent = "      "
             else:
                 first = guards.pop(0) if guards and (width is None or len(d.row.trigger)
                                                      + len(guards[0]) <= n) else ""
-                lines.append(("row", d.row.trigger, f" {first}" if first else "", d.change))
+                lines.append(("row", d.row.trigger, f" {first}" if first else "", d.tone))
                 indent = "    "
-            lines += [("more", "", f"{indent}{w}", d.change) for w in guards]
+            lines += [("more", "", f"{indent}{w}", d.tone) for w in guards]
             previous = d.row.trigger
             if d.was:
-                lines += [("was", "", f"{indent}{w}", d.change) for w in wrap(d.was, n)]
+                lines += [("was", "", f"{indent}{w}", d.tone) for w in wrap(d.was, n)]
             rows.append(lines)
         effect = diagram.effect_text(run[-1].row.effect)
         effect_lines: list[Line] = []
@@ -641,6 +661,13 @@ def _label_lines(diagram: Diagram, edge: ReviewEdge, width: int | None) -> list[
 
 def _line_html(line: Line) -> str:
     kind, bold, text, change = line
+    if change in _STATUS_STYLE:  # the coverage view: coloured words, no marker
+        colour = _STATUS_STYLE[change][0]
+        html = (f"<b>{_html(bold)}</b>" if bold else "") + _html(text)
+        if kind == "was":
+            return f'<font color="{colour}" point-size="7"><i>{html}</i></font>'
+        return f'<font color="{colour}">{html}</font>' if kind != "effect" else (
+            f'<font color="#555555"><i>{html}</i></font>')
     colour, _, mark = _CHANGE_STYLE.get(change, ("#000000", "", ""))
     html = (f"<b>{_html(bold)}</b>" if bold else "") + _html(text)
     if kind == "effect":
@@ -663,8 +690,21 @@ def _review_label(diagram: Diagram, edge: ReviewEdge) -> str:
     return f"<{text}{br}>"
 
 
-def _review_legend(diagram: Diagram, diff: str | None) -> str:
+def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = None) -> str:
     rows = []
+    if summary is not None:
+        for line in summary.split("; "):
+            rows.append(f'<tr><td colspan="2" align="left"><b>{_html(line)}</b></td></tr>')
+        words = {"covered": "taken in every state it holds in (and rejected, when it can be)",
+                 "partly covered": "taken, but not in every state, or never rejected",
+                 "not covered": "never taken"}
+        for status, (colour, style, _, _) in _STATUS_STYLE.items():
+            stroke = "╍╍" if style == "dashed" else "━━"
+            rows.append(f'<tr><td align="left"><font color="{colour}">{stroke} {_html(status)}'
+                        f'</font></td><td align="left">{_html(words[status])}</td></tr>')
+        rows.append('<tr><td colspan="2" align="left">a row drawn from a group counts once per '
+                    'member state (per state: --svg-states); an edge is as covered as its rows'
+                    '</td></tr>')
     if diff is not None:
         rows.append(f'<tr><td colspan="2" align="left"><b>{_html(diff)}</b></td></tr>')
         for change, (colour, style, mark) in _CHANGE_STYLE.items():
@@ -697,7 +737,8 @@ def _group_words(group: str) -> str:
 
 
 def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = None,
-                         diff: str | None = None, title: str | None = None):
+                         diff: str | None = None, title: str | None = None,
+                         summary: str | None = None):
     """The review :class:`graphviz.Digraph`: the declared rows, not one edge per state.
 
     Each group of states (``at_rest``) is a cluster holding its member states and one node
@@ -705,7 +746,10 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
     two nodes are one edge whose label stacks them (``trigger [guards]``, then ``/ what it
     does`` from the declaration's ``effects``). ``drawn`` (default: every row, unchanged) and
     ``diff`` (a summary line heading the legend) are how :mod:`fsm.diagrams_diff` draws a
-    change; a row whose states are gone from ``diagram`` gets a dashed node of its own.
+    change; a row whose states are gone from ``diagram`` gets a dashed node of its own. Rows
+    with a ``coverage`` status draw the coverage view (:func:`fsm.audit.coverage_svg`): each
+    row in its status colour with its counts, each edge as its rows' status, ``summary``
+    (lines joined by ``"; "``) heading a legend of the three statuses.
     """
     import graphviz
 
@@ -753,9 +797,12 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
         if e.change:
             colour, style, _ = _CHANGE_STYLE[e.change]
             attrs.update(color=colour, style=style, penwidth="1.8")
+        elif e.coverage:
+            colour, style, width, _ = _STATUS_STYLE[e.coverage]
+            attrs.update(color=colour, style=style, penwidth=width)
         g.edge(e.source, e.dest, label=_review_label(diagram, e), **attrs)
-    g.node("__legend", label=_review_legend(diagram, diff), shape="plaintext", style="",
-           fontsize="9")
+    g.node("__legend", label=_review_legend(diagram, diff, summary), shape="plaintext",
+           style="", fontsize="9")
     # The legend sits beside the last states drawn (the bottom row), not above the machine.
     bottom = [s.name for s in diagram.states if s.name in grouped and s.name != diagram.states[0].name]
     if bottom:

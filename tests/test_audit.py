@@ -552,9 +552,9 @@ def svg_edge_styles(path: Path) -> dict[str, tuple[bool, str]]:
     return out
 
 
-def test_audit_svg_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys):
+def test_audit_svg_states_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys):
     out = tmp_path / "cov" / "coverage.svg"
-    assert main(["audit", str(one_chain), "--svg", str(out)]) == 0
+    assert main(["audit", str(one_chain), "--svg-states", str(out)]) == 0
     styles = svg_edge_styles(out)
     assert set(styles) == set(ROW) | {"initial"}
     # taken edges are never drawn as missed: covered and partly covered are solid
@@ -578,15 +578,41 @@ def test_audit_svg_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys
     assert "turn_failed_fatal (never taken)" in text
 
 
+def test_audit_svg_draws_declared_rows_by_status(one_chain, tmp_path):
+    """The review-level picture: a row drawn once for the at-rest group is as covered as its
+    member states together; an edge the chain took is never dashed."""
+    out = tmp_path / "review.svg"
+    assert main(["audit", str(one_chain), "--svg", str(out)]) == 0
+    styles = svg_edge_styles(out)
+    chain = [("at_rest", L.BACKING_OFF), (L.BACKING_OFF, L.CONTINUING), (L.CONTINUING, L.SUCCEEDED)]
+    for src, dst in chain:
+        assert styles[f"{src}->{dst}"][0] is False, (src, dst)
+    assert styles["at_rest->backing_off"][1] == styles["backing_off->continuing"][1]  # partly
+    assert styles["continuing->succeeded"][1] != styles["at_rest->backing_off"][1]  # covered
+    untaken = [k for k in styles if k != "initial" and (k.split("->")[0], k.split("->")[1]) not in chain
+               and k != "continuing->backing_off"]
+    assert untaken and all(styles[k][0] for k in untaken)
+    text = out.read_text(encoding="utf-8")
+    assert "taken 1 (in 1 of 4 states), never rejected" in text
+    assert ">never taken</text>" in text
+    assert "taken, but not in every state, or never rejected" in text  # the legend
+    assert f"transition coverage 3/{ITEMS} items ({pct(3)}%)" in text
+
+
 def test_audit_svg_of_a_full_trace_is_all_solid(full_trace, tmp_path):
     out = tmp_path / "full.svg"
-    assert main(["audit", str(full_trace), "--svg", str(out)]) == 0
+    states = tmp_path / "states.svg"
+    assert main(["audit", str(full_trace), "--svg", str(out), "--svg-states", str(states)]) == 0
     assert not any(dashed for dashed, _ in svg_edge_styles(out).values())
-    assert re.search(r"backoff_elapsed \[timer_is_current\] \(\d+ taken, 1 rejected\)",
-                     out.read_text(encoding="utf-8"))
+    assert not any(dashed for dashed, _ in svg_edge_styles(states).values())
+    assert len({colour for _, colour in svg_edge_styles(out).values()}) <= 2  # covered, initial
+    assert re.search(r"backoff_elapsed \[timer_is_current\] \(\d+ taken, \d+ rejected\)",
+                     states.read_text(encoding="utf-8"))
 
 
 def test_audit_svg_without_dot_exits_2(one_chain, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(["audit", str(one_chain), "--svg", str(tmp_path / "c.svg")]) == 2
+    assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err
+    assert main(["audit", str(one_chain), "--svg-states", str(tmp_path / "c.svg")]) == 2
     assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err

@@ -33,8 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="report format on standard output (default: text)")
     p.add_argument("--svg", metavar="OUT", default=None,
-                   help="also draw the diagram into OUT: covered, partly covered (taken, never "
-                        "rejected) and not covered (red, dashed) edges, with a legend")
+                   help="also draw the review diagram into OUT, each declared row covered, "
+                        "partly covered or not covered (red, dashed), with a legend")
+    p.add_argument("--svg-states", metavar="OUT", default=None,
+                   help="also draw the per-state diagram into OUT (one edge per transition "
+                        "counted), coloured the same way")
     p.add_argument("--md", metavar="OUT", default=None,
                    help="also write the Markdown report into OUT")
     p.add_argument("--fail-under", type=_percent, default=None, metavar="PCT",
@@ -66,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
             write_file(Path(args.md), audit.format_markdown(report))
         if args.svg:
             write_file(Path(args.svg), audit.coverage_svg(report))
+        if args.svg_states:
+            write_file(Path(args.svg_states), audit.coverage_states_svg(report))
     except (DiagramError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

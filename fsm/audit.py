@@ -1,4 +1,4 @@
-"""Transition coverage of the retry lifecycle: recording, trace files and the audit (SPEC §7).
+"""Transition coverage of the retry lifecycle: recording, trace files and the audit (docs/policy.md §7).
 
 Recording hooks into :func:`fsm.lifecycle.add_recorder`, which reports every *tried*
 transition of every machine in the process as a :class:`fsm.lifecycle.TransitionRecord`:

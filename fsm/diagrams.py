@@ -1,24 +1,32 @@
-"""Diagrams of the retry lifecycle, generated from the one declaration (SPEC §7).
+"""Diagrams of the retry lifecycle, generated from the one declaration (docs/policy.md §7).
 
 The pipeline is *extract → model → render*:
 
-- :func:`extract` reads :func:`fsm.lifecycle.declaration` (plus the state and trigger docs and
-  the at-rest / in-chain grouping of :mod:`fsm.lifecycle`) into a :class:`Diagram`, a small
-  immutable model that knows nothing about output formats;
-- one renderer per format turns a :class:`Diagram` into text: :func:`render_dot` (Graphviz
-  DOT, built with :class:`graphviz.Digraph`), :func:`render_svg` (DOT laid out by the ``dot``
-  binary), :func:`render_mermaid` (Mermaid ``stateDiagram-v2``) and :func:`render_markdown`
-  (the transition table and the state × trigger matrix).
+- :func:`extract` reads :func:`fsm.lifecycle.declaration` (its rows as declared, their
+  groups, the effects in words, plus the state and trigger docs of :mod:`fsm.lifecycle`) into
+  a :class:`Diagram`, a small immutable model that knows nothing about output formats;
+- two diagrams are rendered from it, each as DOT (built with :class:`graphviz.Digraph`), SVG
+  (laid out by the ``dot`` binary) and Mermaid ``stateDiagram-v2``:
 
-Every declared transition is exactly one edge, labelled ``trigger [guard ∧ ¬guard]``; the
-ignored cells are never drawn (the Markdown lists them with their reasons). The text outputs
+  - the **review diagram** (:func:`build_review_digraph`, ``retry_lifecycle_review.*``), the
+    one a reviewer opens first: the rows as declared, a group of states (``at_rest``) drawn
+    as one cluster whose shared rows start once from the group's node, rows between the same
+    two nodes merged into one edge whose label stacks them as ``trigger [guards] / what it
+    does`` (the declaration's ``effects``, in words);
+  - the **per-state diagram** (:func:`build_digraph`, ``retry_lifecycle.*``): every
+    transition the machine runs is one edge, labelled ``trigger [guard ∧ ¬guard]``;
+
+- :func:`render_markdown` writes the transition table and the state × trigger matrix, and
+  :func:`declaration_json` the declaration itself (``retry_lifecycle.json``, what
+  :mod:`fsm.diagrams_diff` compares).
+
+Ignored cells are never drawn (the Markdown lists them with their reasons). The text outputs
 are byte-stable: declaration order only, no timestamps or versions, ``\\n`` line endings.
-The SVG embeds the Graphviz version and coordinates, so it is checked for validity only.
+The SVGs embed the Graphviz version and coordinates, so they are checked for validity only.
 
-:func:`render_dot` and :func:`render_svg` also draw a coverage view: pass ``marks`` (row id
-→ :class:`EdgeMark`) and edges are coloured by status — covered, partly covered (taken, never
-rejected), not covered (red, dashed) — with a legend (:mod:`fsm.audit` uses this for
-``--svg``).
+Both diagrams also draw a coverage view for :mod:`fsm.audit`: edges coloured by status —
+covered, partly covered (taken, never rejected), not covered (red, dashed) — with a legend;
+:func:`build_review_digraph` also draws a diff (:mod:`fsm.diagrams_diff`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Diagrams generated from the declaration (SPEC §7): drift, byte stability, one edge per row."""
+"""Diagrams generated from the declaration (docs/policy.md §7): drift, byte stability, the
+review diagram (group rows once, merged edges, labels that never overlap) and the per-state one."""
 
 from __future__ import annotations
 

@@ -873,6 +873,11 @@ def render_review_mermaid(diagram: Diagram, drawn: Sequence[DrawnRow] | None = N
 
 # ----------------------------------------------------------------------------- Markdown
 
+def md_cell(text: str) -> str:
+    """``text`` safe in a Markdown table cell (``|`` escaped, on one line)."""
+    return _md(text)
+
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 

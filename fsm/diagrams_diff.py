@@ -230,8 +230,8 @@ def render_markdown(result: MachineDiff, diagram: D.Diagram) -> str:
             if "effect" in c.what:
                 effect = f"~~{diagram.effect_text(c.old.effect)}~~ → {effect}"
             change = marks[c.change] + (f" ({', '.join(c.what)})" if c.what else "")
-            out.append(f"| {change} | `{row.source}` | `{row.trigger}` | {D._md(guards)} | "
-                       f"`{row.dest}` | {D._md(effect)} |")
+            out.append(f"| {change} | `{row.source}` | `{row.trigger}` | {D.md_cell(guards)} | "
+                       f"`{row.dest}` | {D.md_cell(effect)} |")
         out.append("")
     other = []
     for label, (added, removed) in (("states", result.states), ("triggers", result.triggers),

@@ -61,16 +61,20 @@ class RowChange:
 
 @dataclass
 class MachineDiff:
-    """The changes from ``old`` to ``new``, each list in declaration order."""
+    """The changes from ``old`` to ``new``, each list in declaration order: ``rows`` the
+    changed rows (added and changed in the new order, then the removed ones), ``unchanged``
+    the rest; ``states``, ``triggers``, ``guards`` and ``ignored`` (cells) as (added,
+    removed) names; ``effect_words`` as (effect, old words, new words)."""
 
     old_name: str
     new_name: str
     rows: list[RowChange] = field(default_factory=list)
     unchanged: list[D.DeclaredRow] = field(default_factory=list)
-    states: tuple[list[str], list[str]] = ((), ())  # type: ignore[assignment]
-    triggers: tuple[list[str], list[str]] = ((), ())  # type: ignore[assignment]
-    guards: tuple[list[str], list[str]] = ((), ())  # type: ignore[assignment]
-    ignored: tuple[list[str], list[str]] = ((), ())  # type: ignore[assignment]
+    # (added, removed) names of each kind
+    states: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
+    triggers: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
+    guards: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
+    ignored: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
     effect_words: list[tuple[str, str, str]] = field(default_factory=list)
     old_effects: dict[str, str] = field(default_factory=dict)
 
@@ -342,7 +346,10 @@ def _declaration_from_source(ref: str, root: Path) -> dict:
         import tarfile
 
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse links out of tmp
+                tar.extractall(tmp, filter="data")
+            else:  # pragma: no cover - older 3.11 releases; git archive writes plain files
+                tar.extractall(tmp)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         done = subprocess.run([sys.executable, "-c", _ASK], cwd=tmp, env=env,
                               capture_output=True, timeout=120)

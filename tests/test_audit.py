@@ -616,3 +616,43 @@ def test_audit_svg_without_dot_exits_2(one_chain, tmp_path, monkeypatch, capsys)
     assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err
     assert main(["audit", str(one_chain), "--svg-states", str(tmp_path / "c.svg")]) == 2
     assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err
+
+
+def counts_file(path: Path, data: dict, pretty: bool = True) -> Path:
+    path.write_text(json.dumps(data, indent=2 if pretty else None) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_counts_file_is_read_like_a_trace(tmp_path):
+    data = {"version": L.VERSION, "machine": "retry_lifecycle",
+            "counts": [[CHAIN[0], "taken", 3], [CHAIN[0], "rejected", 2]]}
+    for pretty in (True, False):
+        t = A.read_trace(counts_file(tmp_path / f"c{pretty}.json", data, pretty))
+        assert t.counts == {(CHAIN[0], "taken"): 3, (CHAIN[0], "rejected"): 2}
+        assert (t.records, t.foreign) == (5, False)
+    old = A.read_trace(counts_file(tmp_path / "old.json", {**data, "version": "0ld",
+                                                             "counts": [["gone", "taken", 1]]}))
+    assert old.foreign and old.records == 1
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"counts": []}, 'a counts file needs "version"'),
+    ({"version": L.VERSION, "counts": {}}, 'a counts file needs "version"'),
+    ({"version": L.VERSION, "machine": "other", "counts": []}, "counts of machine 'other'"),
+    ({"version": L.VERSION, "counts": [[CHAIN[0], "taken"]]}, "a count must be [row, outcome, n >= 0]"),
+    ({"version": L.VERSION, "counts": [[CHAIN[0], "taken", -1]]}, "a count must be"),
+    ({"version": L.VERSION, "counts": [[CHAIN[0], "taken", True]]}, "a count must be"),
+    ({"version": L.VERSION, "counts": [["nope", "taken", 1]]}, "row 'nope' is not in the declaration"),
+])
+def test_a_bad_counts_file_is_a_clear_error(tmp_path, data, message):
+    path = counts_file(tmp_path / "bad.json", data)
+    with pytest.raises(A.TraceError, match=re.escape(message)):
+        A.read_trace(path)
+
+
+def test_a_broken_pretty_counts_file_names_its_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "version": "x",\n  "counts": [\n', encoding="utf-8")
+    with pytest.raises(A.TraceError, match=r"broken.json:4: not JSON") as info:
+        A.read_trace(path)
+    assert info.value.line == 4

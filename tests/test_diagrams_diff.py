@@ -234,3 +234,42 @@ def test_diff_ref_of_this_repository_head(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "changes from HEAD to the working tree" in done.stdout
     assert (tmp_path / "retry_lifecycle_diff.md").is_file()
+
+
+def test_diff_ref_with_a_broken_json_or_no_declaration(repo):
+    (repo / "diagrams").mkdir()
+    (repo / "diagrams" / "retry_lifecycle.json").write_text("{not json", encoding="utf-8")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "broken")
+    with pytest.raises(DD.DiffError, match=r"main:diagrams/retry_lifecycle.json: not JSON"):
+        DD.load_ref("main", repo)
+    git(repo, "rm", "-q", "diagrams/retry_lifecycle.json")
+    (repo / "README").write_text("nothing here\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "no declaration")
+    with pytest.raises(DD.DiffError, match="neither diagrams/retry_lifecycle.json nor an fsm package"):
+        DD.load_ref("main", repo)
+    (repo / "fsm").mkdir()
+    (repo / "fsm" / "__init__.py").write_text("")
+    (repo / "fsm" / "lifecycle.py").write_text("raise ImportError('broken on purpose')\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "broken code")
+    with pytest.raises(DD.DiffError, match="did not give a declaration.*broken on purpose"):
+        DD.load_ref("main", repo)
+
+
+def test_diff_command_errors(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "old.json"
+    path.write_text(D.declaration_json(), encoding="utf-8")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["diagrams", "--diff", str(path), "--no-svg", "--out", str(blocker / "x")]) == 2
+    assert "cannot write the diff" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main(["diagrams", "--diff", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Graphviz's 'dot' program was not found" in err and "--no-svg" in err
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "retry_lifecycle_diff.dot", "retry_lifecycle_diff.md"]
+    assert main(["diagrams", "--diff-ref", "HEAD", "--out", str(tmp_path / "g")]) == 2
+    assert "--diff-ref needs git on PATH" in capsys.readouterr().err

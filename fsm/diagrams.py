@@ -915,6 +915,10 @@ def render_markdown(diagram: Diagram) -> str:
             f"`{AND}` joins guards that must all hold.", "",
             "| guard | meaning |", "|---|---|"]
     out += [f"| {_code(g)} | {_md(doc)} |" for g, doc in diagram.guards]
+    if diagram.effects:
+        out += ["", "## Effects", "", "What each row's effect does (the review diagram's "
+                "`/ ...` text).", "", "| effect | what it does |", "|---|---|"]
+        out += [f"| {_code(e)} | {_md(doc)} |" for e, doc in diagram.effects]
     out += ["", "## Transitions", "",
             "One row per declared transition, in declaration order. Within a (state, trigger) "
             "cell the rows are tried top to bottom and the first whose guards hold is taken.",

@@ -597,3 +597,12 @@ def test_fold_rows_groups_rows_every_member_has_alike():
     rows = D.fold_rows(only, decl["groups"])
     assert ("calm", "stop") in [(r["source"], r["trigger"]) for r in rows]
     assert ("rest", "stop") not in [(r["source"], r["trigger"]) for r in rows]
+
+
+def test_markdown_lists_every_effect_in_words():
+    diagram = D.extract()
+    text = D.render_markdown(diagram)
+    section = text.split("## Effects", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (.*) \|$", section, re.M)
+    assert rows == [(e, doc.replace("|", "\\|")) for e, doc in L.declaration()["effects"].items()]
+    assert "## Effects" not in D.render_markdown(D.extract(mini_declaration()))

@@ -51,7 +51,8 @@ MACHINE = "retry_lifecycle"
 OUTCOMES: tuple[str, ...] = ("taken", "rejected", "ignored")
 
 DEFINITION = (
-    "covered means: every declared transition taken at least once; every guarded transition "
+    "covered means: every transition the machine runs (a row declared for a group of states "
+    "counts once per member state) taken at least once; every guarded transition "
     "also seen rejected at least once (except the fallback row of a cell, which can never be "
     "rejected); every ignored (state, trigger) cell seen ignored at least once"
 )

@@ -42,18 +42,35 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from fsm.hints import HINT_TRIGGERS, WORD_CHARS, _normalize, parse_hint_at, parse_normalized_hint_ms
+from collections.abc import Mapping
+
+from fsm.hints import (
+    HINT_TRIGGERS,
+    WORD_CHARS,
+    _normalize,
+    header_hint,
+    parse_hint_at,
+    parse_normalized_hint_ms,
+    parse_retry_hint_ms,
+    should_retry_header,
+)
 from fsm.messages import AssistantMessage, Usage
 
 __all__ = [
     "Classification",
+    "ERROR_CODES",
+    "FATAL_STATUSES",
+    "INWORD_RULES",
     "Kind",
     "OVERFLOW_RULES",
     "PERMANENT_RULES",
     "RETRYABLE_RULES",
+    "RETRYABLE_STATUSES",
     "Rule",
+    "STATUS_RULES",
     "USAGE_LIMIT_RULES",
     "classify",
+    "classify_facts",
     "classify_message",
 ]
 
@@ -79,6 +96,10 @@ class Rule:
     family: str
     pattern: str
     source: str
+    anywhere: bool = False
+    """``True``: looked for anywhere in the text, also inside longer words ("APIRateLimitError")
+    and in scripts written without spaces; such a rule is consulted only when no word-start
+    rule of its step matched."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +220,13 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
     Rule("overflow.qwen_input_length_range", "context_overflow",
          r"range of input length should be",
          "Alibaba DashScope (Qwen) 'Range of input length should be [1, N]'"),
+    Rule("overflow.request_above_limit", "request_size",
+         r"request too large for|must be reduced in order to run successfully"
+         r"|(?:request|input|prompt) (?:is |was )?(?:larger|bigger|greater) than (?:the |your |this )?"
+         r"(?:per[ -]minute |rate |token |tpm )*limit",
+         "docs/policy.md §2 v2: one request larger than a per-minute token limit can never succeed "
+         "as it is, even inside a 429 (OpenAI/Groq 'Request too large for <model> … on tokens per "
+         "min (TPM): Limit N, Requested M … must be reduced in order to run successfully')"),
     Rule("overflow.request_too_large", "request_size",
          r"request_too_large|request (?:entity |body |payload )?too large|payload too large"
          r"|request (?:size )?exceeds the maximum (?:allowed )?size|payload size exceeds the limit"
@@ -209,6 +237,17 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
     Rule("overflow.bedrock_body_length", "request_size",
          r"'body' failed to satisfy constraint: member must have length",
          "Bedrock InvokeModel 25 MB body limit; corpus bedrock-validation-body-25000000"),
+    Rule("overflow.max_input_length", "context_overflow",
+         r"(?:longer|larger|greater) than (?:the |this |its )?(?:model'?s? )?max(?:imum)? "
+         r"(?:allowed )?(?:input|prompt|sequence|model) length"
+         r"|max(?:imum)? (?:allowed )?(?:input|prompt) length (?:is |of )?\d",
+         "an input longer than the model's maximum input length (vLLM/TGI/embedding servers "
+         "'is longer than the maximum input length', 'maximum input length of N tokens')"),
+    Rule("overflow.cannot_truncate", "context_overflow",
+         r"(?:cannot|can't|could not|couldn't|unable to|failed to) (?:be )?truncat(?:e|ed)"
+         r"|truncation (?:failed|is not possible|impossible)",
+         "a prompt that cannot be truncated to fit the context (local runtimes that refuse to "
+         "drop the system prompt or the last message): shrinking the history is the fix"),
     Rule("overflow.status_no_body", "context_overflow",
          r"^4(?:00|13) ?(?:status code)? ?\(no body\)",
          "Cerebras/Mistral bare '400 status code (no body)' / '413 (no body)' at the start of "
@@ -232,10 +271,18 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          r"credit balance (?:is )?too low|insufficient (?:account )?(?:credits?|balance|funds)"
          r"|(?:purchase|buy|requires?) more credits|can only afford|used all (?:available |your )?credits"
          r"|out of credits|no credits (?:left|remaining)|credits? (?:have been |has been |are "
-         r"|is )?(?:exhausted|depleted)",
+         r"|is )?(?:exhausted|depleted)"
+         r"|arrearage|in arrears|overdue (?:payment|balance|bill)|balance (?:is )?(?:insufficient"
+         r"|not enough|exhausted|depleted|negative)|recharge|not in good standing",
          "Anthropic 'Your credit balance is too low'; DeepSeek 402 'Insufficient Balance'; "
          "OpenRouter 402 'requires more credits … can only afford'; xAI 'used all available "
-         "credits'; SPEC D1"),
+         "credits'; DashScope code Arrearage / 'make sure your account is in good standing'; "
+         "D1"),
+    Rule("fatal.cn_billing", "billing",
+         r"余额不足|欠费|已停机|额度(?:不足|已用完|已用尽|已耗尽|用完)|请充值|充值后",
+         "billing exhaustion as Zhipu ('余额不足或无可用资源包,请充值'), Moonshot, DashScope and "
+         "DeepSeek write it in Chinese: balance insufficient, in arrears, quota used up, please "
+         "recharge; docs/policy.md §2 v2", anywhere=True),
     Rule("fatal.spending_limit", "billing",
          r"spending (?:limit|cap)|billing[_ ]hard[_ ]limit|billing_not_active|account is not active"
          r"|premium request allowance|you have no (?:remaining )?quota|trial (?:has )?(?:expired|ended)",
@@ -246,9 +293,18 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          _status("402") + r"|payment[_ ]required",
          "HTTP 402 Payment Required (DeepSeek, OpenRouter, Copilot); SPEC D1"),
     Rule("fatal.quota_limit_zero", "billing",
-         r"limit[:=]? ?0(?![0-9a-z]|[.,][0-9])",
+         r"limit(?:[:=]| of| is)? ?0(?![0-9a-z]|[.,][0-9])"
+         r"|quota_?value\\?[\"']?:? ?\\?[\"']?0(?![0-9.])",
          "SPEC D1 'quotas whose limit is 0': Gemini 'Quota exceeded for metric: …, limit: 0'; "
-         "OpenAI 'Limit 0, Used 0, Requested N' (a model the tier does not include)"),
+         "OpenAI 'Limit 0, Used 0, Requested N' (a model the tier does not include); Google "
+         "QuotaFailure quotaValue '0'. A real limit ('limit: 1000000') stays a transient quota"),
+    Rule("fatal.out_of_memory", "resources",
+         r"(?:cannot|can't|could not|couldn't|unable to|failed to) allocate(?: [a-z_]{1,20}){0,3} "
+         r"(?:memory|buffer)|out of memory|(?:requires|needs) more (?:system |gpu |video )?memory"
+         r"|(?:insufficient|not enough) (?:system |gpu |video |available )?memory",
+         "a local runtime that cannot allocate memory for the model (Ollama 'model requires "
+         "more system memory', llama.cpp 'failed to allocate buffer', CUDA 'out of memory'): "
+         "the same request fails the same way until the setup changes"),
     # authentication and authorisation
     Rule("fatal.invalid_api_key", "auth",
          r"(?:invalid|incorrect|missing|no|wrong|expired|revoked) (?:x-)?api[ _-]?key"
@@ -261,7 +317,8 @@ PERMANENT_RULES: tuple[Rule, ...] = (
     Rule("fatal.authentication", "auth",
          r"authentication[_ ]?(?:error|failed|failure)|invalid[_ ](?:authentication|auth\b|bearer"
          r"|access token|token)"
-         r"|unauthori[sz]ed|unauthenticated|permission[_ -]?denied|permission_error|access denied"
+         r"|unauthori[sz]ed|unauthenticated|permission[_ -]?denied|permission_error"
+         r"|access (?:is )?denied"
          r"|request_forbidden|no cookie auth credentials"
          r"|(?:account|organization|organisation) (?:has been |is |was )?(?:deactivated|disabled"
          r"|suspended|banned)"
@@ -296,6 +353,31 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          r"|try pulling it first|model (?:has been )?decommissioned|model_decommissioned|unknown model",
          "OpenAI/Groq 404 model_not_found; Anthropic not_found_error; Ollama 'model \"x\" not "
          "found, try pulling it first'"),
+)
+
+# Retryable words that real messages also carry inside longer words (class names such as
+# "ProviderRateLimitError", "ModelOverloadedException", "UpstreamTimeoutError"): looked for
+# anywhere, and only when no word-start rule matched.
+INWORD_RULES: tuple[Rule, ...] = (
+    Rule("retryable.inword_rate_limit", "rate_limit",
+         r"ratelimit|rate_limit|toomanyrequests|throttl",
+         "router and SDK exception class names with the word inside ('OpenRouterRatelimitError', "
+         "'APIRateLimitError', 'UpstreamTooManyRequests')", anywhere=True),
+    Rule("retryable.inword_overloaded", "overloaded",
+         r"overloaded|serviceunavailable|unavailableerror",
+         "class names such as 'ModelOverloadedException', 'UpstreamServiceUnavailable'",
+         anywhere=True),
+    Rule("retryable.inword_timeout", "network",
+         r"timeout(?:error|exception)|timedout",
+         "class names such as 'APITimeoutError', 'UpstreamTimeoutException'", anywhere=True),
+)
+
+# --------------------------------------------------------------------------------------------
+# Status markers: HTTP statuses in the text. Within the text, the innermost (last) one decides
+# over the families of step 5 (a 400 wrapping an upstream 429 is a 429; a 502 wrapping a 404
+# is a 404); permanent conditions (step 4) and overflow (step 3) still come first.
+
+STATUS_RULES: tuple[Rule, ...] = (
     Rule("fatal.client_status", "client_4xx",
          r"(?:status(?:[ _]?code)?|http(?:/[0-9.]{1,3})?|error(?:[ _]?code)?|code)"
          r"[:= \"'\\(\[]{0,4}" + _CLIENT_4XX,
@@ -310,6 +392,22 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          r"^" + _CLIENT_4XX,
          "a message that starts with a permanent 4xx status (Node SDK '404 The model …', "
          "'401 Incorrect API key provided')"),
+    Rule("fatal.not_found", "client_4xx",
+         r"not[ _]found(?<!host not found)(?<!host not_found)",
+         "a bare 'Not Found' (the reason phrase of 404) inside a gateway's 502 or a wrapper: the "
+         "innermost verdict is a missing route or model; not DNS 'host not found'"),
+    Rule("retryable.status_529", "overloaded",
+         _status("529"),
+         "Anthropic 529 Overloaded; SPEC D2"),
+    Rule("retryable.status_429", "rate_limit",
+         _status("429"),
+         "HTTP 429 Too Many Requests (RFC 6585); the seed; SPEC D3"),
+    Rule("retryable.status_5xx", "server_5xx",
+         _status("5(?:0[0234]|2[0-4])"),
+         "the seed's 500/502/503/504 and Cloudflare 520-524; SPEC D3 standalone numbers"),
+    Rule("retryable.status_408", "network",
+         _status("408"),
+         "HTTP 408 Request Timeout"),
 )
 
 # Rules that stand down when the message also carries a retry hint and no other permanent
@@ -329,6 +427,18 @@ USAGE_LIMIT_RULES: tuple[Rule, ...] = (
          r"|sonnet) limit (?:reached|hit)",
          "Claude Code '5-hour limit reached ∙ resets 3pm', 'Weekly limit reached'; corpus "
          "claude-5-hour-limit-reached-bare"),
+    Rule("retryable.usage_hit_your_limit", "usage_limit",
+         r"(?:you'?ve|you have) (?:hit|reached|exceeded) (?:your |the )?(?:[a-z0-9-]{1,20} ){0,3}"
+         r"limit",
+         "Claude Code / Codex \"You've hit your limit · resets 3pm (Europe/Berlin)\", \"You've "
+         "hit your usage limit\": a subscription window; the hint comes from the reset time"),
+    Rule("retryable.quota_window", "usage_limit",
+         r"(?:requests?|tokens?|calls?) per (?:day|hour)\b|per[ _-](?:day|hour)\b|free-models-per-day"
+         r"|rp[dh](?![a-z0-9_])|tp[dh](?![a-z0-9_])|daily[ _-]?(?:quota|limit|request limit"
+         r"|token limit)|(?:hourly|daily) (?:usage|rate) limit",
+         "docs/policy.md §2 v2: quota windows are usage limits (OpenAI 'requests per day (RPD)', "
+         "Groq 'tokens per day (TPD)', OpenRouter 'free-models-per-day', Gemini "
+         "'GenerateRequestsPerDayPerProjectPerModel')"),
 )
 
 RETRYABLE_RULES: tuple[Rule, ...] = (
@@ -337,9 +447,6 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"overloaded|serveroverloaded|server_is_overloaded",
          "the seed; Anthropic 529 overloaded_error; OpenAI 'The server is currently overloaded'; "
          "Gemini 503 'The model is overloaded'"),
-    Rule("retryable.status_529", "overloaded",
-         _status("529"),
-         "Anthropic 529 Overloaded; SPEC D2"),
     Rule("retryable.capacity", "overloaded",
          r"(?:no|insufficient|out of|over|at|lack of) capacity|capacity (?:exceeded|exhausted"
          r"|unavailable|constraints?|limits? reached)"
@@ -360,9 +467,6 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
     Rule("retryable.throttled", "rate_limit",
          r"throttl",
          "Bedrock ThrottlingException, 'Request was throttled'; Azure throttling_error"),
-    Rule("retryable.status_429", "rate_limit",
-         _status("429"),
-         "HTTP 429 Too Many Requests (RFC 6585); the seed; SPEC D3"),
     Rule("retryable.too_many_requests", "rate_limit",
          r"too many (?:concurrent )?requests|too_many_requests|toomanyrequests",
          "the seed's 'too many requests'"),
@@ -371,7 +475,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "Bedrock 'Too many tokens, please wait before trying again' (a 429 "
          "ThrottlingException, not overflow: corpus bedrock-cc-429-too-many-tokens)"),
     Rule("retryable.per_time_quota", "rate_limit",
-         r"(?:requests?|tokens?) per (?:second|sec|minute|min|hour|day)\b|quota exceeded"
+         r"(?:requests?|tokens?) per (?:second|sec|minute|min)\b|quota exceeded"
          r"|exceeded (?:the )?quota"
          r"|resource[ _](?:has been )?exhausted|resourceexhausted",
          "Gemini/Vertex 429 RESOURCE_EXHAUSTED 'Quota exceeded for quota metric … per minute'; "
@@ -381,12 +485,17 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "Chinese gateways (one-api/new-api, Copilot zh-CN): 'requests too frequent', 'rate "
          "limit', 'busy', 'load saturated', 'try again later'"),
     # HTTP-like server classes and their names
-    Rule("retryable.status_5xx", "server_5xx",
-         _status("5(?:0[0234]|2[0-4])"),
-         "the seed's 500/502/503/504 and Cloudflare 520-524; SPEC D3 standalone numbers"),
-    Rule("retryable.status_408", "network",
-         _status("408"),
-         "HTTP 408 Request Timeout"),
+    Rule("retryable.gateway_relay", "server_5xx",
+         r"(?:could not|couldn't|unable to|failed to|cannot|can't) (?:relay|forward|proxy|reach|contact)"
+         r" (?:the |your |this )?(?:request |message |call )?(?:to )?(?:the )?(?:upstream|backend"
+         r"|origin|provider|model server)"
+         r"|error (?:while )?(?:relaying|forwarding|proxying)|(?:relay|forward|proxy)(?:ing)? "
+         r"(?:error|failed|failure)"
+         r"|upstream (?:error|failure|failed|unavailable|returned an? error|service unavailable"
+         r"|provider (?:error|failed))|error from (?:the )?upstream|provider returned error",
+         "a gateway or router that could not relay the request upstream (LiteLLM/one-api/new-api "
+         "'failed to forward request', OpenRouter 'Provider returned error', envoy/nginx "
+         "'upstream error'); a permanent condition or a 4xx inside still decides"),
     Rule("retryable.service_unavailable", "server_5xx",
          r"service[ _]?(?:is )?(?:temporarily )?unavailable|temporarily unavailable"
          r"|temporarily unable to process"
@@ -407,7 +516,8 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|failed|failure|broken|interrupted)"
          r"|connection (?:was |has been )?(?:closed|reset|dropped|aborted|terminated|lost|refused)"
          r"|connect ?error|connect call failed|apiconnectionerror|clientconnectorerror"
-         r"|network ?error|network (?:is )?(?:unreachable|down)|err_network|network request failed"
+         r"|network[ _-]?error|network (?:is )?(?:unreachable|down|unavailable)|err_network"
+         r"|network request failed"
          r"|err_connection_",
          "the seed's 'connection error'; SPEC D2 connection reset/refused/closed; OpenAI and "
          "Anthropic SDK APIConnectionError 'Connection error.'; httpx ConnectError; asyncio "
@@ -456,6 +566,19 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"terminated(?<!been terminated)(?<!was terminated)(?<!is terminated)",
          "SPEC D2 'terminated' (undici 'TypeError: terminated' when the body stream dies); "
          "not 'account has been terminated'"),
+    Rule("retryable.websocket", "network",
+         r"web ?socket(?:[ _-]?(?:error|exception|closed?|disconnect(?:ed)?|fail(?:ed|ure)|timeout"
+         r"|timed out|protocol error|connection (?:closed|failed|lost|error|reset)|is (?:not open"
+         r"|closed))|(?: connection)?(?: to .{0,120}?)? (?:failed|closed|error|was closed|lost))",
+         "docs/policy.md §2 v2: WebSocket errors are transport failures (browsers 'WebSocket "
+         "connection to … failed', websockets ConnectionClosedError, Codex/Realtime 'WebSocket "
+         "closed', ws 'WebSocket is not open')"),
+    Rule("retryable.no_response", "network",
+         r"ended without (?:a |an )?(?:finish|response|message_stop|\[done\]|stop)"
+         r"|did not get a response|no response (?:was )?(?:received|from (?:the )?(?:server|upstream))"
+         r"|empty reply from server|stream ended before",
+         "a stream or request that ended without an answer: HTTP/2 'request did not get a "
+         "response', curl 'Empty reply from server', 'stream ended before message_stop'"),
     Rule("retryable.timeout", "network",
          r"timed?[ _-]?out|deadline[ _]?exceeded|(?:read|connect|write|pool|headers|body|api|model)timeout",
          "SPEC D2 'timed out'; undici HeadersTimeoutError; httpx ReadTimeout; litellm Timeout "
@@ -466,6 +589,14 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "provider fails mid-generation; our provider reports it as 'The provider ended the "
          "stream with finish_reason: error'"),
     # the provider says when (or that) to retry
+    Rule("retryable.try_request_again", "retry_delay",
+         r"(?:please try|try) (?:your|the|this) request again(?! with| using)"
+         r"|(?:please retry|retry) (?:your|the|this) request(?! with| using)"
+         r"|you (?:can|may|should) retry(?! with| using)|try again (?:shortly|soon|momentarily"
+         r"|in a (?:few|moment|little|bit))",
+         "docs/policy.md §2 v2: provider text that asks to try the request again (OpenAI 'You can "
+         "retry your request', Anthropic/Gemini 'An unexpected error occurred. Please try your "
+         "request again', 'try again shortly')"),
     Rule("retryable.retry_delay", "retry_delay",
          r"retry[ _-]?delay|retry[ _-]?after(?:[ _-]?ms)?\\?[\"']?\s?[:=]|retry (?:in|after) \d"
          r"|try again (?:in|after) \d|please wait \d|try again later|retry later",
@@ -637,6 +768,12 @@ def _peek(alt: str) -> str:
     return head + (f"(?={rest})" if rest else "")
 
 
+def _may_hide_a_trigger(literal: str) -> bool:
+    """Whether an alternative whose literal prefix is ``literal`` can match where a hint
+    trigger word (:data:`fsm.hints.HINT_TRIGGERS`) starts."""
+    return any(literal.startswith(w) or w.startswith(literal) for w in HINT_TRIGGERS)
+
+
 def _compile(entries: list[tuple[int, Rule]], peek: frozenset[int]) -> tuple[
         re.Pattern[str], re.Pattern[str] | None, tuple[tuple[int, Rule, bool], ...]]:
     """The scan regex for ``(tag, rule)`` entries (tags in ``peek`` as peeks), the regex of
@@ -646,20 +783,23 @@ def _compile(entries: list[tuple[int, Rule]], peek: frozenset[int]) -> tuple[
     anchored: list[tuple[str, int]] = []
     info: list[tuple[int, Rule, bool]] = []
     for tag, rule in entries:
+        if rule.anywhere:
+            continue  # looked for anywhere instead: see _anywhere()
         for alt in _alternatives(rule.pattern):
             if alt[:1] > "\x7f":
-                continue  # a word in a script without spaces: see _SCRIPT_RULES
+                continue  # a word in a script without spaces: see _anywhere()
             units = _literal_prefix(alt.lstrip("^"))
             literal = "".join(u[-1] for u in units)
-            # where a hint may start: a trigger word, or a retryable alternative that begins
-            # with one and can carry a number ("retry after 30s", not "try again later")
-            trigger = tag == _HINT or (tag == _RETRYABLE and literal.startswith(HINT_TRIGGERS)
-                                       and len("".join(units)) < len(alt.lstrip("^")))
+            # where a hint may start: a trigger word, or a retryable alternative (a peek) whose
+            # first word could also be the start of a trigger word ("ratelimit" in
+            # "x-ratelimit-reset: 20", "retry after 30s"): at one position only one
+            # alternative matches, so such a match must report the position itself
+            trigger = tag == _HINT or (tag == _RETRYABLE and _may_hide_a_trigger(literal))
             info.append((tag, rule, trigger))
             if alt.startswith("^"):
                 anchored.append((alt[1:], len(info) - 1))
                 continue
-            if tag in peek:
+            if tag in peek or (tag == _PERMANENT and rule.id in _STATUS_IDS and _RETRYABLE in peek):
                 alt = _peek(alt)
             units = _literal_prefix(alt)
             trie.add(units, alt[len("".join(units)):], len(info) - 1, tag)
@@ -675,27 +815,36 @@ def _compile(entries: list[tuple[int, Rule]], peek: frozenset[int]) -> tuple[
 
 _TRIGGER_RULE = Rule("hint.trigger", "hint", "|".join(re.escape(w) for w in HINT_TRIGGERS),
                      "fsm.hints.HINT_TRIGGERS: where retry hints start")
+_STATUS_IDS = frozenset(rule.id for rule in STATUS_RULES)
+_CONDITION_IDS = frozenset(rule.id for rule in PERMANENT_RULES)
+"""Permanent conditions (step 4): they outrank every status and family, in any source."""
 _TAGGED = ([(_OVERFLOW, r) for r in OVERFLOW_RULES] + [(_PERMANENT, r) for r in PERMANENT_RULES]
+           + [(_PERMANENT if r.id.startswith("fatal.") else _RETRYABLE, r) for r in STATUS_RULES]
            + [(_RETRYABLE, r) for r in RETRYABLE_RULES + USAGE_LIMIT_RULES] + [(_HINT, _TRIGGER_RULE)])
 _USAGE_IDS = frozenset(rule.id for rule in USAGE_LIMIT_RULES)
-# A message that names a 429 (or throttling) is rate limiting, never overflow (SPEC §2).
+# A message that names a 429 (or throttling) is rate limiting, never overflow (policy §2) ...
 _GUARD_IDS = frozenset({"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"})
+# ... except a single request larger than the limit itself (policy §2 v2).
+_BEATS_429 = frozenset({"overflow.request_above_limit"})
 # Substrings without which no guard rule can match (checked by the tests): `in` is far cheaper
 # than a regex scan, and most overflow messages have none of them.
 _GUARD_NEEDLES = ("429", "too many", "too_many", "toomany", "throttl")
 
 # The questions a scan answers, as sets of rules ("categories").
-_O, _PS, _PY, _R, _U, _G = "overflow", "strict_permanent", "yielding_permanent", "retryable", "usage", "guard"
+_O, _PS, _PY, _R, _U, _G, _ST = ("overflow", "strict_permanent", "yielding_permanent", "retryable",
+                                 "usage", "guard", "status")
 
 
 def _category_rules(category: str) -> list[tuple[int, Rule]]:
     keep = {
         _O: lambda tag, rule: tag == _OVERFLOW,
-        _PS: lambda tag, rule: tag == _PERMANENT and rule.id not in _YIELDS_TO_HINT,
+        _PS: lambda tag, rule: (tag == _PERMANENT and rule.id not in _YIELDS_TO_HINT
+                                and rule.id not in _STATUS_IDS),
         _PY: lambda tag, rule: tag == _PERMANENT and rule.id in _YIELDS_TO_HINT,
         _R: lambda tag, rule: tag == _RETRYABLE,
         _U: lambda tag, rule: tag == _RETRYABLE and rule.id in _USAGE_IDS,
         _G: lambda tag, rule: tag == _RETRYABLE and rule.id in _GUARD_IDS,
+        _ST: lambda tag, rule: rule.id in _STATUS_IDS,
     }[category]
     return [(tag, rule) for tag, rule in _TAGGED if keep(tag, rule)]
 
@@ -745,25 +894,37 @@ def _subset(categories: frozenset[str]) -> _Matcher:
 _ALL = _Matcher(list(_TAGGED), frozenset({_RETRYABLE, _HINT}))
 _ALL_FINDITER = _ALL.regex.finditer
 # per marker group: (tag, rule, starts with a hint trigger, is a usage-limit rule, stands down
-# for a hint)
-_ALL_MARKS = tuple((tag, rule, trigger, rule.id in _USAGE_IDS, rule.id in _YIELDS_TO_HINT)
+# for a hint, is a status marker)
+_ALL_MARKS = tuple((tag, rule, trigger, rule.id in _USAGE_IDS, rule.id in _YIELDS_TO_HINT,
+                    rule.id in _STATUS_IDS)
                    for tag, rule, trigger in _ALL.marks)
 _ALL_START_CHARS = _ALL.start_chars()
 _MAX_MATCHES = 48  # more (adversarial repetitions): one search per open question instead
-# Rules for scripts written without spaces (Chinese…) cannot rely on word starts: a plain
-# alternation, searched when the text is not ASCII and no other retryable rule matched.
-_SCRIPT_RULES = tuple(rule for rule in RETRYABLE_RULES
-                      if any(a[:1] > "\x7f" for a in _alternatives(rule.pattern)))
-_SCRIPT_RE = re.compile("|".join(
-    "(?:" + "|".join(a for a in _alternatives(rule.pattern) if a[:1] > "\x7f") + ")()"
-    for rule in _SCRIPT_RULES))
+_STATUS_SCAN_LIMIT = 64  # status markers read one by one before jumping to the text's tail
+_STATUS_TAIL = 8192  # characters of the tail where the innermost status is then looked for
+
+
+def _anywhere(rules: tuple[Rule, ...]) -> tuple[tuple[Rule, ...], re.Pattern[str]]:
+    """Rules looked for anywhere (no word start): those marked ``anywhere`` and the
+    alternatives written in scripts without spaces (Chinese…), as one plain alternation."""
+    kept, parts = [], []
+    for rule in rules:
+        alts = [a for a in _alternatives(rule.pattern) if rule.anywhere or a[:1] > "\x7f"]
+        if alts:
+            kept.append(rule)
+            parts.append("(?:" + "|".join(alts) + ")()")
+    return tuple(kept), re.compile("|".join(parts))
+
+
+_ANYWHERE_RETRYABLE, _ANYWHERE_RETRYABLE_RE = _anywhere(RETRYABLE_RULES + INWORD_RULES)
+_ANYWHERE_PERMANENT, _ANYWHERE_PERMANENT_RE = _anywhere(PERMANENT_RULES)
 
 _NOT_ERROR = Classification("none", "stop_reason.not_error")
 _NO_MESSAGE = Classification("fatal", "error.no_message")
 _SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
 _UNMATCHED = Classification("fatal", "fatal.unmatched")
 _RESULT: dict[tuple[str, bool], Classification] = {}
-for _tag, _rule in _TAGGED[:-1]:
+for _tag, _rule in _TAGGED[:-1] + [(_RETRYABLE, r) for r in INWORD_RULES]:
     _RESULT[_rule.id, False] = Classification(  # type: ignore[arg-type]
         ("context_overflow", "fatal", "retryable")[_tag], _rule.id)
     _RESULT[_rule.id, True] = Classification("retryable", _rule.id, True)
@@ -778,14 +939,16 @@ def _names_a_429(t: str) -> bool:
 
 def classify(stop_reason: str, error_message: str | None, usage: Usage | None = None,
              context_window: int = 0, *, now_ms: float | None = None) -> Classification:
-    """Classify how a turn ended (SPEC §2; the order is in the module docstring).
+    """Classify how a turn ended from its text alone (``docs/policy.md §2``; the order is in
+    the module docstring). For a message that also carries structured facts (HTTP status,
+    error type/code, headers) use :func:`classify_facts` or :func:`classify_message`.
 
     ``stop_reason``: ``"stop"``, ``"length"``, ``"toolUse"``, ``"error"`` or ``"aborted"``
     (anything but ``"error"`` gives ``none``). ``error_message``: the provider's error text as
-    the SDK reported it, or ``None``. ``usage``: token counts of the failed message (for silent
-    overflow). ``context_window``: the model's context window in tokens; 0 (or less) disables
-    the silent-overflow check. ``now_ms``: wall clock in epoch ms for absolute retry hints
-    (default: now).
+    the SDK reported it, or ``None``; read whole, before any clipping. ``usage``: token counts
+    of the failed message (for silent overflow). ``context_window``: the model's context window
+    in tokens; 0 (or less) disables the silent-overflow check. ``now_ms``: wall clock in epoch
+    ms for absolute retry hints (default: now).
 
     Returns a :class:`Classification`; never raises for a ``str`` message of any size (linear
     time: a few µs for a provider's message, tens of ms for a megabyte).
@@ -798,7 +961,7 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
     silent = (usage is not None and context_window > 0
               and usage.input + usage.cache_read > context_window)
 
-    permanent = retryable = None
+    permanent = retryable = status = None
     usage_limit = yielding = False
     triggers: list[int] | None = []
     if t[1:2] in _ALL_START_CHARS:
@@ -806,55 +969,65 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
         if start is not None:
             if start[0] == _OVERFLOW:
                 return _overflow(t, start[1], silent, now_ms)
-            permanent = start[1]
+            if start[1].id in _STATUS_IDS:
+                status = start[1]
+            else:  # pragma: no cover - the anchored permanent rules are status markers
+                permanent = start[1]
     count = 0
     for m in _ALL_FINDITER(t):
-        tag, rule, trigger, is_usage, yields = _ALL_MARKS[m.lastindex - 1]  # type: ignore[operator]
+        tag, rule, trigger, is_usage, yields, is_status = _ALL_MARKS[m.lastindex - 1]  # type: ignore[operator]
         if tag == _RETRYABLE:
             if retryable is None:
                 retryable = rule
             if is_usage:
                 usage_limit = True
+            elif is_status:
+                status = rule
         elif tag == _OVERFLOW:
             return _overflow(t, rule, silent, now_ms, m.start() + 1, permanent, retryable,
-                             usage_limit)
+                             usage_limit, status)
+        elif is_status:
+            status = rule
         elif tag == _PERMANENT and (permanent is None or (yielding and not yields)):
             permanent, yielding = rule, yields
         count += 1
         if count > _MAX_MATCHES:
-            return _continue(t, m.start() + 1, silent, permanent, retryable, usage_limit, now_ms)
+            return _continue(t, m.start() + 1, silent, permanent, retryable, usage_limit, now_ms,
+                             status=status)
         if trigger:
             triggers.append(m.start() + 1)  # type: ignore[union-attr]
     if silent:
-        return _overflow(t, None, silent, now_ms, len(t), permanent, retryable, usage_limit)
-    if permanent is None and retryable is not None and not triggers and t.isascii():
+        return _overflow(t, None, silent, now_ms, len(t), permanent, retryable, usage_limit, status)
+    if (permanent is None and retryable is not None and not triggers and t.isascii()
+            and (status is None or status.id[0] == "r")):
         return _RESULT[retryable.id, usage_limit]  # the common case, without a hint
     if not t.isascii():
         triggers = None  # trigger words inside such scripts have no word start: search all
-        if retryable is None:
-            retryable = _script_rule(t)
-    return _decide(t, permanent, retryable, usage_limit, triggers, now_ms)
+    return _decide(t, permanent, retryable, usage_limit, triggers, now_ms, status)
 
 
 def _overflow(t: str, rule: Rule | None, silent: bool, now_ms: float | None, pos: int = 1,
               permanent: Rule | None = None, retryable: Rule | None = None,
-              usage_limit: bool = False) -> Classification:
+              usage_limit: bool = False, status: Rule | None = None) -> Classification:
     """Step 3 found an overflow rule (``rule``, at ``pos``) or a silent overflow: it decides
-    unless the message names a 429; then steps 4-6 go on from ``pos``."""
-    if not _names_a_429(t):
+    unless the message names a 429 (and the rule is not one of a request larger than the limit
+    itself); then steps 4-6 go on from ``pos``."""
+    if (rule is not None and rule.id in _BEATS_429) or not _names_a_429(t):
         return _SILENT_OVERFLOW if rule is None else _RESULT[rule.id, False]
     if rule is None:  # a silent overflow voided: the text was scanned to the end already
-        return _continue(t, len(t), False, permanent, retryable, usage_limit, now_ms)
+        return _continue(t, len(t), False, permanent, retryable, usage_limit, now_ms, status=status)
     return _continue(t, pos, False, permanent, retryable, usage_limit, now_ms,
-                     overflow_done=True, at_start=pos <= 1)
+                     overflow_done=True, status=status)
 
 
 def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable: Rule | None,
               usage_limit: bool, now_ms: float | None, *, overflow_done: bool = False,
-              at_start: bool = False) -> Classification:
+              status: Rule | None = None) -> Classification:
     """The rest of :func:`classify` from ``t[pos:]``, for texts with very many matches (or an
     overflow voided by a 429): one search per open question, each resuming where the last one
-    stopped and each answering a question, so the text is still read about once."""
+    stopped and each answering a question, so the text is still read about once; the
+    innermost status marker is then looked for from ``pos`` (:func:`_last_status`)."""
+    start_pos = pos
     open_ = set() if overflow_done else {_O}
     if permanent is None or permanent.id in _YIELDS_TO_HINT:
         open_.add(_PS)
@@ -864,11 +1037,6 @@ def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable:
             open_.add(_R)
         if not usage_limit:
             open_.add(_U)
-    if at_start and open_:
-        found = _subset(frozenset(open_)).at_start(t)
-        if found is not None and found[0] == _PERMANENT:
-            permanent = found[1]
-            open_ -= {_PS, _PY, _R, _U} if permanent.id not in _YIELDS_TO_HINT else {_PY}
     while open_:
         matcher = _subset(frozenset(open_))
         m = matcher.regex.search(t, pos)
@@ -877,7 +1045,7 @@ def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable:
         tag, rule, _ = matcher.marks[m.lastindex - 1]  # type: ignore[operator]
         pos = m.start() + 1
         if tag == _OVERFLOW:
-            if not _names_a_429(t):
+            if rule.id in _BEATS_429 or not _names_a_429(t):
                 return _RESULT[rule.id, False]
             open_.discard(_O)
             silent = False
@@ -896,24 +1064,46 @@ def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable:
                 open_.discard(_U)
     if silent and not _names_a_429(t):
         return _SILENT_OVERFLOW
-    if retryable is None and not t.isascii():
-        retryable = _script_rule(t)
-    return _decide(t, permanent, retryable, usage_limit, None, now_ms)
+    status = _last_status(t, start_pos, status)
+    return _decide(t, permanent, retryable, usage_limit, None, now_ms, status)
 
 
-def _script_rule(t: str) -> Rule | None:
-    m = _SCRIPT_RE.search(t)
-    return None if m is None else _SCRIPT_RULES[m.lastindex - 1]  # type: ignore[operator]
+def _last_status(t: str, pos: int, status: Rule | None) -> Rule | None:
+    """The innermost (last) status marker of ``t[pos:]``, else ``status``. Bounded: after
+    :data:`_STATUS_SCAN_LIMIT` markers only the last :data:`_STATUS_TAIL` characters are read."""
+    matcher = _subset(frozenset({_ST}))
+    marks, finditer = matcher.marks, matcher.regex.finditer
+    count = 0
+    for m in finditer(t, pos):
+        status = marks[m.lastindex - 1][1]  # type: ignore[operator]
+        count += 1
+        if count > _STATUS_SCAN_LIMIT:
+            for m in finditer(t, max(m.end(), len(t) - _STATUS_TAIL)):
+                status = marks[m.lastindex - 1][1]  # type: ignore[operator]
+            break
+    return status
 
 
 def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit: bool,
-            triggers: list[int] | None, now_ms: float | None) -> Classification:
-    """Steps 4-6 once no overflow applies. ``triggers``: hint trigger positions, or ``None``
-    to look for them in the whole text."""
+            triggers: list[int] | None, now_ms: float | None, status: Rule | None = None
+            ) -> Classification:
+    """Steps 4-6 once no overflow applies. ``status``: the innermost status marker;
+    ``triggers``: hint trigger positions, or ``None`` to look for them in the whole text."""
+    if (permanent is None or permanent.id in _YIELDS_TO_HINT) and not t.isascii():
+        m = _ANYWHERE_PERMANENT_RE.search(t)
+        if m is not None:
+            permanent = _ANYWHERE_PERMANENT[m.lastindex - 1]  # type: ignore[operator]
     hint = None
+    if permanent is not None and permanent.id not in _YIELDS_TO_HINT:
+        return _RESULT[permanent.id, False]
+    if status is not None and status.id[0] == "f":
+        return _RESULT[status.id, False]
+    if retryable is None:
+        m = _ANYWHERE_RETRYABLE_RE.search(t)
+        if m is not None:
+            retryable = _ANYWHERE_RETRYABLE[m.lastindex - 1]  # type: ignore[operator]
+            triggers = None
     if permanent is not None:
-        if permanent.id not in _YIELDS_TO_HINT:
-            return _RESULT[permanent.id, False]
         hint = parse_normalized_hint_ms(t, now_ms=now_ms)
         if hint is None or retryable is None:
             return _RESULT[permanent.id, False]
@@ -929,8 +1119,231 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
     return Classification("retryable", retryable.id, usage_limit, hint)
 
 
+# --------------------------------------------------------------------------------------------
+# Structured facts first (docs/policy.md §2 "Structured facts first", precedence §8b.8):
+# overflow markers (any source) > permanent-condition markers (any source) > x-should-retry >
+# the innermost structured status/type (the body's code/type, then the innermost status named
+# in the text) > the outer HTTP status > the text families.
+
+_ERROR_CODE_RULES: tuple[tuple[str, str, str, str], ...] = (
+    # (code or type, kind, family, source)
+    ("context_length_exceeded", "context_overflow", "context_overflow", "OpenAI error.code"),
+    ("model_context_window_exceeded", "context_overflow", "context_overflow", "z.ai, Codex"),
+    ("context_window_exceeded", "context_overflow", "context_overflow", "Codex, routers"),
+    ("request_too_large", "context_overflow", "request_size", "Anthropic 413 error.type"),
+    ("string_above_max_length", "context_overflow", "request_size", "OpenAI error.code"),
+    ("prompt_too_long", "context_overflow", "context_overflow", "routers"),
+    ("max_prompt_tokens_exceeded", "context_overflow", "context_overflow", "GitHub Copilot"),
+    ("model_max_prompt_tokens_exceeded", "context_overflow", "context_overflow", "GitHub Copilot"),
+    ("exceed_context_size_error", "context_overflow", "context_overflow", "llama.cpp error.type"),
+    ("insufficient_quota", "permanent", "billing", "OpenAI 429 error.code/type (D1)"),
+    ("billing_hard_limit_reached", "permanent", "billing", "OpenAI error.code"),
+    ("billing_not_active", "permanent", "billing", "OpenAI error.code"),
+    ("insufficient_balance", "permanent", "billing", "DeepSeek, Moonshot"),
+    ("insufficient_credits", "permanent", "billing", "OpenRouter, xAI"),
+    ("arrearage", "permanent", "billing", "DashScope error.code Arrearage"),
+    ("payment_required", "permanent", "billing", "HTTP 402 as a code"),
+    ("overloaded_error", "retryable", "overloaded", "Anthropic 529 error.type"),
+    ("overloaded", "retryable", "overloaded", "routers"),
+    ("server_overloaded", "retryable", "overloaded", "routers"),
+    ("engine_overloaded", "retryable", "overloaded", "OpenAI legacy"),
+    ("rate_limit_exceeded", "retryable", "rate_limit", "OpenAI 429 error.code"),
+    ("rate_limit_error", "retryable", "rate_limit", "Anthropic 429 error.type"),
+    ("rate_limited", "retryable", "rate_limit", "routers"),
+    ("too_many_requests", "retryable", "rate_limit", "routers, Azure"),
+    ("resource_exhausted", "retryable", "rate_limit", "Google status RESOURCE_EXHAUSTED"),
+    ("throttlingexception", "retryable", "rate_limit", "Bedrock"),
+    ("usage_limit_reached", "usage_limit", "usage_limit", "Codex/ChatGPT plans"),
+    ("usage_limit_exceeded", "usage_limit", "usage_limit", "subscription plans"),
+    ("limit_reached", "usage_limit", "usage_limit", "subscription plans"),
+    ("api_error", "retryable", "server_5xx", "Anthropic 500 error.type"),
+    ("server_error", "retryable", "server_5xx", "OpenAI error.type (D3)"),
+    ("internal_error", "retryable", "server_5xx", "Google status INTERNAL, routers"),
+    ("internal_server_error", "retryable", "server_5xx", "routers"),
+    ("service_unavailable", "retryable", "server_5xx", "OpenAI error.code"),
+    ("unavailable", "retryable", "server_5xx", "Google status UNAVAILABLE"),
+    ("bad_gateway", "retryable", "server_5xx", "gateways"),
+    ("gateway_timeout", "retryable", "network", "gateways"),
+    ("timeout", "retryable", "network", "OpenAI error.type"),
+    ("timeout_error", "retryable", "network", "Anthropic 504 error.type"),
+    ("request_timeout", "retryable", "network", "routers"),
+    ("deadline_exceeded", "retryable", "network", "Google status DEADLINE_EXCEEDED"),
+    ("authentication_error", "fatal", "auth", "Anthropic 401 error.type"),
+    ("permission_error", "fatal", "auth", "Anthropic 403 error.type"),
+    ("invalid_api_key", "fatal", "auth", "OpenAI 401 error.code"),
+    ("permission_denied", "fatal", "auth", "Google status PERMISSION_DENIED"),
+    ("unauthenticated", "fatal", "auth", "Google status UNAUTHENTICATED"),
+    ("not_found_error", "fatal", "model_not_found", "Anthropic 404 error.type"),
+    ("model_not_found", "fatal", "model_not_found", "OpenAI 404 error.code"),
+    ("unsupported_country_region_territory", "fatal", "region", "OpenAI 403 error.code"),
+    ("content_policy_violation", "fatal", "content_policy", "OpenAI error.code"),
+    ("invalid_prompt", "fatal", "content_policy", "OpenAI error.code"),
+)
+"""Typed error codes and types (``error.code``, ``error.type``, Google's ``status``; compared
+lower-cased) and their verdict: ``context_overflow``, ``permanent`` (a billing condition, which
+outranks statuses), ``retryable``, ``usage_limit`` (retryable, a usage limit) or ``fatal``.
+Generic types such as ``invalid_request_error`` decide nothing: the status and the text do."""
+ERROR_CODES: dict[str, tuple[str, str, str]] = {code: (kind, family, source)
+                                                for code, kind, family, source in _ERROR_CODE_RULES}
+
+RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529})
+"""HTTP statuses that are transient by themselves (the status markers of the text rules, plus
+425 Too Early)."""
+FATAL_STATUSES = frozenset(n for n in range(400, 500) if re.fullmatch(_CLIENT_4XX, str(n)))
+"""4xx statuses that are never worth retrying as such (the text rule ``fatal.client_status``)."""
+# 402 is a billing condition; 413 means the request is too large: both outrank the others.
+_STATUS_VERDICT = {**{n: "retryable" for n in RETRYABLE_STATUSES}, **{n: "fatal" for n in FATAL_STATUSES},
+                   402: "permanent", 413: "context_overflow"}
+_RATE_FAMILIES = frozenset({"rate_limit", "usage_limit"})
+_STATUS_DIGITS = re.compile(r"[1-5][0-9][0-9]")
+
+
+def _family(rule_id: str) -> str:
+    rule = _RULES_BY_ID.get(rule_id)
+    return rule.family if rule is not None else ""
+
+
+_RULES_BY_ID = {rule.id: rule for _, rule in _TAGGED[:-1]} | {rule.id: rule for rule in INWORD_RULES}
+
+
+def _text_status(t: str) -> tuple[Rule, int | None] | None:
+    """The innermost status marker of the normal form ``t`` (leading space) and its number."""
+    rule = None
+    start = _ALL.at_start(t) if t[1:2] in _ALL_START_CHARS else None
+    if start is not None and start[1].id in _STATUS_IDS:
+        rule = start[1]
+    matcher = _subset(frozenset({_ST}))
+    last = None
+    count = 0
+    for m in matcher.regex.finditer(t):
+        last = m
+        count += 1
+        if count > _STATUS_SCAN_LIMIT:
+            for m in matcher.regex.finditer(t, max(m.end(), len(t) - _STATUS_TAIL)):
+                last = m
+            break
+    if last is not None:
+        rule = matcher.marks[last.lastindex - 1][1]  # type: ignore[operator]
+        digits = _STATUS_DIGITS.search(t, last.start(), last.end() + 4)
+        return rule, int(digits.group()) if digits else None
+    if rule is not None:
+        digits = _STATUS_DIGITS.match(t, 1)
+        return rule, int(digits.group()) if digits else None
+    return None
+
+
+def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | None = None,
+                   context_window: int = 0, *, status: int | None = None,
+                   error_type: str | None = None, error_code: str | None = None,
+                   headers: Mapping[str, str] | None = None,
+                   now_ms: float | None = None) -> Classification:
+    """Classify a turn's end from its structured facts first, then its text.
+
+    ``status``: the HTTP status of the failed response; ``error_type`` / ``error_code``: the
+    provider's error type and code (``"overloaded_error"``, ``"rate_limit_exceeded"``…, see
+    :data:`ERROR_CODES`); ``headers``: the response headers with lower-case keys (hints from
+    ``retry-after-ms``, ``retry-after``, ``x-ratelimit-reset*``, ``anthropic-ratelimit-*-reset``;
+    the verdict of ``x-should-retry``). The other arguments are those of :func:`classify`.
+    Without any fact this is :func:`classify`.
+
+    Precedence (``docs/policy.md §2``, §8b.8): overflow markers of any source > permanent
+    conditions of any source > ``x-should-retry`` > the body's typed code/type > the innermost
+    status named in the text > the outer ``status`` > the text families. The rule id says which
+    fact decided: ``structured.status_529``, ``structured.code_rate_limit_exceeded``,
+    ``structured.type_overloaded_error``, ``structured.x_should_retry_false``, or a text rule id.
+    A retryable result's hint comes from the headers (reset headers only for rate and usage
+    limits, :func:`fsm.hints.header_hint`), else from the text.
+    """
+    if stop_reason != "error":
+        return _NOT_ERROR
+    if status is None and error_type is None and error_code is None and not headers:
+        return classify(stop_reason, error_message, usage, context_window, now_ms=now_ms)
+    text = error_message if error_message and not error_message.isspace() else ""
+    tr = classify(stop_reason, text or None, usage, context_window, now_ms=now_ms)
+    if tr.rule == "error.no_message":
+        tr = _UNMATCHED
+    codes = [(f"code_{c}", c) for c in (error_code,) if isinstance(c, str) and c]
+    codes += [(f"type_{c}", c) for c in (error_type,) if isinstance(c, str) and c]
+    typed = [(name.lower(), ERROR_CODES.get(value.lower()), value) for name, value in codes]
+    outer = _STATUS_VERDICT.get(status) if status is not None else None
+
+    # 1. overflow, any source (a 429 voids the text's unless the request itself is too large)
+    for name, verdict, _ in typed:
+        if verdict is not None and verdict[0] == "context_overflow":
+            return Classification("context_overflow", f"structured.{name}")
+    if outer == "context_overflow":
+        return Classification("context_overflow", f"structured.status_{status}")
+    if tr.kind == "context_overflow":
+        if status != 429 or tr.rule in _BEATS_429:
+            return tr
+        tr = classify(stop_reason, "429 " + text, now_ms=now_ms)  # a 429 is rate limiting
+    # 2. permanent conditions, any source
+    for name, verdict, _ in typed:
+        if verdict is not None and verdict[0] == "permanent":
+            return Classification("fatal", f"structured.{name}")
+    if outer == "permanent":
+        return Classification("fatal", f"structured.status_{status}")
+    if tr.kind == "fatal" and (tr.rule in _CONDITION_IDS or tr.rule.startswith("fatal.cn_")):
+        return tr
+    # 3. the server's own verdict
+    verdict_header = should_retry_header(headers)
+    if verdict_header is False:
+        return Classification("fatal", "structured.x_should_retry_false")
+    if verdict_header is True:
+        return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, now_ms)
+    # 4. the body's typed code/type (a numeric code is an inner status)
+    for name, verdict, value in typed:
+        if verdict is None and name.startswith("code_") and _STATUS_DIGITS.fullmatch(value):
+            inner = _STATUS_VERDICT.get(int(value))
+            if inner in ("retryable", "fatal"):
+                verdict = (inner, "rate_limit" if value == "429" else "", "")
+                name = f"inner_status_{value}"
+        if verdict is None:
+            continue
+        kind, family, _ = verdict
+        if kind == "fatal":
+            return Classification("fatal", f"structured.{name}")
+        return _retryable(f"structured.{name}", family in _RATE_FAMILIES, tr, text, headers, now_ms,
+                          usage_limit=kind == "usage_limit")
+    # 5. the innermost status the text names (inside a wrapper), 6. the outer status
+    found = _text_status(_normalize(text)) if text else None
+    if found is not None:
+        rule, number = found
+        rule_id = f"structured.status_{status}" if number is not None and number == status else rule.id
+        if rule.id[0] == "f":
+            return Classification("fatal", rule_id)
+        return _retryable(rule_id, rule.family == "rate_limit", tr, text, headers, now_ms)
+    if outer == "fatal":
+        return Classification("fatal", f"structured.status_{status}")
+    if outer == "retryable":
+        return _retryable(f"structured.status_{status}", status == 429, tr, text, headers, now_ms)
+    # 7. the text families
+    if tr.kind == "retryable":
+        return _retryable(tr.rule, _family(tr.rule) in _RATE_FAMILIES, tr, text, headers, now_ms)
+    return tr
+
+
+def _retryable(rule_id: str, rate_limited: bool, tr: Classification, text: str,
+               headers: Mapping[str, str] | None, now_ms: float | None, *,
+               usage_limit: bool = False) -> Classification:
+    """A retryable verdict with the usage-limit flag of the facts or the text, and the hint of
+    the headers, else of the text."""
+    usage_limit = usage_limit or (tr.kind == "retryable" and tr.usage_limit)
+    rate_limited = rate_limited or usage_limit or (tr.kind == "retryable" and _family(tr.rule) in _RATE_FAMILIES)
+    found = header_hint(headers, rate_limited=rate_limited, now_ms=now_ms)
+    if found is not None:
+        hint: int | None = found.ms
+    elif tr.kind == "retryable":
+        hint = tr.retry_hint_ms
+    else:
+        hint = parse_retry_hint_ms(text, now_ms=now_ms) if text else None
+    return Classification("retryable", rule_id, usage_limit, hint)
+
+
 def classify_message(message: AssistantMessage, context_window: int = 0, *,
                      now_ms: float | None = None) -> Classification:
-    """:func:`classify` applied to an assistant message's stop reason, error message and usage."""
-    return classify(message.stop_reason, message.error_message, message.usage, context_window,
-                    now_ms=now_ms)
+    """:func:`classify_facts` applied to an assistant message: its stop reason, error message,
+    usage and structured facts (``status``, ``error_type``, ``error_code``, ``headers``)."""
+    return classify_facts(message.stop_reason, message.error_message, message.usage, context_window,
+                          status=message.status, error_type=message.error_type,
+                          error_code=message.error_code, headers=message.headers, now_ms=now_ms)

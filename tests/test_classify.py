@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from fsm import classify as C
 from fsm.classify import (
+    INWORD_RULES,
     OVERFLOW_RULES,
     PERMANENT_RULES,
     RETRYABLE_RULES,
+    STATUS_RULES,
     USAGE_LIMIT_RULES,
     Classification,
     classify,
@@ -31,7 +33,8 @@ from fsm.messages import AssistantMessage, Usage
 CORPUS = [json.loads(line) for line in
           (Path(__file__).parent / "data" / "provider-errors.jsonl").read_text("utf-8").splitlines()
           if line.strip()]
-ALL_RULES = OVERFLOW_RULES + PERMANENT_RULES + RETRYABLE_RULES + USAGE_LIMIT_RULES
+ALL_RULES = (OVERFLOW_RULES + PERMANENT_RULES + STATUS_RULES + RETRYABLE_RULES + USAGE_LIMIT_RULES
+             + INWORD_RULES)
 KINDS = {"retryable", "context_overflow", "fatal", "none"}
 # A fixed clock for the corpus: 2026-01-01T00:00:00Z.
 CORPUS_NOW_MS = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1000
@@ -61,6 +64,9 @@ USAGE_LIMIT_ROWS = {
     "codex-usage-limit-5d22h11m-glyph", "codex-usage-limit-add-credits",
     "codex-usage-limit-reached-free-602705s", "codex-usage-limit-reached-json-resets-in-seconds",
     "codex-usage-limit-try-again-at-en",
+    # quota windows per day are usage limits (policy §2 v2)
+    "bedrock-throttling-tokens-per-day", "g4f-500-token-limit-per-day", "groq-429-tpd-9m38s",
+    "openai-rpd-7m12s",
 }
 PREFIX = {"retryable": "retryable.", "context_overflow": "overflow.", "fatal": "fatal."}
 
@@ -128,7 +134,6 @@ def test_step3_text_overflow_beats_retryable_and_permanent_words():
 
 @pytest.mark.parametrize("message", [
     "429 Too many tokens, please wait before trying again.",
-    "Error code: 429 - {'error': {'message': 'Request too large for gpt-4o on tokens per min (TPM)'}}",
     "HTTP 429: prompt is too long for the rate window",
     "ThrottlingException: Too many tokens, please reduce the prompt. prompt is too long",
     "too many requests: context length exceeded for this minute",
@@ -402,8 +407,13 @@ def test_rule_rows_are_well_formed():
     assert len(ids) == len(set(ids))
     for rule in ALL_RULES:
         stage = ("overflow." if rule in OVERFLOW_RULES else "fatal." if rule in PERMANENT_RULES
-                 else "retryable.")
+                 else ("fatal.", "retryable.") if rule in STATUS_RULES else "retryable.")
         assert rule.id.startswith(stage) and re.fullmatch(r"[a-z0-9_.]+", rule.id)
+        # a word-start alternative must begin with a literal: the scan's first-character
+        # filter and the one-alternative-per-position trie depend on it
+        if not rule.anywhere:
+            for alt in C._alternatives(rule.pattern):
+                assert alt[:1] > "\x7f" or C._literal_prefix(alt.lstrip("^")), (rule.id, alt)
         assert rule.family and re.fullmatch(r"[a-z0-9_]+", rule.family)
         assert len(rule.source) > 10
         compiled = re.compile(rule.pattern)
@@ -452,8 +462,8 @@ RULE_EXAMPLES = {
                             "OpenAI's content management policy. Please modify your prompt and retry.",
     "fatal.model_not_found": 'model "mistral" not found, try pulling it first',
     "fatal.client_status": "Request failed with status code 422",
-    "fatal.client_status_phrase": "upstream said 404 Not Found",
-    "fatal.client_status_leading": "404 The model `x` does not exist.",
+    "fatal.client_status_phrase": "upstream said 405 Method Not Allowed",
+    "fatal.client_status_leading": "422 The request body is invalid.",
     "retryable.usage_limit": "Claude AI usage limit reached",
     "retryable.usage_window_limit": "5-hour limit reached ∙ resets 3pm",
     "retryable.overloaded": '{"type":"overloaded_error","message":"Overloaded"}',
@@ -481,6 +491,24 @@ RULE_EXAMPLES = {
     "retryable.terminated": "TypeError: terminated",
     "retryable.timeout": "Request timed out.",
     "retryable.retry_delay": "Please retry after 30 seconds",
+    # the v2 families
+    "overflow.request_above_limit": "Error code: 429 - Request too large for gpt-4o in organization "
+                                    "org-x on tokens per min (TPM): Limit 30000, Requested 45000.",
+    "overflow.max_input_length": "Input validation error: the input is longer than the model's "
+                                 "maximum input length",
+    "overflow.cannot_truncate": "the prompt cannot be truncated to fit the context",
+    "fatal.cn_billing": "您的账户已欠费，请充值后重试",
+    "fatal.out_of_memory": "llama runner process has terminated: cudaMalloc failed: out of memory",
+    "fatal.not_found": '502 Bad Gateway {"detail":"Not Found"}',
+    "retryable.usage_hit_your_limit": "You've hit your limit · resets 3pm (Europe/Berlin)",
+    "retryable.quota_window": "Free tier: 50 requests per day for this model",
+    "retryable.gateway_relay": "new_api_error: failed to forward request to upstream",
+    "retryable.websocket": "WebSocket connection to ' ' failed",
+    "retryable.no_response": "http2 request did not get a response",
+    "retryable.try_request_again": "We hit an unexpected error. Please try your request again.",
+    "retryable.inword_rate_limit": "OpenRouterRatelimitException: slow",
+    "retryable.inword_overloaded": "ModelOverloadedException",
+    "retryable.inword_timeout": "UpstreamTimeoutError",
 }
 
 
@@ -507,7 +535,7 @@ def _reference_regexes(rules):
         for alt in alts:
             if alt.startswith("^"):
                 parts.append(r"\A (?:" + alt[1:] + ")")
-            elif alt[:1] > "\x7f":
+            elif alt[:1] > "\x7f" or rule.anywhere:
                 parts.append(f"(?:{alt})")
             else:
                 parts.append(f"(?<=[^{WORD_CHARS}])(?:{alt})")
@@ -517,7 +545,10 @@ def _reference_regexes(rules):
 
 _REF_OVERFLOW = _reference_regexes(OVERFLOW_RULES)
 _REF_PERMANENT = _reference_regexes(PERMANENT_RULES)
-_REF_RETRYABLE = _reference_regexes(RETRYABLE_RULES + USAGE_LIMIT_RULES)
+_REF_RETRYABLE = _reference_regexes(RETRYABLE_RULES + USAGE_LIMIT_RULES
+                                    + tuple(r for r in STATUS_RULES if r.id.startswith("retryable.")))
+_REF_STATUS = _reference_regexes(STATUS_RULES)
+_REF_ANYWHERE = _reference_regexes(INWORD_RULES)
 _GUARD_IDS = {"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"}
 _USAGE_IDS = {rule.id for rule in USAGE_LIMIT_RULES}
 
@@ -543,15 +574,26 @@ def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
     silent = usage is not None and window > 0 and usage.input + usage.cache_read > window
     overflow = _leftmost(_REF_OVERFLOW, t)
     guard = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _GUARD_IDS)
+    above = [rule for rule, rx in _REF_OVERFLOW if rule.id == "overflow.request_above_limit" and rx.search(t)]
+    if guard and above:
+        return Classification("context_overflow", above[0].id)  # even inside a 429
     if (overflow or silent) and not guard:
         return Classification("context_overflow", overflow.id if overflow else "overflow.silent_usage")
     strict = _leftmost(_REF_PERMANENT, t, lambda r: r.id != "fatal.exceeded_current_quota")
     if strict is not None:
         return Classification("fatal", strict.id)
+    # the innermost (last) status marker decides over the families
+    last = None
+    for rule, rx in _REF_STATUS:
+        for m in rx.finditer(t):
+            if last is None or m.start() > last[0]:
+                last = (m.start(), rule)
+    if last is not None and last[1].id.startswith("fatal."):
+        return Classification("fatal", last[1].id)
     yielding = _leftmost(_REF_PERMANENT, t)
     retryable = _leftmost(_REF_RETRYABLE, t, lambda r: r.id != "retryable.cn_rate_limit")
     if retryable is None:
-        retryable = _leftmost(_REF_RETRYABLE, t)
+        retryable = _leftmost(_REF_RETRYABLE, t) or _leftmost(_REF_ANYWHERE, t)
     usage_limit = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
     hint = parse_normalized_hint_ms(t, now_ms=now_ms)
     if yielding is not None and (hint is None or retryable is None):
@@ -693,8 +735,12 @@ def test_a_voided_anchored_overflow_goes_on_to_the_next_steps():
     assert classify("error", "413 status code (no body) then 429 Too Many Requests").rule == \
         "retryable.status_429"
     # a 400 that is not an overflow is a permanent client error
+    # a leading 400 that is not an overflow wraps an inner 429: the innermost status decides
     assert classify("error", "400 status code (no body) then 429 Too Many Requests").rule == \
-        "fatal.client_status_leading"
+        "retryable.status_429"
+    assert classify("error", "400 invalid model, then 429 Too Many Requests").rule == \
+        "retryable.status_429"
+    assert classify("error", "400 invalid model").rule == "fatal.client_status_leading"
     assert classify("error", "413 (no body); 429; invalid api key").rule == "fatal.invalid_api_key"
 
 

@@ -103,7 +103,7 @@ def test_anthropic_reset_header_rfc3339():
     ("Please wait 17 seconds before trying again.", 17_000),
     ("Please wait 9 hours 23 minutes and try again!", 33_780_000),
     ("try again in 5 days 22 hours 11 minutes.", 511_860_000),
-    ("Retrying in 1 seconds… (attempt 1/10)", 1000),
+    ("Retrying in 1 seconds… (attempt 1/10) - but retry in 3s", 3000),  # the echo is skipped
     ("Your limit will reset in 2 hours, try again then.", 7_200_000),
     ("请等待 70 seconds，然后重试。", 70_000),
     ("Try again in 1 minute and 30 seconds", 90_000),

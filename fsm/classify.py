@@ -901,23 +901,44 @@ _ALL_MARKS = tuple((tag, rule, trigger, rule.id in _USAGE_IDS, rule.id in _YIELD
 _ALL_START_CHARS = _ALL.start_chars()
 _MAX_MATCHES = 48  # more (adversarial repetitions): one search per open question instead
 _STATUS_SCAN_LIMIT = 64  # status markers read one by one before jumping to the text's tail
-_STATUS_TAIL = 8192  # characters of the tail where the innermost status is then looked for
+_STATUS_TAIL = 8192  # characters of a long text's tail where its innermost status is looked for
 
 
-def _anywhere(rules: tuple[Rule, ...]) -> tuple[tuple[Rule, ...], re.Pattern[str]]:
+class _Anywhere:
     """Rules looked for anywhere (no word start): those marked ``anywhere`` and the
-    alternatives written in scripts without spaces (Chinese…), as one plain alternation."""
-    kept, parts = [], []
-    for rule in rules:
-        alts = [a for a in _alternatives(rule.pattern) if rule.anywhere or a[:1] > "\x7f"]
-        if alts:
-            kept.append(rule)
-            parts.append("(?:" + "|".join(alts) + ")()")
-    return tuple(kept), re.compile("|".join(parts))
+    alternatives written in scripts without spaces (Chinese…), as one plain alternation.
+    A plain alternation tries every alternative at every position, so it runs only when one
+    of the alternatives' literal prefixes (``needles``) occurs in the text (``in`` is a C
+    substring search)."""
+
+    __slots__ = ("rules", "regex", "needles")
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        kept, parts, needles = [], [], set()
+        for rule in rules:
+            alts = [a for a in _alternatives(rule.pattern) if rule.anywhere or a[:1] > "\x7f"]
+            if alts:
+                kept.append(rule)
+                parts.append("(?:" + "|".join(alts) + ")()")
+                for alt in alts:
+                    units = _literal_prefix(alt)
+                    if not units:  # pragma: no cover - checked by the tests
+                        raise ValueError(f"{rule.id}: an anywhere alternative must start with a literal")
+                    needles.add(units[0][-1] if alt[:1] > "\x7f" else "".join(u[-1] for u in units))
+        self.rules = tuple(kept)
+        self.regex = re.compile("|".join(parts))
+        self.needles = tuple(sorted(needles))
+
+    def search(self, t: str) -> Rule | None:
+        for needle in self.needles:
+            if needle in t:
+                m = self.regex.search(t)
+                return None if m is None else self.rules[m.lastindex - 1]  # type: ignore[operator]
+        return None
 
 
-_ANYWHERE_RETRYABLE, _ANYWHERE_RETRYABLE_RE = _anywhere(RETRYABLE_RULES + INWORD_RULES)
-_ANYWHERE_PERMANENT, _ANYWHERE_PERMANENT_RE = _anywhere(PERMANENT_RULES)
+_ANYWHERE_RETRYABLE = _Anywhere(RETRYABLE_RULES + INWORD_RULES)
+_ANYWHERE_PERMANENT = _Anywhere(PERMANENT_RULES)
 
 _NOT_ERROR = Classification("none", "stop_reason.not_error")
 _NO_MESSAGE = Classification("fatal", "error.no_message")
@@ -1069,18 +1090,13 @@ def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable:
 
 
 def _last_status(t: str, pos: int, status: Rule | None) -> Rule | None:
-    """The innermost (last) status marker of ``t[pos:]``, else ``status``. Bounded: after
-    :data:`_STATUS_SCAN_LIMIT` markers only the last :data:`_STATUS_TAIL` characters are read."""
+    """The innermost (last) status marker after ``pos``, else ``status``, for texts with very
+    many matches: only their last :data:`_STATUS_TAIL` characters are read again (an error
+    text kept anywhere is clipped to 8 KB, ``docs/policy.md §8b``), so the work stays bounded."""
     matcher = _subset(frozenset({_ST}))
-    marks, finditer = matcher.marks, matcher.regex.finditer
-    count = 0
-    for m in finditer(t, pos):
+    marks = matcher.marks
+    for m in matcher.regex.finditer(t, max(pos, len(t) - _STATUS_TAIL)):
         status = marks[m.lastindex - 1][1]  # type: ignore[operator]
-        count += 1
-        if count > _STATUS_SCAN_LIMIT:
-            for m in finditer(t, max(m.end(), len(t) - _STATUS_TAIL)):
-                status = marks[m.lastindex - 1][1]  # type: ignore[operator]
-            break
     return status
 
 
@@ -1090,18 +1106,15 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
     """Steps 4-6 once no overflow applies. ``status``: the innermost status marker;
     ``triggers``: hint trigger positions, or ``None`` to look for them in the whole text."""
     if (permanent is None or permanent.id in _YIELDS_TO_HINT) and not t.isascii():
-        m = _ANYWHERE_PERMANENT_RE.search(t)
-        if m is not None:
-            permanent = _ANYWHERE_PERMANENT[m.lastindex - 1]  # type: ignore[operator]
+        permanent = _ANYWHERE_PERMANENT.search(t) or permanent
     hint = None
     if permanent is not None and permanent.id not in _YIELDS_TO_HINT:
         return _RESULT[permanent.id, False]
     if status is not None and status.id[0] == "f":
         return _RESULT[status.id, False]
     if retryable is None:
-        m = _ANYWHERE_RETRYABLE_RE.search(t)
-        if m is not None:
-            retryable = _ANYWHERE_RETRYABLE[m.lastindex - 1]  # type: ignore[operator]
+        retryable = _ANYWHERE_RETRYABLE.search(t)
+        if retryable is not None:
             triggers = None
     if permanent is not None:
         hint = parse_normalized_hint_ms(t, now_ms=now_ms)

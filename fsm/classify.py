@@ -289,6 +289,10 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "xAI 'reached its monthly spending limit' (corpus xai-*); OpenAI "
          "billing_hard_limit_reached / billing_not_active; Copilot 'exceeded your premium "
          "request allowance', 402 'You have no quota'"),
+    Rule("fatal.should_not_retry", "server_verdict",
+         r"x-should-retry: ?false",
+         "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
+         "APIs), as fsm.sdk_errors appends it to an error text"),
     Rule("fatal.payment_required", "billing",
          _status("402") + r"|payment[_ ]required",
          "HTTP 402 Payment Required (DeepSeek, OpenRouter, Copilot); SPEC D1"),
@@ -408,6 +412,10 @@ STATUS_RULES: tuple[Rule, ...] = (
     Rule("retryable.status_408", "network",
          _status("408"),
          "HTTP 408 Request Timeout"),
+    Rule("retryable.should_retry", "server_verdict",
+         r"x-should-retry: ?true",
+         "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
+         "APIs), as fsm.sdk_errors appends it to an error text"),
 )
 
 # Rules that stand down when the message also carries a retry hint and no other permanent
@@ -1134,7 +1142,8 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
 
 # --------------------------------------------------------------------------------------------
 # Structured facts first (docs/policy.md §2 "Structured facts first", precedence §8b.8):
-# overflow markers (any source) > permanent-condition markers (any source) > x-should-retry >
+# overflow markers (any source) > permanent-condition markers (any source; x-should-retry: false
+# among them) > x-should-retry: true >
 # the innermost structured status/type (the body's code/type, then the innermost status named
 # in the text) > the outer HTTP status > the text families.
 
@@ -1296,12 +1305,12 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
             return Classification("fatal", f"structured.{name}")
     if outer == "permanent":
         return Classification("fatal", f"structured.status_{status}")
-    if tr.kind == "fatal" and (tr.rule in _CONDITION_IDS or tr.rule.startswith("fatal.cn_")):
-        return tr
-    # 3. the server's own verdict
     verdict_header = should_retry_header(headers)
-    if verdict_header is False:
+    if verdict_header is False:  # the server's own verdict: not worth retrying
         return Classification("fatal", "structured.x_should_retry_false")
+    if tr.kind == "fatal" and tr.rule in _CONDITION_IDS:
+        return tr
+    # 3. the server's own verdict: worth retrying
     if verdict_header is True:
         return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, now_ms)
     # 4. the body's typed code/type (a numeric code is an inner status)

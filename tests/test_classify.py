@@ -509,6 +509,8 @@ RULE_EXAMPLES = {
     "retryable.inword_rate_limit": "OpenRouterRatelimitException: slow",
     "retryable.inword_overloaded": "ModelOverloadedException",
     "retryable.inword_timeout": "UpstreamTimeoutError",
+    "fatal.should_not_retry": "500 The model produced invalid content. (x-should-retry: false)",
+    "retryable.should_retry": "409 Conflict (x-should-retry: true)",
 }
 
 

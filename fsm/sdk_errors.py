@@ -161,6 +161,8 @@ def status_error_facts(status: int, body: Any, headers: Mapping[str, str] | Any 
         text = message
     else:
         text = f"{status} {message}"
+    if error_code is not None and error_code.isdigit() and error_code != str(status):
+        text += f" (code {error_code})"  # a router's inner status: 400 … (code 429)
     return ErrorFacts(_mask(text) + _hint_suffix(kept, status, error_type, error_code, now_ms), status,
                       error_type, error_code, kept)
 

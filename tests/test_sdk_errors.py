@@ -194,7 +194,7 @@ def test_a_wrapped_upstream_error_is_unwrapped():
 
 def test_a_numeric_code_without_a_raw_body_is_an_inner_status():
     facts = status_error_facts(400, {"error": {"message": "Provider returned error", "code": 429}})
-    assert facts.error_code == "429"
+    assert (facts.message, facts.error_code) == ("400 Provider returned error (code 429)", "429")
     result = classify_message(facts.to_message())
     assert (result.kind, result.rule) == ("retryable", "structured.inner_status_429")
 

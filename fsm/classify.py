@@ -1,39 +1,51 @@
 """Classifying the end of a turn: ``retryable``, ``context_overflow``, ``fatal`` or ``none``.
 
-Pure functions, no I/O (SPEC §2). The decision order is fixed:
+Pure functions, no I/O (docs/policy.md §2). :func:`classify` decides from the text alone, in a
+fixed order:
 
 1. stop reason is not ``"error"`` → ``none`` (rule ``stop_reason.not_error``);
 2. no error message (``None``, empty or blank) → ``fatal`` (``error.no_message``);
 3. context overflow → ``context_overflow``: a rule of :data:`OVERFLOW_RULES`, or the silent
    overflow ``usage.input + usage.cache_read > context_window`` (``overflow.silent_usage``,
    only when ``context_window > 0``). A 429 is rate limiting, never overflow: a message that
-   names a 429 status, "too many requests" or throttling skips this step;
+   names a 429 status, "too many requests" or throttling skips this step — unless it says that
+   this one request is larger than the limit itself (``overflow.request_above_limit``);
 4. permanent conditions that only look transient → ``fatal`` (:data:`PERMANENT_RULES`, **D1**):
-   billing and credit exhaustion, quotas whose limit is 0, invalid keys, TLS trust failures,
-   explicit 4xx statuses… even inside a "500"/"Internal error"/"Server Error" wrapper;
-5. the retryable families → ``retryable`` (:data:`RETRYABLE_RULES` and
-   :data:`USAGE_LIMIT_RULES`; **D2** network transients, **D3** standalone status numbers);
-6. anything else → ``fatal`` (``fatal.unmatched``).
+   billing and credit exhaustion (also in Chinese), quotas whose limit is 0, invalid keys, TLS
+   trust failures, a runtime out of memory… even inside a "500"/"Server Error" wrapper;
+5. status markers (:data:`STATUS_RULES`): the innermost (last) HTTP status the text names
+   decides — a permanent 4xx → ``fatal``, 408/429/5xx/529 → ``retryable`` — so a 400 that wraps
+   an upstream 429 is retried and a 502 that wraps a 404 is not;
+6. the retryable families → ``retryable`` (:data:`RETRYABLE_RULES`, :data:`USAGE_LIMIT_RULES`,
+   then :data:`INWORD_RULES`; **D2** network transients, **D3** standalone status numbers);
+7. anything else → ``fatal`` (``fatal.unmatched``).
+
+:func:`classify_facts` / :func:`classify_message` put the structured facts of a failed
+response first (HTTP status, error type/code, headers; precedence in their docstring), and fall
+back on the same text rules, so both paths agree on what the text says.
 
 The rule tables are data: one :class:`Rule` per row with its id (reported in
 :attr:`Classification.rule`, **D4**), family, regex and where it comes from. Patterns match the
 *normal form* of the message (:func:`fsm.hints.normalize_text`): lower case, whitespace runs
 collapsed to one space, ``\\n`` escapes of doubly encoded JSON as spaces, curly quotes
 straightened, URLs removed. So write patterns in lower case, with single spaces, without
-capturing groups (use ``(?:…)``), and start them with a literal character or a character class
-when you can (the engine skips positions by their first character). Every pattern must run in
-linear time: no nested unbounded quantifiers, and bounded gaps (``.{0,40}``) between parts.
+capturing groups (use ``(?:…)``), and start every alternative with a literal character (the
+engine skips positions by their first two characters; the tests check it). Every pattern must
+run in linear time: no nested unbounded quantifiers, and bounded gaps (``.{0,40}``) between
+parts.
 
 Rules match at word starts only, i.e. after a character that is not a letter, a digit or ``_``
 (``ratelimit`` counts in ``x-ratelimit-reset``, ``503`` does not in ``req_503``), except rules
-for scripts written without spaces (Chinese), which are looked for anywhere when no other
-retryable rule matched. Within one step the leftmost match decides; the usage-limit flag and
-the retry hint are looked for in the whole message. How the tables become one fast regex:
-the comment "Compiling the tables" below.
+marked ``anywhere`` and those for scripts written without spaces (Chinese), which are looked
+for anywhere when no word-start rule of their step matched. Within one step the leftmost match
+decides (the innermost for status markers); the usage-limit flag and the retry hint are looked
+for in the whole message. The text is read whole, before any clipping, in linear time. How the
+tables become one fast regex: the comment "Compiling the tables" below.
 
-To add a provider's phrasing: add a row to the right table (a new family if needed), add the
-message to ``tests/data/provider-errors.jsonl`` or to the unit tests of that family, and run
-``pytest tests/test_classify.py``.
+To add a provider's phrasing: add a row to the right table (a new family if needed) with its
+source, add the message to a ``tests/data/provider-errors*.jsonl`` corpus file or to the unit
+tests of that family, and run ``pytest tests/test_classify.py``. A rule must describe a family
+of messages, not copy one; docs/classification.md lists the families.
 """
 
 from __future__ import annotations
@@ -88,7 +100,7 @@ class Rule:
     group of conditions it belongs to (``"overloaded"``, ``"rate_limit"``, ``"server_5xx"``,
     ``"network"``, ``"context_overflow"``, ``"billing"``…). ``pattern``: regex source text,
     matched against the normal form of the message (see the module docstring). ``source``:
-    where the rule comes from (a provider's documentation, a public bug, a SPEC item such as
+    where the rule comes from (a provider's documentation, a public bug, a policy item such as
     D1/D2/D3, corpus row ids).
     """
 
@@ -109,7 +121,7 @@ class Classification:
     ``kind``: one of ``"retryable"``, ``"context_overflow"``, ``"fatal"``, ``"none"``.
     ``rule``: the id of the rule that decided — a :class:`Rule` id, or one of the fixed steps
     ``"stop_reason.not_error"``, ``"error.no_message"``, ``"overflow.silent_usage"``,
-    ``"fatal.unmatched"``. ``usage_limit``: the message is a usage-limit error (SPEC §2 "Usage
+    ``"fatal.unmatched"``. ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage
     limits"; only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
     milliseconds (0 … 7 days), only for ``retryable``; ``None`` when the message has none.
     """
@@ -161,18 +173,18 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          "OpenAI Responses 'Your input exceeds the context window of this model'; Anthropic "
          "'input length and max_tokens exceed context limit' and 413 'Request size exceeds model "
          "context window'; llama.cpp 'exceeds the available context size'; Ollama 'input length "
-         "exceeds the context length'; SPEC §2"),
+         "exceeds the context length'; docs/policy.md §2"),
     Rule("overflow.context_window_exceeds", "context_overflow",
          r"context (?:window|length|size) (?:exceeds?|exceeded|overflow)",
          "MiniMax 'context window exceeds limit'; pi-mono overflow.ts"),
     Rule("overflow.max_context_length", "context_overflow",
          r"maximum context length (?:is |of )?\d|too large for model with \d",
          "OpenAI/Azure/DeepSeek/vLLM/OpenRouter \"This model's maximum context length is N "
-         "tokens\"; Mistral 'too large for model with N maximum context length'; SPEC §2"),
+         "tokens\"; Mistral 'too large for model with N maximum context length'; docs/policy.md §2"),
     Rule("overflow.token_count_exceeds", "context_overflow",
          r"token count (?:of )?(?:\(?[0-9,]{1,12}\)? )?exceeds? (?:the )?(?:max|limit)",
          "Gemini/Vertex 'The input token count (N) exceeds the maximum number of tokens allowed'; "
-         "GitHub Copilot 'prompt token count of N exceeds the limit of M'; SPEC §2"),
+         "GitHub Copilot 'prompt token count of N exceeds the limit of M'; docs/policy.md §2"),
     Rule("overflow.input_tokens_exceed", "context_overflow",
          r"(?:input|prompt) tokens? (?:count )?exceed(?:s|ed)? (?:the )?(?:configured |maximum "
          r"|max )?(?:limit|context)",
@@ -185,13 +197,13 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          r"(?:greater|larger|longer) than (?:the )?(?:max(?:imum)? )?(?:context (?:length|size"
          r"|window)|model'?s? context length|maximum model length)",
          "LM Studio 'greater than the context length'; llama.cpp 'larger than the max context "
-         "size'; vLLM 'is longer than the maximum model length'; SPEC §2"),
+         "size'; vLLM 'is longer than the maximum model length'; docs/policy.md §2"),
     Rule("overflow.context_length_exceeded", "context_overflow",
          r"context[_ ]length[_ ]exceeded|model_context_window_exceeded|context_window_exceeded"
          r"|exceed_context_size_error"
          r"|model_max_prompt_tokens_exceeded|max_prompt_tokens_exceeded|prompt_too_long",
          "OpenAI code context_length_exceeded; llama.cpp type exceed_context_size_error; "
-         "Copilot code model_max_prompt_tokens_exceeded; SPEC §2; pi-mono overflow.ts"),
+         "Copilot code model_max_prompt_tokens_exceeded; docs/policy.md §2; pi-mono overflow.ts"),
     Rule("overflow.lm_studio", "context_overflow",
          r"keep the first [0-9,]{1,12} tokens when context(?: the)? overflows|context length of only \d"
          r"|reached context length of \d|mid-generation context overflow",
@@ -207,10 +219,10 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          r"exceed(?:s|ed)? (?:the )?(?:model'?s? |model )?(?:max(?:imum)? )?token limit"
          r"|token limit exceeded(?! per)|(?:input|prompt) token limit",
          "Kimi 'exceeded model token limit'; VS Code LM API 'Message exceeds token limit'; "
-         "SPEC §2 'token limit exceeded'"),
+         "docs/policy.md §2 'token limit exceeded'"),
     Rule("overflow.too_many_tokens", "context_overflow",
          r"too many (?:input |prompt )?tokens(?![,.:]? (?:please wait|per |processed|in the last))",
-         "SPEC §2 'too many tokens' (Cohere 'too many tokens: total number of tokens in the "
+         "docs/policy.md §2 'too many tokens' (Cohere 'too many tokens: total number of tokens in the "
          "prompt cannot exceed'); not Bedrock/Cerebras throttling ('Too many tokens, please "
          "wait', 'per day', 'processed'; corpus bedrock-*, cerebras-tpm-too-many-tokens)"),
     Rule("overflow.tgi_inputs", "context_overflow",
@@ -251,7 +263,7 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
     Rule("overflow.status_no_body", "context_overflow",
          r"^4(?:00|13) ?(?:status code)? ?\(no body\)",
          "Cerebras/Mistral bare '400 status code (no body)' / '413 (no body)' at the start of "
-         "the message; SPEC §2; pi-mono overflow.ts"),
+         "the message; docs/policy.md §2; pi-mono overflow.ts"),
 )
 
 # --------------------------------------------------------------------------------------------
@@ -261,11 +273,11 @@ PERMANENT_RULES: tuple[Rule, ...] = (
     # billing: nothing changes until someone pays
     Rule("fatal.insufficient_quota", "billing",
          r"insufficient[_ ]quota",
-         "OpenAI 429 insufficient_quota; SPEC D1; corpus openai-insufficient-quota-*"),
+         "OpenAI 429 insufficient_quota; D1; corpus openai-insufficient-quota-*"),
     Rule("fatal.exceeded_current_quota", "billing",
          r"exceeded your current quota",
          "OpenAI/Gemini 'You exceeded your current quota, please check your plan and billing "
-         "details'; SPEC D1. Stands down when the message also carries a retry hint (Gemini "
+         "details'; D1. Stands down when the message also carries a retry hint (Gemini "
          "sends this wording with 'Please retry in Ns' for per-minute quotas)"),
     Rule("fatal.credit_balance", "billing",
          r"credit balance (?:is )?too low|insufficient (?:account )?(?:credits?|balance|funds)"
@@ -295,11 +307,11 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "APIs), as fsm.sdk_errors appends it to an error text"),
     Rule("fatal.payment_required", "billing",
          _status("402") + r"|payment[_ ]required",
-         "HTTP 402 Payment Required (DeepSeek, OpenRouter, Copilot); SPEC D1"),
+         "HTTP 402 Payment Required (DeepSeek, OpenRouter, Copilot); D1"),
     Rule("fatal.quota_limit_zero", "billing",
          r"limit(?:[:=]| of| is)? ?0(?![0-9a-z]|[.,][0-9])"
          r"|quota_?value\\?[\"']?:? ?\\?[\"']?0(?![0-9.])",
-         "SPEC D1 'quotas whose limit is 0': Gemini 'Quota exceeded for metric: …, limit: 0'; "
+         "D1 'quotas whose limit is 0': Gemini 'Quota exceeded for metric: …, limit: 0'; "
          "OpenAI 'Limit 0, Used 0, Requested N' (a model the tier does not include); Google "
          "QuotaFailure quotaValue '0'. A real limit ('limit: 1000000') stays a transient quota"),
     Rule("fatal.out_of_memory", "resources",
@@ -402,13 +414,13 @@ STATUS_RULES: tuple[Rule, ...] = (
          "innermost verdict is a missing route or model; not DNS 'host not found'"),
     Rule("retryable.status_529", "overloaded",
          _status("529"),
-         "Anthropic 529 Overloaded; SPEC D2"),
+         "Anthropic 529 Overloaded; D2"),
     Rule("retryable.status_429", "rate_limit",
          _status("429"),
-         "HTTP 429 Too Many Requests (RFC 6585); the seed; SPEC D3"),
+         "HTTP 429 Too Many Requests (RFC 6585); base families (docs/policy.md §2); D3"),
     Rule("retryable.status_5xx", "server_5xx",
          _status("5(?:0[0234]|2[0-4])"),
-         "the seed's 500/502/503/504 and Cloudflare 520-524; SPEC D3 standalone numbers"),
+         "the base 500/502/503/504 and Cloudflare 520-524; D3 standalone numbers"),
     Rule("retryable.status_408", "network",
          _status("408"),
          "HTTP 408 Request Timeout"),
@@ -428,7 +440,7 @@ _YIELDS_TO_HINT = frozenset({"fatal.exceeded_current_quota"})
 USAGE_LIMIT_RULES: tuple[Rule, ...] = (
     Rule("retryable.usage_limit", "usage_limit",
          r"usage[ _-]?limit|limit_reached",
-         "the seed's 'usage limit' family and SPEC §2 'Usage limits' (\"usage limit\", "
+         "the base 'usage limit' family and docs/policy.md §2 'Usage limits' (\"usage limit\", "
          "usage_limit_reached, limit_reached): Claude and Codex subscription windows"),
     Rule("retryable.usage_window_limit", "usage_limit",
          r"h(?<=[0-9][ -]h)(?:ou)?r limit (?:reached|hit|exceeded)|(?:weekly|daily|session|opus"
@@ -453,7 +465,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
     # overloaded: the provider is at capacity
     Rule("retryable.overloaded", "overloaded",
          r"overloaded|serveroverloaded|server_is_overloaded",
-         "the seed; Anthropic 529 overloaded_error; OpenAI 'The server is currently overloaded'; "
+         "base families (docs/policy.md §2); Anthropic 529 overloaded_error; OpenAI 'The server is currently overloaded'; "
          "Gemini 503 'The model is overloaded'"),
     Rule("retryable.capacity", "overloaded",
          r"(?:no|insufficient|out of|over|at|lack of) capacity|capacity (?:exceeded|exhausted"
@@ -470,14 +482,14 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
     # rate limits
     Rule("retryable.rate_limit", "rate_limit",
          r"rate[ _-]?limit|ratelimit|speed[ _-]?limit|slow[ _]down|reduce your rate of requests",
-         "the seed; OpenAI/Anthropic rate_limit_error, Azure 'Rate limit is exceeded', "
+         "base families (docs/policy.md §2); OpenAI/Anthropic rate_limit_error, Azure 'Rate limit is exceeded', "
          "Copilot 'speed limited' (corpus copilot-speed-limited-2-minutes)"),
     Rule("retryable.throttled", "rate_limit",
          r"throttl",
          "Bedrock ThrottlingException, 'Request was throttled'; Azure throttling_error"),
     Rule("retryable.too_many_requests", "rate_limit",
          r"too many (?:concurrent )?requests|too_many_requests|toomanyrequests",
-         "the seed's 'too many requests'"),
+         "the base family 'too many requests'"),
     Rule("retryable.too_many_tokens", "rate_limit",
          r"too many tokens|concurren(?:cy|t requests?) limit",
          "Bedrock 'Too many tokens, please wait before trying again' (a 429 "
@@ -510,12 +522,12 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|status\\?[\"']?:? ?\\?[\"']?unavailable\b|statuscode\.unavailable|bad ?gateway"
          r"|gateway ?time-?out"
          r"|origin (?:is )?unreachable|no healthy upstream",
-         "the seed; Bedrock ServiceUnavailableException; Google status UNAVAILABLE; gRPC "
+         "base families (docs/policy.md §2); Bedrock ServiceUnavailableException; Google status UNAVAILABLE; gRPC "
          "StatusCode.UNAVAILABLE; nginx/Cloudflare 502/504 pages; envoy"),
     Rule("retryable.server_error", "server_5xx",
          r"server[ _]?error|internal[ _]?(?:server[ _]?)?(?:error|exception)|server had an error"
          r"|status\\?[\"']?:? ?\\?[\"']?internal\b",
-         "the seed's 'server error' / 'internal error'; SPEC D3 server_error / internal_error "
+         "the base family 'server error' / 'internal error'; D3 server_error / internal_error "
          "(underscore); OpenAI 'The server had an error while processing your request'; "
          "Google status INTERNAL; Bedrock InternalServerException"),
     # network transients (D2)
@@ -527,7 +539,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|network[ _-]?error|network (?:is )?(?:unreachable|down|unavailable)|err_network"
          r"|network request failed"
          r"|err_connection_",
-         "the seed's 'connection error'; SPEC D2 connection reset/refused/closed; OpenAI and "
+         "the base family 'connection error'; D2 connection reset/refused/closed; OpenAI and "
          "Anthropic SDK APIConnectionError 'Connection error.'; httpx ConnectError; asyncio "
          "'Connect call failed'; aiohttp ClientConnectorError"),
     Rule("retryable.errno", "network",
@@ -546,7 +558,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
     Rule("retryable.fetch_failed", "network",
          r"fetch failed|failed to fetch|und_err_(?:socket|connect_timeout|headers_timeout"
          r"|body_timeout|closed|destroyed)",
-         "the seed's 'fetch failed' (Node undici); browsers 'Failed to fetch'; undici codes"),
+         "the base family 'fetch failed' (Node undici); browsers 'Failed to fetch'; undici codes"),
     Rule("retryable.socket_closed", "network",
          r"socket hang up|other side closed|socket (?:connection )?(?:was )?(?:closed|disconnected"
          r"|error|timeout)"
@@ -557,7 +569,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|goaway|stream (?:was )?(?:reset|disconnected|interrupted)|stream closed before"
          r"|stream ended unexpectedly"
          r"|err_http2_stream_error|http2 stream error|readerror|writeerror",
-         "SPEC D2: socket hang up, other side closed, upstream connect error (envoy, corpus "
+         "D2: socket hang up, other side closed, upstream connect error (envoy, corpus "
          "envoy-upstream-reset-reason-overflow); aiohttp ServerDisconnectedError; HTTP/2 GOAWAY; "
          "Codex 'stream disconnected before completion'; httpx ReadError"),
     Rule("retryable.premature_close", "network",
@@ -567,12 +579,12 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|unexpected[ _]eof|ssleoferror"
          r"|eof occurred in violation of protocol|unexpected end of (?:stream|file|data)"
          r"|remote ?protocol ?error",
-         "SPEC D2 premature close (node-fetch ERR_STREAM_PREMATURE_CLOSE); httpx "
+         "D2 premature close (node-fetch ERR_STREAM_PREMATURE_CLOSE); httpx "
          "RemoteProtocolError 'incomplete chunked read'; requests ChunkedEncodingError; "
          "aiohttp ClientPayloadError; ssl UNEXPECTED_EOF_WHILE_READING"),
     Rule("retryable.terminated", "network",
          r"terminated(?<!been terminated)(?<!was terminated)(?<!is terminated)",
-         "SPEC D2 'terminated' (undici 'TypeError: terminated' when the body stream dies); "
+         "D2 'terminated' (undici 'TypeError: terminated' when the body stream dies); "
          "not 'account has been terminated'"),
     Rule("retryable.websocket", "network",
          r"web ?socket(?:[ _-]?(?:error|exception|closed?|disconnect(?:ed)?|fail(?:ed|ure)|timeout"
@@ -589,7 +601,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "response', curl 'Empty reply from server', 'stream ended before message_stop'"),
     Rule("retryable.timeout", "network",
          r"timed?[ _-]?out|deadline[ _]?exceeded|(?:read|connect|write|pool|headers|body|api|model)timeout",
-         "SPEC D2 'timed out'; undici HeadersTimeoutError; httpx ReadTimeout; litellm Timeout "
+         "D2 'timed out'; undici HeadersTimeoutError; httpx ReadTimeout; litellm Timeout "
          "/ APITimeoutError; gRPC/Google 504 DEADLINE_EXCEEDED; Bedrock ModelTimeoutException"),
     Rule("retryable.stream_finish_error", "network",
          r"finish_reason\\?[\"']?:? ?\\?[\"']?error\b",
@@ -608,7 +620,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
     Rule("retryable.retry_delay", "retry_delay",
          r"retry[ _-]?delay|retry[ _-]?after(?:[ _-]?ms)?\\?[\"']?\s?[:=]|retry (?:in|after) \d"
          r"|try again (?:in|after) \d|please wait \d|try again later|retry later",
-         "the seed's 'retry delay' phrasing; Google RetryInfo retryDelay; retry-after headers; "
+         "the base family 'retry delay' phrasing; Google RetryInfo retryDelay; retry-after headers; "
          "Azure 'Please retry after N seconds'; Copilot 'Please wait N seconds'"),
 )
 
@@ -830,9 +842,9 @@ _TAGGED = ([(_OVERFLOW, r) for r in OVERFLOW_RULES] + [(_PERMANENT, r) for r in 
            + [(_PERMANENT if r.id.startswith("fatal.") else _RETRYABLE, r) for r in STATUS_RULES]
            + [(_RETRYABLE, r) for r in RETRYABLE_RULES + USAGE_LIMIT_RULES] + [(_HINT, _TRIGGER_RULE)])
 _USAGE_IDS = frozenset(rule.id for rule in USAGE_LIMIT_RULES)
-# A message that names a 429 (or throttling) is rate limiting, never overflow (policy §2) ...
+# A message that names a 429 (or throttling) is rate limiting, never overflow (docs/policy.md §2) ...
 _GUARD_IDS = frozenset({"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"})
-# ... except a single request larger than the limit itself (policy §2 v2).
+# ... except a single request larger than the limit itself (docs/policy.md §2 v2).
 _BEATS_429 = frozenset({"overflow.request_above_limit"})
 # Substrings without which no guard rule can match (checked by the tests): `in` is far cheaper
 # than a regex scan, and most overflow messages have none of them.

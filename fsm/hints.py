@@ -4,7 +4,7 @@ Pure functions, no I/O. The wall clock is read only for absolute hints (an HTTP 
 "try again at Jul 5th, 2026 8:19 PM"), and it can be injected (``now_ms``) so tests and replays
 are deterministic.
 
-Formats understood (SPEC §2 "Usage limits", plus what the corpus shows), best first when a
+Formats understood (docs/policy.md §2 "Usage limits", plus what the corpus shows), best first when a
 message carries several:
 
 1. ``retry-after-ms: 1500`` / ``retry-after-ms=1500`` (milliseconds; OpenAI and Anthropic SDKs)

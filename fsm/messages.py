@@ -1,6 +1,6 @@
 """Message shapes shared by the brain, the session, the providers and the RPC layer.
 
-JSON field names follow the original's wire format (camelCase: ``stopReason``,
+JSON field names follow the wire format of the RPC protocol (docs/policy.md §4) (camelCase: ``stopReason``,
 ``errorMessage``, ``cacheRead``) so that existing clients keep working.
 """
 

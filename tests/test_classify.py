@@ -1,4 +1,4 @@
-"""Error classification (fsm.classify): SPEC §2 order, every corpus row, every rule family,
+"""Error classification (fsm.classify): docs/policy.md §2 order, every corpus row, every rule family,
 the D1/D2/D3 traps, the compiled tables against a plain reference, linear time."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ USAGE_LIMIT_ROWS = {
     "codex-usage-limit-5d22h11m-glyph", "codex-usage-limit-add-credits",
     "codex-usage-limit-reached-free-602705s", "codex-usage-limit-reached-json-resets-in-seconds",
     "codex-usage-limit-try-again-at-en",
-    # quota windows per day are usage limits (policy §2 v2)
+    # quota windows per day are usage limits (docs/policy.md §2 v2)
     "bedrock-throttling-tokens-per-day", "g4f-500-token-limit-per-day", "groq-429-tpd-9m38s",
     "openai-rpd-7m12s",
 }
@@ -101,7 +101,7 @@ def test_corpus_has_every_kind_and_unique_ids():
     assert USAGE_LIMIT_ROWS <= {row["id"] for row in CORPUS}
 
 
-# --- the order of SPEC §2 -------------------------------------------------------------------
+# --- the order of docs/policy.md §2 -------------------------------------------------------------------
 
 @pytest.mark.parametrize("stop_reason", ["stop", "length", "toolUse", "aborted", "weird"])
 def test_step1_not_an_error_is_none(stop_reason):
@@ -571,7 +571,7 @@ def _leftmost(table, t, keep=lambda rule: True):
 
 
 def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
-    """SPEC §2 applied rule by rule, with no compilation tricks."""
+    """docs/policy.md §2 applied rule by rule, with no compilation tricks."""
     if stop_reason != "error":
         return Classification("none", "stop_reason.not_error")
     if not message or message.isspace():

@@ -1,4 +1,4 @@
-"""Retry-hint parsing (fsm.hints): every format of SPEC §2, precedence, what is ignored."""
+"""Retry-hint parsing (fsm.hints): every format of docs/policy.md §2, precedence, what is ignored."""
 
 from __future__ import annotations
 

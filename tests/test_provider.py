@@ -110,7 +110,7 @@ def test_finish_reason_error_is_an_error():
 
 def test_unknown_finish_reason_network_error_is_retryable_error():
     # a router ends the stream with a reason the provider layer does not know: the partial text
-    # is not the answer, the turn is an error and a network error is retried (policy §8 item 14)
+    # is not the answer, the turn is an error and a network error is retried (docs/policy.md §8 item 14)
     msg = one({"stream": ["partial answ"], "finish_reason": "network_error"})
     assert msg.stop_reason == "error" and msg.text == "partial answ"
     assert msg.error_message == "Provider finish_reason: network_error"
@@ -174,7 +174,7 @@ def test_the_chosen_hint_header_is_carried_and_other_headers_are_dropped():
 
 
 def test_x_ratelimit_reset_hint_survives_classification():
-    # policy §8 item 15: the reset header must reach the classification (20 s, not the default)
+    # docs/policy.md §8 item 15: the reset header must reach the classification (20 s, not the default)
     msg = one({"status": 429, "json": {"error": {"message": "Too Many Requests"}},
                "headers": {"x-ratelimit-reset": "20"}})
     assert msg.error_message == "429 Too Many Requests (x-ratelimit-reset: 20)"

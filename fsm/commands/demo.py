@@ -102,7 +102,7 @@ async def _main(args: argparse.Namespace) -> int:
                     text = "".join(c.get("text", "") for c in m["content"])
                     _print(f"{stamp()} assistant: {text}")
             else:
-                _print(f"{stamp()} {json.dumps(event, ensure_ascii=False)}")
+                _print(f"{stamp()} {json.dumps(dict(event), ensure_ascii=False)}")
             if kind == "auto_retry_start":
                 _print(f"{stamp()} {loader_text(event['attempt'], event['maxAttempts'], event['delayMs'])}")
             elif kind == "auto_retry_end" and not event["success"]:

@@ -159,11 +159,11 @@ _CLIENT_4XX = r"4(?:0[0-7]|1[0-2]|1[4-8]|2[1-46-8]|31|51)(?![0-9])"
 
 OVERFLOW_RULES: tuple[Rule, ...] = (
     Rule("overflow.prompt_too_long", "context_overflow",
-         r"prompt (?:is )?too long",
+         r"prompt (?:\([0-9,]{1,12} tokens?\) )?(?:is )?too long",
          "Anthropic 'prompt is too long: N tokens > M maximum'; Fireworks; pi-mono overflow.ts; "
          "corpus anthropic-400-prompt-too-long-json"),
     Rule("overflow.input_too_long", "context_overflow",
-         r"input (?:is )?too long",
+         r"input (?:prompt )?(?:\([0-9,]{1,12} tokens?\) )?(?:is )?too long",
          "Amazon Bedrock 'Input is too long for requested model' (ValidationException); "
          "corpus bedrock-*-input-too-long"),
     Rule("overflow.exceeds_context", "context_overflow",
@@ -314,6 +314,12 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "D1 'quotas whose limit is 0': Gemini 'Quota exceeded for metric: …, limit: 0'; "
          "OpenAI 'Limit 0, Used 0, Requested N' (a model the tier does not include); Google "
          "QuotaFailure quotaValue '0'. A real limit ('limit: 1000000') stays a transient quota"),
+    Rule("fatal.model_load_failed", "resources",
+         r"(?:failed|unable) to load (?:the )?model|(?:could not|couldn't|cannot|can't) load (?:the )?model"
+         r"|error loading model|try a different model",
+         "a local runtime that cannot load the model (LM Studio 'Failed to load the model … Try a "
+         "different model and/or config', llama.cpp 'error loading model'): not the transient "
+         "'Loading model' of a server still starting"),
     Rule("fatal.out_of_memory", "resources",
          r"(?:cannot|can't|could not|couldn't|unable to|failed to) allocate(?: [a-z_]{1,20}){0,3} "
          r"(?:memory|buffer)|out of memory|(?:requires|needs) more (?:system |gpu |video )?memory"
@@ -383,6 +389,11 @@ INWORD_RULES: tuple[Rule, ...] = (
          r"overloaded|serviceunavailable|unavailableerror",
          "class names such as 'ModelOverloadedException', 'UpstreamServiceUnavailable'",
          anywhere=True),
+    Rule("retryable.inword_quota_window", "usage_limit",
+         r"perday|perhour",
+         "quota ids with the window inside a longer word (Gemini "
+         "'GenerateRequestsPerDayPerProjectPerModel-FreeTier'): a usage limit; the usage-limit "
+         "flag looks for them in the whole text", anywhere=True),
     Rule("retryable.inword_timeout", "network",
          r"timeout(?:error|exception)|timedout",
          "class names such as 'APITimeoutError', 'UpstreamTimeoutException'", anywhere=True),
@@ -424,6 +435,14 @@ STATUS_RULES: tuple[Rule, ...] = (
     Rule("retryable.status_408", "network",
          _status("408"),
          "HTTP 408 Request Timeout"),
+    Rule("retryable.typed_transient", "server_5xx",
+         r"serviceunavailableexception|internalserverexception|modelnotreadyexception"
+         r"|modeltimeoutexception|modelstreamerrorexception|throttlingexception"
+         r"|overloaded_error|rate_limit_error|rate_limit_exceeded",
+         "a provider's typed verdict named in the text (Bedrock ':exception-type' "
+         "serviceUnavailableException/ThrottlingException, Anthropic overloaded_error/"
+         "rate_limit_error, OpenAI rate_limit_exceeded): like a status, the innermost decides, "
+         "so a 400 event-stream frame whose exception type is transient is retried"),
     Rule("retryable.should_retry", "server_verdict",
          r"x-should-retry: ?true",
          "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
@@ -439,7 +458,8 @@ _YIELDS_TO_HINT = frozenset({"fatal.exceeded_current_quota"})
 
 USAGE_LIMIT_RULES: tuple[Rule, ...] = (
     Rule("retryable.usage_limit", "usage_limit",
-         r"usage[ _-]?limit|limit_reached",
+         r"usage[ _-]?limit(?<!not your usage limit)(?<!not a usage limit)(?<!not the usage limit)"
+         r"|limit_reached",
          "the base 'usage limit' family and docs/policy.md §2 'Usage limits' (\"usage limit\", "
          "usage_limit_reached, limit_reached): Claude and Codex subscription windows"),
     Rule("retryable.usage_window_limit", "usage_limit",
@@ -511,14 +531,16 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|origin|provider|model server)"
          r"|error (?:while )?(?:relaying|forwarding|proxying)|(?:relay|forward|proxy)(?:ing)? "
          r"(?:error|failed|failure)"
-         r"|upstream (?:error|failure|failed|unavailable|returned an? error|service unavailable"
-         r"|provider (?:error|failed))|error from (?:the )?upstream|provider returned error",
+         r"|upstream (?:request |call |connection )?(?:error|failure|failed|unavailable|returned an? "
+         r"error|service unavailable|provider (?:error|failed))|error from (?:the )?upstream"
+         r"|provider returned error",
          "a gateway or router that could not relay the request upstream (LiteLLM/one-api/new-api "
          "'failed to forward request', OpenRouter 'Provider returned error', envoy/nginx "
          "'upstream error'); a permanent condition or a 4xx inside still decides"),
     Rule("retryable.service_unavailable", "server_5xx",
          r"service[ _]?(?:is )?(?:temporarily )?unavailable|temporarily unavailable"
-         r"|temporarily unable to process"
+         r"|temporarily unable to process|(?:is|are) (?:currently )?unable to (?:process|handle|serve)"
+         r" (?:your|the|this) request"
          r"|status\\?[\"']?:? ?\\?[\"']?unavailable\b|statuscode\.unavailable|bad ?gateway"
          r"|gateway ?time-?out"
          r"|origin (?:is )?unreachable|no healthy upstream",
@@ -589,7 +611,9 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
     Rule("retryable.websocket", "network",
          r"web ?socket(?:[ _-]?(?:error|exception|closed?|disconnect(?:ed)?|fail(?:ed|ure)|timeout"
          r"|timed out|protocol error|connection (?:closed|failed|lost|error|reset)|is (?:not open"
-         r"|closed))|(?: connection)?(?: to .{0,120}?)? (?:failed|closed|error|was closed|lost))",
+         r"|closed))|(?: connection)?(?: to .{0,120}?)? (?:failed|closed|error|was closed|lost)"
+         r"|(?: [a-z]{1,20})? (?:communication|connection) (?:error|failed|closed|lost))"
+         r"|no close frame|abnormal closure",
          "docs/policy.md §2 v2: WebSocket errors are transport failures (browsers 'WebSocket "
          "connection to … failed', websockets ConnectionClosedError, Codex/Realtime 'WebSocket "
          "closed', ws 'WebSocket is not open')"),
@@ -842,6 +866,13 @@ _TAGGED = ([(_OVERFLOW, r) for r in OVERFLOW_RULES] + [(_PERMANENT, r) for r in 
            + [(_PERMANENT if r.id.startswith("fatal.") else _RETRYABLE, r) for r in STATUS_RULES]
            + [(_RETRYABLE, r) for r in RETRYABLE_RULES + USAGE_LIMIT_RULES] + [(_HINT, _TRIGGER_RULE)])
 _USAGE_IDS = frozenset(rule.id for rule in USAGE_LIMIT_RULES)
+# A quota's time window (per minute, per day…, also inside quota ids such as
+# "GenerateRequestsPerMinutePerProjectPerModel"): "exceeded your current quota" next to one is a
+# window that refills, not billing exhaustion (Gemini's free tier uses the billing wording).
+# A generic RESOURCE_EXHAUSTED names no window.
+_QUOTA_WINDOW_RE = re.compile(r"per[ _-]?(?:second|minute|min|hour|day)(?![a-z])|per[ _-]?(?:minute|hour|day)"
+                              r"|[rt]p[smhd](?![a-z0-9_])")
+_INWORD_USAGE = ("perday", "perhour")  # retryable.inword_quota_window
 # A message that names a 429 (or throttling) is rate limiting, never overflow (docs/policy.md §2) ...
 _GUARD_IDS = frozenset({"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"})
 # ... except a single request larger than the limit itself (docs/policy.md §2 v2).
@@ -971,6 +1002,11 @@ for _tag, _rule in _TAGGED[:-1] + [(_RETRYABLE, r) for r in INWORD_RULES]:
     _RESULT[_rule.id, True] = Classification("retryable", _rule.id, True)
 
 
+def _names_a_quota_window(t: str) -> bool:
+    return (("per" in t or "rp" in t or "tp" in t)  # C substring checks first
+            and _QUOTA_WINDOW_RE.search(t) is not None)
+
+
 def _names_a_429(t: str) -> bool:
     for needle in _GUARD_NEEDLES:
         if needle in t:
@@ -1041,7 +1077,8 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
         return _overflow(t, None, silent, now_ms, len(t), permanent, retryable, usage_limit, status)
     if (permanent is None and retryable is not None and not triggers and t.isascii()
             and (status is None or status.id[0] == "r")):
-        return _RESULT[retryable.id, usage_limit]  # the common case, without a hint
+        # the common case, without a hint
+        return _RESULT[retryable.id, usage_limit or _INWORD_USAGE[0] in t or _INWORD_USAGE[1] in t]
     if not t.isascii():
         triggers = None  # trigger words inside such scripts have no word start: search all
     return _decide(t, permanent, retryable, usage_limit, triggers, now_ms, status)
@@ -1136,12 +1173,14 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
         retryable = _ANYWHERE_RETRYABLE.search(t)
         if retryable is not None:
             triggers = None
-    if permanent is not None:
+    if permanent is not None:  # it stands down for a retry hint or a quota window
         hint = parse_normalized_hint_ms(t, now_ms=now_ms)
-        if hint is None or retryable is None:
+        if retryable is None or (hint is None and not _names_a_quota_window(t)):
             return _RESULT[permanent.id, False]
     if retryable is None:
         return _UNMATCHED
+    if not usage_limit and (_INWORD_USAGE[0] in t or _INWORD_USAGE[1] in t):
+        usage_limit = True
     if hint is None:
         if triggers is None:
             hint = parse_normalized_hint_ms(t, now_ms=now_ms)
@@ -1186,7 +1225,13 @@ _ERROR_CODE_RULES: tuple[tuple[str, str, str, str], ...] = (
     ("rate_limited", "retryable", "rate_limit", "routers"),
     ("too_many_requests", "retryable", "rate_limit", "routers, Azure"),
     ("resource_exhausted", "retryable", "rate_limit", "Google status RESOURCE_EXHAUSTED"),
-    ("throttlingexception", "retryable", "rate_limit", "Bedrock"),
+    ("throttlingexception", "retryable", "rate_limit", "Bedrock ThrottlingException"),
+    ("serviceunavailableexception", "retryable", "server_5xx", "Bedrock ServiceUnavailableException"),
+    ("internalserverexception", "retryable", "server_5xx", "Bedrock InternalServerException"),
+    ("modelnotreadyexception", "retryable", "overloaded", "Bedrock ModelNotReadyException"),
+    ("modeltimeoutexception", "retryable", "network", "Bedrock ModelTimeoutException"),
+    ("modelstreamerrorexception", "retryable", "network", "Bedrock ModelStreamErrorException"),
+    ("accessdeniedexception", "fatal", "auth", "Bedrock AccessDeniedException"),
     ("usage_limit_reached", "usage_limit", "usage_limit", "Codex/ChatGPT plans"),
     ("usage_limit_exceeded", "usage_limit", "usage_limit", "subscription plans"),
     ("limit_reached", "usage_limit", "usage_limit", "subscription plans"),
@@ -1347,6 +1392,10 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
         if rule.id[0] == "f":
             return Classification("fatal", rule_id)
         return _retryable(rule_id, rule.family == "rate_limit", tr, text, headers, now_ms)
+    # a usage limit the body states is the provider's own verdict on the account, inner to a
+    # wrapper's status (LiteLLM maps Anthropic's usage-limit 400 to BadRequestError)
+    if tr.kind == "retryable" and tr.usage_limit:
+        return _retryable(tr.rule, True, tr, text, headers, now_ms)
     if outer == "fatal":
         return Classification("fatal", f"structured.status_{status}")
     if outer == "retryable":

@@ -19,8 +19,9 @@ message carries several:
 7. ``"estimated_time": 176.7`` (Hugging Face, a model still loading; seconds)
 8. phrases: "Please retry in 37.5s", "try again in 2h 13m", "try again in 9m38.016s",
    "reset after 5h8m26s", "Please retry after 86400 seconds", "Please wait 17 seconds",
-   "请等待 70 seconds", "try again in 5 days 22 hours 11 minutes". A client's own echo of its
-   schedule ("Retrying in 32 seconds… (attempt 7/10)") is not the server's hint and is skipped
+   "请等待 70 seconds", "try again in 5 days 22 hours 11 minutes". A client narrating its own
+   schedule in the progressive ("Retrying in 32 seconds… (attempt 7/10)", "Waiting for 10
+   seconds", "Waiting 1000ms before pinging") is not the server's hint and is skipped
 9. absolute: "usage limit reached|1749924000" (Claude, epoch seconds), ``"resets_at": N``,
    "reset at 3pm (America/Santiago)", "try again at Jul 5th, 2026 8:19 PM" (no zone: the local
    zone, as the apps that print it use), "regain access on 2026-06-01 at 00:00 UTC"
@@ -127,7 +128,13 @@ _ISO_PARTS = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})(?:t| |,? at )(\d{2}):(\d{2})(?::(\d{2})(\.\d{1,9})?)?"
     r"(?: ?(z|utc|gmt|[+-]\d{2}:?\d{2}))?", re.ASCII)
 _ABS_START = (r"(?=(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]{0,6}\.? \d"
-              r"|\d{1,2}(?::\d{2})? ?[ap]\.?m\b|\d{1,2}:\d{2}|\d{4}-\d{2}-\d{2})")
+              r"|\d{1,2}(?::\d{2})? ?[ap]\.?m\b|\d{1,2}:\d{2}|\d{4}-\d{2}-\d{2}"
+              r"|\d{1,2}(?: de)? [a-z]{3})")
+# Month abbreviations of day-first dates, English, Portuguese and Spanish ("10 de jul. de 2026").
+_DAY_FIRST_MONTHS = {
+    "jan": 1, "ene": 1, "feb": 2, "fev": 2, "mar": 3, "apr": 4, "abr": 4, "may": 5, "mai": 5,
+    "jun": 6, "jul": 7, "aug": 8, "ago": 8, "sep": 9, "set": 9, "oct": 10, "out": 10, "nov": 11,
+    "dec": 12, "dez": 12, "dic": 12}
 
 # One alternative per hint kind, in order of preference (at one position the first that
 # matches wins). Each ends with an empty named group, so ``m.lastgroup`` names the kind.
@@ -144,7 +151,7 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("ratelimit_reset", rf"ratelimit-reset(?:-[a-z-]{{1,30}})?{_SEP}(?:{_ISO}|({_DURATION})|{_NUM})"),
     ("ratelimit_reset_iso", rf"ratelimit-[a-z-]{{1,30}}-reset{_SEP}{_ISO}"),
     ("estimated_time", rf"estimated_time{_SEP}{_NUM}"),
-    ("phrase", rf"(?:retry|try again|wait|waiting|reset|resets"
+    ("phrase", rf"(?:retry|try again|wait|reset|resets"
                rf"|available again|available|等待)"
                rf"(?: in| after| for)?:? ?(?:about |approximately |approx\. |~)?({_DURATION})"),
     ("epoch_pipe", r"limit reached\|(\d{10,13})(?!\d)"),
@@ -165,7 +172,9 @@ _MAX_PER_TRIGGER = 256
 _ABS_RE = re.compile(
     r"(?:(?P<mon>jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]{0,6}\.? (?P<day>\d{1,2})"
     r"(?:st|nd|rd|th)?(?:,? (?P<year>\d{4}))?(?:,? at |,? | at )"
-    r"|(?P<iy>\d{4})-(?P<im>\d{2})-(?P<id>\d{2})(?:t| |,? at ))?"
+    r"|(?P<iy>\d{4})-(?P<im>\d{2})-(?P<id>\d{2})(?:t| |,? at )"
+    r"|(?P<dday>\d{1,2})(?: de)? (?P<dmon>[a-z]{3})[a-z]{0,6}\.?(?:,? (?:de )?(?P<dyear>\d{4}))?"
+    r"(?:,? (?:at |às |as |a las )?| at ))?"
     r"(?:(?P<h12>\d{1,2})(?::(?P<m12>\d{2}))? ?(?P<ampm>[ap])\.?m\.?"
     r"|(?P<h24>\d{1,2}):(?P<m24>\d{2})(?::(?P<s24>\d{2})(?:\.\d{1,9})?)?)"
     r"(?: ?\((?P<zone>[a-z][a-z0-9_+\-]{0,30}(?:/[a-z0-9_+\-]{1,30}){0,2})\)"
@@ -383,6 +392,12 @@ def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
             day = date(year, _MONTHS.index(g["mon"]) + 1, int(g["day"]))
         elif g["iy"]:
             day = date(int(g["iy"]), int(g["im"]), int(g["id"]))
+        elif g["dmon"]:
+            month = _DAY_FIRST_MONTHS.get(g["dmon"])
+            if month is None:
+                return None
+            year = int(g["dyear"]) if g["dyear"] else now_dt.year
+            day = date(year, month, int(g["dday"]))
         else:
             day = now_dt.date()
         when = datetime(day.year, day.month, day.day, hour, minute, second, tzinfo=zone)
@@ -392,7 +407,7 @@ def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
         when = when.astimezone()  # naive → local
     when_ms = when.timestamp() * 1000
     if when_ms < now:
-        if not (g["mon"] or g["iy"]):
+        if not (g["mon"] or g["iy"] or g["dmon"]):
             when_ms = _next_day(day, hour, minute, second, zone) * 1000
         elif g["mon"] and not g["year"]:
             try:

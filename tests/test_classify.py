@@ -77,9 +77,18 @@ PREFIX = {"retryable": "retryable.", "context_overflow": "overflow.", "fatal": "
 
 # --- every corpus row -----------------------------------------------------------------------
 
+def row_now_ms(row: dict) -> float:
+    """A row's clock: its ``now`` (ISO 8601; without an offset, the local time, as the message
+    prints it), else the corpus's fixed clock."""
+    if "now" not in row:
+        return CORPUS_NOW_MS
+    when = datetime.fromisoformat(row["now"])
+    return (when if when.tzinfo else when.astimezone()).timestamp() * 1000
+
+
 @pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
 def test_corpus_row(row):
-    now_ms, absolute = ABSOLUTE_HINTS.get(row["id"], (CORPUS_NOW_MS, None))
+    now_ms, absolute = ABSOLUTE_HINTS.get(row["id"], (row_now_ms(row), None))
     result = classify("error", row["message"], now_ms=now_ms)
     assert result.kind == row["expected"], (result, row["notes"])
     assert result.rule.startswith(PREFIX[result.kind])
@@ -470,11 +479,11 @@ RULE_EXAMPLES = {
     "fatal.client_status_leading": "422 The request body is invalid.",
     "retryable.usage_limit": "Claude AI usage limit reached",
     "retryable.usage_window_limit": "5-hour limit reached ∙ resets 3pm",
-    "retryable.overloaded": '{"type":"overloaded_error","message":"Overloaded"}',
+    "retryable.overloaded": "The server is currently overloaded with other requests.",
     "retryable.status_529": "API Error: 529",
     "retryable.capacity": "No capacity available for model x on the server",
     "retryable.rate_limit": "Rate limit is exceeded.",
-    "retryable.throttled": "ThrottlingException: Request was throttled",
+    "retryable.throttled": "Request was throttled. Please wait.",
     "retryable.status_429": "HTTP 429",
     "retryable.too_many_requests": "Too Many Requests",
     "retryable.too_many_tokens": "Too many tokens, please wait before trying again.",
@@ -515,6 +524,9 @@ RULE_EXAMPLES = {
     "retryable.inword_timeout": "UpstreamTimeoutError",
     "fatal.should_not_retry": "500 The model produced invalid content. (x-should-retry: false)",
     "retryable.should_retry": "409 Conflict (x-should-retry: true)",
+    "retryable.typed_transient": '{"type":"overloaded_error","message":"Overloaded"}',
+    "fatal.model_load_failed": "Failed to load the model. Try a different model and/or config.",
+    "retryable.inword_quota_window": "QuotaFailure: GenerateRequestsPerDayPerProjectPerModel-FreeTier",
 }
 
 
@@ -551,8 +563,8 @@ def _reference_regexes(rules):
 
 _REF_OVERFLOW = _reference_regexes(OVERFLOW_RULES)
 _REF_PERMANENT = _reference_regexes(PERMANENT_RULES)
-_REF_RETRYABLE = _reference_regexes(RETRYABLE_RULES + USAGE_LIMIT_RULES
-                                    + tuple(r for r in STATUS_RULES if r.id.startswith("retryable.")))
+_REF_RETRYABLE = _reference_regexes(tuple(r for r in STATUS_RULES if r.id.startswith("retryable."))
+                                    + RETRYABLE_RULES + USAGE_LIMIT_RULES)
 _REF_STATUS = _reference_regexes(STATUS_RULES)
 _REF_ANYWHERE = _reference_regexes(INWORD_RULES)
 _GUARD_IDS = {"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"}
@@ -600,9 +612,10 @@ def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
     retryable = _leftmost(_REF_RETRYABLE, t, lambda r: r.id != "retryable.cn_rate_limit")
     if retryable is None:
         retryable = _leftmost(_REF_RETRYABLE, t) or _leftmost(_REF_ANYWHERE, t)
-    usage_limit = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
+    usage_limit = (any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
+                   or "perday" in t or "perhour" in t)
     hint = parse_normalized_hint_ms(t, now_ms=now_ms)
-    if yielding is not None and (hint is None or retryable is None):
+    if yielding is not None and (retryable is None or (hint is None and not C._names_a_quota_window(t))):
         return Classification("fatal", yielding.id)
     if retryable is None:
         return Classification("fatal", "fatal.unmatched")

@@ -32,6 +32,14 @@ def facts(row: dict) -> dict:
     return out
 
 
+def row_now_ms(row: dict) -> float:
+    """A row's clock (``now``, ISO 8601, local time without an offset), else :data:`NOW_MS`."""
+    if "now" not in row:
+        return NOW_MS
+    when = datetime.fromisoformat(row["now"])
+    return (when if when.tzinfo else when.astimezone()).timestamp() * 1000
+
+
 STRUCTURED_ROWS = [row for row in CORPUS if any(v is not None for v in facts(row).values())]
 
 
@@ -81,10 +89,14 @@ def test_structured_and_text_paths_agree_on_provider_bodies(status, body, header
 @pytest.mark.skipif(not STRUCTURED_ROWS, reason="no corpus row carries structured facts yet")
 @pytest.mark.parametrize("row", STRUCTURED_ROWS, ids=[row["id"] for row in STRUCTURED_ROWS])
 def test_structured_and_text_paths_agree_on_the_corpus(row):
-    structured = classify_facts("error", row["message"], now_ms=NOW_MS, **facts(row))
-    text_only = classify("error", row["message"], now_ms=NOW_MS)
+    now_ms = row_now_ms(row)
+    structured = classify_facts("error", row["message"], now_ms=now_ms, **facts(row))
+    text_only = classify("error", row["message"], now_ms=now_ms)
     assert structured.kind == text_only.kind == row["expected"], (structured, text_only)
-    assert structured.usage_limit == text_only.usage_limit
+    assert structured.usage_limit == text_only.usage_limit == row.get("usage_limit", text_only.usage_limit)
+    if row.get("retry_hint_ms") is not None:
+        assert structured.retry_hint_ms is not None
+        assert abs(structured.retry_hint_ms - row["retry_hint_ms"]) <= 1000
 
 
 # -- precedence ------------------------------------------------------------------------------

@@ -30,12 +30,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 from urllib.parse import urlsplit
 
 import openai
 
 from fsm.messages import AssistantMessage, Usage
+from fsm.protocols import Provider  # re-exported: the protocol lives in fsm.protocols
 from fsm.sdk_errors import ErrorFacts, error_facts
 
 __all__ = [
@@ -60,18 +61,6 @@ KNOWN_FINISH_REASONS = frozenset(_FINISH_REASONS)
 """Finish reasons that end a turn normally (the Chat Completions ones, and the Messages API
 names some gateways pass through). ``content_filter``, ``error`` and any other reason end it
 in an error."""
-
-
-@runtime_checkable
-class Provider(Protocol):
-    """What the session codes against: one streamed completion per call, never raising for
-    provider failures (see the module docstring)."""
-
-    name: str
-    model: str
-
-    async def complete(self, messages: list[dict], *, on_text: Callable[[str], None] | None = None,
-                       api_key: str | None = None) -> AssistantMessage: ...
 
 
 def describe_error(exc: BaseException) -> str:

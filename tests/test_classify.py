@@ -767,3 +767,33 @@ def test_patterns_with_capturing_groups_are_refused():
     bad = C.Rule("overflow.bad", "context_overflow", "(prompt) too long", "test")
     with pytest.raises(ValueError, match="capturing groups"):
         C._compile([(C._OVERFLOW, bad)], frozenset())
+
+
+# --- regressions ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("message, hint", [
+    ("429 Too Many Requests (x-ratelimit-reset: 20)", 20_000),
+    ("Rate limited (x-ratelimit-reset-ms: 20000)", 20_000),
+    ("429 rate limit exceeded (x-ratelimit-reset-requests: 20s)", 20_000),
+    ("rate_limit_error (anthropic-ratelimit-tokens-reset: 2026-01-01T00:00:20Z)", 20_000),
+    ("ratelimit hit; x-ratelimit-reset-tokens: 20s", 20_000),
+])
+def test_x_ratelimit_reset_hint_survives_classification(message, hint):
+    # the rate-limit rule matched the word "ratelimit" where the reset header starts, and the
+    # hint was never read: the credential store then blocked for its default instead of 20 s
+    result = classify("error", message, now_ms=CORPUS_NOW_MS)
+    assert (result.kind, result.retry_hint_ms) == ("retryable", hint)
+
+
+def test_unknown_finish_reason_network_error_is_retryable_error():
+    # the provider layer's text for a stream that ended with a finish reason it does not know
+    result = classify("error", "Provider finish_reason: network_error")
+    assert (result.kind, result.rule) == ("retryable", "retryable.connection")
+    assert classify("error", "Provider finish_reason: error").kind == "retryable"
+    assert classify("error", "Provider finish_reason: MALFORMED_FUNCTION_CALL").kind == "fatal"
+
+
+def test_classification_reads_the_whole_text_before_any_clipping():
+    # the verdict at the end of a long body (past the 8 KB kept in events) still decides
+    body = "x " * 10_000 + "Your credit balance is too low"
+    assert classify("error", "503 " + body).rule == "fatal.credit_balance"

@@ -250,3 +250,38 @@ def test_other_exceptions_name_their_type_and_causes():
         facts = error_facts(exc)
     assert facts.message == "ReadError: read failed (ConnectionResetError: [Errno 104] Connection reset by peer)"
     assert classify_message(facts.to_message()).kind == "retryable"
+
+
+def test_odd_bodies_and_wrappers():
+    # a body string that looks like JSON but is not
+    assert status_error_facts(500, "{not json").message == "500 {not json"
+    # {"error": "text"} and Anthropic's error.details.error_code
+    assert status_error_facts(429, {"error": "Too many requests", "code": "rate_limited"}) == \
+        ErrorFacts("429 Too many requests", 429, None, "rate_limited")
+    facts = status_error_facts(400, {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "no", "details": {"error_code": "model_gone"}}})
+    assert facts.error_code == "model_gone"
+    # a wrapped raw body that is plain text, without a provider name
+    facts = status_error_facts(502, {"error": {"message": "Provider returned error", "metadata": {
+        "raw": "upstream connect error or disconnect/reset before headers"}}})
+    assert facts.message == "502 Provider returned error (upstream connect error or disconnect/reset before headers)"
+    # Google's status as the type; a typed rate limit makes reset headers count
+    facts = status_error_facts(503, {"error": {"message": "busy", "status": "UNAVAILABLE"}},
+                               {"x-ratelimit-reset": "7"})
+    assert (facts.error_type, facts.message) == ("UNAVAILABLE", "503 busy")
+    facts = status_error_facts(400, {"error": {"message": "slow", "code": "rate_limit_exceeded"}},
+                               {"x-ratelimit-reset": "7"})
+    assert facts.message == "400 slow (x-ratelimit-reset: 7)"
+    # an unusable retry-after is kept as sent, and classifies as no hint
+    facts = status_error_facts(503, {"error": {"message": "busy"}}, {"retry-after": "soon"})
+    assert facts.message == "503 busy (retry-after: soon)"
+    assert classify_message(facts.to_message()).retry_hint_ms is None
+
+
+def test_a_stream_error_whose_body_is_text_or_json_text():
+    request = httpx2.Request("POST", "http://h/v1")
+    response = httpx2.Response(200, request=request)
+    raw = anthropic.APIStatusError("x", response=response, body='{"type":"error","error":{"type":"api_error","message":"Internal"}}')
+    assert error_facts(raw) == ErrorFacts("Stream error: Internal (api_error)", None, "api_error")
+    text = anthropic.APIStatusError("x", response=response, body="upstream closed")
+    assert error_facts(text).message == "Stream error: upstream closed"

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from email.utils import parsedate_to_datetime
+from functools import lru_cache
 
 __all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "HeaderHint", "header_hint",
            "should_retry_header", "normalize_text", "parse_hint_at", "parse_normalized_hint_ms", "parse_retry_hint_ms"]
@@ -83,6 +84,10 @@ def _normalize(text: str) -> str:
         t = t.replace("\\n", " ").replace("\\r", " ").replace("\\t", " ")
     if "://" in t:
         t = _URL_RE.sub(" ", t)
+    if len(t) < 4096:  # one C pass (split() knows the same whitespace as _ASCII_WS)
+        if "’" in t or "‘" in t:
+            t = t.replace("’", "'").replace("‘", "'")
+        return " " + " ".join(t.split())
     if t.isascii():
         if not t.isprintable():
             t = t.translate(_ASCII_WS)
@@ -93,8 +98,6 @@ def _normalize(text: str) -> str:
         return t if t[:1] == " " else " " + t
     if "’" in t or "‘" in t:
         t = t.replace("’", "'").replace("‘", "'")
-    if len(t) < 4096:
-        return " " + " ".join(t.split())
     # one regex pass instead of a list of a million words
     return " " + _WS_RE.sub(" ", t).strip()
 
@@ -327,8 +330,10 @@ def _iso_ms(raw: str, clock: list[float | None]) -> int | None:
 _ZONE_NAMES: dict[str, str] | None = None
 
 
+@lru_cache(maxsize=512)
 def _zone(name: str) -> tzinfo | None:
-    """An IANA zone from its lower-case name (``america/santiago``), or ``None``."""
+    """An IANA zone from its lower-case name (``america/santiago``), or ``None``; cached (a
+    failed lookup costs a file-system probe and an exception)."""
     global _ZONE_NAMES
     from zoneinfo import ZoneInfo, available_timezones  # imported here: rarely needed
 

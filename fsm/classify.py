@@ -119,10 +119,13 @@ class Classification:
     """How a turn ended.
 
     ``kind``: one of ``"retryable"``, ``"context_overflow"``, ``"fatal"``, ``"none"``.
-    ``rule``: the id of the rule that decided — a :class:`Rule` id, or one of the fixed steps
-    ``"stop_reason.not_error"``, ``"error.no_message"``, ``"overflow.silent_usage"``,
-    ``"fatal.unmatched"``. ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage
-    limits"; only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
+    ``rule``: the id of the rule that decided — a :class:`Rule` id, a structured fact
+    (``"structured.status_529"``, ``"structured.code_insufficient_quota"``,
+    ``"structured.type_overloaded_error"``, ``"structured.x_should_retry_false"``…, see
+    :func:`classify_facts`), or one of the fixed steps ``"stop_reason.not_error"``,
+    ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"``.
+    ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage limits";
+    only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
     milliseconds (0 … 7 days), only for ``retryable``; ``None`` when the message has none.
     """
 

@@ -80,8 +80,6 @@ async def test_a_key_echoed_by_the_provider_reaches_no_file(tmp_path):
     assert files_containing(tmp_path, KEY.encode()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="events are scrubbed once fsm/session.py applies "
-                                       "fsm.text.scrub_secrets to error texts (lead)")
 async def test_a_key_echoed_by_the_provider_reaches_no_event_or_log(tmp_path):
     import json
     client = await run_with_an_echoing_provider(tmp_path)

@@ -146,6 +146,7 @@ class RecordingCoordinator:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.learned: list[list[int]] = []
+        self.answers: dict[str, int] = {}  # the budget's answers before decisions, counted
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -153,6 +154,11 @@ class RecordingCoordinator:
     async def learn_cooldown(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
         await self.inner.learn_cooldown(key, until_ms, now_ms)
         self.learned.append([wall_ms(), until_ms])
+
+    async def before_decision(self, key: CoordKey, now_ms: int, budget: Any) -> Any:
+        answer = await self.inner.before_decision(key, now_ms, budget)
+        self.answers[str(answer[1])] = self.answers.get(str(answer[1]), 0) + 1
+        return answer
 
 
 async def _worker(spec: dict) -> dict:
@@ -189,6 +195,15 @@ async def _worker(spec: dict) -> dict:
     settings = RetrySettings(max_retries=3, base_delay_ms=50, retry_hints="honor", budget=budget)
     sessions = [AgentSession(Counted(i), settings=settings, coordinator=coord)
                 for i in range(spec["sessions"])]
+    # Warm up (imports, the HTTP client) on a fault server of our own, so that the outage's
+    # requests are not queued behind a first-request's imports.
+    from fsm.providers.fault_server import FaultServer
+    with FaultServer([{}, {"status": 529, "json": OVERLOADED}]) as warm:
+        probe = OpenAIChatProvider(base_url=warm.base_url, model=MODEL, api_key="sk-bench")
+        for _ in range(2):
+            await probe.complete([{"role": "user", "content": "warm-up"}])
+        await probe.aclose()
+    await inner.cooldown_left_ms(CoordKey("warm-up", MODEL), wall_ms())
     rng = random.Random(spec["seed"])
     offsets = [rng.uniform(0, spec["spread_s"]) for _ in sessions]
     print(json.dumps("ready"), flush=True)
@@ -200,7 +215,8 @@ async def _worker(spec: dict) -> dict:
     await asyncio.gather(*(one(s, o) for s, o in zip(sessions, offsets)))
     await provider.aclose()
     await inner.aclose()
-    return {"calls": calls, "learned": coord.learned}
+    events = inner.breaker.events if isinstance(inner, GuardedCoordinator) else []
+    return {"calls": calls, "learned": coord.learned, "events": events, "answers": coord.answers}
 
 
 def _run_fleet(*, processes: int, sessions: int, redis_url: str | None, budget: bool,
@@ -230,13 +246,18 @@ def _run_fleet(*, processes: int, sessions: int, redis_url: str | None, budget: 
             if proc.returncode != 0:
                 raise AssertionError(f"a fleet worker failed with {proc.returncode}")
             results.append(json.loads(out.strip().splitlines()[-1]))
-        served = len(server.chat_requests())
+        served = len(server.chat_requests)
     calls = [c for r in results for c in r["calls"]]
     first = sum(1 for c in calls if c[1] == 0)
     if first != processes * sessions or served != len(calls):
         raise AssertionError(f"{first} first attempts of {processes * sessions}; "
                              f"{served} requests served, {len(calls)} sent")
-    return {"amplification": len(calls) / first, "in_cooldown": _in_cooldown(results)}
+    print(f"[bench] fleet: budget answers {[r['answers'] for r in results]}", file=sys.stderr)
+    events = [e for r in results for e in r["events"]]
+    if events:
+        print(f"[bench] fleet: coordinator events during the run: {events[:6]}", file=sys.stderr)
+    return {"amplification": len(calls) / first, "in_cooldown": _in_cooldown(results),
+            "outages": sum(e["type"] == "coordinator_unavailable" for e in events)}
 
 
 def _in_cooldown(results: list[dict]) -> int:

@@ -188,12 +188,77 @@ async def test_guard_never_raises_whatever_the_inner_raises():
     inner.fail = CoordinatorError("refused by 127.0.0.1:1")
     await g.cooldown_left_ms(KEY, 0)
     assert events[-1] == {"type": "coordinator_unavailable", "reason": "refused by 127.0.0.1:1"}
-    inner.fail = asyncio.CancelledError()
+    inner.fail = asyncio.CancelledError()  # the inner call's own cancellation: local answer
     clock[0] = 2.0
-    with pytest.raises(asyncio.CancelledError):
-        await g.cooldown_left_ms(KEY, 0)
+    assert await g.cooldown_left_ms(KEY, 0) == 0
     await g.aclose()
     assert inner.closed
+
+
+class Hanging(InProcessCoordinator):
+    """An inner coordinator whose cooldown read waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.finished = False
+
+    async def cooldown_left_ms(self, key, now_ms):
+        await self.release.wait()
+        self.finished = True
+        return 1234
+
+
+async def test_the_callers_cancellation_propagates_and_the_late_call_finishes_alone():
+    inner = Hanging()
+    g = GuardedCoordinator(inner, timeout_s=5)
+    task = asyncio.ensure_future(g.cooldown_left_ms(KEY, 0))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    inner.release.set()
+    await asyncio.sleep(0.01)
+    assert inner.finished, "the call was left to finish, not cancelled"
+
+
+async def test_an_answer_that_arrived_while_the_loop_was_busy_is_taken():
+    """The loop is blocked past the deadline (another task's CPU work); the answer that came
+    in meanwhile is used, and the remote is not declared down."""
+    inner = Hanging()
+    events: list = []
+    g = GuardedCoordinator(inner, timeout_s=0.05, on_event=events.append)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.04, inner.release.set)
+    loop.call_later(0.01, time.sleep, 0.1)  # a busy loop from 10 ms to 110 ms
+    assert await g.cooldown_left_ms(KEY, 0) == 1234
+    assert events == [] and g.available
+
+
+async def test_a_late_answer_after_the_extension_is_given_up():
+    inner = Hanging()
+    events: list = []
+    g = GuardedCoordinator(inner, timeout_s=0.05, on_event=events.append)
+    left, took = await timed(g.cooldown_left_ms(KEY, 0))
+    assert left == 0 and took < 0.15
+    assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 50 ms"}]
+    inner.release.set()
+
+
+async def test_the_fallback_bucket_continues_from_the_fleets_count(own_redis, prefix):  # noqa: F811
+    """Redis said the fleet's bucket is drained; when Redis goes away, this process does not
+    start again from a full bucket of retries."""
+    events: list = []
+    g = guarded(own_redis.url, prefix, events)
+    budget = BudgetSettings(max_tokens=10)
+    answers = [await g.take_retry_token(KEY, budget) for _ in range(8)]
+    assert answers == [True] * 4 + [False] * 4  # 2 tokens left in Redis
+    assert g.fallback.tokens(KEY, budget) == 2
+    own_redis.kill()
+    assert await g.before_decision(KEY, wall_ms(), budget) == (0, False)  # local: 1 left
+    await g.credit_success(KEY, budget)
+    assert g.fallback.tokens(KEY, budget) == 1.1
+    await g.aclose()
 
 
 async def test_a_failing_listener_does_not_reach_the_caller():

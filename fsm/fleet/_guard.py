@@ -19,7 +19,16 @@ log = logging.getLogger("fsm.fleet")
 DEFAULT_TIMEOUT_S = 0.05
 DEFAULT_PROBE_INTERVAL_S = 0.5
 
+# A deadline the event loop reaches later than this was missed because the loop was busy.
+LOOP_LAG_TOLERANCE_S = 0.005
+
 EventListener = Callable[[dict], None]
+
+
+def _forget(task: "asyncio.Task[Any]") -> None:
+    """Retrieve the outcome of a call that was given up on (so asyncio does not log it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Breaker:
@@ -104,7 +113,9 @@ class GuardedCoordinator:
       ``probe_interval_s`` tries the remote again. Reconnection is redis-py's, on that call.
     - Writes (``learn_cooldown``, ``mark_credential_limited``) go to both, and reads take the
       later of both, so what this process learned during an outage still holds after it.
-      The budget is the remote's while it answers, ``fallback``'s while it does not.
+      The budget is the remote's while it answers, ``fallback``'s while it does not; the
+      fallback's bucket continues from the last count the remote gave, so an outage of Redis
+      during a provider's outage does not give every process a full bucket of retries.
     - ``on_event`` (and :meth:`subscribe`) hears ``coordinator_unavailable {reason}`` once
       when the remote stops answering and ``coordinator_restored`` once when it answers
       again (``docs/fleet.md``).
@@ -137,23 +148,56 @@ class GuardedCoordinator:
 
     async def _remote(self, call: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
         """``(True, answer)`` from the remote, or ``(False, None)`` when it is down, slow or
-        failing (the breaker hears of it)."""
+        failing (the breaker hears of it).
+
+        The call runs as its own task. At the deadline a late call is left to finish in the
+        background rather than cancelled: cancelling redis-py mid-reply closes the connection
+        (the next call would have to connect again) and may itself wait. And a deadline the
+        loop reaches late (it was busy, so an answer may be sitting unread) is extended once
+        by as long as it was late, at most ``timeout_s``: the timeout measures the remote,
+        not this process's load.
+        """
         if not self.breaker.may_try():
             return False, None
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(call())
+        waiter = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        deadline = loop.time() + self.timeout_s
+        extended = False
+
+        def on_deadline() -> None:
+            nonlocal extended, handle
+            late = loop.time() - deadline
+            if not extended and late > LOOP_LAG_TOLERANCE_S:
+                extended = True
+                handle = loop.call_later(min(late, self.timeout_s), on_deadline)
+            else:
+                wake()
+
+        task.add_done_callback(wake)
+        handle = loop.call_at(deadline, on_deadline)
         try:
-            async with asyncio.timeout(self.timeout_s):
-                answer = await call()
-        except TimeoutError:
+            await waiter
+        finally:
+            handle.cancel()
+            task.add_done_callback(_forget)  # whoever stops waiting, its outcome is retrieved
+        if not task.done():
             self.breaker.failed(f"no answer within {self.timeout_s * 1000:g} ms")
             return False, None
-        except CoordinatorError as exc:
-            self.breaker.failed(str(exc))
-            return False, None
-        except Exception as exc:  # whatever else the remote raises, the session decides locally
-            self.breaker.failed(type(exc).__name__)
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or exc is not None:
+            if isinstance(exc, CoordinatorError):
+                self.breaker.failed(str(exc))
+            else:  # whatever else the remote raises, the session decides locally
+                self.breaker.failed(type(exc).__name__ if exc is not None else "cancelled")
             return False, None
         self.breaker.succeeded()
-        return True, answer
+        return True, task.result()
 
     async def ping(self) -> bool:
         """Try the remote now (even while down); True when it answered in time."""
@@ -173,15 +217,27 @@ class GuardedCoordinator:
         self.fallback.learn_cooldown_sync(key, until_ms, now_ms)
         await self._remote(lambda: self.inner.learn_cooldown(key, until_ms, now_ms))
 
+    def _mirror(self, key: CoordKey, budget: BudgetSettings) -> None:
+        """Copy the remote bucket's last count into the fallback, so that an outage of the
+        coordinator does not hand every process a full bucket of retries."""
+        milli = getattr(self.inner, "observed_milli", {}).get(key)
+        if milli is not None:
+            self.fallback.set_tokens_milli(key, budget, milli)
+
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
         ok, allowed = await self._remote(lambda: self.inner.take_retry_token(key, budget))
-        return bool(allowed) if ok else self.fallback.take_retry_token_sync(key, budget)
+        if not ok:
+            return self.fallback.take_retry_token_sync(key, budget)
+        self._mirror(key, budget)
+        return bool(allowed)
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
         ok, answer = await self._remote(lambda: self.inner.before_decision(key, now_ms, budget))
         if not ok:
             return self.fallback.before_decision_sync(key, now_ms, budget)
+        if budget is not None:
+            self._mirror(key, budget)
         left, allowed = answer
         return max(left, self.fallback.cooldown_left_sync(key, now_ms)), allowed
 
@@ -189,11 +245,15 @@ class GuardedCoordinator:
         ok, _ = await self._remote(lambda: self.inner.return_retry_token(key, budget))
         if not ok:
             await self.fallback.return_retry_token(key, budget)
+        else:
+            self._mirror(key, budget)
 
     async def credit_success(self, key: CoordKey, budget: BudgetSettings) -> None:
         ok, _ = await self._remote(lambda: self.inner.credit_success(key, budget))
         if not ok:
             await self.fallback.credit_success(key, budget)
+        else:
+            self._mirror(key, budget)
 
     async def mark_credential_limited(self, provider: str, credential: str, until_ms: int,
                                       now_ms: int) -> None:

@@ -81,6 +81,13 @@ class InProcessCoordinator:
         with self._lock:
             return self._bucket(key, budget, self._monotonic_ms())[0] / MILLI
 
+    def set_tokens_milli(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
+        """Set the bucket's count (thousandths of a token, clipped to 0..max): a guard copies
+        the fleet's count here so that its fallback continues from it."""
+        with self._lock:
+            bucket = self._bucket(key, budget, self._monotonic_ms())
+            bucket[0] = max(0, min(max_milli(budget), int(milli)))
+
     def take_retry_token_sync(self, key: CoordKey, budget: BudgetSettings) -> bool:
         with self._lock:
             bucket = self._bucket(key, budget, self._monotonic_ms())

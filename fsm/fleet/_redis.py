@@ -50,21 +50,22 @@ return {0, t}
 
 # KEYS[1] cooldown key, KEYS[2] bucket key; ARGV now_ms, max_milli (or '' for no budget),
 # idle_ms. The reads before a decision in one round trip: the cooldown left, and (with a
-# budget) TAKE_TOKEN's step. Returns {cooldown_left_ms, allowed (1/0, or -1: no budget)}.
+# budget) TAKE_TOKEN's step. Returns {cooldown_left_ms, allowed (1/0, or -1: no budget),
+# milli-tokens left (-1: no budget)}.
 BEFORE_DECISION = """
 local now = tonumber(ARGV[1])
 local u = tonumber(redis.call('GET', KEYS[1]) or '0')
 local left = 0
 if u > now then left = u - now end
-if ARGV[2] == '' then return {left, -1} end
+if ARGV[2] == '' then return {left, -1, -1} end
 local max = tonumber(ARGV[2])
 local t = tonumber(redis.call('GET', KEYS[2]) or ARGV[2])
 if t > max then t = max end
 t = t - 1000
 if t < 0 then t = 0 end
 redis.call('SET', KEYS[2], string.format('%d', t), 'PX', ARGV[3])
-if t * 2 > max then return {left, 1} end
-return {left, 0}
+if t * 2 > max then return {left, 1, t} end
+return {left, 0, t}
 """
 
 # KEYS[1] bucket key; ARGV max_milli, add_milli, idle_ms. A returned token or a success's
@@ -161,7 +162,7 @@ def client_options(socket_timeout_s: float, *, asyncio: bool = True) -> dict[str
         from redis.retry import Retry
     return {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s,
             "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            "decode_responses": False}
+            "decode_responses": False, "driver_info": None}
 
 
 class RedisCoordinator:
@@ -182,6 +183,9 @@ class RedisCoordinator:
         self.keys = KeySpace(prefix)
         self.bucket_idle_ms = bucket_idle_ms
         self._url = url
+        # key -> the bucket's count (milli-tokens) in Redis's last answer: what a guard's local
+        # fallback continues from when Redis stops answering.
+        self.observed_milli: dict[CoordKey, int] = {}
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
 
     @classmethod
@@ -229,22 +233,32 @@ class RedisCoordinator:
         await self._run(self._scripts["learn"](keys=[self.keys.cooldown(key)],
                                                args=[until_ms, check_ms("now_ms", now_ms)]))
 
+    def _observe(self, key: CoordKey, milli: int) -> None:
+        """Keep the last count Redis gave for ``key`` (see :attr:`observed_milli`)."""
+        if len(self.observed_milli) > 1024:
+            self.observed_milli.clear()
+        self.observed_milli[key] = int(milli)
+
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
-        allowed, _ = await self._run(self._scripts["take"](
+        allowed, milli = await self._run(self._scripts["take"](
             keys=[self.keys.budget(key)], args=[max_milli(budget), self.bucket_idle_ms]))
+        self._observe(key, milli)
         return bool(allowed)
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
-        left, allowed = await self._run(self._scripts["before"](
+        left, allowed, milli = await self._run(self._scripts["before"](
             keys=[self.keys.cooldown(key), self.keys.budget(key)],
             args=[check_ms("now_ms", now_ms), max_milli(budget) if budget else "",
                   self.bucket_idle_ms]))
-        return int(left), (None if allowed < 0 else bool(allowed))
+        if budget is None:
+            return int(left), None
+        self._observe(key, milli)
+        return int(left), bool(allowed)
 
     async def _add(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
-        await self._run(self._scripts["add"](
-            keys=[self.keys.budget(key)], args=[max_milli(budget), milli, self.bucket_idle_ms]))
+        self._observe(key, await self._run(self._scripts["add"](
+            keys=[self.keys.budget(key)], args=[max_milli(budget), milli, self.bucket_idle_ms])))
 
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
         await self._add(key, budget, MILLI)

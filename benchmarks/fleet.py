@@ -203,7 +203,8 @@ async def _worker(spec: dict) -> dict:
         for _ in range(2):
             await probe.complete([{"role": "user", "content": "warm-up"}])
         await probe.aclose()
-    await inner.cooldown_left_ms(CoordKey("warm-up", MODEL), wall_ms())
+    if isinstance(inner, GuardedCoordinator) and not await inner.warm_up():
+        raise SystemExit(f"Redis did not answer: {inner.breaker.events}")
     rng = random.Random(spec["seed"])
     offsets = [rng.uniform(0, spec["spread_s"]) for _ in sessions]
     print(json.dumps("ready"), flush=True)

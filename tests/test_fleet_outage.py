@@ -292,3 +292,25 @@ async def test_an_unreachable_server_is_a_coordinator_error_without_the_password
         await c.ping()
     assert "hunter2" not in str(info.value) and "127.0.0.1" in str(info.value)
     await c.aclose()
+
+
+async def test_warm_up_reports_a_server_that_is_not_there():
+    events: list = []
+    g = GuardedCoordinator(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), on_event=events.append)
+    assert await g.warm_up() is False
+    assert [e["type"] for e in events] == ["coordinator_unavailable"]
+    assert await GuardedCoordinator(InProcessCoordinator()).warm_up() is True
+
+
+async def test_warm_up_of_a_paused_server_gives_up_in_time(own_redis, prefix):  # noqa: F811
+    events: list = []
+    g = guarded(own_redis.url, prefix, events)
+    own_redis.pause()
+    try:
+        ok, took = await timed(g.warm_up(timeout_s=0.1))
+    finally:
+        own_redis.resume()
+    assert ok is False and took < 0.5
+    assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 100 ms"}]
+    assert await g.warm_up() is True and events[-1] == {"type": "coordinator_restored"}
+    await g.aclose()

@@ -19,8 +19,10 @@ log = logging.getLogger("fsm.fleet")
 DEFAULT_TIMEOUT_S = 0.05
 DEFAULT_PROBE_INTERVAL_S = 0.5
 
-# A deadline the event loop reaches later than this was missed because the loop was busy.
+# A deadline the event loop reaches later than this was missed because the loop was busy:
+# the deadline moves on by as long as it was late (at most the timeout), at most this often.
 LOOP_LAG_TOLERANCE_S = 0.005
+MAX_EXTENSIONS = 3
 
 EventListener = Callable[[dict], None]
 
@@ -168,14 +170,16 @@ class GuardedCoordinator:
                 waiter.set_result(None)
 
         deadline = loop.time() + self.timeout_s
-        extended = False
+        extensions = 0
 
         def on_deadline() -> None:
-            nonlocal extended, handle
-            late = loop.time() - deadline
-            if not extended and late > LOOP_LAG_TOLERANCE_S:
-                extended = True
-                handle = loop.call_later(min(late, self.timeout_s), on_deadline)
+            nonlocal deadline, extensions, handle
+            now = loop.time()
+            late = now - deadline
+            if extensions < MAX_EXTENSIONS and late > LOOP_LAG_TOLERANCE_S:
+                extensions += 1
+                deadline = now + min(late, self.timeout_s)
+                handle = loop.call_at(deadline, on_deadline)
             else:
                 wake()
 
@@ -207,6 +211,25 @@ class GuardedCoordinator:
         self.breaker._next_probe = 0.0
         ok, _ = await self._remote(ping)
         return ok
+
+    async def warm_up(self, timeout_s: float = 2.0) -> bool:
+        """Connect and load the remote's scripts now (``RedisCoordinator.warm_up``), allowing
+        ``timeout_s``: call it when the host starts. True when the remote answered; otherwise
+        the outage is reported as by any call. Never raises."""
+        warm = getattr(self.inner, "warm_up", None)
+        if warm is None:
+            return await self.ping()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await warm()
+        except (TimeoutError, Exception) as exc:
+            reason = str(exc) if isinstance(exc, CoordinatorError) else (
+                f"no answer within {timeout_s * 1000:g} ms" if isinstance(exc, TimeoutError)
+                else type(exc).__name__)
+            self.breaker.failed(reason)
+            return False
+        self.breaker.succeeded()
+        return True
 
     async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
         local = self.fallback.cooldown_left_sync(key, now_ms)

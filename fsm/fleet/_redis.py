@@ -223,6 +223,16 @@ class RedisCoordinator:
         """One round trip (``PING``); raises :class:`~fsm.fleet.CoordinatorError` when none."""
         await self._run(self.client.ping())
 
+    async def warm_up(self, connections: int = 4) -> None:
+        """Open ``connections`` pooled connections and load the scripts into the server, so
+        that the first burst of decisions does not pay for connecting and ``NOSCRIPT``
+        round trips (call it when the host starts). Raises
+        :class:`~fsm.fleet.CoordinatorError` when the server does not answer."""
+        import asyncio
+        await self._run(asyncio.gather(*(self.client.ping() for _ in range(max(1, connections)))))
+        for script in self._scripts.values():
+            await self._run(self.client.script_load(script.script))
+
     async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
         raw = await self._run(self.client.get(self.keys.cooldown(key)))
         until = int(raw) if raw else 0

@@ -278,3 +278,8 @@ async def test_warm_up_loads_the_scripts_and_opens_connections(redis_server, pre
     shas = [s.sha for s in c._scripts.values()]
     assert await c.client.script_exists(*shas) == [True] * len(shas)
     await c.aclose()
+
+
+def test_max_connections_is_checked():
+    with pytest.raises(ValueError, match="max_connections"):
+        RedisCoordinator.from_url("redis://127.0.0.1:1/0", max_connections=0)

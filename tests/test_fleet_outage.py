@@ -196,17 +196,35 @@ async def test_guard_never_raises_whatever_the_inner_raises():
 
 
 class Hanging(InProcessCoordinator):
-    """An inner coordinator whose cooldown read waits for ``release``."""
+    """An inner coordinator whose cooldown read waits for ``release``, as a command that was
+    sent (``in_flight``) or, with ``sent=False``, as one still waiting for a connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, sent: bool = True) -> None:
         super().__init__()
         self.release = asyncio.Event()
         self.finished = False
+        self.cancelled = False
+        self.sent = sent
+        self.in_flight: set = set()
 
     async def cooldown_left_ms(self, key, now_ms):
-        await self.release.wait()
+        if self.sent:
+            self.in_flight.add(asyncio.current_task())
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
         self.finished = True
         return 1234
+
+
+async def test_a_late_call_that_sent_nothing_is_cancelled():
+    inner = Hanging(sent=False)
+    g = GuardedCoordinator(inner, timeout_s=0.02)
+    assert await g.cooldown_left_ms(KEY, 0) == 0
+    await asyncio.sleep(0)
+    assert inner.cancelled and not inner.finished
 
 
 async def test_the_callers_cancellation_propagates_and_the_late_call_finishes_alone():

@@ -152,9 +152,10 @@ class GuardedCoordinator:
         """``(True, answer)`` from the remote, or ``(False, None)`` when it is down, slow or
         failing (the breaker hears of it).
 
-        The call runs as its own task. At the deadline a late call is left to finish in the
-        background rather than cancelled: cancelling redis-py mid-reply closes the connection
-        (the next call would have to connect again) and may itself wait. And a deadline the
+        The call runs as its own task. At the deadline a call that is mid-command (in the
+        inner's ``in_flight``) is left to finish in the background rather than cancelled:
+        cancelling redis-py mid-reply closes the connection (the next call would have to
+        connect again) and may itself wait; a call still waiting for a connection is cancelled. And a deadline the
         loop reaches late (it was busy, so an answer may be sitting unread) is extended once
         by as long as it was late, at most ``timeout_s``: the timeout measures the remote,
         not this process's load.
@@ -190,6 +191,8 @@ class GuardedCoordinator:
         finally:
             handle.cancel()
             task.add_done_callback(_forget)  # whoever stops waiting, its outcome is retrieved
+            if not task.done() and task not in getattr(self.inner, "in_flight", ()):
+                task.cancel()  # still waiting for a connection: it sent nothing
         if not task.done():
             self.breaker.failed(f"no answer within {self.timeout_s * 1000:g} ms")
             return False, None

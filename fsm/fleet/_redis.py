@@ -16,8 +16,11 @@ Cluster hash tag ``{...}``, so that the one script that reads both works on a cl
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import urllib.parse
+import weakref
 from typing import Any
 
 from ._local import DEFAULT_BUCKET_IDLE_MS
@@ -176,13 +179,21 @@ class RedisCoordinator:
     """
 
     def __init__(self, client: Any, *, prefix: str = DEFAULT_PREFIX,
-                 bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS, url: str | None = None) -> None:
+                 bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS, url: str | None = None,
+                 max_connections: int = 8) -> None:
         if isinstance(bucket_idle_ms, bool) or not isinstance(bucket_idle_ms, int) or bucket_idle_ms < 1:
             raise ValueError(f"bucket_idle_ms must be a positive integer, got {bucket_idle_ms!r}")
         self.client = client
         self.keys = KeySpace(prefix)
         self.bucket_idle_ms = bucket_idle_ms
         self._url = url
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections must be a positive integer, got {max_connections!r}")
+        # At most max_connections commands at once; a call waiting here has sent nothing, so a
+        # guard may cancel it, while the tasks in in_flight are mid-command (leave them be).
+        self.max_connections = max_connections
+        self._slots = asyncio.Semaphore(max_connections)
+        self.in_flight: "weakref.WeakSet[asyncio.Task]" = weakref.WeakSet()
         # key -> the bucket's count (milli-tokens) in Redis's last answer: what a guard's local
         # fallback continues from when Redis stops answering.
         self.observed_milli: dict[CoordKey, int] = {}
@@ -191,17 +202,17 @@ class RedisCoordinator:
     @classmethod
     def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX,
                  bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
-                 socket_timeout_s: float = 1.0, max_connections: int = 32) -> "RedisCoordinator":
+                 socket_timeout_s: float = 1.0, max_connections: int = 8) -> "RedisCoordinator":
         """A coordinator on the server at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for
-        TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` connections
-        (a call waits for a free one), so that hundreds of sessions in a process do not open
-        hundreds of connections. ``ValueError`` for a bad URL."""
+        TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` commands
+        (and so connections) at once, more wait their turn, so that hundreds of sessions in a
+        process do not open hundreds of connections. ``ValueError`` for a bad URL."""
         import redis.asyncio
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            check_url(url), max_connections=max_connections, timeout=socket_timeout_s,
-            **client_options(socket_timeout_s))
+        pool = redis.asyncio.ConnectionPool.from_url(
+            check_url(url), max_connections=max_connections, **client_options(socket_timeout_s))
         client = redis.asyncio.Redis.from_pool(pool)
-        return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url)
+        return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url,
+                   max_connections=max_connections)
 
     @property
     def url(self) -> str | None:
@@ -215,21 +226,35 @@ class RedisCoordinator:
     async def _run(self, awaitable: Any) -> Any:
         import redis.exceptions
         try:
+            await self._slots.acquire()
+        except BaseException:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never sent: nothing to clean up
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            self.in_flight.add(task)
+        try:
             return await awaitable
         except (redis.exceptions.RedisError, OSError) as exc:
             raise CoordinatorError(safe_reason(exc, self._url)) from None
+        finally:
+            if task is not None:
+                self.in_flight.discard(task)
+            self._slots.release()
 
     async def ping(self) -> None:
         """One round trip (``PING``); raises :class:`~fsm.fleet.CoordinatorError` when none."""
         await self._run(self.client.ping())
 
-    async def warm_up(self, connections: int = 4) -> None:
-        """Open ``connections`` pooled connections and load the scripts into the server, so
+    async def warm_up(self, connections: int | None = None) -> None:
+        """Open ``connections`` pooled connections (default: ``max_connections``) and load the
+        scripts into the server, so
         that the first burst of decisions does not pay for connecting and ``NOSCRIPT``
         round trips (call it when the host starts). Raises
         :class:`~fsm.fleet.CoordinatorError` when the server does not answer."""
-        import asyncio
-        await self._run(asyncio.gather(*(self.client.ping() for _ in range(max(1, connections)))))
+        count = self.max_connections if connections is None else max(1, connections)
+        await asyncio.gather(*(self._run(self.client.ping()) for _ in range(count)))
         for script in self._scripts.values():
             await self._run(self.client.script_load(script.script))
 

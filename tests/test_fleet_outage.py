@@ -332,3 +332,10 @@ async def test_warm_up_of_a_paused_server_gives_up_in_time(own_redis, prefix):  
     assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 100 ms"}]
     assert await g.warm_up() is True and events[-1] == {"type": "coordinator_restored"}
     await g.aclose()
+
+
+def test_the_guard_and_the_in_process_coordinator_say_they_bound_themselves():
+    """A shell adds no timeout of its own around these (docs/fleet.md)."""
+    assert GuardedCoordinator(InProcessCoordinator()).self_bounded is True
+    assert InProcessCoordinator().self_bounded is True
+    assert getattr(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), "self_bounded", False) is False

@@ -123,6 +123,10 @@ class GuardedCoordinator:
       again (``docs/fleet.md``).
     """
 
+    self_bounded = True
+    """Every call answers within about ``timeout_s`` and never raises: a caller needs no
+    timeout of its own around it (one would only replace its local answer by a default)."""
+
     def __init__(self, inner: Coordinator, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  fallback: InProcessCoordinator | None = None,
                  on_event: EventListener | None = None,

@@ -29,6 +29,9 @@ class InProcessCoordinator:
     (inject it in tests).
     """
 
+    self_bounded = True
+    """Every call answers at once (no I/O) and never raises for valid input."""
+
     def __init__(self, *, bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
                  monotonic_ms: Callable[[], float] = lambda: time.monotonic() * 1000) -> None:
         if isinstance(bucket_idle_ms, bool) or not isinstance(bucket_idle_ms, int) or bucket_idle_ms < 1:

@@ -14,7 +14,7 @@ left out, and a line on stderr says so): ``processes`` (4) processes × ``sessio
 :class:`~fsm.session.AgentSession`, each one prompt at a random moment of the first
 ``spread_s`` seconds, all against one :class:`~fsm.providers.fault_server.FaultServer` (in
 this process's threads) in a full outage: every chat request gets a 529 overloaded error with
-a ``retry-after-ms`` hint (300 ms; one answer of 2,000 ms, see :func:`outage_script`). ``maxRetries`` 3, base delay 50 ms,
+a ``retry-after-ms`` hint (300 ms; three answers of 2,000 ms, see :func:`outage_script`). ``maxRetries`` 3, base delay 50 ms,
 ``retryHints: "honor"``. The window is from the first request until every chain has ended.
 
 - ``fleet_amplification``: requests ÷ first attempts with the retry budget on (defaults:
@@ -133,16 +133,16 @@ def integration_missing() -> str | None:
     return None
 
 
-LONG_HINT_AT = 200
-"""The index of the one chat request whose answer asks for a long wait (2,000 ms)."""
+LONG_HINTS_AT = (200, 700, 1200)
+"""The chat requests whose answers ask for a long wait (2,000 ms)."""
 
 
 def outage_script(requests: int) -> list[dict]:
-    """Every chat request fails: a 529 with a hint of 300 ms, except request
-    :data:`LONG_HINT_AT`'s: 2,000 ms. One process learns the long wait; only a shared
+    """Every chat request fails: a 529 with a hint of 300 ms, except the requests of
+    :data:`LONG_HINTS_AT`: 2,000 ms. One process learns each long wait; only a shared
     cooldown holds the other processes' retries back."""
     return [{"status": 529, "json": OVERLOADED,
-             "headers": {"retry-after-ms": "2000" if i == LONG_HINT_AT else "300"}}
+             "headers": {"retry-after-ms": "2000" if i in LONG_HINTS_AT else "300"}}
             for i in range(requests)]
 
 

@@ -219,12 +219,16 @@ class Hanging(InProcessCoordinator):
         return 1234
 
 
-async def test_a_late_call_that_sent_nothing_is_cancelled():
+async def test_a_late_call_that_sent_nothing_is_cancelled_and_declares_nothing():
+    """A call that never got its turn (this process is busy) is answered locally, but the
+    remote is not declared down."""
     inner = Hanging(sent=False)
-    g = GuardedCoordinator(inner, timeout_s=0.02)
+    events: list = []
+    g = GuardedCoordinator(inner, timeout_s=0.02, on_event=events.append)
     assert await g.cooldown_left_ms(KEY, 0) == 0
     await asyncio.sleep(0)
     assert inner.cancelled and not inner.finished
+    assert events == [] and g.available
 
 
 async def test_the_callers_cancellation_propagates_and_the_late_call_finishes_alone():
@@ -302,6 +306,8 @@ def test_guard_settings_are_checked():
         GuardedCoordinator(InProcessCoordinator(), timeout_s=0)
     with pytest.raises(ValueError, match="probe_interval_s"):
         GuardedCoordinator(InProcessCoordinator(), probe_interval_s=-1)
+    with pytest.raises(ValueError, match="write_timeout_s"):
+        GuardedCoordinator(InProcessCoordinator(), write_timeout_s=0)
 
 
 async def test_an_unreachable_server_is_a_coordinator_error_without_the_password():
@@ -339,3 +345,22 @@ def test_the_guard_and_the_in_process_coordinator_say_they_bound_themselves():
     assert GuardedCoordinator(InProcessCoordinator()).self_bounded is True
     assert InProcessCoordinator().self_bounded is True
     assert getattr(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), "self_bounded", False) is False
+
+
+async def test_what_redis_told_is_remembered_for_local_answers(own_redis, prefix):  # noqa: F811
+    """A cooldown and a mark another process wrote, read once through the guard, still hold
+    when Redis goes away."""
+    events: list = []
+    g = guarded(own_redis.url, prefix, events)
+    other = RedisCoordinator.from_url(own_redis.url, prefix=prefix)
+    now = wall_ms()
+    await other.learn_cooldown(KEY, now + 60_000, now)
+    await other.mark_credential_limited("anthropic", "c9", now + 60_000, now)
+    assert (await g.before_decision(KEY, now, None))[0] == 60_000
+    assert "c9" in await g.limited_credentials("anthropic", now)
+    await other.aclose()
+    own_redis.kill()
+    assert (await g.before_decision(KEY, now + 1_000, None)) == (59_000, None)
+    assert await g.limited_credentials("anthropic", now + 1_000) == {"c9": now + 60_000}
+    assert [e["type"] for e in events] == ["coordinator_unavailable"]
+    await g.aclose()

@@ -180,7 +180,7 @@ class RedisCoordinator:
 
     def __init__(self, client: Any, *, prefix: str = DEFAULT_PREFIX,
                  bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS, url: str | None = None,
-                 max_connections: int = 8) -> None:
+                 max_connections: int = 32) -> None:
         if isinstance(bucket_idle_ms, bool) or not isinstance(bucket_idle_ms, int) or bucket_idle_ms < 1:
             raise ValueError(f"bucket_idle_ms must be a positive integer, got {bucket_idle_ms!r}")
         self.client = client
@@ -202,7 +202,7 @@ class RedisCoordinator:
     @classmethod
     def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX,
                  bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
-                 socket_timeout_s: float = 1.0, max_connections: int = 8) -> "RedisCoordinator":
+                 socket_timeout_s: float = 1.0, max_connections: int = 32) -> "RedisCoordinator":
         """A coordinator on the server at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for
         TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` commands
         (and so connections) at once, more wait their turn, so that hundreds of sessions in a

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from fsm.providers.fault_server import FaultServer
-from fsm.rpc.server import (MAX_LINE_BYTES, Command, CommandError, LineFramer, LineTooLong,
-                            encode_line, parse_command)
+from fsm.rpc.protocol import (MAX_LINE_BYTES, Command, CommandError, LineFramer, LineTooLong,
+                              encode_line, parse_command)
 from support import OVERLOADED, ROOT, stop_process
 
 pytestmark = pytest.mark.subprocess
@@ -226,7 +226,8 @@ def test_get_state_reports_the_retry_fields_and_echoes_ids(shared):
     for key in ("isStreaming", "isRetrying", "retryAttempt", "autoRetryEnabled",
                 "autoCompactionEnabled", "messageCount", "sessionId", "model"):
         assert key in data, key
-    assert data["model"] == "m" and data["autoRetryEnabled"] is True and data["retryAttempt"] == 0
+    assert data["model"]["id"] == "m" and data["model"]["provider"] == "127.0.0.1"
+    assert data["autoRetryEnabled"] is True and data["retryAttempt"] == 0
     shared.send(b'{"type":"get_state"}\n')
     assert "id" not in shared.response()
 

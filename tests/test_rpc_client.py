@@ -156,3 +156,68 @@ async def test_unstarted_client_refuses_requests():
         await client.get_state()
     with pytest.raises(TypeError):
         RpcClient("--model m")  # type: ignore[arg-type]
+
+
+async def test_get_messages_steer_and_follow_up(tmp_path):
+    """steer and follow_up queue while a turn streams (pendingMessageCount), then go out with
+    the next turn; get_messages is the runtime context in pi's message shape."""
+    script = [{"stream": ["Hel", "lo"], "chunk_delay_ms": 300}, {"stream": ["both"]}]
+    with FaultServer(script) as fs:
+        async with client_for(fs, tmp_path) as client:
+            await client.prompt("hi")
+            await client.wait_for_event("message_update", timeout_s=10)
+            await client.steer("steered")
+            await client.follow_up("followed")
+            state = await client.get_state()
+            assert state["pendingMessageCount"] == 2 and state["isStreaming"] is True
+            await client.wait_for_idle(timeout_s=20)
+            messages = await client.get_messages()
+        assert [m["role"] for m in messages] == ["user", "assistant", "user", "user", "assistant"]
+        assert [m["content"][0]["text"] for m in messages] == ["hi", "Hello", "steered", "followed", "both"]
+        answer = messages[1]
+        assert answer["stopReason"] == "stop" and answer["provider"] == "127.0.0.1"
+        assert answer["api"] == "openai-completions" and answer["usage"]["totalTokens"] >= 0
+        user_texts = [[m["content"] for m in r["body"]["messages"] if m["role"] == "user"]
+                      for r in fs.chat_requests]
+        assert user_texts == [["hi"], ["hi", "steered", "followed"]]
+
+
+async def test_pi_commands_this_server_lacks_are_refused_saying_so(tmp_path):
+    with FaultServer([]) as fs:
+        async with client_for(fs, tmp_path) as client:
+            for kind in ("compact", "get_session_stats", "set_model", "bash"):
+                with pytest.raises(RpcError, match=f"command '{kind}' is not implemented"):
+                    await client.request({"type": kind})
+            await client.retry_now()  # no backoff: ignored, with success
+            assert (await client.get_state())["isRetrying"] is False
+
+
+async def test_session_dir_chooses_where_the_log_goes_and_get_state_names_it(tmp_path):
+    logs = tmp_path / "logs"
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"retry": {"baseDelayMs": 20}}))
+    with FaultServer([{"stream": ["ok"]}]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--settings", str(settings),
+                              "--session-dir", str(logs)], env=env(), cwd=tmp_path) as client:
+            state = await client.get_state()
+            await client.prompt("hi")
+            await client.wait_for_idle(timeout_s=20)
+    path = Path(state["sessionFile"])
+    assert path.parent == logs and path.name == f"{state['sessionId']}.jsonl"
+    assert '"stopReason": "stop"' in path.read_text() or '"stopReason":"stop"' in path.read_text()
+    assert not (tmp_path / ".fsm").exists()
+
+
+async def test_credentials_file_is_the_session_credential_store(tmp_path):
+    """--credentials FILE: each request carries the store's key for the --provider name."""
+    store = tmp_path / "credentials.json"
+    store.write_text(json.dumps({"providers": {"acme": {"keys": ["sk-first", "sk-second"]}}}))
+    with FaultServer([{"stream": ["ok"]}]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--provider", "acme",
+                              "--credentials", str(store), "--no-session"],
+                             env=env(), cwd=tmp_path) as client:
+            assert (await client.get_state())["model"]["provider"] == "acme"
+            await client.prompt("hi")
+            await client.wait_for_idle(timeout_s=20)
+        auth = [r["headers"].get("authorization") for r in fs.chat_requests]
+    assert auth == ["Bearer sk-first"]

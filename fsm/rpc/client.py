@@ -439,6 +439,25 @@ class RpcClient:
         """Switch auto-retry on or off (a pending backoff still runs)."""
         await self.request({"type": "set_auto_retry", "enabled": enabled}, timeout_s=timeout_s)
 
+    async def steer(self, message: str, *, timeout_s: float | None = None) -> None:
+        """Queue a message for the next turn while the session is busy (a turn or a backoff:
+        the backoff is not shortened); on an idle session it starts a turn."""
+        await self.request({"type": "steer", "message": message}, timeout_s=timeout_s)
+
+    async def follow_up(self, message: str, *, timeout_s: float | None = None) -> None:
+        """Like :meth:`steer` (queued messages all go with the next turn)."""
+        await self.request({"type": "follow_up", "message": message}, timeout_s=timeout_s)
+
+    async def retry_now(self, *, timeout_s: float | None = None) -> None:
+        """End a pending backoff at once (the retry goes out now); ignored outside one."""
+        await self.request({"type": "retry_now"}, timeout_s=timeout_s)
+
+    async def get_messages(self, *, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """The runtime context: the messages the next request carries (a failed attempt
+        that was retried is not among them), oldest first."""
+        response = await self.request({"type": "get_messages"}, timeout_s=timeout_s)
+        return response["data"]["messages"]
+
     async def get_state(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """The session state (``isStreaming``, ``isRetrying``, ``retryAttempt``, ...)."""
         reply = await self.request({"type": "get_state"}, timeout_s=timeout_s)

@@ -1,8 +1,8 @@
 """The terminal chat: a prompt_toolkit application around one :class:`~fsm.session.AgentSession`.
 
 Screen, bottom to top: a status line (model, retry on/off, state), the input line, an
-activity line (the retry loader ``Retrying (1/3) in 2s… (esc to cancel)`` counting down, or a
-working spinner), and the unfinished line of the answer being streamed. Finished lines (the
+activity line (the retry loader ``Retrying (1/3) in 2s… (esc to cancel, enter to retry now)``
+counting down, or a working spinner), and the unfinished line of the answer being streamed. Finished lines (the
 user's messages, the answer, errors, ``Retry failed after …``) are printed above the
 application, into the terminal's scrollback.
 
@@ -30,7 +30,7 @@ from prompt_toolkit.output import Output
 from prompt_toolkit.shortcuts import print_formatted_text
 from prompt_toolkit.styles import Style
 
-from .view import ESC_ABORT_RETRY, ChatView, Line
+from .view import ENTER_RETRY_NOW, ESC_ABORT_RETRY, ChatView, Line, rest_label
 
 TICK_S = 0.1
 """Redraw period while something moves on screen (the countdown, the spinner)."""
@@ -46,6 +46,8 @@ STYLE = Style.from_dict({
     "user": "bold",
     "error": "ansired",
     "retry_failed": "ansired bold",
+    "retry_ok": "ansigreen",
+    "discarded": "ansibrightblack italic",
     "aborted": "ansiyellow",
     "info": "ansibrightblack",
     "loader": "ansiyellow",
@@ -61,7 +63,8 @@ HELP_LINES = (
     "  /state                   print the session state",
     "  /help                    this help",
     "  /quit                    leave (also Ctrl-C, or Ctrl-D on an empty line)",
-    "Esc aborts the running turn, or cancels the retry while the loader counts down.",
+    "Esc aborts the running turn, or cancels the retry while the loader counts down;",
+    "Enter on an empty line retries at once while the loader counts down.",
     "A message typed while a turn or a retry chain is active is queued as a follow-up.",
 )
 
@@ -213,7 +216,14 @@ class ChatApp:
         text = buffer.text.strip()
         if text:
             self.handle_line(text)
+        else:
+            self.on_empty_enter()
         return False  # clear the input line
+
+    def on_empty_enter(self) -> None:
+        """Enter on an empty input line: retry now during a backoff, else nothing."""
+        if self.view.enter_action == ENTER_RETRY_NOW:
+            self.session.retry_now()
 
     def handle_line(self, text: str) -> None:
         """One line the user entered: a ``/command`` or a message."""
@@ -239,7 +249,14 @@ class ChatApp:
             else:
                 self.print_lines([Line(f"Usage: /retry on | /retry off (got {arg!r})", "error")])
         elif name == "/state":
-            self.info(*json.dumps(self.session.state(), indent=2, ensure_ascii=False).splitlines())
+            from ..rpc.dispatch import session_state
+            state = session_state(self.session)
+            if self.session.is_retrying or self.session.is_streaming:
+                label = self.view.state_label
+            else:
+                label = rest_label(state["retryState"])
+            self.info(f"status: {label}",
+                      *json.dumps(state, indent=2, ensure_ascii=False).splitlines())
         elif name in ("/quit", "/exit"):
             self.quit()
         elif name == "/help":

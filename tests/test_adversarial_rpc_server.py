@@ -107,7 +107,7 @@ def settings_file(tmp_path: Path, **retry) -> str:
 
 
 def check_chains(objs: list[dict]) -> None:
-    """SPEC §3: per chain, starts 1, 2, … then exactly one end with the last attempt."""
+    """docs/policy.md §3: per chain, starts 1, 2, … then exactly one end with the last attempt."""
     chains: dict = {}
     for o in objs:
         if o.get("type") == "auto_retry_start":

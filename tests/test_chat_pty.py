@@ -339,7 +339,7 @@ def test_loader_counts_down_then_the_retried_answer_clears_it(run_chat, tmp_path
     assert len(server.chat_requests) == 2
     chat.send("\x04")
     assert chat.wait_exit() == 0
-    # The session log keeps the failed message the runtime context dropped (SPEC §3).
+    # The session log keeps the failed message the runtime context dropped (docs/policy.md §3).
     entries = [json.loads(line) for line in session_file.read_text().splitlines()]
     stops = [e["message"].get("stopReason") for e in entries if e["type"] == "message"]
     assert stops == [None, "error", "stop"]

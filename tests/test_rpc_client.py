@@ -1,6 +1,6 @@
 """RpcClient against the real server subprocess and the in-process FaultServer.
 
-Pins SPEC §8.10 (the original's client dropped the retry events and ignored ``success:false``)
+Pins docs/policy.md §8 item 10 (pi's client dropped the retry events and ignored ``success:false``)
 and the client's promise not to hang: timeouts, and a dead server raising in pending requests,
 new requests and the event iterator.
 """
@@ -45,7 +45,7 @@ async def test_commands_events_and_idle(tmp_path):
             await client.abort()
         assert client.returncode == 0
     types = [e["type"] for e in client.received]
-    # SPEC §8.10: retry events reach the client, in order, with the deltas of the turn.
+    # docs/policy.md §8 item 10: retry events reach the client, in order, with the deltas of the turn.
     assert types.count("auto_retry_start") == 1 and types.count("auto_retry_end") == 1
     assert types.index("auto_retry_start") < types.index("message_update") < types.index("auto_retry_end")
     start = next(e for e in client.received if e["type"] == "auto_retry_start")

@@ -335,7 +335,7 @@ def test_prompt_is_answered_at_once_and_get_state_during_the_turn(tmp_path):
         t, reply, before = server.until(lambda o: o.get("id") == "p")
         assert reply["success"] is True
         assert t - sent < 0.5  # the turn (1.5 s) runs in the background
-        assert before == []  # as in the original, the response precedes agent_start
+        assert before == []  # as in pi, the response precedes agent_start
         assert server.until(lambda o: True)[1]["type"] == "agent_start"
         state = server.get_state()
         assert state["isStreaming"] is True and state["isRetrying"] is False
@@ -388,7 +388,7 @@ def test_exit_within_a_second_during_a_5s_backoff(tmp_path, how):
         rc = server.proc.wait(5)
         elapsed = time.monotonic() - t0
         assert rc == 0 and elapsed < 1.0, (rc, elapsed, bytes(server.stderr))
-        end = server.event("auto_retry_end")  # the chain still gets its end (SPEC §3 invariant)
+        end = server.event("auto_retry_end")  # the chain still gets its end (docs/policy.md §3 invariant)
         assert end == {**end, "success": False, "attempt": 1, "finalError": "Retry cancelled"}
         assert len(fs.chat_requests) == 1
     finally:

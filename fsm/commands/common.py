@@ -41,7 +41,7 @@ def load_settings(path: str | None, *, prog: str,
     """The retry settings of ``path`` (the defaults when None), for every command.
 
     Warnings (unknown keys inside ``retry``) and the top-level keys this project does not use
-    (the original design's settings file carries many) are reported through ``warn`` as one line
+    (pi's settings file carries many) are reported through ``warn`` as one line
     each, prefixed ``"<prog>: settings <path>: "`` (default: printed to stderr). Raises
     :class:`~fsm.settings.SettingsError` naming the key and value, or the file, when it is bad.
     """

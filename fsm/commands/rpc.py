@@ -1,6 +1,6 @@
 """``python -m fsm rpc``: serve one agent session over JSON lines on stdin/stdout.
 
-Protocol: :mod:`fsm.rpc.protocol` (the original design's ``--mode rpc`` framing and
+Protocol: :mod:`fsm.rpc.protocol` (pi's ``--mode rpc`` framing and
 commands; :mod:`fsm.rpc.dispatch` lists what is answered how).
 stdout carries protocol lines only: the real stdout descriptor is kept for them and descriptor
 1 is pointed at stderr, so nothing else (a library's ``print``, a warning, a C extension) can
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, metavar="K",
                    help="API key (default: OPENAI_API_KEY, else a placeholder for local servers)")
     p.add_argument("--settings", default=None, metavar="FILE",
-                   help="settings file in the original's shape ({\"retry\": {...}}); keys this "
+                   help="settings file in pi's shape ({\"retry\": {...}}); keys this "
                         "project does not use are ignored with a warning on stderr")
     p.add_argument("--context-window", type=_non_negative_int, default=0, metavar="N",
                    help="the model's context window in tokens, for the silent-overflow rule "

@@ -5,7 +5,7 @@
     async with RpcClient(["--base-url", url, "--model", "m", "--no-session"]) as client:
         await client.prompt("hi")
         await client.wait_for_idle()          # never returns during a backoff
-        async for event in client.events():   # every event, retry events included (SPEC §8.10)
+        async for event in client.events():   # every event, retry events included (docs/policy.md §8 item 10)
             ...
 
 Every request has a timeout (:class:`RpcTimeout`); a ``success: false`` response raises

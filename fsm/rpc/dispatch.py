@@ -1,9 +1,9 @@
 """RPC command dispatch: :class:`RpcServer` serves parsed commands on one agent session.
 
-The answers have the original design's shapes (so its own client works unchanged), with this
+The answers have pi's shapes (so its own client works unchanged), with this
 project's additions as extra fields only:
 
-- ``get_state`` → :func:`session_state`: every key of the original's ``RpcSessionState`` with
+- ``get_state`` → :func:`session_state`: every key of pi's ``RpcSessionState`` with
   the same type (``model`` an object with ``id`` and ``provider``, ``thinkingLevel``,
   ``steeringMode``, ``followUpMode``, ``pendingMessageCount``, ...) plus ``autoRetryEnabled``,
   ``isRetrying``, ``retryAttempt``, ``retryState``, ``retrySettings`` (D8 in
@@ -165,7 +165,7 @@ class RpcServer:
         import asyncio
         # One loop tick runs prompt() up to its first real wait: by then it has either refused
         # (busy, bad input), queued the message, or started the turn. The turn goes on in the
-        # background; the response does not wait for it. As in the original, the response
+        # background; the response does not wait for it. As in pi, the response
         # comes before the turn's first events (agent_start, the user's message_end): they are
         # held back for that tick, in order, and written right after it.
         self._holding += 1
@@ -241,7 +241,7 @@ def _provider_name(session: Any) -> str:
 
 
 def model_json(session: Any, *, base_url: str | None = None) -> dict[str, Any]:
-    """The ``model`` object of ``get_state``, in the original design's ``Model`` shape.
+    """The ``model`` object of ``get_state``, in pi's ``Model`` shape.
 
     ``id`` and ``provider`` come from the session's provider; ``contextWindow`` from the
     session (0: unknown); ``maxTokens`` 0 (not set: the endpoint's default); no cost is known.
@@ -257,7 +257,7 @@ def session_state(session: Any, *, session_file: str | None = None,
                   base_url: str | None = None) -> dict[str, Any]:
     """The ``get_state`` data, read from the session's public properties.
 
-    Keys of the original design's ``RpcSessionState`` (same types): ``model`` (object),
+    Keys of pi's ``RpcSessionState`` (same types): ``model`` (object),
     ``thinkingLevel`` (``"off"``), ``isStreaming``, ``isCompacting`` (false: no compaction
     runs inside this session), ``steeringMode`` / ``followUpMode`` (``"all"``), ``sessionFile``
     (only when a log is written, as there), ``sessionId``, ``autoCompactionEnabled``,
@@ -292,10 +292,10 @@ def session_state(session: Any, *, session_file: str | None = None,
 
 
 def message_json(message: Any, *, provider: str = "") -> dict[str, Any]:
-    """One message of the runtime context in the original design's ``AgentMessage`` shape.
+    """One message of the runtime context in pi's ``AgentMessage`` shape.
 
     A user message: ``{role, content: [{type: "text", text}], timestamp}``. An assistant
-    message adds to :meth:`~fsm.messages.AssistantMessage.to_json` what the original carries:
+    message adds to :meth:`~fsm.messages.AssistantMessage.to_json` what pi's carries:
     ``api``, ``provider``, and ``usage`` with ``totalTokens`` and a zero ``cost``.
     """
     out = dict(message.to_json())

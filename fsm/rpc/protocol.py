@@ -1,6 +1,7 @@
 """The RPC line protocol, sans-IO: framing, command parsing, responses and encoding.
 
-Framing is the original design's (``--mode rpc``): one JSON object per line, lines split on
+Framing is pi's (the coding agent of the npm package ``@mariozechner/pi-coding-agent``, its
+``--mode rpc``): one JSON object per line, lines split on
 ``\\n`` only, a trailing ``\\r`` stripped, U+2028/U+2029 never treated as line breaks (so no
 ``str.splitlines``). Output is compact JSON, one object per line; U+2028/U+2029 inside strings
 are written as ``\\u2028``/``\\u2029`` escapes so that no reader can split a line on them.
@@ -13,7 +14,7 @@ Commands (an optional ``id`` of any JSON string or number is echoed in the respo
     {"type": "set_auto_retry", "enabled": true}
     {"type": "get_state"}        {"type": "get_messages"}
 
-The other commands of the original protocol (:data:`NOT_IMPLEMENTED`) parse, and are answered
+The other commands of pi's protocol (:data:`NOT_IMPLEMENTED`) parse, and are answered
 ``success: false`` saying that this server does not implement them.
 
 Responses: ``{"id"?, "type": "response", "command", "success": true, "data"?}`` or
@@ -55,7 +56,7 @@ COMMAND_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "get_last_assistant_text": {},
     "retry_now": {},
 }
-"""The protocol's commands and their fields; other fields are ignored (the original design's
+"""The protocol's commands and their fields; other fields are ignored (pi's
 client sends some, such as ``images``, that this project does not use)."""
 
 NOT_IMPLEMENTED: frozenset[str] = frozenset({
@@ -64,13 +65,13 @@ NOT_IMPLEMENTED: frozenset[str] = frozenset({
     "set_auto_compaction", "bash", "abort_bash", "get_session_stats", "export_html",
     "switch_session", "fork", "clone", "get_fork_messages", "set_session_name", "get_commands",
 })
-"""Commands of the original design's protocol that this server does not implement: each is
+"""Commands of pi's protocol that this server does not implement: each is
 answered ``success: false`` with an error saying so (and the id echoed, so a client that
 waits for the answer gets it at once)."""
 
 IGNORED_TYPES: frozenset[str] = frozenset({"extension_ui_response"})
 """Input lines that are answers to the server, not commands: no extension here asks for user
-input, so they are dropped without a response (as the original design drops an answer
+input, so they are dropped without a response (as pi drops an answer
 nobody waits for)."""
 
 STREAMING_BEHAVIORS = ("steer", "followUp")
@@ -189,7 +190,7 @@ class CommandError(NamedTuple):
 
 def response(command: str, success: bool, *, data: Any = None, error: str | None = None,
              id: Any = None, has_id: bool = False) -> dict[str, Any]:
-    """A response object in the original's shape (``id`` first when there is one)."""
+    """A response object in pi's shape (``id`` first when there is one)."""
     out: dict[str, Any] = {"id": id} if has_id else {}
     out.update(type="response", command=command, success=success)
     if data is not None:
@@ -228,7 +229,7 @@ def _guess_id(raw: bytes) -> tuple[Any, bool]:
 def parse_command(line: bytes | LineTooLong) -> Command | CommandError | None:
     """Turn one input line into a :class:`Command` or a :class:`CommandError` (pure).
 
-    Returns None for a blank line (ignored, as the original design does) and for the
+    Returns None for a blank line (ignored, as pi does) and for the
     :data:`IGNORED_TYPES`. Errors name what was wrong
     and, where one can be read, carry the line's ``id``.
     """

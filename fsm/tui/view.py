@@ -5,7 +5,7 @@ application feeds it every session event (:meth:`ChatView.handle`) and reads bac
 
 - the lines to print above the input (returned by :meth:`~ChatView.handle`, as :class:`Line`);
 - :attr:`~ChatView.stream_tail`, the unfinished last line of the answer being streamed;
-- :attr:`~ChatView.esc_action`, which Esc handler is bound now (SPEC §6): :data:`ESC_ABORT_RETRY`
+- :attr:`~ChatView.esc_action`, which Esc handler is bound now (docs/policy.md §6): :data:`ESC_ABORT_RETRY`
   while a backoff's loader shows, otherwise the handler that was bound before it
   (:data:`ESC_ABORT_TURN`, which aborts a running turn);
 - :attr:`~ChatView.enter_action`: what Enter on an empty input line does now
@@ -74,7 +74,7 @@ class ChatView:
         self.keys = keys
         self.last_chain: str | None = None  # at-rest state the last chain left: succeeded, ...
         self._clock = clock
-        # The seed's EventController swaps the Esc handler and later restores "the previous
+        # pi's terminal swaps the Esc handler and later restores "the previous
         # one": a stack says exactly that.
         self._esc: list[str] = [ESC_ABORT_TURN]
         self.backoff: Backoff | None = None

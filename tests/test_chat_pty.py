@@ -436,6 +436,20 @@ def test_a_message_typed_during_the_backoff_waits_for_it(run_chat):
     assert chat.wait_exit() == 0
 
 
+def test_session_dir_chooses_where_the_log_goes(run_chat, tmp_path):
+    logs = tmp_path / "logs"
+    chat, server = run_chat([{"stream": ["Logged."]}], None, "--session-dir", str(logs))
+    chat.wait_for(r"session log: ", where="transcript")
+    chat.line("hello")
+    chat.wait_for(r"(?m)^Logged\.$", where="transcript")
+    chat.send("\x04")
+    assert chat.wait_exit() == 0
+    files = list(logs.glob("*.jsonl"))
+    banner = chat.transcript().replace("\n", "")  # a long path wraps on screen
+    assert len(files) == 1 and f"session log: {files[0]}" in banner
+    assert "Logged." in files[0].read_text()
+
+
 def test_ctrl_c_during_the_backoff_leaves_cleanly(run_chat):
     chat, server = run_chat([OVERLOADED], {"baseDelayMs": 2000})
     chat.line("hello")

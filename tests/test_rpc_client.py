@@ -221,3 +221,19 @@ async def test_credentials_file_is_the_session_credential_store(tmp_path):
             await client.wait_for_idle(timeout_s=20)
         auth = [r["headers"].get("authorization") for r in fs.chat_requests]
     assert auth == ["Bearer sk-first"]
+
+
+@pytest.mark.parametrize("content", ["{not json", None], ids=["not-json", "a-folder"])
+def test_a_bad_credentials_file_is_refused_with_status_2(tmp_path, content):
+    import subprocess
+    import sys
+    store = tmp_path / "credentials.json"
+    if content is None:
+        store.mkdir()
+    else:
+        store.write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
+                           "--credentials", str(store)], input="", capture_output=True, text=True,
+                          env=env(), cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2
+    assert "bad credentials file" in proc.stderr and str(store) in proc.stderr

@@ -46,23 +46,23 @@ def _decider(brain: RetryBrain, message: AssistantMessage, classification=None):
     if classification is None:
         def decide() -> None:
             turn_ended(message)
-            brain.state = idle
-            brain.attempt = 0
+            brain._p.state = idle
+            brain._p.attempt = 0
     else:
         def decide() -> None:
             turn_ended(message, classification=classification)
-            brain.state = idle
-            brain.attempt = 0
+            brain._p.state = idle
+            brain._p.attempt = 0
     return decide
 
 
 def _check(brain: RetryBrain, message: AssistantMessage) -> None:
     actions = brain.turn_ended(message)
-    if brain.state != L.BACKING_OFF or len(actions) != 3:
-        raise AssertionError(f"expected idle -> backing_off with 3 actions for "
+    if brain.state != L.BACKING_OFF or len(actions) != 5:
+        raise AssertionError(f"expected idle -> backing_off with 5 actions for "
                              f"{message.error_message!r:.80}, got {brain.state} {actions}")
-    brain.state = L.IDLE
-    brain.attempt = 0
+    brain._p.state = L.IDLE
+    brain._p.attempt = 0
 
 
 async def _tenacity_once() -> None:

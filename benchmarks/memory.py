@@ -9,7 +9,7 @@ context.
 rounds). Nothing in the brain grows with the number of brains (they are not registered with
 the machine), but CPython's own cost per new object does: more of the cyclic GC's young
 collections promote into older generations, and the fresh memory no longer fits in the CPU
-caches. So the same is measured for a plain ``__slots__`` object with the brain's 13 fields
+caches. So the same is measured for a plain ``__slots__`` object with the policy model's fields
 (``plain_create_us_N``), interleaved with the brain, and ``brain_create_growth_vs_plain`` —
 the brain's 10k/1k growth over the plain object's — says whether the brain adds any growth
 of its own (1.0: none).
@@ -21,31 +21,36 @@ import gc
 import statistics
 import tracemalloc
 
-from fsm.brain import RetryBrain
+from fsm.brain import RetryBrain, _Policy
 from fsm.settings import RetrySettings
 
 from ._timing import now_ns
 
 
 class PlainSlots:
-    """The baseline object: as many slots as ``RetryBrain``, set to the same kinds of values."""
+    """The baseline object: as many slots as the brain's policy model, set to the same kinds of
+    values (the brain itself is one more small object holding the model)."""
 
-    __slots__ = RetryBrain.__slots__
+    __slots__ = _Policy.__slots__
 
     def __init__(self, settings: RetrySettings) -> None:
+        self.owner = None
         self.state = "idle"
-        self.attempt = 0
         self.settings = settings
+        self.attempt = 0
         self.chain_id = 0
-        self._max = 0
-        self._timer = 0
-        self._fact_timer = 0
-        self._actions = []
-        self._message = None
-        self._classification = None
-        self._reason = ""
-        self._reporter = None
-        self._random = None
+        self.max = 0
+        self.timer = 0
+        self.fact_timer = 0
+        self.chain_start_ms = None
+        self.actions = []
+        self.message = None
+        self.cls = None
+        self.facts = None
+        self.reason = ""
+        self.random = None
+        self.plan = None
+        self.source = "idle"
 
 
 def _bytes_per(factory, count: int) -> float:

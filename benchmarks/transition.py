@@ -22,15 +22,15 @@ from ._timing import compare
 
 def _dict_table(brain: RetryBrain) -> dict:
     return {
-        (L.BACKING_OFF, L.BACKOFF_ELAPSED): (brain.timer_is_current, L.CONTINUING,
-                                             brain.continue_turn),
-        (L.BACKING_OFF, L.RETRY_CANCELLED): (None, L.CANCELLED, brain.cancel_backoff),
+        (L.BACKING_OFF, L.BACKOFF_ELAPSED): (brain._p.timer_is_current, L.CONTINUING,
+                                             brain._p.continue_turn),
+        (L.BACKING_OFF, L.RETRY_CANCELLED): (None, L.CANCELLED, brain._p.cancel_backoff),
     }
 
 
 def _reset(brain: RetryBrain) -> None:
-    brain.state = L.BACKING_OFF
-    brain.attempt = 1
+    brain._p.state = L.BACKING_OFF
+    brain._p.attempt = 1
 
 
 def _subject(brain: RetryBrain):
@@ -39,12 +39,12 @@ def _subject(brain: RetryBrain):
     abort = brain.abort_retry
 
     def cycle() -> None:
-        elapsed(brain._timer)
-        brain.state = backing_off
-        brain.attempt = 1
+        elapsed(brain._p.timer)
+        brain._p.state = backing_off
+        brain._p.attempt = 1
         abort()
-        brain.state = backing_off
-        brain.attempt = 1
+        brain._p.state = backing_off
+        brain._p.attempt = 1
     return cycle
 
 
@@ -55,22 +55,22 @@ def _baseline(brain: RetryBrain):
     cancel_key = L.RETRY_CANCELLED
 
     def fire(trigger: str) -> list:
-        brain._actions = actions = []
-        guard, dest, effect = table[(brain.state, trigger)]
+        brain._p.actions = actions = []
+        guard, dest, effect = table[(brain._p.state, trigger)]
         if guard is None or guard():
-            brain.state = dest
+            brain._p.state = dest
             effect()
-        brain._actions = []
+        brain._p.actions = []
         return actions
 
     def cycle() -> None:
-        brain._fact_timer = brain._timer
+        brain._p.fact_timer = brain._p.timer
         fire(elapsed_key)
-        brain.state = backing_off
-        brain.attempt = 1
+        brain._p.state = backing_off
+        brain._p.attempt = 1
         fire(cancel_key)
-        brain.state = backing_off
-        brain.attempt = 1
+        brain._p.state = backing_off
+        brain._p.attempt = 1
     return cycle, fire
 
 
@@ -80,8 +80,8 @@ def _check() -> None:
     _reset(a)
     _reset(b)
     _, fire = _baseline(b)
-    got_a = [a.backoff_elapsed(a._timer)]
-    b._fact_timer = b._timer
+    got_a = [a.backoff_elapsed(a._p.timer)]
+    b._p.fact_timer = b._p.timer
     got_b = [fire(L.BACKOFF_ELAPSED)]
     if (a.state, b.state) != (L.CONTINUING, L.CONTINUING):
         raise AssertionError(f"backoff_elapsed: {a.state} vs {b.state}")

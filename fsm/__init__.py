@@ -9,8 +9,19 @@ from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
+_BRAIN = ("RetryBrain", "TurnFacts", "Action", "EmitTurnEnd", "Emit", "DropFailedMessage",
+          "StartBackoff", "CancelBackoff", "ContinueTurn", "CheckCompaction", "RecordCooldown",
+          "ReturnRetryToken", "CreditRetryBudget", "PromptMayReturn")
+_EVENTS = ("Event", "AutoRetryStart", "AutoRetryEnd", "AgentStart", "TurnStart", "TurnEnd",
+           "MessageStart", "MessageUpdate", "MessageEnd", "AgentEnd", "QueueUpdate",
+           "ExtensionError", "CoordinatorUnavailable", "CoordinatorRestored", "CANCELLED_TEXT")
+
 _EXPORTS = {
-    "RetryBrain": "fsm.brain",
+    **{name: "fsm.brain" for name in _BRAIN},
+    **{name: "fsm.events" for name in _EVENTS},
+    "Provider": "fsm.protocols",
+    "CredentialStore": "fsm.protocols",
+    "BudgetSettings": "fsm.settings",
     "RetrySettings": "fsm.settings",
     "SettingsError": "fsm.settings",
     "Classification": "fsm.classify",

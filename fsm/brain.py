@@ -1,51 +1,107 @@
-"""The retry brain: facts in, actions out (sans-IO).
+"""The retry brain: facts in, actions out (sans-IO; docs/policy.md §3).
 
 :class:`RetryBrain` holds one session's retry state and runs it through the machine declared
-in :mod:`fsm.lifecycle`. It never sleeps, prints or calls the network: the host tells it what
-happened (a turn ended with this message, the backoff elapsed, the user cancelled) and carries
-out the actions it returns, in order:
+in :mod:`fsm.lifecycle`. It never sleeps, prints, reads a clock or calls the network: the host
+tells it what happened (a turn ended with this message and these facts, the backoff elapsed,
+the user cancelled or asked to retry now, the prompt task was cancelled) and carries out the
+actions it returns, **in the order returned**:
 
-=====================  ==================================================================
-``Emit(event)``        send ``event`` (a JSON-able dict, SPEC §4) to listeners
-``DropFailedMessage``  remove the failed assistant message from the runtime context only;
-                       the persisted log keeps it (SPEC §3)
-``StartBackoff``       start the one backoff timer: after ``delay_ms`` call
-                       :meth:`RetryBrain.backoff_elapsed` with ``timer_id``
-``CancelBackoff``      cancel the pending timer ``timer_id``
-``ContinueTurn``       re-run the turn without a new user message (on the next loop tick)
-``ReleaseWaiters``     the chain is over: ``prompt()`` may return
-``CheckCompaction``    consult the compaction hook with the turn's message
-=====================  ==================================================================
+======================  =================================================================
+``EmitTurnEnd(part)``   emit the turn's own end events here: ``part="message"`` is the
+                        assistant ``message_end`` and ``turn_end``, ``part="agent"`` is
+                        ``agent_end`` (so the brain decides where they go, §4)
+``Emit(event)``         send ``event`` (a :mod:`fsm.events` object) to listeners
+``DropFailedMessage``   remove the failed assistant message from the runtime context only;
+                        the persisted log keeps it (§3)
+``StartBackoff``        start the one backoff timer: after ``delay_ms`` call
+                        :meth:`RetryBrain.backoff_elapsed` with ``timer_id``
+``CancelBackoff``       cancel the pending timer ``timer_id``
+``ContinueTurn``        re-run the turn without a new user message, on the next loop tick
+``CheckCompaction``     consult the compaction hook with the turn's message
+``RecordCooldown``      tell the coordinator the server asked every session to wait (§9)
+``ReturnRetryToken``    give back the budget token taken for a retry that was not sent (§8b.3)
+``CreditRetryBudget``   a success: the budget gets ``tokenRatio`` back (§8b.3)
+``PromptMayReturn``     the work the prompt started is over: ``prompt()`` may return. Sent
+                        for every fact that leaves the brain at rest (a turn that starts no
+                        chain, every chain end), never otherwise (§8b.7)
+======================  =================================================================
 
-The usage-limit path (SPEC §3) needs one answer from the host's credential store; it is
-injected as ``usage_limit_reporter(retry_after_ms) -> bool`` (True when another credential or
-model is now in use, which makes the backoff 0), called synchronously inside the transition.
+What the brain needs from the world comes in as :class:`TurnFacts` (the time, whether output
+was streamed, the credential store's answer, the shared cooldown and budget): the host gathers
+them *before* handing the turn's end over, and does what the actions ask *after* (§8b.2).
 """
 
 from __future__ import annotations
 
 import random as _random
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from datetime import datetime, timezone
+from typing import Callable, Union
 
 from . import lifecycle as L
 from .classify import Classification, classify_message
+from .events import CANCELLED_TEXT, AutoRetryEnd, AutoRetryStart, Event
 from .messages import AssistantMessage
 from .settings import RetrySettings
 
-CANCELLED_TEXT = "Retry cancelled"
+__all__ = [
+    "RetryBrain", "TurnFacts", "Action", "EmitTurnEnd", "Emit", "DropFailedMessage",
+    "StartBackoff", "CancelBackoff", "ContinueTurn", "CheckCompaction", "RecordCooldown",
+    "ReturnRetryToken", "CreditRetryBudget", "PromptMayReturn", "CANCELLED_TEXT",
+]
+
+
+# ---------------------------------------------------------------------------- facts
+
+@dataclass(frozen=True, slots=True)
+class TurnFacts:
+    """What the host knows about the world when a turn ends (all optional).
+
+    - ``now_ms``: epoch time in ms (for ``retryAt`` and the chain deadline); None = unknown,
+      then no deadline is checked and no ``retryAt`` is given.
+    - ``output_streamed``: the failed turn had streamed text or started a tool call (D12).
+    - ``credential_switched``: the credential store answered that another credential or
+      model is now in use (the usage-limit path, §3).
+    - ``credential_count``: credentials the store holds for the provider (D13, §8b.6).
+    - ``cooldown_ms``: the shared cooldown left for this provider/model/credential (§9).
+    - ``budget_allows``: the retry budget's answer (True when the budget is off or unknown).
+    - ``budget_taken``: the host took a budget token for this failure (given back when the
+      retry is not sent for another reason).
+    - ``note``: a remark for the ``auto_retry_start`` event (e.g. a store that failed).
+    """
+
+    now_ms: int | None = None
+    output_streamed: bool = False
+    credential_switched: bool = False
+    credential_count: int = 1
+    cooldown_ms: int = 0
+    budget_allows: bool = True
+    budget_taken: bool = False
+    note: str | None = None
+
+
+_NO_FACTS = TurnFacts()
+
+
+# ---------------------------------------------------------------------------- actions
+
+@dataclass(frozen=True, slots=True)
+class EmitTurnEnd:
+    """Emit the turn's end events: ``"message"`` = message_end + turn_end, ``"agent"`` = agent_end."""
+
+    part: str
 
 
 @dataclass(frozen=True, slots=True)
 class Emit:
-    """Send ``event`` to listeners, extensions and RPC clients."""
+    """Send ``event`` (an :class:`fsm.events.Event`) to listeners, extensions and RPC clients."""
 
-    event: dict[str, Any]
+    event: Event
 
 
 @dataclass(frozen=True, slots=True)
 class DropFailedMessage:
-    """Remove ``message`` (the failed turn's last assistant message) from the runtime context."""
+    """Remove ``message`` (the failed turn's assistant message) from the runtime context."""
 
     message: AssistantMessage
 
@@ -67,32 +123,50 @@ class CancelBackoff:
 
 @dataclass(frozen=True, slots=True)
 class ContinueTurn:
-    """Continue the turn (no new user message); report a failure with ``continue_failed``."""
+    """Continue the turn (no new user message) on the next loop tick; report a failure with
+    :meth:`RetryBrain.continue_failed`."""
 
     attempt: int
 
 
 @dataclass(frozen=True, slots=True)
-class ReleaseWaiters:
-    """The chain is over (``success`` says how); ``prompt()`` may return."""
-
-    success: bool
-
-
-@dataclass(frozen=True, slots=True)
 class CheckCompaction:
-    """Consult the compaction hook with ``message`` (retry did not take this turn)."""
+    """Consult the compaction hook with ``message``; ``kind`` is its classification kind."""
 
     message: AssistantMessage
     kind: str
 
 
-Action = Union[Emit, DropFailedMessage, StartBackoff, CancelBackoff, ContinueTurn,
-               ReleaseWaiters, CheckCompaction]
+@dataclass(frozen=True, slots=True)
+class RecordCooldown:
+    """Share the server's wait: nobody should retry before ``until_ms`` (epoch ms); ``wait_ms``
+    is the hint as given."""
 
-_MACHINE = L.build_machine()
-_EVENTS = _MACHINE.events
-_DEFAULT_SETTINGS = RetrySettings()
+    wait_ms: int
+    until_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnRetryToken:
+    """Give back the retry-budget token taken for this failure (the retry was not sent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreditRetryBudget:
+    """A request succeeded: the retry budget gets ``tokenRatio`` back."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMayReturn:
+    """The work the prompt started is over. ``end_reason`` is the chain's (or the refusal's)
+    :data:`fsm.events.END_REASONS` code, or None for a turn that started no chain."""
+
+    end_reason: str | None = None
+
+
+Action = Union[EmitTurnEnd, Emit, DropFailedMessage, StartBackoff, CancelBackoff, ContinueTurn,
+               CheckCompaction, RecordCooldown, ReturnRetryToken, CreditRetryBudget,
+               PromptMayReturn]
 
 _TRIGGER_BY_KIND = {
     "retryable": L.TURN_FAILED_RETRYABLE,
@@ -100,185 +174,415 @@ _TRIGGER_BY_KIND = {
     "fatal": L.TURN_FAILED_FATAL,
     "none": L.TURN_SUCCEEDED,
 }
+_DEFAULT_SETTINGS = RetrySettings()
 
+
+# ---------------------------------------------------------------------------- words
+
+def duration_text(ms: int) -> str:
+    """``ms`` in a reader's words: ``850 ms``, ``12 s``, ``4 min 10 s``, ``2 h 39 min``, ``2 d 10 h``."""
+    if ms < 1000:
+        return f"{ms} ms"
+    s = round(ms / 1000)
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s} s" if s else f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def _clock_text(epoch_ms: int) -> str:
+    t = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return t.strftime("%H:%M UTC") if epoch_ms % 60_000 == 0 else t.strftime("%H:%M:%S UTC")
+
+
+# ---------------------------------------------------------------------------- the policy model
+
+class _Policy:
+    """The object the machine fires on: guards, effects and the chain's bookkeeping. Private."""
+
+    __slots__ = ("owner", "state", "settings", "attempt", "chain_id", "max", "timer",
+                 "fact_timer", "chain_start_ms", "actions", "message", "cls", "facts", "reason",
+                 "random", "plan", "source")
+
+    def __init__(self, owner: "RetryBrain", settings: RetrySettings,
+                 random: Callable[[], float]) -> None:
+        self.owner = owner
+        self.state = L.INITIAL
+        self.settings = settings
+        self.attempt = 0
+        self.chain_id = 0
+        self.max = 0
+        self.timer = 0
+        self.fact_timer = 0
+        self.chain_start_ms: int | None = None
+        self.actions: list[Action] = []
+        self.message: AssistantMessage | None = None
+        self.cls: Classification | None = None
+        self.facts: TurnFacts = _NO_FACTS
+        self.reason = ""
+        self.random = random
+        self.plan: tuple[int, str] | None = None
+        self.source = L.INITIAL  # the state the current fact found the machine in
+
+    # ---------------------------------------------------------------- guards
+    def retry_enabled(self) -> bool:
+        return self.settings.enabled
+
+    def _in_chain(self) -> bool:
+        return self.source in L.IN_CHAIN
+
+    def _chain_start(self, now: int) -> int:
+        return self.chain_start_ms if self._in_chain() and self.chain_start_ms is not None else now
+
+    def has_retries_left(self) -> bool:
+        if self._in_chain():
+            return self.attempt < self.max
+        return self.settings.max_retries >= 1
+
+    def replay_safe(self) -> bool:
+        return self.settings.after_output == "retry" or not self.facts.output_streamed
+
+    def hint_within_wait(self) -> bool:
+        if not self.settings.honors_hints or self._switched():
+            return True
+        return self._server_wait() <= self.settings.max_hint_wait_ms
+
+    def within_deadline(self) -> bool:
+        limit = self.settings.max_elapsed_ms
+        now = self.facts.now_ms
+        if limit is None or now is None:
+            return True
+        return now + self._plan()[0] <= self._chain_start(now) + limit
+
+    def budget_allows(self) -> bool:
+        return self.facts.budget_allows
+
+    def timer_is_current(self) -> bool:
+        return self.fact_timer == self.timer
+
+    # ---------------------------------------------------------------- planning (pure)
+    def _switched(self) -> bool:
+        return bool(self.cls is not None and self.cls.usage_limit and self.facts.credential_switched)
+
+    def _server_wait(self) -> int:
+        """The wait the server asked for: the hint or the shared cooldown, whichever is longer."""
+        if not self.settings.honors_hints:
+            return 0
+        hint = (self.cls.retry_hint_ms if self.cls is not None else None) or 0
+        return max(hint, self.facts.cooldown_ms or 0)
+
+    def _plan(self) -> tuple[int, str]:
+        """``(delay_ms, delaySource)`` of the next retry, computed once per fact."""
+        if self.plan is None:
+            attempt = self.attempt + 1 if self._in_chain() else 1
+            if self._switched():
+                self.plan = (0, "switch")
+            else:
+                backoff = self.settings.backoff_ms(attempt, self.random)
+                wait = self._server_wait()
+                if wait > backoff:
+                    hint = (self.cls.retry_hint_ms if self.cls is not None else None) or 0
+                    self.plan = (self.settings.hinted_delay_ms(wait, self.random),
+                                 "hint" if hint >= (self.facts.cooldown_ms or 0) else "cooldown")
+                else:
+                    self.plan = (backoff, "backoff")
+        return self.plan
+
+    # ---------------------------------------------------------------- effects
+    def start_chain(self) -> None:
+        self._plan()  # planned from the source state, before the attempt moves
+        self.chain_id += 1
+        self.attempt = 1
+        self.max = self.settings.max_retries
+        if self.cls is not None and self.cls.usage_limit and self.facts.credential_count > 1:
+            self.max += self.facts.credential_count - 1  # D13: every credential gets a try
+        self.chain_start_ms = self.facts.now_ms
+        self._schedule()
+
+    def next_attempt(self) -> None:
+        self._plan()
+        self.attempt += 1
+        self._schedule()
+
+    def _schedule(self) -> None:
+        delay, source = self._plan()
+        message, cls, facts = self.message, self.cls, self.facts
+        self.timer += 1
+        event = AutoRetryStart(
+            attempt=self.attempt, max_attempts=self.max, delay_ms=delay,
+            error_message=message.error_message or "", chain_id=self.chain_id, rule=cls.rule,
+            retry_hint_ms=cls.retry_hint_ms,
+            retry_at_ms=None if facts.now_ms is None else facts.now_ms + delay,
+            delay_source=source, discards_output=facts.output_streamed, note=facts.note)
+        self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"), Emit(event),
+                         DropFailedMessage(message), StartBackoff(delay, self.timer))
+
+    def settle_turn(self) -> None:
+        self.attempt = 0
+        self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"))
+        if self.cls.kind == "none" and self.settings.budget is not None:
+            self.actions.append(CreditRetryBudget())
+        self.actions += (CheckCompaction(self.message, self.cls.kind), PromptMayReturn(None))
+
+    def end_exhausted(self) -> None:
+        self._end(False, "exhausted", self.message.error_message or "")
+
+    def end_disabled(self) -> None:
+        self._end(False, "disabled", self.message.error_message or "")
+
+    def end_fatal(self) -> None:
+        self._end(False, "fatal", self.message.error_message or "")
+
+    def end_overflow(self) -> None:
+        self._end(False, "overflow", self.message.error_message or "")
+
+    def end_output_streamed(self) -> None:
+        self._refuse("output_streamed", 'the failed turn had already streamed output and '
+                     'retry.afterOutput is "stop"')
+
+    def end_hint_too_long(self) -> None:
+        wait = self._server_wait()
+        until = "" if self.facts.now_ms is None else f" (until {_clock_text(self.facts.now_ms + wait)})"
+        self._refuse("hint_too_long", f"the server asks to wait {duration_text(wait)}{until}, longer "
+                     f"than retry.maxHintWaitMs = {duration_text(self.settings.max_hint_wait_ms)}")
+
+    def end_deadline(self) -> None:
+        now = self.facts.now_ms or 0
+        start = self._chain_start(now)
+        at = now + self._plan()[0]
+        self._refuse("deadline", f"the retry would go out at {_clock_text(at)}, after the chain's "
+                     f"deadline of retry.maxElapsedMs = {duration_text(self.settings.max_elapsed_ms)} "
+                     f"(started {_clock_text(start)})")
+
+    def end_budget(self) -> None:
+        budget = self.settings.budget
+        size = f" (retry.budget.maxTokens = {budget.max_tokens})" if budget is not None else ""
+        self._refuse("budget", f"the shared retry budget is spent{size}: not retrying into an outage")
+
+    def end_succeeded(self) -> None:
+        self.actions.append(EmitTurnEnd("message"))
+        self._emit_end(True, "succeeded", None)
+        self.actions.append(EmitTurnEnd("agent"))
+        if self.settings.budget is not None:
+            self.actions.append(CreditRetryBudget())
+        self.actions += (CheckCompaction(self.message, self.cls.kind), PromptMayReturn("succeeded"))
+
+    def end_cancelled(self) -> None:
+        self._end(False, "cancelled", CANCELLED_TEXT, compaction=False)
+
+    def end_continue_failed(self) -> None:
+        self._end(False, "continue_failed", self.reason, compaction=False)
+
+    def continue_turn(self) -> None:
+        self.actions.append(ContinueTurn(self.attempt))
+
+    def retry_at_once(self) -> None:
+        self.actions += (CancelBackoff(self.timer), ContinueTurn(self.attempt))
+        self.timer += 1  # the cancelled timer can no longer continue, whatever the host does
+
+    def cancel_backoff(self) -> None:
+        self.actions.append(CancelBackoff(self.timer))
+        self.timer += 1
+        self._end(False, "cancelled", CANCELLED_TEXT, compaction=False)
+
+    def _refuse(self, reason: str, why: str) -> None:
+        error = self.message.error_message or ""
+        self._end(False, reason, f"{why}; last error: {error}" if error else why)
+
+    def _end(self, success: bool, reason: str, final_error: str | None, *,
+             compaction: bool = True) -> None:
+        turn = self.message is not None
+        if turn:
+            self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"))
+        self._emit_end(success, reason, final_error)
+        if turn and compaction:
+            self.actions.append(CheckCompaction(self.message, self.cls.kind))
+        self.actions.append(PromptMayReturn(reason))
+
+    def _emit_end(self, success: bool, reason: str, final_error: str | None) -> None:
+        attempt = self.attempt
+        self.actions.append(Emit(AutoRetryEnd(success, attempt, final_error, reason,
+                                              self.chain_id if attempt else None)))
+        self.attempt = 0
+        self.chain_start_ms = None
+
+
+_MACHINE = L.build_machine(_Policy)
+_EVENTS = _MACHINE.events
+
+
+# ---------------------------------------------------------------------------- the brain
 
 class RetryBrain:
-    """One session's retry state: ``state`` (a lifecycle state name) and ``attempt``.
+    """One session's retry state, decided by the declared machine (docs/policy.md §3).
 
-    ``settings`` is a :class:`~fsm.settings.RetrySettings`; ``retry.enabled`` is read live,
-    ``maxRetries`` is fixed for a chain when it starts (so ``maxAttempts`` never changes inside
-    a chain). ``random`` returns floats in [0, 1) for the jitter modes.
+    Args:
+        settings: :class:`~fsm.settings.RetrySettings` (the defaults of §1 when None).
+            ``retry.enabled`` is read live; ``maxAttempts`` is fixed when a chain starts.
+        random: returns floats in [0, 1) for the jitter modes (inject for tests).
 
-    Every fact method returns the list of actions for the host, possibly empty.
+    Queries: :attr:`state` (a lifecycle state name), :attr:`attempt` (0 outside a chain),
+    :attr:`chain_id`, :attr:`max_attempts`, :attr:`timer_id`, :attr:`is_retrying`,
+    :attr:`is_backing_off`, :attr:`settings`. Facts: :meth:`turn_ended`,
+    :meth:`backoff_elapsed`, :meth:`abort_retry` / :meth:`abort`, :meth:`retry_now`,
+    :meth:`prompt_cancelled`, :meth:`continue_failed`; each returns the list of actions for
+    the host, in order, possibly empty. Raises ``TypeError`` for bad settings.
     """
 
-    __slots__ = ("state", "attempt", "settings", "chain_id", "_max", "_timer", "_fact_timer",
-                 "_actions", "_message", "_classification", "_reason", "_reporter", "_random")
+    __slots__ = ("_p",)
 
     def __init__(self, settings: RetrySettings | None = None, *,
-                 usage_limit_reporter: Callable[[int | None], bool] | None = None,
                  random: Callable[[], float] = _random.random) -> None:
-        self.state: str = L.INITIAL
-        self.attempt: int = 0
-        self.settings: RetrySettings = settings or _DEFAULT_SETTINGS
-        self.chain_id: int = 0
-        self._max = 0
-        self._timer = 0
-        self._fact_timer = 0
-        self._actions: list[Action] = []
-        self._message: AssistantMessage | None = None
-        self._classification: Classification | None = None
-        self._reason = ""
-        self._reporter = usage_limit_reporter
-        self._random = random
+        if settings is not None and not isinstance(settings, RetrySettings):
+            raise TypeError(f"settings must be RetrySettings, got {type(settings).__name__}")
+        self._p = _Policy(self, settings or _DEFAULT_SETTINGS, random)
+
+    @classmethod
+    def in_state(cls, state: str, *, settings: RetrySettings | None = None, attempt: int = 1,
+                 max_attempts: int | None = None, chain_id: int = 1, timer_id: int = 1,
+                 chain_start_ms: int | None = None,
+                 random: Callable[[], float] = _random.random) -> "RetryBrain":
+        """A brain placed in ``state`` (for tests and for hosts restoring a session).
+
+        In ``backing_off`` / ``continuing``: at ``attempt`` of ``max_attempts`` (default the
+        settings' ``maxRetries``), chain ``chain_id``, current timer ``timer_id``. At rest the
+        attempt is 0. Raises ``ValueError`` for an unknown state or impossible numbers.
+        """
+        if state not in L.STATES:
+            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(L.STATES)}")
+        brain = cls(settings, random=random)
+        p = brain._p
+        p.state = state
+        if state in L.IN_CHAIN:
+            top = p.settings.max_retries if max_attempts is None else max_attempts
+            if not 1 <= attempt <= top:
+                raise ValueError(f"attempt must be within 1..{top}, got {attempt}")
+            p.attempt, p.max, p.chain_id, p.timer = attempt, top, chain_id, timer_id
+            p.chain_start_ms = chain_start_ms
+        return brain
 
     # ------------------------------------------------------------------ queries
     @property
+    def state(self) -> str:
+        return self._p.state
+
+    @property
+    def attempt(self) -> int:
+        """1-based attempt inside a chain, 0 outside one."""
+        return self._p.attempt
+
+    @property
+    def chain_id(self) -> int:
+        """Number of chains started so far (the current one's id inside a chain)."""
+        return self._p.chain_id
+
+    @property
+    def settings(self) -> RetrySettings:
+        return self._p.settings
+
+    @property
     def is_retrying(self) -> bool:
         """True while a chain is backing off or continuing."""
-        return self.state in L.IN_CHAIN
+        return self._p.state in L.IN_CHAIN
 
     @property
     def is_backing_off(self) -> bool:
-        return self.state == L.BACKING_OFF
+        return self._p.state == L.BACKING_OFF
 
     @property
     def max_attempts(self) -> int:
-        """``maxRetries`` of the current chain, or of the settings outside a chain."""
-        return self._max if self.state in L.IN_CHAIN else self.settings.max_retries
+        """``maxAttempts`` of the current chain, or ``maxRetries`` of the settings outside one."""
+        p = self._p
+        return p.max if p.state in L.IN_CHAIN else p.settings.max_retries
 
     @property
     def timer_id(self) -> int:
         """The id of the current (or last) backoff timer."""
-        return self._timer
+        return self._p.timer
 
     # ------------------------------------------------------------------ settings
     def update_settings(self, settings: RetrySettings) -> None:
-        """Replace the settings; takes effect at the next decision (no transition)."""
+        """Replace the settings; takes effect at the next decision. Raises ``TypeError``."""
         if not isinstance(settings, RetrySettings):
             raise TypeError(f"settings must be RetrySettings, got {type(settings).__name__}")
-        self.settings = settings
+        self._p.settings = settings
 
     def set_enabled(self, enabled: bool) -> None:
-        """``set_auto_retry_enabled``: a pending backoff is not cancelled (SPEC §3)."""
-        self.update_settings(self.settings.with_enabled(enabled))
+        """``set_auto_retry_enabled``: a pending backoff is not cancelled (§3)."""
+        self.update_settings(self._p.settings.with_enabled(enabled))
 
     # ------------------------------------------------------------------ facts
     def turn_ended(self, message: AssistantMessage, context_window: int = 0, *,
-                   classification: Classification | None = None) -> list[Action]:
+                   classification: Classification | None = None,
+                   facts: TurnFacts | None = None) -> list[Action]:
         """A turn ended with ``message``; ``context_window`` in tokens (0 = unknown).
 
         The message is classified with :func:`fsm.classify.classify_message` unless
-        ``classification`` is given. Call this before any ``await`` (SPEC §8.1).
+        ``classification`` is given; ``facts`` are what the host gathered before (§8b.2).
+        Call this before any ``await`` once the facts are in (§8.1).
         """
         cls = classification if classification is not None else classify_message(message, context_window)
         trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
-        self._message = message
-        self._classification = cls
+        p = self._p
+        p.message, p.cls, p.facts = message, cls, facts or _NO_FACTS
         try:
-            return self._fire(trigger)
+            actions = self._fire(trigger)
+            if cls.kind == "retryable":
+                f = p.facts
+                if f.budget_taken and f.budget_allows and not any(isinstance(a, StartBackoff) for a in actions):
+                    actions.append(ReturnRetryToken())
+                if p.settings.honors_hints and cls.retry_hint_ms and p.settings.enabled:
+                    until = None if f.now_ms is None else f.now_ms + cls.retry_hint_ms
+                    actions.append(RecordCooldown(cls.retry_hint_ms, until))
+            return actions
         finally:
-            self._message = None
-            self._classification = None
+            p.message, p.cls, p.facts = None, None, _NO_FACTS
 
     def backoff_elapsed(self, timer_id: int) -> list[Action]:
         """The backoff timer ``timer_id`` fired; a stale id never continues."""
-        self._fact_timer = timer_id
+        self._p.fact_timer = timer_id
         return self._fire(L.BACKOFF_ELAPSED)
 
     def abort_retry(self) -> list[Action]:
-        """``abort_retry()``: cancels a pending backoff; ignored while a turn runs (seed)."""
+        """``abort_retry()``: cancels a pending backoff; ignored while a turn runs (§3)."""
         return self._fire(L.RETRY_CANCELLED)
 
     abort = abort_retry
     """``abort()`` cancels the retry first; the host then stops the running turn."""
 
+    def retry_now(self) -> list[Action]:
+        """Retry now: during a backoff, cancel the timer and continue at once (same attempt,
+        no new ``auto_retry_start``; §8b.5); ignored elsewhere."""
+        return self._fire(L.RETRY_REQUESTED)
+
+    def prompt_cancelled(self) -> list[Action]:
+        """The host's prompt task was cancelled: a chain in progress ends ``cancelled``."""
+        return self._fire(L.PROMPT_CANCELLED)
+
     def continue_failed(self, reason: str) -> list[Action]:
         """The host's continue was rejected or raised, with ``reason`` as the final error."""
-        self._reason = reason
+        self._p.reason = reason
         return self._fire(L.CONTINUE_FAILED)
-
-    # ------------------------------------------------------------------ guards
-    def retry_enabled(self) -> bool:
-        return self.settings.enabled
-
-    def has_retries_left(self) -> bool:
-        return self.attempt < self.max_attempts
-
-    def timer_is_current(self) -> bool:
-        return self._fact_timer == self._timer
-
-    # ------------------------------------------------------------------ effects
-    def start_chain(self) -> None:
-        self.chain_id += 1
-        self._max = self.settings.max_retries
-        self.attempt = 1
-        self._schedule()
-
-    def next_attempt(self) -> None:
-        self.attempt += 1
-        self._schedule()
-
-    def _schedule(self) -> None:
-        cls = self._classification
-        message = self._message
-        delay = self.settings.backoff_ms(self.attempt, self._random)
-        if cls.usage_limit and self._reporter is not None and self._reporter(cls.retry_hint_ms):
-            delay = 0
-        self._timer += 1
-        event = {"type": "auto_retry_start", "attempt": self.attempt, "maxAttempts": self._max,
-                 "delayMs": delay, "errorMessage": message.error_message or "",
-                 "chainId": self.chain_id, "rule": cls.rule}
-        if cls.retry_hint_ms is not None:
-            event["retryHintMs"] = cls.retry_hint_ms
-        self._actions += (Emit(event), DropFailedMessage(message), StartBackoff(delay, self._timer))
-
-    def continue_turn(self) -> None:
-        self._actions.append(ContinueTurn(self.attempt))
-
-    def hand_to_compaction(self) -> None:
-        self.attempt = 0
-        self._actions.append(CheckCompaction(self._message, self._classification.kind))
-
-    def end_without_start(self) -> None:
-        self._end(False, 0, self._message.error_message or "")
-        self._actions.append(CheckCompaction(self._message, self._classification.kind))
-
-    def end_succeeded(self) -> None:
-        self._end(True, self.attempt, None)
-        self._actions.append(CheckCompaction(self._message, self._classification.kind))
-
-    def end_failed(self) -> None:
-        self._end(False, self.attempt, self._message.error_message or "")
-        self._actions.append(CheckCompaction(self._message, self._classification.kind))
-
-    def cancel_backoff(self) -> None:
-        self._actions.append(CancelBackoff(self._timer))
-        self._timer += 1  # whatever the host does with the timer, it can no longer continue
-        self._end(False, self.attempt, CANCELLED_TEXT)
-
-    def end_cancelled(self) -> None:
-        self._end(False, self.attempt, CANCELLED_TEXT)
-
-    def end_continue_failed(self) -> None:
-        self._end(False, self.attempt, self._reason)
-
-    def _end(self, success: bool, attempt: int, final_error: str | None) -> None:
-        event: dict[str, Any] = {"type": "auto_retry_end", "success": success, "attempt": attempt}
-        if final_error is not None:
-            event["finalError"] = final_error
-        if attempt:
-            event["chainId"] = self.chain_id
-        self.attempt = 0
-        self._actions += (Emit(event), ReleaseWaiters(success))
 
     # ------------------------------------------------------------------ engine
     def _fire(self, trigger: str) -> list[Action]:
-        self._actions = actions = []
-        _EVENTS[trigger].trigger(self)
-        self._actions = []
+        p = self._p
+        p.actions = actions = []
+        p.plan = None
+        p.source = p.state
+        try:
+            _EVENTS[trigger].trigger(p)
+        finally:
+            p.actions = []
+            p.plan = None
         return actions
 
     def __repr__(self) -> str:
-        return f"<RetryBrain state={self.state} attempt={self.attempt} chain={self.chain_id}>"
-
+        p = self._p
+        return f"<RetryBrain state={p.state} attempt={p.attempt} chain={p.chain_id}>"

@@ -1,7 +1,8 @@
 """Clocks for the session's backoff timer: the event loop's, or a fake one for tests.
 
-A clock has one method, ``call_later(delay_s, callback, *args) -> handle`` where the handle
-has ``cancel()``. :class:`LoopClock` is asyncio's own; :class:`FakeClock` only moves when a
+A clock has ``call_later(delay_s, callback, *args) -> handle`` where the handle has
+``cancel()``, and ``time_ms() -> int``, the wall-clock time in epoch ms (for ``retryAt`` and a
+chain's deadline). :class:`LoopClock` is asyncio's own; :class:`FakeClock` only moves when a
 test calls :meth:`FakeClock.advance`, so tests of multi-second backoffs take no real time.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from typing import Any, Callable, Protocol
 
 
@@ -19,12 +21,18 @@ class TimerHandle(Protocol):
 class Clock(Protocol):
     def call_later(self, delay_s: float, callback: Callable[..., Any], *args: Any) -> TimerHandle: ...
 
+    def time_ms(self) -> int: ...
+
 
 class LoopClock:
     """Timers on the running asyncio loop (``loop.call_later``)."""
 
     def call_later(self, delay_s: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
         return asyncio.get_running_loop().call_later(delay_s, callback, *args)
+
+    def time_ms(self) -> int:
+        """Wall-clock epoch ms (``time.time()``)."""
+        return int(time.time() * 1000)
 
 
 class _FakeTimer:
@@ -47,8 +55,12 @@ class FakeClock:
     (``settle`` rounds of ``asyncio.sleep(0)``) so the work a timer starts can progress.
     """
 
-    def __init__(self, settle: int = 20) -> None:
+    EPOCH_MS = 1_767_225_600_000
+    """What ``time_ms()`` reads at ``now == 0``: 2026-01-01 00:00 UTC."""
+
+    def __init__(self, settle: int = 20, *, epoch_ms: int = EPOCH_MS) -> None:
         self.now = 0.0
+        self.epoch_ms = epoch_ms
         self._heap: list[tuple[float, int, _FakeTimer]] = []
         self._seq = 0
         self._settle = settle
@@ -58,6 +70,10 @@ class FakeClock:
         self._seq += 1
         heapq.heappush(self._heap, (timer.when, self._seq, timer))
         return timer
+
+    def time_ms(self) -> int:
+        """``epoch_ms`` plus the fake time elapsed, in ms."""
+        return self.epoch_ms + int(round(self.now * 1000))
 
     @property
     def pending(self) -> list[float]:

@@ -88,6 +88,8 @@ class InMemoryCredentialStore:
     wall time in ms (inject it in tests). Thread-safe.
     """
 
+    blocking = False  # answers without I/O: the session calls it on the loop
+
     def __init__(self, credentials: Mapping[str, Sequence[str]], *,
                  clock: Callable[[], float] = lambda: time.time() * 1000) -> None:
         self._keys = _validate_credentials(credentials)
@@ -109,6 +111,10 @@ class InMemoryCredentialStore:
             return False
         with self._lock:
             return _mark(self._state[provider], keys, session_id, retry_after_ms, int(self._clock()))
+
+    def credential_count(self, provider: str) -> int:
+        """How many credentials the store holds for ``provider`` (D13: each gets a try)."""
+        return len(self._keys.get(provider, ()))
 
     def blocked_until(self, provider: str) -> dict[str, int]:
         """Epoch ms until which each blocked key of ``provider`` is blocked."""

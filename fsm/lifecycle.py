@@ -1,13 +1,20 @@
-"""The retry lifecycle, declared once (SPEC §3).
+"""The retry lifecycle, declared once (docs/policy.md §3).
 
-This module is the single declaration of the machine: its states, triggers, guards, the
-transition table and the cells that are explicitly ignored. The running machine
-(:func:`build_machine`, a ``transitions.Machine``), the diagrams, the matrix tests and the
-coverage audit are all derived from :data:`TRANSITIONS` and :data:`IGNORED`.
+This module is the single declaration of the machine: its states, the ``at_rest`` group,
+triggers, guards, effects, the transition table and the cells that are explicitly ignored. The
+running machine (:func:`build_machine`, a ``transitions.Machine``), the diagrams, the matrix
+tests and the coverage audit are all derived from :data:`TABLE`.
 
-Read a row as ``source + trigger [guards] / effect = dest``. Guards are names of predicates on
-the model (the brain); a guard written ``!name`` must be false. Every (state, trigger) cell is
-either one or more transitions or one explicit ignored entry; :func:`validate` checks that.
+The table is written literally, one row per line::
+
+    source + trigger [guard, !guard] / effect = dest      ; citation
+    source + trigger                 / (ignored)          ; why
+
+``source`` is a state or the group ``at_rest`` (a row written once for its four member states).
+Guards are names of predicates on the brain's private policy model; ``!name`` must be false.
+Inside one (state, trigger) cell the guarded rows are mutually exclusive and together total
+(checked by :func:`validate`); they are tried in the order written. The one allowed gap is a
+stale timer (``timer_is_current`` false drops the fact).
 """
 
 from __future__ import annotations
@@ -15,10 +22,24 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
 from transitions import Machine, Transition
+
+__all__ = [
+    "IDLE", "BACKING_OFF", "CONTINUING", "SUCCEEDED", "EXHAUSTED", "CANCELLED",
+    "STATES", "ENDED", "AT_REST", "IN_CHAIN", "GROUPS", "STATE_DOCS",
+    "TURN_FAILED_RETRYABLE", "TURN_FAILED_FATAL", "TURN_OVERFLOWED", "TURN_SUCCEEDED",
+    "TURN_ABORTED", "BACKOFF_ELAPSED", "RETRY_CANCELLED", "CONTINUE_FAILED", "RETRY_REQUESTED",
+    "PROMPT_CANCELLED", "TRIGGERS", "TURN_TRIGGERS", "TRIGGER_DOCS",
+    "RETRY_ENABLED", "HAS_RETRIES_LEFT", "REPLAY_SAFE", "HINT_WITHIN_WAIT", "WITHIN_DEADLINE",
+    "BUDGET_ALLOWS", "TIMER_IS_CURRENT", "GUARDS", "EFFECTS", "TABLE",
+    "Row", "Ignored", "DeclaredRow", "ROWS", "TRANSITIONS", "IGNORED", "INITIAL", "VERSION",
+    "validate", "cells", "declaration", "TransitionRecord", "Recorder", "add_recorder",
+    "remove_recorder", "build_machine",
+]
 
 # States: adjectives or participles.
 IDLE = "idle"
@@ -31,14 +52,18 @@ STATES: tuple[str, ...] = (IDLE, BACKING_OFF, CONTINUING, SUCCEEDED, EXHAUSTED, 
 ENDED: tuple[str, ...] = (SUCCEEDED, EXHAUSTED, CANCELLED)
 AT_REST: tuple[str, ...] = (IDLE,) + ENDED
 IN_CHAIN: tuple[str, ...] = (BACKING_OFF, CONTINUING)
+GROUPS: dict[str, tuple[str, ...]] = {"at_rest": AT_REST}
+"""Named groups of states a row may start from; a group row stands for one row per member."""
 
 STATE_DOCS: dict[str, str] = {
     IDLE: "no retry chain; attempt 0",
     BACKING_OFF: "waiting for the backoff timer before the next attempt",
     CONTINUING: "the retried turn is running",
     SUCCEEDED: "the chain ended: a retried turn succeeded",
-    EXHAUSTED: "the chain ended: retries used up, disabled, a non-retryable error or a failed continue",
-    CANCELLED: "the chain ended: the user cancelled it (abort_retry / abort)",
+    EXHAUSTED: "the chain ended: retries used up, disabled, refused by a policy guard, a "
+               "non-retryable error or a failed continue",
+    CANCELLED: "the chain ended: the user cancelled it (abort_retry / abort) or the prompt "
+               "was cancelled",
 }
 
 # Triggers: facts that happened.
@@ -50,9 +75,11 @@ TURN_ABORTED = "turn_aborted"
 BACKOFF_ELAPSED = "backoff_elapsed"
 RETRY_CANCELLED = "retry_cancelled"
 CONTINUE_FAILED = "continue_failed"
+RETRY_REQUESTED = "retry_requested"
+PROMPT_CANCELLED = "prompt_cancelled"
 TRIGGERS: tuple[str, ...] = (
     TURN_FAILED_RETRYABLE, TURN_FAILED_FATAL, TURN_OVERFLOWED, TURN_SUCCEEDED, TURN_ABORTED,
-    BACKOFF_ELAPSED, RETRY_CANCELLED, CONTINUE_FAILED,
+    BACKOFF_ELAPSED, RETRY_CANCELLED, CONTINUE_FAILED, RETRY_REQUESTED, PROMPT_CANCELLED,
 )
 TURN_TRIGGERS: tuple[str, ...] = TRIGGERS[:5]
 
@@ -65,25 +92,143 @@ TRIGGER_DOCS: dict[str, str] = {
     BACKOFF_ELAPSED: "the backoff timer fired",
     RETRY_CANCELLED: "abort_retry() or abort() was called",
     CONTINUE_FAILED: "the host could not continue the turn (rejected or raised)",
+    RETRY_REQUESTED: "retry_now(): the user asked to retry without waiting",
+    PROMPT_CANCELLED: "the host's prompt task was cancelled from outside",
 }
 
-# Guards: predicates, evaluated on the brain.
+# Guards: predicates on the policy model, in the order docs/policy.md §8b.1 checks them.
 RETRY_ENABLED = "retry_enabled"
 HAS_RETRIES_LEFT = "has_retries_left"
+REPLAY_SAFE = "replay_safe"
+HINT_WITHIN_WAIT = "hint_within_wait"
+WITHIN_DEADLINE = "within_deadline"
+BUDGET_ALLOWS = "budget_allows"
 TIMER_IS_CURRENT = "timer_is_current"
 GUARDS: dict[str, str] = {
     RETRY_ENABLED: "retry.enabled is true now (read live, so a mid-chain toggle counts)",
-    HAS_RETRIES_LEFT: "attempt < maxRetries (at rest: retry.maxRetries >= 1; in a chain: the chain's maxRetries)",
+    HAS_RETRIES_LEFT: "attempt < maxAttempts (at rest: retry.maxRetries >= 1; in a chain: the "
+                      "chain's maxAttempts)",
+    REPLAY_SAFE: "D12: retry.afterOutput is \"retry\", or the failed turn streamed no text and "
+                 "started no tool call",
+    HINT_WITHIN_WAIT: "D10: retryHints is \"ignore\", or the server's wait (hint or shared "
+                      "cooldown) is at most retry.maxHintWaitMs, or the credential was switched",
+    WITHIN_DEADLINE: "D11: retry.maxElapsedMs is null, or the retry goes out before the "
+                     "chain's deadline",
+    BUDGET_ALLOWS: "docs/policy.md §9: the shared retry budget allows this retry (gRPC retry "
+                   "throttling; always true when retry.budget is null)",
     TIMER_IS_CURRENT: "the timer that fired is the chain's current backoff timer",
 }
+
+EFFECTS: dict[str, str] = {
+    "start_chain": "attempt 1; emit auto_retry_start; drop the failed message; start backoff",
+    "next_attempt": "attempt + 1; emit auto_retry_start; drop the failed message; start backoff",
+    "settle_turn": "no retry: the prompt may return; compaction check",
+    "end_exhausted": "emit auto_retry_end (exhausted); the prompt may return",
+    "end_output_streamed": "emit auto_retry_end (output_streamed); the prompt may return",
+    "end_hint_too_long": "emit auto_retry_end (hint_too_long); the prompt may return",
+    "end_deadline": "emit auto_retry_end (deadline); the prompt may return",
+    "end_budget": "emit auto_retry_end (budget); the prompt may return",
+    "end_disabled": "emit auto_retry_end (disabled); the prompt may return",
+    "end_fatal": "emit auto_retry_end (fatal); the prompt may return",
+    "end_overflow": "emit auto_retry_end (overflow); compaction",
+    "end_succeeded": "emit auto_retry_end (success); the prompt may return",
+    "end_cancelled": "emit auto_retry_end (cancelled); the prompt may return",
+    "end_continue_failed": "emit auto_retry_end (continue_failed); the prompt may return",
+    "continue_turn": "continue the turn on the next loop tick",
+    "retry_at_once": "cancel the timer; continue the turn on the next loop tick",
+    "cancel_backoff": "cancel the timer; emit auto_retry_end (cancelled); the prompt may return",
+}
+"""Every effect the table names, in a reader's words (what it emits, what it starts)."""
+
+_GO = "retry_enabled, has_retries_left, replay_safe, hint_within_wait, within_deadline, budget_allows"
+
+TABLE = f"""
+at_rest     + turn_failed_retryable [{_GO}] / start_chain = backing_off  ; §3: attempt=1, usage-limit path, emit start, drop the failed message, start backoff
+at_rest     + turn_failed_retryable [!retry_enabled] / settle_turn = idle  ; §3: retry disabled, the error stays; compaction check runs
+at_rest     + turn_failed_retryable [retry_enabled, !has_retries_left] / end_exhausted = exhausted  ; §3: maxRetries = 0 emits end {{success:false, attempt:0}}
+at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, !replay_safe] / end_output_streamed = exhausted  ; §3 D12, §8b.1
+at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !hint_within_wait] / end_hint_too_long = exhausted  ; §3 D10, §8b.1
+at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, !within_deadline] / end_deadline = exhausted  ; §3 D11, §8b.1
+at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, within_deadline, !budget_allows] / end_budget = exhausted  ; §9, §8b.1, §8b.3
+at_rest     + turn_failed_fatal / settle_turn = idle  ; §3: nothing from retry; the compaction check runs
+at_rest     + turn_overflowed / settle_turn = idle  ; §3: nothing from retry; overflow goes to compaction
+at_rest     + turn_succeeded / settle_turn = idle  ; §3: nothing from retry; a success credits the retry budget
+at_rest     + turn_aborted / settle_turn = idle  ; §3: nothing from retry
+at_rest     + backoff_elapsed / (ignored)  ; no backoff is pending: a stale timer
+at_rest     + retry_cancelled / (ignored)  ; no chain to cancel
+at_rest     + continue_failed / (ignored)  ; no chain is continuing
+at_rest     + retry_requested / (ignored)  ; §3 v2: retry now is ignored outside a backoff
+at_rest     + prompt_cancelled / (ignored)  ; no chain: the cancelled prompt has nothing to end
+backing_off + backoff_elapsed [timer_is_current] / continue_turn = continuing  ; §3: schedule continue; a stale timer never continues
+backing_off + retry_requested / retry_at_once = continuing  ; §3 v2, §8b.5: retry now, same attempt, no new auto_retry_start
+backing_off + retry_cancelled / cancel_backoff = cancelled  ; §3: end {{success:false, finalError:"Retry cancelled"}}
+backing_off + prompt_cancelled / cancel_backoff = cancelled  ; §3 v2: the host's prompt task was cancelled
+backing_off + turn_failed_retryable / (ignored)  ; no turn runs during a backoff
+backing_off + turn_failed_fatal / (ignored)  ; no turn runs during a backoff
+backing_off + turn_overflowed / (ignored)  ; no turn runs during a backoff
+backing_off + turn_succeeded / (ignored)  ; no turn runs during a backoff
+backing_off + turn_aborted / (ignored)  ; no turn runs during a backoff
+backing_off + continue_failed / (ignored)  ; no continue was started yet
+continuing  + turn_succeeded / end_succeeded = succeeded  ; §3: end {{success:true}}
+continuing  + turn_failed_retryable [{_GO}] / next_attempt = backing_off  ; §3: attempt+1, emit start, start backoff
+continuing  + turn_failed_retryable [!retry_enabled] / end_disabled = exhausted  ; §3 D6: disabled mid-chain ends the chain
+continuing  + turn_failed_retryable [retry_enabled, !has_retries_left] / end_exhausted = exhausted  ; §3: attempt = max; the error stays
+continuing  + turn_failed_retryable [retry_enabled, has_retries_left, !replay_safe] / end_output_streamed = exhausted  ; §3 D12, §8b.1
+continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !hint_within_wait] / end_hint_too_long = exhausted  ; §3 D10, §8b.1
+continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, !within_deadline] / end_deadline = exhausted  ; §3 D11, §8b.1
+continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, within_deadline, !budget_allows] / end_budget = exhausted  ; §9, §8b.1, §8b.3
+continuing  + turn_failed_fatal / end_fatal = exhausted  ; §3 D6, §8.2: a fatal error ends the chain
+continuing  + turn_overflowed / end_overflow = exhausted  ; §3 D6: overflow ends the chain, then goes to compaction
+continuing  + turn_aborted / end_cancelled = cancelled  ; §3 D6, §8.8: an aborted message is never a success
+continuing  + continue_failed / end_continue_failed = exhausted  ; §3 D6, §8.5: a rejected continue ends the chain
+continuing  + prompt_cancelled / end_cancelled = cancelled  ; §3 v2: the host's prompt task was cancelled
+continuing  + backoff_elapsed / (ignored)  ; a stale timer: the backoff already elapsed
+continuing  + retry_cancelled / (ignored)  ; §3: the running turn decides the chain's end
+continuing  + retry_requested / (ignored)  ; the retried turn is already running
+"""
+"""The transition table (see the module docstring for how to read a line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredRow:
+    """One line of :data:`TABLE` as written: ``source`` may be a group (``at_rest``).
+
+    ``effect`` is None and ``dest`` is None for an ignored line (``reason`` says why);
+    ``spec`` is the citation after ``;``.
+    """
+
+    source: str
+    trigger: str
+    dest: str | None
+    guards: tuple[str, ...] = ()
+    effect: str | None = None
+    spec: str = ""
+
+    @property
+    def ignored(self) -> bool:
+        return self.dest is None
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The states this line stands for: the group's members, or the source itself."""
+        return GROUPS.get(self.source, (self.source,))
+
+    @property
+    def id(self) -> str:
+        """Stable identifier, e.g. ``at_rest--turn_failed_retryable[!retry_enabled]->idle``."""
+        if self.ignored:
+            return f"{self.source}--{self.trigger}->(ignored)"
+        guard = f"[{','.join(self.guards)}]" if self.guards else ""
+        return f"{self.source}--{self.trigger}{guard}->{self.dest}"
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One declared transition: ``source + trigger [guards] / effect = dest``.
+    """One transition as the machine runs it (a declared row expanded for one member state).
 
     ``guards`` holds guard names, ``!name`` for a guard that must be false. ``effect`` names
-    the brain method that produces the actions; ``spec`` cites where the row comes from.
+    the policy-model method that produces the actions; ``spec`` cites docs/policy.md;
+    ``declared`` is the :attr:`DeclaredRow.id` it comes from.
     """
 
     source: str
@@ -92,10 +237,11 @@ class Row:
     guards: tuple[str, ...] = ()
     effect: str | None = None
     spec: str = ""
+    declared: str = ""
 
     @property
     def id(self) -> str:
-        """Stable identifier, e.g. ``continuing--turn_failed_retryable[retry_enabled,!has_retries_left]->exhausted``."""
+        """Stable identifier, e.g. ``continuing--turn_failed_retryable[!retry_enabled]->exhausted``."""
         guard = f"[{','.join(self.guards)}]" if self.guards else ""
         return f"{self.source}--{self.trigger}{guard}->{self.dest}"
 
@@ -115,82 +261,94 @@ class Ignored:
     source: str
     trigger: str
     reason: str
+    declared: str = ""
 
     @property
     def id(self) -> str:
         return f"{self.source}--{self.trigger}->(ignored)"
 
 
-def _rows() -> Iterator[Row]:
-    for s in AT_REST:
-        yield Row(s, TURN_FAILED_RETRYABLE, BACKING_OFF, (RETRY_ENABLED, HAS_RETRIES_LEFT),
-                  "start_chain", "SPEC §3: attempt=1, usage-limit path, emit start, drop the failed message, start backoff")
-        yield Row(s, TURN_FAILED_RETRYABLE, EXHAUSTED, (RETRY_ENABLED, "!" + HAS_RETRIES_LEFT),
-                  "end_without_start", "SPEC §3 / seed: maxRetries = 0 emits end {success:false, attempt:0}")
-        yield Row(s, TURN_FAILED_RETRYABLE, IDLE, ("!" + RETRY_ENABLED,),
-                  "hand_to_compaction", "SPEC §3: retry disabled, the error stays; compaction check runs")
-        for t in (TURN_FAILED_FATAL, TURN_OVERFLOWED, TURN_SUCCEEDED, TURN_ABORTED):
-            yield Row(s, t, IDLE, (), "hand_to_compaction",
-                      "SPEC §3: nothing from retry; the compaction check runs")
-    yield Row(BACKING_OFF, BACKOFF_ELAPSED, CONTINUING, (TIMER_IS_CURRENT,), "continue_turn",
-              "SPEC §3: schedule continue; a stale timer never continues (§3 invariants)")
-    yield Row(BACKING_OFF, RETRY_CANCELLED, CANCELLED, (), "cancel_backoff",
-              "SPEC §3: end {success:false, finalError:'Retry cancelled'}")
-    yield Row(CONTINUING, TURN_SUCCEEDED, SUCCEEDED, (), "end_succeeded", "SPEC §3: end {success:true}")
-    yield Row(CONTINUING, TURN_FAILED_RETRYABLE, BACKING_OFF, (RETRY_ENABLED, HAS_RETRIES_LEFT),
-              "next_attempt", "SPEC §3: attempt+1, emit start, start backoff")
-    yield Row(CONTINUING, TURN_FAILED_RETRYABLE, EXHAUSTED, (RETRY_ENABLED, "!" + HAS_RETRIES_LEFT),
-              "end_failed", "SPEC §3: attempt = max, end {success:false, attempt:max}; error stays")
-    yield Row(CONTINUING, TURN_FAILED_RETRYABLE, EXHAUSTED, ("!" + RETRY_ENABLED,),
-              "end_failed", "SPEC §3 D6: disabled mid-chain ends the chain")
-    yield Row(CONTINUING, TURN_FAILED_FATAL, EXHAUSTED, (), "end_failed",
-              "SPEC §3 D6, §8.2: a fatal error ends the chain")
-    yield Row(CONTINUING, TURN_OVERFLOWED, EXHAUSTED, (), "end_failed",
-              "SPEC §3 D6: overflow ends the chain, then goes to compaction")
-    yield Row(CONTINUING, TURN_ABORTED, CANCELLED, (), "end_cancelled",
-              "SPEC §3 D6, §8.8: an aborted message is never a success")
-    yield Row(CONTINUING, CONTINUE_FAILED, EXHAUSTED, (), "end_continue_failed",
-              "SPEC §3 D6, §8.5: a rejected continue ends the chain")
+_LINE = re.compile(r"^(?P<source>\w+)\s*\+\s*(?P<trigger>\w+)\s*(?:\[(?P<guards>[^\]]*)\])?\s*/\s*"
+                   r"(?:(?P<ignored>\(ignored\))|(?P<effect>\w+)\s*=\s*(?P<dest>\w+))\s*"
+                   r"(?:;\s*(?P<spec>.*))?$")
 
 
-def _ignored() -> Iterator[Ignored]:
-    for s in AT_REST:
-        yield Ignored(s, BACKOFF_ELAPSED, "no backoff is pending: a stale timer")
-        yield Ignored(s, RETRY_CANCELLED, "no chain to cancel")
-        yield Ignored(s, CONTINUE_FAILED, "no chain is continuing")
-    for t in TURN_TRIGGERS:
-        yield Ignored(BACKING_OFF, t, "no turn runs during a backoff (new prompts are rejected or queued)")
-    yield Ignored(BACKING_OFF, CONTINUE_FAILED, "no continue was started yet")
-    yield Ignored(CONTINUING, BACKOFF_ELAPSED, "a stale timer: the backoff already elapsed")
-    yield Ignored(CONTINUING, RETRY_CANCELLED, "seed: the running turn decides the chain's end")
+def parse_table(text: str) -> tuple[DeclaredRow, ...]:
+    """Parse table lines (see the module docstring); raises ``ValueError`` naming a bad line."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            raise ValueError(f"table line {number} is not 'source + trigger [guards] / effect = "
+                             f"dest ; citation': {line!r}")
+        guards = tuple(g.strip() for g in (m["guards"] or "").split(",") if g.strip())
+        spec = (m["spec"] or "").strip()
+        if m["ignored"]:
+            rows.append(DeclaredRow(m["source"], m["trigger"], None, guards, None, spec))
+        else:
+            rows.append(DeclaredRow(m["source"], m["trigger"], m["dest"], guards, m["effect"], spec))
+    return tuple(rows)
 
 
-TRANSITIONS: tuple[Row, ...] = tuple(_rows())
-IGNORED: tuple[Ignored, ...] = tuple(_ignored())
+ROWS: tuple[DeclaredRow, ...] = parse_table(TABLE)
+"""The table's lines as declared (group sources kept): what the review diagram draws."""
+
+
+def _expand(rows: tuple[DeclaredRow, ...]) -> tuple[tuple[Row, ...], tuple[Ignored, ...]]:
+    transitions: list[Row] = []
+    ignored: list[Ignored] = []
+    for state in STATES:  # state-major order: the cells of a state stay together
+        for d in rows:
+            if state not in d.members:
+                continue
+            if d.ignored:
+                ignored.append(Ignored(state, d.trigger, d.spec, d.id))
+            else:
+                transitions.append(Row(state, d.trigger, d.dest, d.guards, d.effect, d.spec, d.id))
+    return tuple(transitions), tuple(ignored)
+
+
+TRANSITIONS, IGNORED = _expand(ROWS)
+"""Every row as the machine runs it, one per member state (docs/policy.md §8b.11)."""
 INITIAL = IDLE
 
 
-def validate() -> None:
+def validate(model: type | None = None, rows: tuple[DeclaredRow, ...] | None = None) -> None:
     """Check the declaration: every (state, trigger) cell is covered exactly one way.
 
-    Raises ``ValueError`` naming the first problem: an undeclared state, trigger or guard; a
-    cell with no outcome, declared both as a transition and as ignored, or ignored twice; a
-    cell whose guarded rows overlap (two rows pass for the same guard values, so only their
-    order would decide) or leave a gap (no row passes). The one allowed gap is a stale timer:
-    ``timer_is_current`` false means the fact is dropped.
+    Raises ``ValueError`` naming the first problem: an undeclared state, group, trigger, guard
+    or effect; a cell with no outcome, declared both as a transition and as ignored, or ignored
+    twice; a cell whose guarded rows overlap (two rows pass for the same guard values) or leave
+    a gap (no row passes; the one allowed gap is a stale timer, ``timer_is_current`` false).
+    With ``model`` (a class), every guard and effect must also name a method of it.
     """
+    declared = ROWS if rows is None else rows
+    transitions, ignored = _expand(declared) if rows is not None else (TRANSITIONS, IGNORED)
     names = set(STATES)
-    for row in TRANSITIONS:
-        if row.source not in names or row.dest not in names or row.trigger not in TRIGGERS:
-            raise ValueError(f"row {row.id} names an undeclared state or trigger")
-        for g in row.guards:
+    for d in declared:
+        if d.source not in names and d.source not in GROUPS:
+            raise ValueError(f"row {d.id} starts from an undeclared state or group {d.source!r}")
+        if d.trigger not in TRIGGERS:
+            raise ValueError(f"row {d.id} names an undeclared trigger {d.trigger!r}")
+        if d.dest is not None and d.dest not in names:
+            raise ValueError(f"row {d.id} goes to an undeclared state {d.dest!r}")
+        for g in d.guards:
             if g.lstrip("!") not in GUARDS:
-                raise ValueError(f"row {row.id} names an undeclared guard {g!r}")
+                raise ValueError(f"row {d.id} names an undeclared guard {g!r}")
+        if d.effect is not None and d.effect not in EFFECTS:
+            raise ValueError(f"row {d.id} names an undeclared effect {d.effect!r}")
+        if model is not None:
+            for name in [g.lstrip("!") for g in d.guards] + ([d.effect] if d.effect else []):
+                if not callable(getattr(model, name, None)):
+                    raise ValueError(f"row {d.id}: {model.__name__} has no method {name!r}")
     by_cell: dict[tuple[str, str], list[Row]] = {}
-    for row in TRANSITIONS:
+    for row in transitions:
         by_cell.setdefault((row.source, row.trigger), []).append(row)
     seen: set[tuple[str, str]] = set()
-    for ig in IGNORED:
+    for ig in ignored:
         cell = (ig.source, ig.trigger)
         if cell in by_cell:
             raise ValueError(f"cell {cell} is both a transition and ignored")
@@ -200,11 +358,11 @@ def validate() -> None:
     for cell in itertools.product(STATES, TRIGGERS):
         if cell not in by_cell and cell not in seen:
             raise ValueError(f"cell {cell} has no declared outcome")
-    for cell, rows in by_cell.items():
-        guards = sorted({g.lstrip("!") for r in rows for g in r.guards})
+    for cell, cell_rows in by_cell.items():
+        guards = sorted({g.lstrip("!") for r in cell_rows for g in r.guards})
         for values in itertools.product((True, False), repeat=len(guards)):
             env = dict(zip(guards, values))
-            passing = [r for r in rows
+            passing = [r for r in cell_rows
                        if all(env[g.lstrip("!")] != g.startswith("!") for g in r.guards)]
             if len(passing) > 1:
                 raise ValueError(f"cell {cell}: rows {[r.id for r in passing]} overlap for {env}")
@@ -220,18 +378,32 @@ def cells() -> Iterator[tuple[str, str]]:
 
 
 def declaration() -> dict:
-    """The declaration as plain JSON-able data (what diagrams and the audit read)."""
+    """The declaration as plain JSON-able data (what diagrams, the diff and the audit read).
+
+    Keys: ``states``, ``initial``, ``groups``, ``triggers``, ``guards`` and ``effects`` (name
+    -> words), ``rows`` (the table as declared, group sources kept), ``transitions`` and
+    ``ignored`` (expanded per member state; each names its declared ``row``).
+    """
     return {
         "states": list(STATES),
         "initial": INITIAL,
+        "groups": {name: list(members) for name, members in GROUPS.items()},
         "triggers": list(TRIGGERS),
         "guards": dict(GUARDS),
+        "effects": dict(EFFECTS),
+        "rows": [
+            {"id": d.id, "source": d.source, "trigger": d.trigger, "dest": d.dest,
+             "guards": list(d.guards), "effect": d.effect, "spec": d.spec,
+             "ignored": d.ignored}
+            for d in ROWS
+        ],
         "transitions": [
             {"id": r.id, "source": r.source, "trigger": r.trigger, "dest": r.dest,
-             "guards": list(r.guards), "effect": r.effect, "spec": r.spec}
+             "guards": list(r.guards), "effect": r.effect, "spec": r.spec, "row": r.declared}
             for r in TRANSITIONS
         ],
-        "ignored": [{"id": i.id, "source": i.source, "trigger": i.trigger, "reason": i.reason}
+        "ignored": [{"id": i.id, "source": i.source, "trigger": i.trigger, "reason": i.reason,
+                     "row": i.declared}
                     for i in IGNORED],
     }
 
@@ -281,7 +453,7 @@ class TransitionRecord(NamedTuple):
 
 
 Recorder = Callable[[object, TransitionRecord], None]
-"""``recorder(model, record)``: ``model`` is the object the machine ran for (a brain)."""
+"""``recorder(owner, record)``: ``owner`` is the brain (or runner) whose machine ran."""
 
 _recorders: list[Recorder] = []
 
@@ -329,23 +501,26 @@ class _RecordingTransition(Transition):
     def _report(self, event_data, outcomes: tuple, outcome: str) -> None:
         record = TransitionRecord(self.row_id, self.source, event_data.event.name, self.dest,
                                   outcomes, outcome, VERSION)
+        owner = getattr(event_data.model, "owner", event_data.model)  # the brain, not its model
         for rec in tuple(_recorders):
-            rec(event_data.model, record)
+            rec(owner, record)
 
 
 class _LifecycleMachine(Machine):
     transition_cls = _RecordingTransition
 
 
-def build_machine() -> Machine:
+def build_machine(model: type | None = None) -> Machine:
     """Build the ``transitions`` machine from the declaration.
 
-    One machine serves every brain: brains are not added as models (that would cost memory
-    and an O(n) membership check per brain); a brain fires a trigger with
-    ``machine.events[trigger].trigger(brain)``. ``auto_transitions`` is off, ignored cells are
-    internal transitions (``dest=None``) and any undeclared cell raises ``MachineError``.
+    ``model`` is the class of the objects the machine will fire on (the brain's private policy
+    model); :func:`validate` checks that it has every guard and effect. One machine serves
+    every model: models are not added to it (that would cost memory and an O(n) membership
+    check each); a model fires a trigger with ``machine.events[trigger].trigger(model)``.
+    ``auto_transitions`` is off, ignored cells are internal transitions (``dest=None``) and
+    any undeclared cell raises ``MachineError``. Raises ``ValueError`` for a bad declaration.
     """
-    validate()
+    validate(model)
     machine = _LifecycleMachine(model=None, states=list(STATES), initial=INITIAL,
                                 auto_transitions=False, ignore_invalid_triggers=False,
                                 send_event=False)

@@ -1,17 +1,28 @@
-"""AgentSession: the asyncio shell that embeds the retry brain (SPEC §3–5, §8).
+"""AgentSession: the asyncio shell that embeds the retry brain (docs/policy.md §3–5, §8).
 
-The session runs turns through a provider, hands every final assistant message to its
-:class:`~fsm.brain.RetryBrain` *before any await* (SPEC §8.1), and carries out the actions the
-brain returns. Time, cancellation and I/O all happen here; decisions all happen in the brain.
+The session runs turns through a provider, gathers the facts the brain needs (the time,
+whether output was streamed, the credential store's answer, the shared coordinator's cooldown
+and budget — each awaited with a short timeout), hands the turn's end to its
+:class:`~fsm.brain.RetryBrain`, and carries out the actions the brain returns, in their order.
+Until the brain has decided, ``prompt()`` cannot return, no listener hears of the turn's end
+and ``abort()`` still aborts the turn (§8b.2). Time, cancellation and I/O all happen here;
+decisions all happen in the brain.
 
-Events (dicts, JSON-able) go to ``subscribe()`` listeners synchronously, in order, and to
-extensions (``on(event_type, handler)``; ``"*"`` for every type), whose handlers are awaited in
-order on a separate worker so a slow or failing extension never holds up the retry chain.
+Events are :mod:`fsm.events` objects (read-only mappings over their JSON shape). They go to
+``subscribe()`` listeners synchronously, in order, and to extensions (``on(event_type,
+handler)``; ``"*"`` for every type), whose handlers are awaited in order on a separate worker
+so a slow or failing extension never holds up the retry chain.
 
-Event types: ``agent_start``, ``message_start``/``message_end`` (``{"message": {...}}``),
-``message_update`` (``{"assistantMessageEvent": {"type": "text_delta", "delta"}}``),
-``agent_end`` (``{"messages": [...]}``), ``auto_retry_start``, ``auto_retry_end`` (SPEC §4),
-``queue_update`` and ``extension_error``.
+Event types, in the order of a turn: ``agent_start``, ``turn_start``, ``message_start`` /
+``message_end`` of each user message, ``message_start`` of the assistant message,
+``message_update`` (``text_start`` / ``text_delta`` / ``text_end``), ``message_end``,
+``turn_end``, ``agent_end``; and ``auto_retry_start`` / ``auto_retry_end`` (§4) where the brain
+puts them, ``queue_update``, ``extension_error``, ``coordinator_unavailable`` /
+``coordinator_restored``.
+
+The conversation: :attr:`AgentSession.messages` is the runtime context (what the next request
+sends; failed messages that a retry replaces are dropped from it); the session log
+(:class:`~fsm.session_log.SessionLog`) keeps every message, failed ones included.
 """
 
 from __future__ import annotations
@@ -23,21 +34,32 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Iterable
 
 from . import brain as B
-from .brain import RetryBrain
+from . import events as E
+from .brain import RetryBrain, TurnFacts
+from .classify import Classification, classify_message
 from .clock import Clock, LoopClock
-from .credentials import CredentialStore
 from .messages import AssistantMessage, UserMessage
+from .protocols import CredentialStore, Provider
 from .session_log import SessionLog
 from .settings import RetrySettings
 
+__all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "Listener", "Extension",
+           "CompactionHook", "STORE_TIMEOUT_S", "ABORTED_TEXT"]
+
 log = logging.getLogger("fsm.session")
 
-Listener = Callable[[dict[str, Any]], Any]
-Extension = Callable[[dict[str, Any]], Awaitable[Any] | Any]
+Listener = Callable[[E.Event], Any]
+Extension = Callable[[E.Event], Awaitable[Any] | Any]
 CompactionHook = Callable[["AgentSession", AssistantMessage, str], Awaitable[Any]]
 
 STREAMING_BEHAVIORS = ("steer", "follow_up", "followUp")
 ABORTED_TEXT = "Request was aborted"
+STORE_TIMEOUT_S = 0.05
+"""How long the session waits for the credential store's usage-limit answer or the
+coordinator before it decides on local state (docs/policy.md §8b.2)."""
+KEY_TIMEOUT_S = 2.0
+"""How long a turn waits for the credential store to hand out its API key; after that the
+turn fails with an error saying so (the chain decides as for any failure)."""
 
 
 class SessionBusyError(RuntimeError):
@@ -52,23 +74,26 @@ class AgentSession:
     """One agent session with automatic retry.
 
     Args:
-        provider: an object with ``name``, ``model`` and ``async complete(messages, *,
-            on_text=None, api_key=None) -> AssistantMessage`` (see
+        provider: a :class:`fsm.protocols.Provider` (e.g.
             :class:`fsm.providers.openai_chat.OpenAIChatProvider`).
-        settings: :class:`~fsm.settings.RetrySettings` (defaults of SPEC §1).
+        settings: :class:`~fsm.settings.RetrySettings` (defaults of docs/policy.md §1).
         context_window: the model's context window in tokens (0 = unknown), for the silent
             overflow rule.
         session_log: a :class:`~fsm.session_log.SessionLog`, or None for no persistence.
-        credentials: a :class:`~fsm.credentials.CredentialStore` for the usage-limit path.
+        credentials: a :class:`fsm.protocols.CredentialStore` for the usage-limit path.
+        coordinator: the shared coordinator of docs/policy.md §9 (cooldowns, retry budget),
+            or None for none; reached before a decision with a timeout of
+            :data:`STORE_TIMEOUT_S`, never inside one.
         compaction_hook: ``async hook(session, message, kind)`` consulted when retry does not
-            take a turn (SPEC §3 "Boundary with compaction"); None = the error stands.
-        clock: where the backoff timer lives (:class:`~fsm.clock.FakeClock` in tests).
+            take a turn (§3 "Boundary with compaction"); None = the error stands.
+        clock: where the backoff timer lives and the time is read
+            (:class:`~fsm.clock.FakeClock` in tests).
         random: [0, 1) source for jitter.
     """
 
-    def __init__(self, provider: Any, *, settings: RetrySettings | None = None,
+    def __init__(self, provider: Provider, *, settings: RetrySettings | None = None,
                  context_window: int = 0, session_log: SessionLog | None = None,
-                 credentials: CredentialStore | None = None,
+                 credentials: CredentialStore | None = None, coordinator: Any = None,
                  compaction_hook: CompactionHook | None = None, clock: Clock | None = None,
                  session_id: str | None = None, random: Callable[[], float] | None = None) -> None:
         self.provider = provider
@@ -76,18 +101,18 @@ class AgentSession:
         self.context_window = context_window
         self.session_log = session_log
         self.credentials = credentials
+        self.coordinator = coordinator
         self.compaction_hook = compaction_hook
         self.clock: Clock = clock or LoopClock()
-        kwargs: dict[str, Any] = {"usage_limit_reporter": self._report_usage_limit}
-        if random is not None:
-            kwargs["random"] = random
-        self.brain = RetryBrain(settings, **kwargs)
-        self.messages: list[UserMessage | AssistantMessage] = []  # the runtime context
+        self.brain = RetryBrain(settings) if random is None else RetryBrain(settings, random=random)
+        self.messages: list[UserMessage | AssistantMessage] = []
+        """The runtime context: what the next request sends (failed messages a retry replaces
+        are dropped from it; the session log keeps them)."""
         self._listeners: list[Listener] = []
         self._extensions: dict[str, list[Extension]] = {}
-        self._ext_queue: deque[tuple[Extension, dict]] = deque()
+        self._ext_queue: deque[tuple[Extension, E.Event]] = deque()
         self._ext_task: asyncio.Task | None = None
-        self._queue: deque[UserMessage] = deque()
+        self._queue: deque[tuple[UserMessage, str]] = deque()
         self._timer: Any = None
         self._wake: asyncio.Future | None = None
         self._stream_task: asyncio.Task | None = None
@@ -97,6 +122,10 @@ class AgentSession:
         self._last_turn_aborted = False
         self._turn_done = asyncio.Event()
         self._turn_done.set()
+        self._partial: dict[str, Any] | None = None  # the assistant message being streamed
+        self._streamed = False
+        self._api_key: str | None = None
+        self._secrets: set[str] = set()
 
     # ------------------------------------------------------------------ state
     @property
@@ -104,7 +133,9 @@ class AgentSession:
         return self.brain.settings.enabled
 
     def set_auto_retry_enabled(self, enabled: bool) -> None:
-        """Switch auto-retry; a pending backoff still runs (use ``abort_retry`` to cancel it)."""
+        """Switch auto-retry; a pending backoff still runs (use ``abort_retry`` to cancel it).
+
+        Raises ``TypeError`` unless ``enabled`` is a bool."""
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be true or false, got {enabled!r}")
         self.brain.set_enabled(enabled)
@@ -132,10 +163,11 @@ class AgentSession:
 
     @property
     def queued_messages(self) -> list[str]:
-        return [m.text for m in self._queue]
+        """Texts of the queued steer / follow-up messages, oldest first."""
+        return [m.text for m, _ in self._queue]
 
     def state(self) -> dict[str, Any]:
-        """The RPC ``get_state`` data (camelCase keys)."""
+        """The session's state as JSON data (camelCase keys; the RPC ``get_state`` adds more)."""
         return {
             "sessionId": self.session_id,
             "model": getattr(self.provider, "model", ""),
@@ -165,15 +197,15 @@ class AgentSession:
         """Register an extension handler for ``event_type`` (``"*"`` for all); awaited in order."""
         self._extensions.setdefault(event_type, []).append(handler)
 
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: E.Event) -> None:
         for listener in tuple(self._listeners):
             try:
                 listener(event)
             except Exception:  # a broken listener must not break the chain
-                log.exception("listener failed on %s", event.get("type"))
+                log.exception("listener failed on %s", event.type)
         if not self._extensions:
             return
-        handlers = self._extensions.get(event["type"], []) + self._extensions.get("*", [])
+        handlers = self._extensions.get(event.type, []) + self._extensions.get("*", [])
         if handlers:
             self._ext_queue.extend((h, event) for h in handlers)
             if self._ext_task is None or self._ext_task.done():
@@ -187,15 +219,19 @@ class AgentSession:
                 if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
                     await result
             except Exception as exc:
-                log.warning("extension %r failed on %s: %s", handler, event.get("type"), exc)
-                if event.get("type") != "extension_error":
-                    self._emit({"type": "extension_error", "event": event.get("type"),
-                                "error": f"{type(exc).__name__}: {exc}"})
+                log.warning("extension %r failed on %s: %s", handler, event.type, exc)
+                if event.type != "extension_error":
+                    self._emit(E.ExtensionError(event.type, f"{type(exc).__name__}: {exc}"))
 
     async def drain_extensions(self) -> None:
         """Wait until every queued extension handler has run."""
         while self._ext_task is not None and not self._ext_task.done():
             await asyncio.shield(self._ext_task)
+
+    def _queue_event(self) -> E.QueueUpdate:
+        return E.QueueUpdate(tuple(self.queued_messages),
+                             tuple(m.text for m, b in self._queue if b == "steer"),
+                             tuple(m.text for m, b in self._queue if b != "steer"))
 
     # ------------------------------------------------------------------ controls
     async def prompt(self, text: str, *, streaming_behavior: str | None = None) -> None:
@@ -204,10 +240,10 @@ class AgentSession:
         While the session is busy, ``streaming_behavior`` ``"steer"`` or ``"follow_up"``
         queues the message (delivered with the next continue or turn, never shortening a
         backoff; after a cancelled chain or an aborted turn it waits for the next prompt) and
-        returns at once;
-        without it raises :class:`SessionBusyError`.
+        returns at once; without it raises :class:`SessionBusyError`.
         Raises ``TypeError`` / ``ValueError`` for a non-string text, text that is not valid
         Unicode (a lone surrogate) or an unknown behaviour; nothing is applied then.
+        Cancelling the task that awaits ``prompt()`` ends its chain (``cancelled``).
         """
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
@@ -223,8 +259,9 @@ class AgentSession:
                 what = "a retry chain is active" if self.is_retrying else "a turn is running"
                 raise SessionBusyError(f"cannot prompt: {what}; pass streaming_behavior='steer' or "
                                        "'follow_up' to queue the message")
-            self._queue.append(UserMessage(text))
-            self._emit({"type": "queue_update", "queued": self.queued_messages})
+            behavior = "steer" if streaming_behavior == "steer" else "follow_up"
+            self._queue.append((UserMessage(text), behavior))
+            self._emit(self._queue_event())
             return
         owner = self._prompt_owner = object()
         try:
@@ -246,11 +283,19 @@ class AgentSession:
                 self._prompt_owner = None
 
     def abort_retry(self) -> None:
-        """Cancel a pending backoff (SPEC §5); while a retried turn runs, the turn decides."""
+        """Cancel a pending backoff (§5); while a retried turn runs, the turn decides."""
         self._perform(self.brain.abort_retry())
 
+    def retry_now(self) -> None:
+        """Retry now (§3 v2): during a backoff the timer is cancelled and the turn continues on
+        the next loop tick with the same attempt number; ignored at any other time."""
+        self._perform(self.brain.retry_now())
+
     async def abort(self) -> None:
-        """``abort_retry()`` first, then stop the running turn; returns when it has ended."""
+        """``abort_retry()`` first, then stop the running turn; returns when it has ended.
+
+        Once this returns, the chain sends no further request: a turn whose answer arrived
+        in the same moment is taken as aborted, and the chain ends ``cancelled``."""
         self._perform(self.brain.abort())
         if self._turn_running:
             self._abort_turn = True
@@ -265,43 +310,51 @@ class AgentSession:
         if self.session_log is not None:
             self.session_log.append(message)
 
+    def _aborted(self) -> AssistantMessage:
+        return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model)
+
     async def _run_turn(self, new: list[UserMessage]) -> AssistantMessage:
         """Run one turn and hand its final message to the brain. Raises ContinueRejected."""
         self._turn_running = True
         self._turn_done.clear()
+        actions: list[B.Action] = []
         try:
             if self._queue:
-                new = list(self._queue) + new  # queued first: they were typed earlier
+                new = [m for m, _ in self._queue] + new  # queued first: they were typed earlier
                 self._queue.clear()
-                self._emit({"type": "queue_update", "queued": []})
+                self._emit(self._queue_event())
             if not new and (not self.messages or not isinstance(self.messages[-1], UserMessage)):
                 raise ContinueRejected("cannot continue: the runtime context does not end with "
                                        "a user message")
-            self._emit({"type": "agent_start"})
+            self._emit(E.AgentStart())
+            self._emit(E.TurnStart())
             run: list[dict[str, Any]] = []
             for user in new:
                 self._add(user)
-                self._emit({"type": "message_start", "message": user.to_json()})
-                self._emit({"type": "message_end", "message": user.to_json()})
+                self._emit(E.MessageStart(user.to_json()))
+                self._emit(E.MessageEnd(user.to_json()))
                 run.append(user.to_json())
             message = await self._complete()
+            if self._abort_turn and message.stop_reason != "aborted":
+                message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
+            cls = classify_message(message, self.context_window)
+            facts = await self._gather_facts(message, cls)
+            if self._abort_turn and message.stop_reason != "aborted":
+                message = self._aborted()
+                cls = classify_message(message, self.context_window)
+                facts = TurnFacts(now_ms=facts.now_ms)
             self._last_turn_aborted = message.stop_reason == "aborted"
             self._add(message)
             run.append(message.to_json())
+            # The decision: before any listener hears of the turn's end (§8.1, §8b.2).
+            actions = self.brain.turn_ended(message, self.context_window, classification=cls,
+                                            facts=facts)
         finally:
             self._turn_running = False
             self._abort_turn = False
+            self._partial = None
             self._turn_done.set()
-        # The decision is taken before any await and before any listener hears of the turn's
-        # end (SPEC §8.1). Event order as the original: a successful retry's auto_retry_end
-        # comes before agent_end; auto_retry_start and a failed end come after it (SPEC §4).
-        actions = self.brain.turn_ended(message, self.context_window)
-        self._emit({"type": "message_end", "message": message.to_json()})
-        if actions and isinstance(actions[0], B.Emit) and actions[0].event.get("success") is True:
-            self._emit(actions[0].event)
-            actions = actions[1:]
-        self._emit({"type": "agent_end", "messages": run})
-        compaction = self._perform(actions)
+        compaction = self._perform(actions, message=message, run=run)
         if compaction is not None and self.compaction_hook is not None:
             try:
                 await self.compaction_hook(self, compaction.message, compaction.kind)
@@ -310,38 +363,100 @@ class AgentSession:
         return message
 
     async def _complete(self) -> AssistantMessage:
+        self._streamed = False
         if self._abort_turn:
-            return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model)
+            return self._aborted()
         api_key = None
         if self.credentials is not None:
             try:
-                api_key = self.credentials.api_key(self.provider.name, self.session_id)
+                api_key = await self._store_call("api_key", self.provider.name, self.session_id,
+                                                 timeout=KEY_TIMEOUT_S)
             except Exception as exc:  # a broken store fails the turn; it never picks a key for us
-                log.warning("credential store failed: %s", exc)
+                log.warning("credential store failed: %s", _describe(exc))
                 return AssistantMessage("error", error_message=f"credential store failed: "
-                                        f"{type(exc).__name__}: {exc}", model=self.provider.model)
-        self._emit({"type": "message_start", "message": {"role": "assistant"}})
+                                        f"{_describe(exc)}", model=self.provider.model)
+            if self._abort_turn:
+                return self._aborted()
+        self._api_key = api_key
+        if api_key:
+            self._secrets.add(api_key)
+        self._partial = {"role": "assistant", "content": [], "model": self.provider.model}
+        self._emit(E.MessageStart(dict(self._partial)))
         context = [m.to_openai() for m in self.messages]
         self._stream_task = task = asyncio.ensure_future(
             self.provider.complete(context, on_text=self._on_text, api_key=api_key))
         try:
-            return await task
+            message = await task
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if me is not None and me.cancelling():
                 task.cancel()
                 raise
-            return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model)
+            message = self._aborted()
         except Exception as exc:  # a provider must not raise; if one does, it is a failed turn
-            log.warning("provider raised %s", exc, exc_info=True)
-            return AssistantMessage("error", error_message=f"{type(exc).__name__}: {exc}",
-                                    model=self.provider.model)
+            log.warning("provider raised %s", _describe(exc))
+            message = AssistantMessage("error", error_message=_describe(exc), model=self.provider.model)
         finally:
             self._stream_task = None
+        if self._partial is not None and self._partial["content"]:
+            text = self._partial["content"][0]["text"]
+            self._emit(E.MessageUpdate(self._partial_json(),
+                                       {"type": "text_end", "contentIndex": 0, "content": text}))
+        return message
+
+    def _partial_json(self) -> dict[str, Any]:
+        p = self._partial
+        return {"role": "assistant", "content": [dict(c) for c in p["content"]], "model": p["model"]}
 
     def _on_text(self, delta: str) -> None:
-        self._emit({"type": "message_update",
-                    "assistantMessageEvent": {"type": "text_delta", "delta": delta}})
+        if not delta:
+            return
+        p = self._partial
+        if p is None:  # a provider calling back after its turn ended
+            return
+        self._streamed = True
+        if not p["content"]:
+            p["content"].append({"type": "text", "text": ""})
+            self._emit(E.MessageUpdate(self._partial_json(), {"type": "text_start", "contentIndex": 0}))
+        p["content"][0]["text"] += delta
+        self._emit(E.MessageUpdate(self._partial_json(),
+                                   {"type": "text_delta", "contentIndex": 0, "delta": delta}))
+
+    # ------------------------------------------------------------------ facts (before the decision)
+    async def _store_call(self, name: str, *args: Any, timeout: float) -> Any:
+        """Call the credential store's ``name`` off the loop (or its async ``a<name>``)."""
+        store = self.credentials
+        async_fn = getattr(store, "a" + name, None)
+        if async_fn is not None and asyncio.iscoroutinefunction(async_fn):
+            return await asyncio.wait_for(async_fn(*args), timeout)
+        if not getattr(store, "blocking", False):  # a store that does no I/O answers at once
+            return getattr(store, name)(*args)
+        return await asyncio.wait_for(asyncio.to_thread(getattr(store, name), *args), timeout)
+
+    def _now_ms(self) -> int | None:
+        time_ms = getattr(self.clock, "time_ms", None)
+        return time_ms() if time_ms is not None else None
+
+    async def _gather_facts(self, message: AssistantMessage, cls: Classification) -> TurnFacts:
+        """What the brain needs from the world for this turn's end (§8b.2), each awaited with
+        a timeout; on a timeout or an error the session decides on local state."""
+        now = self._now_ms()
+        if cls.kind != "retryable" or not self.brain.settings.enabled:
+            return TurnFacts(now_ms=now, output_streamed=self._streamed)
+        switched, count, note = False, 1, None
+        if cls.usage_limit and self.credentials is not None:
+            try:
+                switched = bool(await self._store_call(
+                    "mark_usage_limit_reached", self.provider.name, self.session_id,
+                    cls.retry_hint_ms, timeout=STORE_TIMEOUT_S))
+                counter = getattr(self.credentials, "credential_count", None)
+                if counter is not None:
+                    count = max(1, int(counter(self.provider.name)))
+            except Exception as exc:  # a broken or slow store: the normal backoff, said so
+                note = f"credential store failed: {_describe(exc)}; normal backoff"
+                log.warning("%s", note)
+        return TurnFacts(now_ms=now, output_streamed=self._streamed, credential_switched=switched,
+                         credential_count=count, note=note)
 
     # ------------------------------------------------------------------ the chain
     async def _drive_chain(self) -> None:
@@ -350,28 +465,28 @@ class AgentSession:
         while self.brain.is_retrying:
             self._wake = wake = loop.create_future()
             try:
-                what = await wake
+                action = await wake
             finally:
                 if self._wake is wake:
                     self._wake = None
-            if what == "ended":
+            if isinstance(action, B.PromptMayReturn):
                 return
-            if what == "continue":
-                try:
-                    await self._run_turn([])
-                except ContinueRejected as exc:
-                    self._perform(self.brain.continue_failed(str(exc)))
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.exception("continue failed")
-                    self._perform(self.brain.continue_failed(f"continue failed: {type(exc).__name__}: {exc}"))
+            try:
+                await self._run_turn([])
+            except ContinueRejected as exc:
+                self._perform(self.brain.continue_failed(str(exc)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("continue failed")
+                self._perform(self.brain.continue_failed(f"continue failed: {_describe(exc)}"))
 
     def _cancel_chain(self) -> None:
-        """The prompt's task was cancelled: end the chain so nothing is left pending."""
-        self._perform(self.brain.abort())
-        if self.brain.state == "continuing":
-            self._perform(self.brain.continue_failed(B.CANCELLED_TEXT))
+        """The prompt's task was cancelled from outside: a declared fact (§3 v2)."""
+        self._perform(self.brain.prompt_cancelled())
+        task = self._stream_task
+        if task is not None and not task.done():
+            task.cancel()
         self._turn_running = False
         self._turn_done.set()
 
@@ -379,22 +494,31 @@ class AgentSession:
         self._timer = None
         self._perform(self.brain.backoff_elapsed(timer_id))
 
-    def _wake_driver(self, what: str) -> None:
+    def _wake_driver(self, action: B.Action) -> None:
         wake = self._wake
         if wake is not None and not wake.done():
-            wake.set_result(what)
-            if what == "ended":
+            wake.set_result(action)
+            if isinstance(action, B.PromptMayReturn):
                 # The chain ended during its backoff (a cancel): its prompt() has nothing
                 # left to do, so the session is free now, not when that task resumes.
                 self._wake = None
                 self._prompt_owner = None
 
-    def _perform(self, actions: Iterable[B.Action]) -> B.CheckCompaction | None:
+    def _perform(self, actions: Iterable[B.Action], *, message: AssistantMessage | None = None,
+                 run: list[dict[str, Any]] | None = None) -> B.CheckCompaction | None:
         """Carry out the brain's actions in order; returns a pending compaction check."""
         compaction = None
         for action in actions:
             if isinstance(action, B.Emit):
                 self._emit(action.event)
+            elif isinstance(action, B.EmitTurnEnd):
+                if message is None:
+                    continue
+                if action.part == "message":
+                    self._emit(E.MessageEnd(message.to_json()))
+                    self._emit(E.TurnEnd(message.to_json()))
+                else:
+                    self._emit(E.AgentEnd(tuple(run or ())))
             elif isinstance(action, B.DropFailedMessage):
                 for i in range(len(self.messages) - 1, -1, -1):
                     if self.messages[i] is action.message:
@@ -411,27 +535,19 @@ class AgentSession:
                 # as running, so an abort() in between aborts it before any request is sent.
                 self._turn_running = True
                 self._turn_done.clear()
-                self._wake_driver("continue")
-            elif isinstance(action, B.ReleaseWaiters):
-                self._wake_driver("ended")
+                self._wake_driver(action)
+            elif isinstance(action, B.PromptMayReturn):
+                self._wake_driver(action)
             elif isinstance(action, B.CheckCompaction):
                 compaction = action
+            # RecordCooldown / ReturnRetryToken / CreditRetryBudget: the coordinator's writes
+            # happen after the decision (§8b.2); without a coordinator there is nothing to do.
         return compaction
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _report_usage_limit(self, retry_after_ms: int | None) -> bool:
-        if self.credentials is None:
-            return False
-        try:
-            return bool(self.credentials.mark_usage_limit_reached(
-                self.provider.name, self.session_id, retry_after_ms))
-        except Exception as exc:  # a broken store must not break the chain: normal backoff
-            log.warning("credential store failed: %s", exc)
-            return False
 
     async def close(self) -> None:
         """Cancel any backoff, wait for extensions, close the log."""
@@ -440,3 +556,8 @@ class AgentSession:
         await self.drain_extensions()
         if self.session_log is not None:
             self.session_log.close()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+__all__ = ["RetrySettings", "BudgetSettings", "SettingsError", "JITTER_MODES", "RETRY_HINT_MODES",
+           "AFTER_OUTPUT_MODES", "MAX_RETRIES_LIMIT", "MAX_DELAY_LIMIT_MS"]
+
 JITTER_MODES: tuple[str, ...] = ("none", "full", "equal")
+RETRY_HINT_MODES: tuple[str, ...] = ("ignore", "honor")
+AFTER_OUTPUT_MODES: tuple[str, ...] = ("retry", "stop")
+HINT_JITTER = 0.2
+"""Positive-only jitter on a delay that comes from a hint or a cooldown: up to +20 % (§1)."""
 
 # Limits on what is "absurd": one backoff longer than a day, or more than 100 retries in one
 # chain, is a typo (a delay written in seconds as ms, an extra zero), not a policy.
@@ -28,6 +35,11 @@ _KEYS = {
     "baseDelayMs": "base_delay_ms",
     "maxDelayMs": "max_delay_ms",
     "jitter": "jitter",
+    "retryHints": "retry_hints",
+    "maxHintWaitMs": "max_hint_wait_ms",
+    "maxElapsedMs": "max_elapsed_ms",
+    "afterOutput": "after_output",
+    "budget": "budget",
 }
 
 
@@ -56,6 +68,51 @@ def _check_int(key: str, value: Any, lo: int, hi: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetSettings:
+    """The shared retry budget (docs/policy.md §9, §8b.3): gRPC retry throttling.
+
+    - ``max_tokens``: the bucket's size, 1..1000 (default 100); it starts full.
+    - ``token_ratio``: tokens a success gives back, 0 < r <= 1 (default 0.1).
+
+    Each failed attempt takes one token; a retry is allowed only while the count after the
+    take is above ``max_tokens / 2``. Raises :class:`SettingsError` naming
+    ``retry.budget.maxTokens`` / ``retry.budget.tokenRatio``.
+    """
+
+    max_tokens: int = 100
+    token_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_tokens", _check_int("budget.maxTokens", self.max_tokens, 1, 1000))
+        r = self.token_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 < r <= 1:
+            raise SettingsError("budget.tokenRatio", r, "a number with 0 < r <= 1")
+        object.__setattr__(self, "token_ratio", float(r))
+
+    @property
+    def threshold(self) -> float:
+        """Retries are allowed while the count after the take is above this (``max_tokens / 2``)."""
+        return self.max_tokens / 2
+
+    def to_json(self) -> dict[str, Any]:
+        return {"maxTokens": self.max_tokens, "tokenRatio": self.token_ratio}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "BudgetSettings | None":
+        """``null`` -> None (off); ``{}`` -> the defaults; other keys than maxTokens/tokenRatio fail."""
+        if data is None:
+            return None
+        if isinstance(data, BudgetSettings):
+            return data
+        if not isinstance(data, Mapping):
+            raise SettingsError("budget", data, "null or an object {maxTokens, tokenRatio}")
+        unknown = sorted(str(k) for k in data if k not in ("maxTokens", "tokenRatio"))
+        if unknown:
+            raise SettingsError("budget", unknown[0], "only the keys maxTokens and tokenRatio")
+        return cls(data.get("maxTokens", 100), data.get("tokenRatio", 0.1))
+
+
+@dataclass(frozen=True, slots=True)
 class RetrySettings:
     """The five retry settings of SPEC §1.
 
@@ -76,6 +133,11 @@ class RetrySettings:
     base_delay_ms: int = 2000
     max_delay_ms: int | None = None
     jitter: str = "none"
+    retry_hints: str = "ignore"
+    max_hint_wait_ms: int = 60_000
+    max_elapsed_ms: int | None = None
+    after_output: str = "retry"
+    budget: BudgetSettings | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -89,6 +151,22 @@ class RetrySettings:
                                _check_int("maxDelayMs", self.max_delay_ms, 0, MAX_DELAY_LIMIT_MS))
         if self.jitter not in JITTER_MODES:
             raise SettingsError("jitter", self.jitter, 'one of "none", "full", "equal"')
+        if self.retry_hints not in RETRY_HINT_MODES:
+            raise SettingsError("retryHints", self.retry_hints, 'one of "ignore", "honor"')
+        object.__setattr__(self, "max_hint_wait_ms",
+                           _check_int("maxHintWaitMs", self.max_hint_wait_ms, 0, MAX_DELAY_LIMIT_MS))
+        if self.max_elapsed_ms is not None:
+            object.__setattr__(self, "max_elapsed_ms",
+                               _check_int("maxElapsedMs", self.max_elapsed_ms, 0, 7 * MAX_DELAY_LIMIT_MS))
+        if self.after_output not in AFTER_OUTPUT_MODES:
+            raise SettingsError("afterOutput", self.after_output, 'one of "retry", "stop"')
+        object.__setattr__(self, "budget", BudgetSettings.from_json(
+            self.budget.to_json() if isinstance(self.budget, BudgetSettings) else self.budget))
+
+    @property
+    def honors_hints(self) -> bool:
+        """``retryHints`` is ``"honor"`` (D10)."""
+        return self.retry_hints == "honor"
 
     def with_enabled(self, enabled: bool) -> "RetrySettings":
         """A copy with ``enabled`` changed (validated)."""
@@ -104,6 +182,16 @@ class RetrySettings:
         delay = self.base_delay_ms << (attempt - 1)
         cap = MAX_DELAY_LIMIT_MS if self.max_delay_ms is None else self.max_delay_ms
         return delay if delay < cap else cap
+
+    def hinted_delay_ms(self, wait_ms: int, random: Callable[[], float] = _random.random) -> int:
+        """A delay that comes from a server hint or a shared cooldown of ``wait_ms`` ms.
+
+        With jitter on, positive-only jitter (up to +20 %) is added, so no retry goes out
+        before the server's time (docs/policy.md §1); with ``jitter: "none"`` it is ``wait_ms``.
+        """
+        if self.jitter == "none" or wait_ms <= 0:
+            return max(0, wait_ms)
+        return wait_ms + int(wait_ms * HINT_JITTER * random())
 
     def backoff_ms(self, attempt: int, random: Callable[[], float] = _random.random) -> int:
         """The backoff before retry ``attempt`` in ms, with the jitter mode applied.
@@ -122,7 +210,10 @@ class RetrySettings:
         """The ``retry`` object of the settings file (camelCase keys)."""
         return {"enabled": self.enabled, "maxRetries": self.max_retries,
                 "baseDelayMs": self.base_delay_ms, "maxDelayMs": self.max_delay_ms,
-                "jitter": self.jitter}
+                "jitter": self.jitter, "retryHints": self.retry_hints,
+                "maxHintWaitMs": self.max_hint_wait_ms, "maxElapsedMs": self.max_elapsed_ms,
+                "afterOutput": self.after_output,
+                "budget": self.budget.to_json() if self.budget is not None else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, base: "RetrySettings | None" = None) -> "RetrySettings":

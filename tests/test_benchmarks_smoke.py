@@ -55,6 +55,14 @@ def test_sessions():
                              "peak_rss_mb"))
 
 
+def test_hints_with_honor_waste_nothing_and_the_seed_wastes_some():
+    from benchmarks import hints
+    figures = hints.measure()
+    assert_figures(figures, ("wasted_requests_seed", "hint_recovery_ratio_honor"))
+    assert figures["wasted_requests_honor"] == 0 < figures["wasted_requests_seed"]
+    assert figures["hint_recovery_ratio_honor"] >= 1.0
+
+
 @pytest.mark.subprocess
 def test_rpc():
     figures = rpc.measure(starts=1, trials=1, eof_starts=1)

@@ -1,14 +1,15 @@
-"""SPEC §8: the failures of the original that the brain alone can show, one test each.
+"""docs/policy.md §8: known failures that the brain alone can show, one test each.
 
 Items 1 and 7 are about the host's awaits and queue; they are pinned in test_session.py.
 Item 10 (the RPC client) is pinned in the RPC tests.
 """
 
-from fsm.brain import (CancelBackoff, ContinueTurn, Emit, ReleaseWaiters, RetryBrain,
-                       StartBackoff)
+from fsm.brain import (CancelBackoff, CheckCompaction, ContinueTurn, CreditRetryBudget, Emit,
+                       PromptMayReturn, RecordCooldown, ReturnRetryToken, RetryBrain, StartBackoff,
+                       TurnFacts)
 from fsm.classify import classify
 from fsm.messages import AssistantMessage
-from fsm.settings import RetrySettings
+from fsm.settings import BudgetSettings, RetrySettings
 
 OVERLOADED = "529 Overloaded"
 
@@ -35,8 +36,9 @@ def test_8_2_retried_turn_ending_fatal_ends_the_chain():
     into_continuing(brain)
     actions = brain.turn_ended(err("401 Incorrect API key provided"))
     assert events(actions) == [{"type": "auto_retry_end", "success": False, "attempt": 1,
-                                "finalError": "401 Incorrect API key provided", "chainId": 1}]
-    assert ReleaseWaiters(False) in actions and brain.state == "exhausted"
+                                "finalError": "401 Incorrect API key provided", "endReason": "fatal",
+                                "chainId": 1}]
+    assert PromptMayReturn("fatal") in actions and brain.state == "exhausted"
 
 
 def test_8_3_disabled_mid_chain_ends_the_chain():
@@ -44,7 +46,7 @@ def test_8_3_disabled_mid_chain_ends_the_chain():
     into_continuing(brain)
     brain.set_enabled(False)
     actions = brain.turn_ended(err(OVERLOADED))
-    assert events(actions)[0]["success"] is False and ReleaseWaiters(False) in actions
+    assert events(actions)[0]["success"] is False and PromptMayReturn("disabled") in actions
     assert not brain.is_retrying
 
 
@@ -64,7 +66,8 @@ def test_8_5_rejected_continue_ends_the_chain():
     into_continuing(brain)
     actions = brain.continue_failed("continue rejected: agent is busy")
     assert events(actions)[0]["finalError"] == "continue rejected: agent is busy"
-    assert ReleaseWaiters(False) in actions and brain.state == "exhausted" and brain.attempt == 0
+    assert PromptMayReturn("continue_failed") in actions
+    assert brain.state == "exhausted" and brain.attempt == 0
 
 
 def test_8_6_stale_timer_of_an_aborted_chain_cannot_touch_a_newer_chain():
@@ -83,7 +86,8 @@ def test_8_8_aborted_message_is_not_a_successful_retry():
     into_continuing(brain)
     actions = brain.turn_ended(AssistantMessage("aborted", error_message="Request was aborted"))
     assert events(actions) == [{"type": "auto_retry_end", "success": False, "attempt": 1,
-                                "finalError": "Retry cancelled", "chainId": 1}]
+                                "finalError": "Retry cancelled", "endReason": "cancelled",
+                                "chainId": 1}]
 
 
 def test_8_9_server_error_underscore_is_retried_and_1500_tokens_is_not_a_500():
@@ -92,21 +96,19 @@ def test_8_9_server_error_underscore_is_retried_and_1500_tokens_is_not_a_500():
     assert classify("error", "max_tokens must be at most 1500 tokens").kind == "fatal"
 
 
-def test_usage_limit_hint_is_reported_and_a_switch_makes_the_backoff_zero():
-    calls = []
-
-    def reporter(hint):
-        calls.append(hint)
-        return True
-    brain = RetryBrain(usage_limit_reporter=reporter)
-    start = events(brain.turn_ended(err("You have reached your usage limit. Please retry in 37.5s")))[0]
-    assert calls == [37500] and start["delayMs"] == 0
+def test_usage_limit_switch_makes_the_backoff_zero():
+    brain = RetryBrain()
+    start = events(brain.turn_ended(err("You have reached your usage limit. Please retry in 37.5s"),
+                                    facts=TurnFacts(credential_switched=True)))[0]
+    assert start["delayMs"] == 0 and start["delaySource"] == "switch"
 
 
-def test_usage_limit_hint_never_lengthens_the_backoff():
-    brain = RetryBrain(RetrySettings(base_delay_ms=50), usage_limit_reporter=lambda hint: False)
-    start = events(brain.turn_ended(err("usage limit reached, retry-after: 3600")))[0]
-    assert start["delayMs"] == 50
+def test_usage_limit_hint_never_lengthens_the_backoff_with_the_seed_defaults():
+    brain = RetryBrain(RetrySettings(base_delay_ms=50))
+    actions = brain.turn_ended(err("usage limit reached, retry-after: 3600"))
+    start = events(actions)[0]
+    assert start["delayMs"] == 50 and start["delaySource"] == "backoff"
+    assert not any(isinstance(a, RecordCooldown) for a in actions), "no cooldown with ignore"
 
 
 def test_max_attempts_is_fixed_for_a_chain():
@@ -133,5 +135,129 @@ def test_events_have_exactly_the_spec_fields_plus_extras():
     assert start["errorMessage"] == OVERLOADED and start["rule"]
     brain.backoff_elapsed(brain.timer_id)
     end = events(brain.turn_ended(AssistantMessage("stop", text="hi")))[0]
-    assert end == {"type": "auto_retry_end", "success": True, "attempt": 1, "chainId": 1}
+    assert end == {"type": "auto_retry_end", "success": True, "attempt": 1, "endReason": "succeeded",
+                   "chainId": 1}
     assert repr(brain).startswith("<RetryBrain state=succeeded")
+
+
+# ------------------------------------------------------------------ host contract (issue 10)
+
+def test_a_fatal_first_turn_says_the_prompt_may_return():
+    actions = RetryBrain().turn_ended(err("401 Incorrect API key provided"))
+    assert actions[-1] == PromptMayReturn(None)
+    assert not events(actions)
+
+
+def test_every_fact_that_leaves_the_brain_at_rest_says_the_prompt_may_return():
+    for message in (err(OVERLOADED), AssistantMessage("stop", text="ok"),
+                    AssistantMessage("aborted", error_message="x"), err("prompt is too long")):
+        brain = RetryBrain(RetrySettings(max_retries=0))
+        assert isinstance(brain.turn_ended(message)[-1], PromptMayReturn)
+    brain = RetryBrain()
+    brain.turn_ended(err(OVERLOADED))
+    assert brain.abort_retry()[-1] == PromptMayReturn("cancelled")
+    assert brain.abort_retry() == [], "an ignored fact asks for nothing"
+
+
+def test_a_cancelled_prompt_is_its_own_fact_not_a_failed_continue():
+    brain = RetryBrain()
+    into_continuing(brain)
+    actions = brain.prompt_cancelled()
+    assert events(actions)[0]["endReason"] == "cancelled" and brain.state == "cancelled"
+    assert events(actions)[0]["finalError"] == "Retry cancelled"
+
+
+# ------------------------------------------------------------------ policy v2 (issue 11)
+
+HONOR = RetrySettings(retry_hints="honor")
+
+
+def test_8_11_a_hint_of_6_4_s_is_waited_out_with_honor():
+    brain = RetryBrain(HONOR)
+    text = "429 Rate limit reached for gpt-4o. Please try again in 6.379s."
+    start = events(brain.turn_ended(err(text), facts=TurnFacts(now_ms=1_000_000)))[0]
+    assert start["delayMs"] == 6379 and start["delaySource"] == "hint"
+    assert start["retryAt"] == 1_006_379
+
+
+def test_8_11_a_58_hour_quota_reset_ends_the_chain_at_once_in_words():
+    brain = RetryBrain(HONOR)
+    actions = brain.turn_ended(err("429 Quota exceeded. Please try again in 58 hours."),
+                               facts=TurnFacts(now_ms=1_767_225_600_000))
+    assert not any(isinstance(a, StartBackoff) for a in actions)
+    end = events(actions)[0]
+    assert (end["endReason"], end["attempt"], end["success"]) == ("hint_too_long", 0, False)
+    assert "wait 2 d 10 h (until 10:00 UTC)" in end["finalError"]
+    assert "retry.maxHintWaitMs = 1 min" in end["finalError"]
+    assert any(isinstance(a, RecordCooldown) for a in actions), "the learned hint is shared"
+
+
+def test_hint_jitter_is_positive_only():
+    brain = RetryBrain(RetrySettings(retry_hints="honor", jitter="full"), random=lambda: 0.999)
+    start = events(brain.turn_ended(err("429 rate limit; retry-after-ms: 10000")))[0]
+    assert 10_000 <= start["delayMs"] <= 12_000
+
+
+def test_8_13_a_chain_deadline_ends_a_900_s_queue_expiry_chain():
+    brain = RetryBrain(RetrySettings(max_elapsed_ms=60_000, base_delay_ms=2000))
+    t0 = 1_000_000
+    brain.turn_ended(err("503 queue expired after 900 s"), facts=TurnFacts(now_ms=t0))
+    brain.backoff_elapsed(brain.timer_id)
+    actions = brain.turn_ended(err("503 queue expired after 900 s"), facts=TurnFacts(now_ms=t0 + 902_000))
+    end = events(actions)[0]
+    assert end["endReason"] == "deadline" and end["attempt"] == 1
+    assert "retry.maxElapsedMs = 1 min" in end["finalError"]
+
+
+def test_8_12_rotation_gives_every_credential_a_try():
+    brain = RetryBrain()
+    usage = err("You have hit your usage limit")
+    facts = TurnFacts(credential_switched=True, credential_count=5)
+    starts = []
+    actions = brain.turn_ended(usage, facts=facts)
+    for _ in range(10):
+        starts += events(actions)
+        if brain.state != "backing_off":
+            break
+        brain.backoff_elapsed(brain.timer_id)
+        actions = brain.turn_ended(usage, facts=facts)
+    attempts = [(e["attempt"], e["maxAttempts"]) for e in starts if e["type"] == "auto_retry_start"]
+    assert attempts == [(n, 7) for n in range(1, 8)], "maxRetries 3 + 5 credentials - 1"
+    assert all(e["delaySource"] == "switch" for e in starts if e["type"] == "auto_retry_start")
+
+
+def test_discards_output_is_set_when_the_failed_turn_streamed_text():
+    start = events(RetryBrain().turn_ended(err(OVERLOADED), facts=TurnFacts(output_streamed=True)))[0]
+    assert start["discardsOutput"] is True
+
+
+def test_after_output_stop_refuses_a_turn_that_streamed():
+    brain = RetryBrain(RetrySettings(after_output="stop"))
+    end = events(brain.turn_ended(err(OVERLOADED), facts=TurnFacts(output_streamed=True)))[0]
+    assert end["endReason"] == "output_streamed" and 'retry.afterOutput is "stop"' in end["finalError"]
+
+
+def test_retry_now_continues_at_once_with_the_same_attempt():
+    brain = RetryBrain()
+    brain.turn_ended(err(OVERLOADED))
+    timer = brain.timer_id
+    actions = brain.retry_now()
+    assert actions == [CancelBackoff(timer), ContinueTurn(1)]
+    assert brain.backoff_elapsed(timer) == [], "the cancelled timer can no longer continue"
+    assert RetryBrain().retry_now() == []
+
+
+def test_budget_token_is_returned_when_the_retry_is_refused_for_another_reason():
+    brain = RetryBrain(RetrySettings(max_retries=0, budget=BudgetSettings()))
+    actions = brain.turn_ended(err(OVERLOADED), facts=TurnFacts(budget_taken=True))
+    assert ReturnRetryToken() in actions
+    brain = RetryBrain(RetrySettings(budget=BudgetSettings()))
+    actions = brain.turn_ended(err(OVERLOADED), facts=TurnFacts(budget_taken=True, budget_allows=False))
+    assert ReturnRetryToken() not in actions and events(actions)[0]["endReason"] == "budget"
+
+
+def test_a_success_credits_the_budget_only_when_it_is_on():
+    assert CreditRetryBudget() in RetryBrain(RetrySettings(budget=BudgetSettings())).turn_ended(
+        AssistantMessage("stop", text="ok"))
+    assert CreditRetryBudget() not in RetryBrain().turn_ended(AssistantMessage("stop", text="ok"))
+    assert isinstance(RetryBrain().turn_ended(AssistantMessage("stop", text="ok"))[-2], CheckCompaction)

@@ -493,7 +493,7 @@ async def test_continue_that_raises_ends_the_chain(tmp_path):
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
     log.fail = True
-    session._queue.append(UserMessage("queued"))  # the continue must write it to the log
+    session._queue.append((UserMessage("queued"), "follow_up"))  # the continue must write it to the log
     await clock.advance(2)
     await asyncio.wait_for(task, 1)
     end = retry_events(events)[-1]

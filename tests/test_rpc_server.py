@@ -545,3 +545,21 @@ def test_empty_stdin_exits_at_once(tmp_path):
                           cwd=tmp_path, env=rpc_env(), stdin=subprocess.DEVNULL, capture_output=True,
                           timeout=30)
     assert proc.returncode == 0 and proc.stdout == b"" and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("kind", ["compact", "new_session", "get_commands", "set_model"])
+def test_pi_commands_this_server_lacks_parse_to_a_not_implemented_error(kind):
+    err = parse_command(json.dumps({"id": "x", "type": kind}).encode())
+    assert isinstance(err, CommandError) and err.id == "x" and err.command == kind
+    assert f"command '{kind}' is not implemented by this server" in err.error
+    assert "get_messages" in err.error and "retry_now" in err.error  # says what it does serve
+
+
+def test_an_extension_ui_response_gets_no_answer():
+    assert parse_command(b'{"type":"extension_ui_response","id":"ui1","value":"yes"}') is None
+
+
+@pytest.mark.parametrize("line", [b'{"type":"steer"}', b'{"type":"follow_up","message":3}'])
+def test_steer_and_follow_up_need_a_message(line):
+    err = parse_command(line)
+    assert isinstance(err, CommandError) and 'field "message"' in err.error

@@ -9,7 +9,8 @@
 // Steps: {"call": METHOD, "args": [...], "label"}, {"wait": {partial event}, "timeout_ms"},
 // {"sleep_ms": N}, {"settle": {"quiet_ms": N}} (the agent is idle: every agent_start has
 // its agent_end, every auto_retry_start its next agent_start or auto_retry_end, nothing
-// arrived for quiet_ms).
+// arrived for quiet_ms; a wait for the prompt's first event belongs before it, since a turn
+// that has not started yet also looks idle).
 import { readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 

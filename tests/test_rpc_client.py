@@ -237,3 +237,23 @@ def test_a_bad_credentials_file_is_refused_with_status_2(tmp_path, content):
                           env=env(), cwd=tmp_path, timeout=30)
     assert proc.returncode == 2
     assert "bad credentials file" in proc.stderr and str(store) in proc.stderr
+
+
+def test_a_bad_redis_url_is_refused_with_status_2(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
+                           "--redis", "ftp://nowhere"], input="", capture_output=True, text=True,
+                          env=env(), cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2 and "bad --redis" in proc.stderr and "ftp://nowhere" in proc.stderr
+
+
+async def test_redis_memory_gives_the_session_a_coordinator(tmp_path):
+    with FaultServer([OVERLOADED, {"stream": ["ok"]}]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--no-session",
+                              "--redis", "memory:"], env=env(), cwd=tmp_path, record=True) as client:
+            await client.set_auto_retry(True)
+            await client.prompt("hi")
+            await client.wait_for_idle(timeout_s=30)
+    ends = [e for e in client.received if e["type"] == "auto_retry_end"]
+    assert ends and ends[-1]["success"] is True

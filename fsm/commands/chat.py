@@ -16,7 +16,7 @@ import sys
 import uuid
 
 from . import rpc
-from .common import load_credentials, load_settings, open_session, session_path
+from .common import load_coordinator, load_credentials, load_settings, open_session, session_path
 
 HELP = "chat with a model in the terminal (retry loader, Esc cancels a backoff)"
 
@@ -24,7 +24,7 @@ HELP = "chat with a model in the terminal (retry loader, Esc cancels a backoff)"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``rpc`` command's flags, by construction: --base-url, --model, --provider,
     --api-key, --settings, --context-window, --session-dir/--session-file/--no-session,
-    --credentials, --trace, --timeout, --log-level (here the level of the warnings shown on
+    --credentials, --redis, --trace, --timeout, --log-level (here the level of the warnings shown on
     screen)."""
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = ("session logs: DIR/<session id>.jsonl, DIR being --session-dir (default "
@@ -56,16 +56,20 @@ def run(args: argparse.Namespace) -> int:
         credentials = load_credentials(args.credentials)
     except (OSError, ValueError) as exc:
         return _fail(f"bad credentials file {args.credentials}: {exc}")
+    try:
+        coordinator = load_coordinator(args.redis)
+    except (OSError, ValueError, ImportError) as exc:
+        return _fail(f"bad --redis: {exc}")
 
     import asyncio
     import gc
-    status = asyncio.run(_main(args, settings, credentials))
+    status = asyncio.run(_main(args, settings, credentials, coordinator))
     # Leaving now: collecting the openai SDK's objects one by one would add a few hundred ms.
     gc.freeze()
     return status
 
 
-async def _main(args: argparse.Namespace, settings, credentials) -> int:
+async def _main(args: argparse.Namespace, settings, credentials, coordinator=None) -> int:
     from ..tui.app import ChatApp
 
     # The openai SDK takes ~0.7 s to import: load it in the background while the screen comes
@@ -77,7 +81,7 @@ async def _main(args: argparse.Namespace, settings, credentials) -> int:
     try:
         parts = open_session(provider, settings=settings, context_window=args.context_window,
                              session_id=session_id, log_path=log_path, trace_file=args.trace,
-                             credentials=credentials)
+                             credentials=credentials, coordinator=coordinator)
     except OSError as exc:
         await provider.aclose()
         return _fail(f"cannot open {exc.filename or 'a file'}: {exc.strerror or exc} "

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = [
-    "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_credentials",
-    "load_settings", "open_session", "session_path",
+    "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_coordinator",
+    "load_credentials", "load_settings", "open_session", "session_path",
 ]
 
 DEFAULT_SESSION_DIR = os.path.join(".fsm", "sessions")
@@ -75,8 +75,8 @@ def load_settings(path: str | None, *, prog: str,
 
 
 def add_session_arguments(p: argparse.ArgumentParser) -> None:
-    """``--session-dir DIR`` / ``--session-file PATH`` / ``--no-session``, ``--credentials FILE``
-    and ``--trace FILE`` (the flags of :func:`open_session`)."""
+    """``--session-dir DIR`` / ``--session-file PATH`` / ``--no-session``, ``--credentials FILE``,
+    ``--redis URL`` and ``--trace FILE`` (the flags of :func:`open_session`)."""
     where = p.add_mutually_exclusive_group()
     where.add_argument("--session-dir", default=None, metavar="DIR",
                        help="write the session log to DIR/<session id>.jsonl "
@@ -89,6 +89,10 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
                    help="JSON-file credential store ({\"providers\": {NAME: {\"keys\": [...]}}}, "
                         "NAME as --provider): a usage limit blocks the key in use and the next "
                         "one is tried; shared safely by concurrent processes")
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="share cooldowns and the retry budget with other sessions through this "
+                        "coordinator (redis://HOST:PORT/DB, or memory: for this process only; "
+                        "see docs/fleet.md); default: none")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write the retry machine's transition trace here (python -m fsm audit FILE)")
 
@@ -112,6 +116,16 @@ def load_credentials(path: str | None):  # -> CredentialStore | None
         return None
     from ..credentials import JsonFileCredentialStore
     return JsonFileCredentialStore(path)
+
+
+def load_coordinator(url: str | None):  # -> Coordinator | None
+    """The shared coordinator of ``--redis URL`` (None without the flag), built by
+    :func:`fsm.fleet.coordinator_from_url`. Raises ``ValueError`` naming the URL (its password
+    hidden) when it is not one."""
+    if url is None:
+        return None
+    from ..fleet import coordinator_from_url
+    return coordinator_from_url(url)
 
 
 @dataclass

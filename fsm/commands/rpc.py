@@ -22,7 +22,8 @@ import argparse
 import os
 import sys
 
-from .common import DEFAULT_SESSION_DIR, add_session_arguments, load_credentials, load_settings, session_path
+from .common import (DEFAULT_SESSION_DIR, add_session_arguments, load_coordinator, load_credentials,
+                     load_settings, session_path)
 
 HELP = "serve an agent session with auto-retry over JSON lines on stdin/stdout (RPC mode)"
 
@@ -130,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
             credentials = load_credentials(args.credentials)
         except (OSError, ValueError) as exc:
             return _error(f"bad credentials file {args.credentials}: {exc}")
+        try:
+            coordinator = load_coordinator(args.redis)
+        except (OSError, ValueError, ImportError) as exc:
+            return _error(f"bad --redis: {exc}")
 
         path = session_path(args, "{id}")
         session_file = None if path is None else str(path)
@@ -141,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         config = ServeConfig(provider=make_provider(args), settings=settings,
                              context_window=args.context_window, session_file=session_file,
                              trace_file=args.trace, stdout_fd=proto_fd, credentials=credentials,
+                             session_kwargs={"coordinator": coordinator} if coordinator else None,
                              base_url=args.base_url or os.environ.get("OPENAI_BASE_URL"))
         try:
             status = asyncio.run(serve(config))

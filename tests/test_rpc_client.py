@@ -257,3 +257,13 @@ async def test_redis_memory_gives_the_session_a_coordinator(tmp_path):
             await client.wait_for_idle(timeout_s=30)
     ends = [e for e in client.received if e["type"] == "auto_retry_end"]
     assert ends and ends[-1]["success"] is True
+
+
+async def test_the_default_session_folder_is_announced_on_stderr(tmp_path):
+    lines: list[str] = []
+    with FaultServer([]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m"], env=env(), cwd=tmp_path,
+                             stderr=lines.append) as client:
+            state = await client.get_state()
+    assert (tmp_path / state["sessionFile"]).parent == tmp_path / ".fsm" / "sessions"
+    assert "writing the session log to .fsm/sessions/<session id>.jsonl" in "".join(lines)

@@ -138,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
 
         path = session_path(args, "{id}")
         session_file = None if path is None else str(path)
+        if not (args.no_session or args.session_file or args.session_dir):
+            # The default folder is relative to wherever the server runs: say so once.
+            print(f"fsm rpc: writing the session log to {session_file.replace('{id}', '<session id>')} "
+                  "(--session-dir DIR chooses the folder, --no-session writes none)",
+                  file=sys.stderr, flush=True)
 
         import asyncio
 

@@ -23,6 +23,7 @@ from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import FormattedText
 from prompt_toolkit.input import Input
 from prompt_toolkit.key_binding import KeyBindings
+from prompt_toolkit.keys import Keys
 from prompt_toolkit.layout import ConditionalContainer, HSplit, Layout, Window
 from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
 from prompt_toolkit.layout.processors import BeforeInput
@@ -172,7 +173,10 @@ class ChatApp:
         def _esc(event: Any) -> None:
             self.on_escape()
 
+        # Ctrl-C arrives as a key in raw mode, and as SIGINT while a line is being printed
+        # above the application (the terminal is in cooked mode then): both leave.
         @kb.add("c-c")
+        @kb.add(Keys.SIGINT)
         def _ctrl_c(event: Any) -> None:
             self.quit()
 

@@ -325,3 +325,21 @@ def test_a_cancelled_chain_needs_no_why(view):
 def test_rest_label_names_the_machine_state_at_rest():
     assert rest_label(None) == rest_label("idle") == "idle"
     assert rest_label("succeeded") == "idle (last chain succeeded)"
+
+
+# ---------------------------------------------------------------------- the texts
+def test_loader_text_rounds_half_up_once_and_up_while_counting():
+    from fsm.ui_text import countdown_seconds, loader_text
+    assert loader_text(1, 3, 1200) == "Retrying (1/3) in 1s… (esc to cancel)"
+    assert loader_text(1, 3, 1200, counting=True) == "Retrying (1/3) in 2s… (esc to cancel)"
+    assert loader_text(2, 3, 500, keys=None) == "Retrying (2/3) in 1s…"
+    assert [countdown_seconds(ms) for ms in (0, 1, 1000, 1001, 2500)] == [1, 1, 1, 2, 3]
+
+
+def test_end_reason_text_covers_every_reason_and_nothing_else():
+    from fsm.ui_text import END_REASON_TEXT, end_reason_text
+    reasons = {"succeeded", "exhausted", "cancelled", "fatal", "overflow", "disabled",
+               "continue_failed", "hint_too_long", "deadline", "budget", "output_streamed"}
+    assert set(END_REASON_TEXT) == reasons
+    assert end_reason_text("deadline") == "Why: the next retry would have gone past retry.maxElapsedMs"
+    assert end_reason_text(None) is None and end_reason_text("new_reason") is None

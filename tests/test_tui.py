@@ -337,9 +337,8 @@ def test_loader_text_rounds_half_up_once_and_up_while_counting():
 
 
 def test_end_reason_text_covers_every_reason_and_nothing_else():
+    from fsm.events import END_REASONS
     from fsm.ui_text import END_REASON_TEXT, end_reason_text
-    reasons = {"succeeded", "exhausted", "cancelled", "fatal", "overflow", "disabled",
-               "continue_failed", "hint_too_long", "deadline", "budget", "output_streamed"}
-    assert set(END_REASON_TEXT) == reasons
+    assert set(END_REASON_TEXT) == set(END_REASONS)
     assert end_reason_text("deadline") == "Why: the next retry would have gone past retry.maxElapsedMs"
     assert end_reason_text(None) is None and end_reason_text("new_reason") is None

@@ -19,6 +19,7 @@ timestamps). ``python tests/conformance/harness.py record`` re-records ``expecte
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -51,14 +52,18 @@ def install_pi() -> Path:
 
     Raises ``RuntimeError`` saying what is missing (node, npm) or how the install failed.
     """
-    with _install_lock:
+    if RPC_CLIENT.is_file() and PI_CLI.is_file():
+        return RPC_CLIENT
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # One install at a time, across the test workers (each is its own process) too.
+    with _install_lock, open(CACHE / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if RPC_CLIENT.is_file() and PI_CLI.is_file():
             return RPC_CLIENT
         for tool in ("node", "npm"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} is not on the PATH: install Node.js (make test does, "
                                    "through the system package manager)")
-        CACHE.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run(
             ["npm", "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", "--no-save",
              "--loglevel", "error", f"{PI_PACKAGE}@{PI_VERSION}"],

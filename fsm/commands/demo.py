@@ -85,7 +85,7 @@ def retry_sentence(event: dict) -> str:
 async def _main(args: argparse.Namespace) -> int:
     import time
 
-    from ..classify import classify
+    from ..classify import classify_message
     from ..providers.fault_server import FaultServer, validate_script
     from ..providers.openai_chat import OpenAIChatProvider
     from ..settings import SettingsError
@@ -138,8 +138,9 @@ async def _main(args: argparse.Namespace) -> int:
                     say(f"request {number} failed: {error}")
                     if not session.is_retrying and not session.auto_retry_enabled:
                         say("auto-retry is off: not retrying")
-                    elif not session.is_retrying:
-                        verdict = classify("error", error)
+                    elif not session.is_retrying and session.messages:
+                        # The failed message is still the last of the conversation here.
+                        verdict = classify_message(session.messages[-1])
                         if verdict.kind != "retryable":
                             say(f"that is not retried ({verdict.kind}, rule {verdict.rule}): "
                                 "the turn ends with this error")

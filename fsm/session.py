@@ -467,9 +467,12 @@ class AgentSession:
         if settings.honors_hints or settings.budget is not None:
             coordinator = self._coordinator()
             try:
-                left, ok = await asyncio.wait_for(coordinator.before_decision(
-                    self._coord_key(), now if now is not None else 0, settings.budget),
-                    COORDINATOR_TIMEOUT_S)
+                from .fleet import wall_ms
+                read = coordinator.before_decision(
+                    self._coord_key(), now if now is not None else wall_ms(), settings.budget)
+                if not _self_bounded(coordinator):
+                    read = asyncio.wait_for(read, COORDINATOR_TIMEOUT_S)
+                left, ok = await read
                 cooldown = left if settings.honors_hints else 0
                 allowed, taken = ok is not False, ok is not None
             except asyncio.TimeoutError:
@@ -527,7 +530,7 @@ class AgentSession:
             coro = coordinator.return_retry_token(key, settings.budget)
         else:
             coro = coordinator.credit_success(key, settings.budget)
-        task = asyncio.get_running_loop().create_task(_bounded(coro))
+        task = asyncio.get_running_loop().create_task(_bounded(coro, _self_bounded(coordinator)))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -653,9 +656,16 @@ def _loop_coordinator() -> Any:
     return coordinator
 
 
-async def _bounded(coro: Awaitable[Any]) -> None:
+def _self_bounded(coordinator: Any) -> bool:
+    """A coordinator that bounds its own calls and never raises (the guarded one, the
+    in-process one): an outer timeout would only turn its late local answer, under load,
+    into "allowed" (docs/fleet.md, "How a session uses it")."""
+    return getattr(coordinator, "self_bounded", False) is True
+
+
+async def _bounded(coro: Awaitable[Any], self_bounded: bool = False) -> None:
     try:
-        await asyncio.wait_for(coro, COORDINATOR_TIMEOUT_S)
+        await (coro if self_bounded else asyncio.wait_for(coro, COORDINATOR_TIMEOUT_S))
     except Exception as exc:  # a lost write only costs sharing, never the session
         log.warning("coordinator write failed: %s", _describe(exc))
 

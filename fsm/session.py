@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 import weakref
 from collections import deque
@@ -384,7 +385,8 @@ class AgentSession:
         self._api_key = api_key
         if api_key:
             self._secrets.add(api_key)
-        self._partial = {"role": "assistant", "content": [], "model": self.provider.model}
+        self._partial = {"role": "assistant", "content": [], "model": self.provider.model,
+                         "timestamp": int(time.time() * 1000)}
         self._emit(E.MessageStart(dict(self._partial)))
         context = [m.to_openai() for m in self.messages]
         self._stream_task = task = asyncio.ensure_future(
@@ -410,7 +412,8 @@ class AgentSession:
 
     def _partial_json(self) -> dict[str, Any]:
         p = self._partial
-        return {"role": "assistant", "content": [dict(c) for c in p["content"]], "model": p["model"]}
+        return {"role": "assistant", "content": [dict(c) for c in p["content"]], "model": p["model"],
+                "timestamp": p["timestamp"]}
 
     def _on_text(self, delta: str) -> None:
         if not delta:
@@ -589,8 +592,8 @@ class AgentSession:
                     continue
                 if action.part == "message":
                     self._emit(E.MessageEnd(message.to_json()))
+                else:  # turn_end beside agent_end, as pi orders them
                     self._emit(E.TurnEnd(message.to_json()))
-                else:
                     self._emit(E.AgentEnd(tuple(run or ())))
             elif isinstance(action, B.DropFailedMessage):
                 for i in range(len(self.messages) - 1, -1, -1):

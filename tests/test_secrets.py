@@ -85,3 +85,13 @@ async def test_a_key_echoed_by_the_provider_reaches_no_event_or_log(tmp_path):
     client = await run_with_an_echoing_provider(tmp_path)
     assert KEY not in json.dumps(client.received)
     assert KEY not in client.stderr_tail
+
+
+def test_chat_refuses_a_malformed_key_without_echoing_it(monkeypatch, capsys):
+    from fsm.__main__ import main
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY + "\r")
+    assert main(["chat", "--model", "m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chat: OPENAI_API_KEY: the API key ends with a carriage return") and KEY[8:] not in err

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Union
 
+from transitions import MachineError
+
 from . import lifecycle as L
 from .classify import Classification, classify_message
 from .events import CANCELLED_TEXT, AutoRetryEnd, AutoRetryStart, Event
@@ -417,6 +419,52 @@ _MACHINE = L.build_machine(_Policy)
 _EVENTS = _MACHINE.events
 
 
+# ---------------------------------------------------------------------------- the lean path
+
+def _compile_dispatch() -> dict[tuple[str, str], tuple[tuple[tuple[tuple[str, bool], ...], str | None,
+                                                             str | None], ...]]:
+    """The declaration as a dispatch table: (state, trigger) -> the cell's candidates in the
+    order ``transitions`` tries them, each ``(guards, effect, dest)``; ``guards`` is
+    ``((name, expected), ...)`` in ``transitions``' evaluation order (the row's conditions,
+    then its ``unless`` names), ``dest`` None for an ignored cell. Derived from
+    :data:`fsm.lifecycle.TRANSITIONS` / :data:`~fsm.lifecycle.IGNORED` only."""
+    table: dict[tuple[str, str], list] = {}
+    for row in L.TRANSITIONS:
+        guards = tuple((g, True) for g in row.conditions) + tuple((g, False) for g in row.unless)
+        table.setdefault((row.source, row.trigger), []).append((guards, row.effect, row.dest))
+    for ig in L.IGNORED:
+        table.setdefault((ig.source, ig.trigger), []).append(((), None, None))
+    return {cell: tuple(candidates) for cell, candidates in table.items()}
+
+
+_DISPATCH = _compile_dispatch()
+
+
+def _fire_declared(p: _Policy, trigger: str) -> None:
+    """Run ``trigger`` on ``p`` through the ``transitions`` machine (what recorders see)."""
+    _EVENTS[trigger].trigger(p)
+
+
+def _fire_compiled(p: _Policy, trigger: str) -> None:
+    """Run ``trigger`` on ``p`` through :data:`_DISPATCH`: the same candidates, guards (in the
+    same order, stopping at the first that fails), state change and effect as
+    :func:`_fire_declared`, at a fraction of the cost. Used only while no recorder is
+    installed, so an audit always sees the ``transitions`` engine itself."""
+    candidates = _DISPATCH.get((p.state, trigger))
+    if candidates is None:  # unreachable for a validated declaration; as transitions says it
+        raise MachineError(f"Can't trigger event {trigger} from state {p.state}!")
+    for guards, effect, dest in candidates:
+        for name, expected in guards:
+            if getattr(p, name)() != expected:  # transitions' Condition.check compares so
+                break
+        else:
+            if dest is not None:
+                p.state = dest
+                if effect is not None:
+                    getattr(p, effect)()
+            return
+
+
 # ---------------------------------------------------------------------------- the brain
 
 class RetryBrain:
@@ -577,7 +625,10 @@ class RetryBrain:
         p.plan = None
         p.source = p.state
         try:
-            _EVENTS[trigger].trigger(p)
+            if L._RecordingTransition.recording:
+                _fire_declared(p, trigger)
+            else:
+                _fire_compiled(p, trigger)
         finally:
             p.actions = []
             p.plan = None

@@ -43,6 +43,7 @@ GROUPS: dict[str, dict] = {
     "sessions": {"full": {"rounds": 5}, "quick": {"n": 1_000, "rounds": 1}, "timeout": 300},
     "rpc": {"full": {"starts": 15, "trials": 80, "eof_starts": 30},
             "quick": {"starts": 3, "trials": 5, "eof_starts": 5}, "timeout": 240},
+    "runner": {"full": {}, "quick": {"number": 200, "repeat": 3, "warmup": 20}, "timeout": 180},
 }
 
 # name: (comparison, limit, note)
@@ -57,6 +58,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "classify_1mb_ms": ("<=", 50, ""),
     "rpc_ready_ms": ("<=", 300, ""),
     "rpc_abort_retry_to_end_ms": ("<=", 1, ""),
+    "runner_ratio_vs_tenacity": ("<=", 0.7, "CPU per retried call (one failure, then success)"),
     "rpc_unclean_exits": ("<=", 0, "the rpc process must exit with status 0 on EOF (check ours)"),
 }
 
@@ -77,6 +79,8 @@ ORDER = (
     "rpc_ready_ms", "rpc_ready_max_ms", "python_ready_ms", "rpc_unclean_exits", "rpc_exits",
     "rpc_abort_retry_to_end_ms", "rpc_abort_retry_to_end_p90_ms",
     "rpc_abort_retry_to_end_max_ms", "rpc_get_state_roundtrip_ms", "pipe_echo_ms",
+    "runner_us", "tenacity_runner_us", "stamina_us", "runner_ratio_vs_tenacity",
+    "runner_ratio_vs_stamina", "runner_recorded_us",
 )
 
 

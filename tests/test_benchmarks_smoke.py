@@ -12,6 +12,7 @@ import math
 import pytest
 
 from benchmarks import classification, decision, memory, rpc, run, sessions, transition
+from benchmarks import runner as runner_bench
 
 
 def assert_figures(figures: dict, keys: tuple[str, ...]) -> None:
@@ -76,3 +77,10 @@ def test_runner_checks_targets_and_formats_a_table():
     assert "PASS" in text and "MISS" in text and "decision_us" in text
     json.dumps(figures)  # JSON-able as written to build/bench.json
     assert set(run.TARGETS) <= set(run.ORDER)
+
+
+def test_runner_vs_tenacity_and_stamina():
+    figures = runner_bench.measure(number=5, repeat=1, warmup=1)
+    assert_figures(figures, ("runner_us", "tenacity_runner_us", "stamina_us",
+                             "runner_ratio_vs_tenacity", "runner_ratio_vs_stamina",
+                             "runner_recorded_us"))

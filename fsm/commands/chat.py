@@ -77,13 +77,13 @@ async def _main(args: argparse.Namespace, settings) -> int:
     from ..tui.app import ChatApp
 
     def make_provider():
-        from ..providers.openai_chat import OpenAIChatProvider
-        return OpenAIChatProvider(base_url=args.base_url, model=args.model,
-                                  api_key=args.api_key, timeout_s=args.timeout)
+        from ..providers.apis import build_provider
+        return build_provider(args.api, base_url=args.base_url, model=args.model,
+                              api_key=args.api_key, timeout_s=args.timeout)
 
     # The openai SDK takes ~0.7 s to import: load it in the background while the screen comes
     # up (a first prompt waits for it).
-    provider = DeferredProvider(make_provider, name=rpc._provider_name(args.base_url),
+    provider = DeferredProvider(make_provider, name=rpc._provider_name(args.base_url, args.api),
                                 model=args.model)
     provider.start()
     session_id = uuid.uuid4().hex

@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=None, help="transition trace file (default: OUT/trace.jsonl)")
     p.add_argument("--settings", default=None, help="settings file in the original's shape ({\"retry\": {...}})")
     p.add_argument("--script", default=None, help="fault-server script (JSON list) instead of the built-in 529, 503, answer")
+    p.add_argument("--api", choices=("openai", "anthropic"), default="openai",
+                   help="the API the provider speaks to the fault server (default: openai)")
     p.add_argument("--prompt", default="Explain what just happened.", help="the user's message")
 
 
@@ -48,7 +50,6 @@ async def _main(args: argparse.Namespace) -> int:
 
     from ..audit import TraceWriter
     from ..providers.fault_server import FaultServer, validate_script
-    from ..providers.openai_chat import OpenAIChatProvider
     from ..session import AgentSession
     from ..session_log import SessionLog
     from ..settings import RetrySettings, SettingsError
@@ -75,7 +76,8 @@ async def _main(args: argparse.Namespace) -> int:
 
     with FaultServer(script) as server:
         _print(f"fault server: {server.base_url} (script: {len(script)} entries, then plain success)")
-        provider = OpenAIChatProvider(base_url=server.base_url, model="demo-model", api_key="demo-key")
+        from ..providers.apis import build_provider
+        provider = build_provider(args.api, base_url=server.base_url, model="demo-model", api_key="demo-key")
         session = AgentSession(provider, settings=settings, session_log=SessionLog(log_path, "demo"),
                                session_id="demo")
         t0 = time.monotonic()

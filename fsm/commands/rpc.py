@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None, metavar="URL",
                    help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 "
                         "(default: OPENAI_BASE_URL, else the OpenAI API)")
+    p.add_argument("--api", choices=("openai", "anthropic"), default="openai",
+                   help="the endpoint's API: OpenAI Chat Completions (default) or Anthropic Messages")
     p.add_argument("--model", required=True, metavar="M", help="model id sent to the endpoint")
     p.add_argument("--api-key", default=None, metavar="K",
                    help="API key (default: OPENAI_API_KEY, else a placeholder for local servers)")
@@ -94,10 +96,10 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def _provider_name(base_url: str | None) -> str:
-    # The name OpenAIChatProvider would pick, known without importing the SDK.
+def _provider_name(base_url: str | None, api: str = "openai") -> str:
+    # The name the provider would pick, known without importing the SDK.
     from urllib.parse import urlsplit
-    return (urlsplit(base_url).hostname or base_url) if base_url else "openai"
+    return (urlsplit(base_url).hostname or base_url) if base_url else api
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,11 +138,12 @@ def run(args: argparse.Namespace) -> int:
         from ..rpc.server import DeferredProvider, ServeConfig, serve
 
         def make_provider():
-            from ..providers.openai_chat import OpenAIChatProvider
-            return OpenAIChatProvider(base_url=args.base_url, model=args.model,
-                                      api_key=args.api_key, timeout_s=args.timeout)
+            from ..providers.apis import build_provider
+            return build_provider(args.api, base_url=args.base_url, model=args.model,
+                                  api_key=args.api_key, timeout_s=args.timeout)
 
-        provider = DeferredProvider(make_provider, name=_provider_name(args.base_url), model=args.model)
+        provider = DeferredProvider(make_provider, name=_provider_name(args.base_url, args.api),
+                                    model=args.model)
         config = ServeConfig(provider=provider, settings=settings, context_window=args.context_window,
                              session_file=session_file, trace_file=args.trace, stdout_fd=proto_fd)
         try:

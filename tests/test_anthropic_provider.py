@@ -158,3 +158,37 @@ async def test_the_fault_server_answers_a_non_streaming_message_and_scripted_err
         assert message.content[0].text == "ok" and message.stop_reason == "end_turn"
         assert [r["index"] for r in srv.chat_requests] == [0, 1]
         assert json.dumps(srv.chat_requests[1]["body"]["messages"]) == json.dumps(ASK[1:])
+
+
+@pytest.mark.subprocess
+def test_rpc_api_anthropic_retries_an_overloaded_stream_end_to_end(tmp_path):
+    """``python -m fsm rpc --api anthropic``: the command line selects the provider; the
+    retry events reach the client as JSON lines (what the terminal's countdown reads)."""
+    import subprocess
+    import sys
+
+    from support import ROOT, env, stop_process
+
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"retry": {"baseDelayMs": 1}}))
+    with FaultServer([{"stream": ["Hel", OVERLOADED_BODY]}, {"stream": ["Hello"]}]) as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "fsm", "rpc", "--api", "anthropic",
+                                 "--base-url", srv.base_url, "--model", "claude-x", "--api-key",
+                                 "sk-ant-test", "--no-session", "--settings", str(settings)],
+                                cwd=ROOT, env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            proc.stdin.write(json.dumps({"type": "prompt", "message": "hi"}) + "\n")
+            proc.stdin.flush()
+            seen = []
+            for line in proc.stdout:
+                event = json.loads(line)
+                seen.append(event)
+                if event.get("type") == "auto_retry_end" or len(seen) > 200:
+                    break
+        finally:
+            stop_process(proc)
+        assert [r["path"] for r in srv.chat_requests] == ["/v1/messages"] * 2
+    retry = [e for e in seen if e.get("type", "").startswith("auto_retry")]
+    assert retry[0]["type"] == "auto_retry_start" and "Overloaded" in retry[0]["errorMessage"]
+    assert retry[-1]["success"] is True

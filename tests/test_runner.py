@@ -361,3 +361,62 @@ async def test_a_budget_refusal_ends_the_chain_and_a_slow_coordinator_is_not_wai
     slow = RetryRunner({"baseDelayMs": 1, "budget": {}}, sleep=no_sleep,
                        coordinator=FakeCoordinator(slow=True))
     assert await asyncio.wait_for(slow.run(Script(ConnectionResetError("reset by peer"))), 2) == "ok"
+
+
+OUTCOMES = {"reset": ConnectionResetError("Connection reset by peer"),
+            "fatal": ValueError("bad input"),
+            "overflow": RuntimeError("prompt is too long: 300000 tokens > 200000 maximum"),
+            "ok": "ok"}
+
+
+def _expected(script, max_retries):
+    """(result or exception, calls made, whether an auto_retry_end is emitted): the rules of
+    docs/policy.md §10, written from the table, not from the runner."""
+    first = script[0]
+    if first == "ok":
+        return "ok", 1, False
+    if first == "overflow":
+        return ContextOverflowError, 1, False
+    if first == "fatal":
+        return "same", 1, False
+    if max_retries == 0:
+        return RetryChainError, 1, True
+    for i, item in enumerate(script[1:], 1):
+        if item == "ok":
+            return "ok", i + 1, True
+        if item == "overflow":
+            return ContextOverflowError, i + 1, True
+        if item == "fatal" or i == max_retries:
+            return RetryChainError, i + 1, True
+    raise AssertionError("script too short")
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_random_scripts_follow_the_exception_rules(seed):
+    """Random outcomes and maxRetries: the result or exception, the calls made and the events
+    emitted are those the rules say; every start is followed by one end."""
+    import random
+    rng = random.Random(seed)
+    max_retries = rng.randint(0, 3)
+    script = [rng.choice(["reset", "reset", "fatal", "overflow", "ok"]) for _ in range(6)]
+    expected, calls, ended = _expected(script, max_retries)
+    fn = Script(*[OUTCOMES[s] for s in script])
+    events = []
+    runner = RetryRunner({"maxRetries": max_retries, "baseDelayMs": 0}, sleep=no_sleep,
+                         on_event=events.append)
+    if expected == "ok":
+        assert await runner.run(fn) == "ok"
+    elif expected == "same":
+        with pytest.raises(ValueError) as info:
+            await runner.run(fn)
+        assert info.value is OUTCOMES["fatal"]
+    else:
+        with pytest.raises(expected) as info:
+            await runner.run(fn)
+        assert info.value.__cause__ is OUTCOMES[script[calls - 1]]
+        assert info.value.calls == calls
+    assert fn.calls == calls
+    starts = [e for e in events if e.type == "auto_retry_start"]
+    ends = [e for e in events if e.type == "auto_retry_end"]
+    assert len(ends) == (1 if ended else 0) and len(starts) == (calls - 1)
+    assert events[-1:] == ends  # the end, when there is one, comes last

@@ -205,3 +205,21 @@ async def test_a_connection_refused_is_a_retryable_transport_error():
     await client.close()
     assert isinstance(info.value.__cause__, openai.APIConnectionError)
     assert info.value.classification.kind == "retryable"
+
+
+async def test_openai_an_error_event_inside_the_stream_is_retried_by_a_consuming_callable():
+    """A router's ``{"error": {...}}`` event in a 200 stream: the SDK raises APIError (no
+    status); the runner reads it as a stream error and retries."""
+    events = []
+    error = {"error": {"message": "Upstream overloaded, please retry", "type": "server_error",
+                       "code": 502}}
+    with FaultServer([{"stream": ["Hel", error]}, {"stream": ["Hello"]}]) as srv:
+        client = openai_client(srv)
+
+        async def ask():
+            stream = await client.chat.completions.create(stream=True, **CHAT)
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+        assert await fsm.retrying(ask, settings=FAST, on_event=events.append) == "Hello"
+        await client.close()
+    assert events[0]["errorMessage"].startswith("Stream error: Upstream overloaded")

@@ -353,11 +353,7 @@ class RetryRunner:
         else:
             key = call.coord_key()
             make = lambda: coordinator.credit_success(key, budget)  # noqa: E731
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # a sync run: nothing to write on
-            return
-        task = loop.create_task(_write(make))
+        task = asyncio.get_running_loop().create_task(_write(make))  # async runs only
         _PENDING.add(task)
         task.add_done_callback(_PENDING.discard)
 

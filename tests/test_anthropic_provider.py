@@ -192,3 +192,22 @@ def test_rpc_api_anthropic_retries_an_overloaded_stream_end_to_end(tmp_path):
     retry = [e for e in seen if e.get("type", "").startswith("auto_retry")]
     assert retry[0]["type"] == "auto_retry_start" and "Overloaded" in retry[0]["errorMessage"]
     assert retry[-1]["success"] is True
+
+
+@pytest.mark.parametrize("entry,expect", [
+    ({"status": 503}, "503"),
+    ({"stream": ["Hel"], "drop": True, "drop_mode": "fin"}, "error"),
+    ({"delay_ms": 5}, "stop"),
+])
+async def test_more_fault_shapes_on_the_messages_route(entry, expect):
+    """An empty error body, a plain close mid-stream, a delayed default success."""
+    with FaultServer([entry]) as srv:
+        p = provider(srv)
+        message = await p.complete(ASK)
+        await p.aclose()
+    if expect == "stop":
+        assert message.stop_reason == "stop" and message.text == "ok"
+    elif expect == "503":
+        assert message.stop_reason == "error" and message.error_message.startswith("503")
+    else:
+        assert message.stop_reason == "error" and message.text == "Hel"

@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup .dot demo test diagrams bench clean
+.PHONY: setup .dot .redis demo test diagrams bench clean
 
-setup: $(STAMP) .dot
+setup: $(STAMP) .dot .redis
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,18 @@ $(STAMP): pyproject.toml
 	  elif command -v brew >/dev/null 2>&1; then brew install graphviz; \
 	  else echo "please install Graphviz (the dot binary)" >&2; exit 1; fi; }
 	@command -v dot >/dev/null 2>&1
+
+# The fleet tests and benchmarks start their own throw-away `redis-server` (no persistence, a
+# free loopback port); install the server binary through the system package manager.
+.redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server"; \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  elif command -v dnf >/dev/null 2>&1; then $(SUDO) dnf install -y redis; \
+	  elif command -v brew >/dev/null 2>&1; then brew install redis; \
+	  else echo "please install Redis (the redis-server binary)" >&2; exit 1; fi; }
+	@command -v redis-server >/dev/null 2>&1
 
 demo: setup
 	$(PY) -m fsm demo

@@ -112,6 +112,10 @@ class InMemoryCredentialStore:
         with self._lock:
             return _mark(self._state[provider], keys, session_id, retry_after_ms, int(self._clock()))
 
+    def credential_count(self, provider: str) -> int:
+        """How many credentials the store holds for ``provider`` (D13: each gets a try)."""
+        return len(self._keys.get(provider, ()))
+
     def blocked_until(self, provider: str) -> dict[str, int]:
         """Epoch ms until which each blocked key of ``provider`` is blocked."""
         with self._lock:

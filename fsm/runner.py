@@ -51,8 +51,9 @@ from . import _sdk_errors_shim as _sdk  # TODO(merge): replace with fsm.sdk_erro
 from . import brain as B
 from .brain import RetryBrain, TurnFacts
 from .classify import Classification, classify_message
-from .events import AutoRetryEnd, Event
+from .events import AutoRetryEnd, CoordinatorRestored, CoordinatorUnavailable, Event
 from .messages import AssistantMessage
+from . import session as _session
 from .settings import RetrySettings
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "retrying", "retrying_sync",
@@ -63,9 +64,9 @@ log = logging.getLogger("fsm.runner")
 T = TypeVar("T")
 EventListener = Callable[[Event], Any]
 
-COORDINATOR_TIMEOUT_S = 0.05
-"""How long the runner waits for the coordinator before it decides on local state
-(docs/policy.md §8b.2)."""
+COORDINATOR_TIMEOUT_S = _session.COORDINATOR_TIMEOUT_S
+"""How long the runner waits for one coordinator read or write before it decides on local
+state (docs/policy.md §8b.2): the session's bound."""
 
 _OK = AssistantMessage("stop", timestamp_ms=0)
 
@@ -133,10 +134,12 @@ class _Call:
     """The state of one run: its brain, the last failure, the pending end. Private."""
 
     __slots__ = ("runner", "brain", "calls", "exc", "message", "cls", "end", "delay", "timer",
-                 "key", "fn", "kwargs", "tasks")
+                 "key", "fn", "kwargs", "coordinator", "unsubscribe", "sync")
 
-    def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
+                 sync: bool = False) -> None:
         self.runner = runner
+        self.sync = sync  # a sync run has no loop: no coordinator (docs/embedding.md)
         self.brain = RetryBrain(runner.settings, random=runner.random)
         self.calls = 0
         self.exc: BaseException | None = None
@@ -148,6 +151,8 @@ class _Call:
         self.key: Any = None
         self.fn = fn
         self.kwargs = kwargs
+        self.coordinator: Any = None
+        self.unsubscribe: Callable[[], None] | None = None
 
     # -------------------------------------------------------------- an attempt ended
     def judge(self, result: Any, exc: BaseException | None) -> tuple[AssistantMessage, Classification]:
@@ -179,7 +184,8 @@ class _Call:
                 self.runner._emit(event)
             elif kind is B.StartBackoff:
                 self.delay, self.timer = action.delay_ms, action.timer_id
-            elif kind is B.RecordCooldown or kind is B.ReturnRetryToken or kind is B.CreditRetryBudget:
+            elif (kind is B.RecordCooldown or kind is B.ReturnRetryToken
+                  or kind is B.CreditRetryBudget) and not self.sync:
                 self.runner._coordinator_write(self, action)
             # EmitTurnEnd, DropFailedMessage, CheckCompaction, CancelBackoff, ContinueTurn,
             # PromptMayReturn: the runner has no turn events, no context and one loop.
@@ -211,14 +217,34 @@ class _Call:
         if self.key is None:
             key = self.runner.key
             if key is None:
-                provider, model = _default_key(self.fn, self.kwargs)
-                try:  # TODO(merge): the fleet package's key, once it is on main
-                    from .fleet import CoordKey  # type: ignore[attr-defined]
-                    key = CoordKey(provider, model)
-                except ImportError:
-                    key = (provider, model, "default")
+                from .fleet import CoordKey
+                key = CoordKey(*_default_key(self.fn, self.kwargs))
             self.key = key
         return self.key
+
+    def coord(self) -> Any:
+        """The coordinator of this call: the runner's, else the one every session and runner
+        on this event loop shares (as the session's); its availability events are forwarded
+        to ``on_event`` while the call runs."""
+        if self.coordinator is None:
+            self.coordinator = self.runner.coordinator or _session._loop_coordinator()
+            subscribe = getattr(self.coordinator, "subscribe", None)
+            if subscribe is not None and self.runner.on_event is not None:
+                self.unsubscribe = subscribe(self._coordinator_event)
+        return self.coordinator
+
+    def _coordinator_event(self, event: Any) -> None:
+        kind = event.get("type") if isinstance(event, Mapping) else getattr(event, "type", None)
+        if kind == "coordinator_unavailable":
+            reason = event.get("reason", "") if isinstance(event, Mapping) else event.reason
+            self.runner._emit(CoordinatorUnavailable(str(reason)))
+        elif kind == "coordinator_restored":
+            self.runner._emit(CoordinatorRestored())
+
+    def close(self) -> None:
+        if self.unsubscribe is not None:
+            self.unsubscribe()
+            self.unsubscribe = None
 
 
 class RetryRunner:
@@ -234,8 +260,11 @@ class RetryRunner:
             is logged, never breaks the chain.
         coordinator: the shared coordinator of docs/policy.md §9 (``before_decision``,
             ``learn_cooldown``, ``return_retry_token``, ``credit_success``), read before each
-            decision with a timeout of :data:`COORDINATOR_TIMEOUT_S`, written after it.
-            Async runs only.
+            decision with a timeout of :data:`COORDINATOR_TIMEOUT_S`, written after it; None =
+            the in-process one every session and runner on the event loop shares, used only
+            with ``retryHints: "honor"`` or a ``budget``. Its ``coordinator_unavailable`` /
+            ``coordinator_restored`` events go to ``on_event`` while a call runs. Async runs
+            only: :meth:`run_sync` refuses one and shares nothing.
         key: the coordinator's key for this call's provider account; None = the callable's
             top-level module (``openai``, ``anthropic``) and its ``model=`` argument.
         clock: a :class:`~fsm.clock.Clock` (``call_later`` for the backoff, ``time_ms`` for
@@ -290,8 +319,7 @@ class RetryRunner:
                 except Exception as failure:
                     result, exc = None, failure
                 message, cls = call.judge(result, exc)
-                facts = (await self._gather(call, cls) if self.coordinator is not None
-                         else TurnFacts(now_ms=call.now_ms()))
+                facts = await self._gather(call, cls)
                 call.decide(message, cls, facts)
                 if call.delay is None:
                     return call.outcome(result, cls)
@@ -300,6 +328,8 @@ class RetryRunner:
         except asyncio.CancelledError:
             call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
             raise
+        finally:
+            call.close()
 
     async def _wait(self, delay_ms: int) -> None:
         if self.sleep is not None:
@@ -323,37 +353,33 @@ class RetryRunner:
         if cls.kind != "retryable" or not settings.enabled or (settings.budget is None and not honor):
             return TurnFacts(now_ms=now)
         try:
-            left, allowed = await asyncio.wait_for(
-                self.coordinator.before_decision(call.coord_key(), now, settings.budget),
+            left, ok = await asyncio.wait_for(
+                call.coord().before_decision(call.coord_key(), now, settings.budget),
                 COORDINATOR_TIMEOUT_S)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except asyncio.TimeoutError:
+            log.warning("coordinator did not answer in time: deciding on local state")
+            return TurnFacts(now_ms=now)
+        except Exception as exc:  # a coordinator must not break the chain: local state
             log.warning("coordinator failed: %s: %s", type(exc).__name__, exc)
             return TurnFacts(now_ms=now)
         return TurnFacts(now_ms=now, cooldown_ms=int(left or 0) if honor else 0,
-                         budget_allows=True if allowed is None else bool(allowed),
-                         budget_taken=allowed is not None)
+                         budget_allows=ok is not False, budget_taken=ok is not None)
 
     def _coordinator_write(self, call: _Call, action: B.Action) -> None:
-        coordinator = self.coordinator
-        if coordinator is None:
-            return
+        """The write a decision asked for, off the critical path (§8b.2); async runs only."""
         budget = call.brain.settings.budget
         if type(action) is B.RecordCooldown:
             if action.until_ms is None:
                 return
-            key, until, now = call.coord_key(), action.until_ms, action.until_ms - action.wait_ms
-            make = lambda: coordinator.learn_cooldown(key, until, now)  # noqa: E731
+            coro = call.coord().learn_cooldown(call.coord_key(), action.until_ms,
+                                               action.until_ms - action.wait_ms)
         elif budget is None:
             return
         elif type(action) is B.ReturnRetryToken:
-            key = call.coord_key()
-            make = lambda: coordinator.return_retry_token(key, budget)  # noqa: E731
+            coro = call.coord().return_retry_token(call.coord_key(), budget)
         else:
-            key = call.coord_key()
-            make = lambda: coordinator.credit_success(key, budget)  # noqa: E731
-        task = asyncio.get_running_loop().create_task(_write(make))  # async runs only
+            coro = call.coord().credit_success(call.coord_key(), budget)
+        task = asyncio.get_running_loop().create_task(_session._bounded(coro))
         _PENDING.add(task)
         task.add_done_callback(_PENDING.discard)
 
@@ -365,7 +391,7 @@ class RetryRunner:
         if self.coordinator is not None:
             raise TypeError("a coordinator is async: use RetryRunner.run (or fsm.retrying) for it")
         sleep = self.sleep or time.sleep
-        call = _Call(self, fn, kwargs)
+        call = _Call(self, fn, kwargs, sync=True)
         try:
             while True:
                 call.calls += 1
@@ -403,14 +429,7 @@ def _resolve(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
-_PENDING: set[asyncio.Task] = set()
-
-
-async def _write(make: Callable[[], Awaitable[Any]]) -> None:
-    try:
-        await asyncio.wait_for(make(), COORDINATOR_TIMEOUT_S * 10)
-    except Exception as exc:
-        log.warning("coordinator write failed: %s: %s", type(exc).__name__, exc)
+_PENDING: set[asyncio.Task] = set()  # the coordinator's writes in flight (kept alive)
 
 
 async def retrying(fn: Callable[..., Awaitable[T]], /, *args: Any,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import weakref
 from collections import deque
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -126,6 +127,9 @@ class AgentSession:
         self._streamed = False
         self._api_key: str | None = None
         self._secrets: set[str] = set()
+        self._writes: set[asyncio.Task] = set()  # the coordinator's writes after a decision
+        self._unsubscribe_coordinator: Callable[[], None] | None = None
+        self._subscribe_coordinator()
 
     # ------------------------------------------------------------------ state
     @property
@@ -455,8 +459,74 @@ class AgentSession:
             except Exception as exc:  # a broken or slow store: the normal backoff, said so
                 note = f"credential store failed: {_describe(exc)}; normal backoff"
                 log.warning("%s", note)
+        cooldown, allowed, taken = 0, True, False
+        settings = self.brain.settings
+        if settings.honors_hints or settings.budget is not None:
+            coordinator = self._coordinator()
+            try:
+                left, ok = await asyncio.wait_for(coordinator.before_decision(
+                    self._coord_key(), now if now is not None else 0, settings.budget),
+                    COORDINATOR_TIMEOUT_S)
+                cooldown = left if settings.honors_hints else 0
+                allowed, taken = ok is not False, ok is not None
+            except asyncio.TimeoutError:
+                log.warning("coordinator did not answer in time: deciding on local state")
+            except Exception as exc:  # a coordinator must not break the chain: local state
+                log.warning("coordinator failed: %s", _describe(exc))
         return TurnFacts(now_ms=now, output_streamed=self._streamed, credential_switched=switched,
-                         credential_count=count, note=note)
+                         credential_count=count, note=note, cooldown_ms=cooldown,
+                         budget_allows=allowed, budget_taken=taken)
+
+    # ------------------------------------------------------------------ the coordinator (§9)
+    def _coordinator(self) -> Any:
+        """The session's coordinator: the one given, or the one shared by every session on
+        this event loop (created on first use)."""
+        if self.coordinator is None:
+            self.coordinator = _loop_coordinator()
+            self._subscribe_coordinator()
+        return self.coordinator
+
+    def _coord_key(self) -> Any:
+        from .fleet import CoordKey, credential_id
+        return CoordKey(self.provider.name or "provider", self.provider.model or "model",
+                        credential_id(self._api_key))
+
+    def _subscribe_coordinator(self) -> None:
+        subscribe = getattr(self.coordinator, "subscribe", None)
+        if subscribe is None or self._unsubscribe_coordinator is not None:
+            return
+
+        def on_event(event: Any) -> None:
+            kind = event.get("type") if isinstance(event, dict) else getattr(event, "type", None)
+            if kind == "coordinator_unavailable":
+                reason = event.get("reason", "") if isinstance(event, dict) else event.reason
+                self._emit(E.CoordinatorUnavailable(str(reason)))
+            elif kind == "coordinator_restored":
+                self._emit(E.CoordinatorRestored())
+        self._unsubscribe_coordinator = subscribe(on_event)
+
+    def _write_coordinator(self, action: B.Action) -> None:
+        """The coordinator's write a decision asked for, off the critical path (§8b.2)."""
+        settings = self.brain.settings
+        coordinator = self.coordinator if self.coordinator is not None else (
+            self._coordinator() if settings.honors_hints or settings.budget is not None else None)
+        if coordinator is None:
+            return
+        key = self._coord_key()
+        if isinstance(action, B.RecordCooldown):
+            if action.until_ms is None:
+                return
+            now = self._now_ms() or 0
+            coro = coordinator.learn_cooldown(key, action.until_ms, now)
+        elif settings.budget is None:
+            return
+        elif isinstance(action, B.ReturnRetryToken):
+            coro = coordinator.return_retry_token(key, settings.budget)
+        else:
+            coro = coordinator.credit_success(key, settings.budget)
+        task = asyncio.get_running_loop().create_task(_bounded(coro))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     # ------------------------------------------------------------------ the chain
     async def _drive_chain(self) -> None:
@@ -540,8 +610,8 @@ class AgentSession:
                 self._wake_driver(action)
             elif isinstance(action, B.CheckCompaction):
                 compaction = action
-            # RecordCooldown / ReturnRetryToken / CreditRetryBudget: the coordinator's writes
-            # happen after the decision (§8b.2); without a coordinator there is nothing to do.
+            elif isinstance(action, (B.RecordCooldown, B.ReturnRetryToken, B.CreditRetryBudget)):
+                self._write_coordinator(action)
         return compaction
 
     def _cancel_timer(self) -> None:
@@ -550,12 +620,41 @@ class AgentSession:
             self._timer = None
 
     async def close(self) -> None:
-        """Cancel any backoff, wait for extensions, close the log."""
+        """Cancel any backoff, finish the coordinator's writes, wait for extensions, close the log."""
         if self.is_retrying:
             self.abort_retry()
+        if self._writes:
+            await asyncio.gather(*tuple(self._writes), return_exceptions=True)
+        if self._unsubscribe_coordinator is not None:
+            self._unsubscribe_coordinator()
+            self._unsubscribe_coordinator = None
         await self.drain_extensions()
         if self.session_log is not None:
             self.session_log.close()
+
+
+COORDINATOR_TIMEOUT_S = 0.1
+"""The session's own bound on one coordinator read (the guarded coordinator answers from its
+local fallback within 50 ms; this only guards a coordinator without that guard)."""
+
+_LOOP_COORDINATORS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
+
+
+def _loop_coordinator() -> Any:
+    """The in-process coordinator shared by every session on the running event loop."""
+    loop = asyncio.get_running_loop()
+    coordinator = _LOOP_COORDINATORS.get(loop)
+    if coordinator is None:
+        from .fleet import InProcessCoordinator
+        coordinator = _LOOP_COORDINATORS[loop] = InProcessCoordinator()
+    return coordinator
+
+
+async def _bounded(coro: Awaitable[Any]) -> None:
+    try:
+        await asyncio.wait_for(coro, COORDINATOR_TIMEOUT_S)
+    except Exception as exc:  # a lost write only costs sharing, never the session
+        log.warning("coordinator write failed: %s", _describe(exc))
 
 
 def _describe(exc: BaseException) -> str:

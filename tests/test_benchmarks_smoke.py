@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from benchmarks import classification, decision, memory, rpc, run, sessions, transition
+from benchmarks import classification, decision, fleet, memory, rpc, run, sessions, transition
 from benchmarks import runner as runner_bench
 
 
@@ -53,7 +53,28 @@ def test_classification():
 def test_sessions():
     figures = sessions.measure(n=30, base_delay_ms=20, rounds=1)
     assert_figures(figures, ("sessions_10k_s", "timer_lateness_p99_ms", "abort_latency_p99_us",
-                             "peak_rss_mb"))
+                             "peak_rss_mb", "tenacity_lateness_p99_ms",
+                             "storm_lateness_ratio_vs_tenacity", "timer_lateness_p99_ms_spread_5s"))
+
+
+@pytest.mark.subprocess
+def test_fleet():
+    """The coordinator's cost always; the outage figures once the session takes a coordinator."""
+    figures = fleet.measure(number=20, warmup=2, processes=2, sessions=3, spread_s=0.05)
+    keys = ("coordinator_decision_us_p50", "coordinator_decision_us_p99",
+            "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess")
+    if fleet.integration_missing() is None:
+        keys += ("fleet_amplification", "fleet_amplification_no_budget")
+        assert "fleet_requests_in_cooldown" in figures
+    assert_figures(figures, keys)
+
+
+def test_hints_with_honor_waste_nothing_and_the_seed_wastes_some():
+    from benchmarks import hints
+    figures = hints.measure()
+    assert_figures(figures, ("wasted_requests_seed", "hint_recovery_ratio_honor"))
+    assert figures["wasted_requests_honor"] == 0 < figures["wasted_requests_seed"]
+    assert figures["hint_recovery_ratio_honor"] >= 1.0
 
 
 @pytest.mark.subprocess
@@ -77,6 +98,20 @@ def test_runner_checks_targets_and_formats_a_table():
     assert "PASS" in text and "MISS" in text and "decision_us" in text
     json.dumps(figures)  # JSON-able as written to build/bench.json
     assert set(run.TARGETS) <= set(run.ORDER)
+
+
+def test_fleet_requests_in_cooldown_counts_only_retries_decided_after_another_process_learned():
+    # process 0 learned at 100 a cooldown until 1000; process 1's session 0 failed (ended) at
+    # 50 and retried at 500: decided before the cooldown was learned, not counted; its
+    # session 1 ended at 200 and retried at 600 (inside, decided after): counted; its session
+    # 2 ended at 200 and retried at 1000 (after the end): not counted.
+    results = [
+        {"calls": [[0, 0, 0, 90]], "learned": [[100, 1000]]},
+        {"calls": [[0, 0, 0, 50], [0, 1, 500, 510], [1, 0, 0, 200], [1, 1, 600, 610],
+                   [2, 0, 0, 200], [2, 1, 1000, 1010]], "learned": []},
+    ]
+    assert fleet._in_cooldown(results) == 1
+    assert fleet._in_cooldown([results[1], results[0]]) == 1
 
 
 def test_runner_vs_tenacity_and_stamina():

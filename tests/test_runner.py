@@ -420,3 +420,60 @@ async def test_random_scripts_follow_the_exception_rules(seed):
     ends = [e for e in events if e.type == "auto_retry_end"]
     assert len(ends) == (1 if ended else 0) and len(starts) == (calls - 1)
     assert events[-1:] == ends  # the end, when there is one, comes last
+
+
+class SubscribingCoordinator(FakeCoordinator):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.listeners = []
+
+    def subscribe(self, listener):
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+    async def before_decision(self, key, now_ms, budget):
+        for listener in list(self.listeners):
+            listener({"type": "coordinator_unavailable", "reason": "redis: connection refused"})
+        return await super().before_decision(key, now_ms, budget)
+
+
+async def test_the_coordinators_events_reach_on_event_while_the_call_runs():
+    coord = SubscribingCoordinator()
+    events = []
+    runner = RetryRunner({"baseDelayMs": 0, "retryHints": "honor"}, sleep=no_sleep,
+                         coordinator=coord, on_event=events.append)
+    assert await runner.run(Script(ConnectionResetError("reset by peer"))) == "ok"
+    assert events[0] == {"type": "coordinator_unavailable", "reason": "redis: connection refused"}
+    assert coord.listeners == []  # unsubscribed when the call ended
+
+
+async def test_the_default_key_names_the_sdk_module_and_the_model():
+    from fsm.fleet import CoordKey
+    coord = FakeCoordinator()
+    runner = RetryRunner({"baseDelayMs": 0, "retryHints": "honor"}, sleep=no_sleep, coordinator=coord)
+    fn = Script(ConnectionResetError("reset by peer"))
+    fn.__module__ = "openai.resources.chat.completions"
+    await runner.run(fn, model="gpt-x")
+    assert coord.calls[0] == ("before_decision", CoordKey("openai", "gpt-x", "default"))
+
+
+async def test_without_a_coordinator_honor_shares_the_loops_in_process_one():
+    """Two runner calls on one loop: the hint the first learned is the second's cooldown."""
+    events = []
+    runner = RetryRunner({"baseDelayMs": 1, "retryHints": "honor"}, sleep=no_sleep,
+                         on_event=events.append, key=None)
+    hinted = RuntimeError("429 Too Many Requests (retry-after-ms: 300)")
+    await runner.run(Script(hinted), model="shared-model")
+    for _ in range(10):
+        await asyncio.sleep(0)
+    await runner.run(Script(ConnectionResetError("reset by peer")), model="shared-model")
+    second = [e for e in events if e.type == "auto_retry_start"][1]
+    assert second["delaySource"] == "cooldown" and 0 < second["delayMs"] <= 300
+
+
+def test_a_sync_run_with_honor_and_a_budget_shares_nothing_and_works():
+    waits = []
+    fn = Script(RuntimeError("429 Too Many Requests (retry-after-ms: 30)"))
+    assert fsm.retrying_sync(fn.sync, settings={"retryHints": "honor", "budget": {}, "baseDelayMs": 1},
+                             sleep=waits.append) == "ok"
+    assert waits == [0.03]

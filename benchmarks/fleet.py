@@ -1,0 +1,283 @@
+"""Fleet mode with real processes and a real Redis on loopback: the coordinator's cost, and
+what a fleet sends during an outage.
+
+``coordinator_decision_us_p50``/``_p99``: what the shell awaits before handing a failed turn
+to the brain (``before_decision``: the cooldown left and a budget take, one script), through the
+:class:`~fsm.fleet.GuardedCoordinator` over a :class:`~fsm.fleet.RedisCoordinator` on a
+throw-away ``redis-server`` on 127.0.0.1, per decision, ``number`` decisions;
+``coordinator_decision_us_p50_inprocess``/``_p99_inprocess`` are the same call on the
+embedded :class:`~fsm.fleet.InProcessCoordinator`.
+
+The outage figures (they need the session's coordinator wiring: ``AgentSession(...,
+coordinator=...)`` and the ``retry.budget``/``retry.retryHints`` settings; without it they are
+left out, and a line on stderr says so): ``processes`` (4) processes × ``sessions`` (250)
+:class:`~fsm.session.AgentSession`, each one prompt at a random moment of the first
+``spread_s`` seconds, all against one :class:`~fsm.providers.fault_server.FaultServer` (in
+this process's threads) in a full outage: every chat request gets a 529 overloaded error with
+a ``retry-after-ms`` hint (300 ms, one in seven 900 ms). ``maxRetries`` 3, base delay 50 ms,
+``retryHints: "honor"``. The window is from the first request until every chain has ended.
+
+- ``fleet_amplification``: requests ÷ first attempts with the retry budget on (defaults:
+  100 tokens, ratio 0.1), the fleet sharing one Redis; ``fleet_amplification_no_budget`` is
+  the same fleet without the budget (the baseline: 1 + maxRetries).
+- ``fleet_requests_in_cooldown``: in the fleet run without the budget (so that every chain
+  retries), the retries any process sent before the end of a cooldown that another process
+  had learned before this retry was decided (a retry already scheduled is not re-checked, as
+  ``docs/policy.md`` §8b.4 says); ``fleet_requests_in_cooldown_unshared`` is the same count
+  when every process keeps its own in-process coordinator (the baseline: not 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from fsm.fleet import (BudgetSettings, CoordKey, GuardedCoordinator, InProcessCoordinator,
+                       RedisCoordinator, credential_id, wall_ms)
+from fsm.fleet.server import RedisServer
+
+from ._data import ROOT
+from ._timing import now_ns, percentile
+
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+MODEL = "fault-model"
+
+
+# -- the coordinator's cost -------------------------------------------------------------------
+
+async def _decisions_us(coord: Any, number: int, warmup: int) -> list[float]:
+    key = CoordKey("bench", MODEL, credential_id("sk-bench"))
+    budget = BudgetSettings()
+    out: list[float] = []
+    for i in range(warmup + number):
+        t0 = now_ns()
+        await coord.before_decision(key, wall_ms(), budget)
+        t1 = now_ns()
+        await coord.credit_success(key, budget)
+        if i >= warmup:
+            out.append((t1 - t0) / 1000)
+    return out
+
+
+async def _coordinator_cost(url: str, number: int, warmup: int) -> dict[str, float]:
+    guarded = GuardedCoordinator(RedisCoordinator.from_url(url, prefix="bench"))
+    local = InProcessCoordinator()
+    redis_us = await _decisions_us(guarded, number, warmup)
+    local_us = await _decisions_us(local, number, warmup)
+    if not guarded.available or guarded.breaker.events:
+        raise AssertionError(f"the Redis coordinator did not answer in time: {guarded.breaker.events}")
+    await guarded.aclose()
+    return {
+        "coordinator_decision_us_p50": statistics.median(redis_us),
+        "coordinator_decision_us_p99": percentile(redis_us, 99),
+        "coordinator_decision_us_p50_inprocess": statistics.median(local_us),
+        "coordinator_decision_us_p99_inprocess": percentile(local_us, 99),
+    }
+
+
+# -- the outage ---------------------------------------------------------------------------
+
+class CountingCoordinator:
+    """Any coordinator, with the names of the coroutine methods called on it in ``calls``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await attr(*args, **kwargs)
+        return call
+
+
+def integration_missing() -> str | None:
+    """Why the outage figures cannot run on this checkout (None: they can): a session that
+    fails once with a hint must read its coordinator before deciding."""
+    from fsm.clock import FakeClock
+    from fsm.session import AgentSession
+    from fsm.settings import BudgetSettings as Budget, RetrySettings
+    from fsm.testing import ScriptedProvider, error
+
+    if "coordinator" not in inspect.signature(AgentSession).parameters:
+        return "AgentSession takes no coordinator= yet"
+    counting = CountingCoordinator(InProcessCoordinator())
+
+    async def probe() -> None:
+        clock = FakeClock()
+        settings = RetrySettings(base_delay_ms=10, retry_hints="honor", budget=Budget())
+        session = AgentSession(ScriptedProvider([error(
+            '529 {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}} '
+            "(retry-after-ms: 20)")]), settings=settings, clock=clock, coordinator=counting)
+        task = asyncio.ensure_future(session.prompt("hello"))
+        for _ in range(10):
+            await clock.advance(0.05)
+            if task.done():
+                break
+        await asyncio.wait_for(task, 5)
+    asyncio.run(probe())
+    if not counting.calls:
+        return "the session does not call its coordinator yet"
+    return None
+
+
+def outage_script(requests: int) -> list[dict]:
+    """Every chat request fails: a 529 with a hint of 300 ms (one in seven: 900 ms)."""
+    return [{"status": 529, "json": OVERLOADED,
+             "headers": {"retry-after-ms": "900" if i % 7 == 3 else "300"}}
+            for i in range(requests)]
+
+
+class RecordingCoordinator:
+    """A coordinator that records every cooldown it learns: ``[learned_at_ms, until_ms]``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.learned: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def learn_cooldown(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
+        await self.inner.learn_cooldown(key, until_ms, now_ms)
+        self.learned.append([wall_ms(), until_ms])
+
+
+async def _worker(spec: dict) -> dict:
+    """One fleet process: ``spec["sessions"]`` sessions, one prompt each (see the module)."""
+    from fsm.providers.openai_chat import OpenAIChatProvider
+    from fsm.session import AgentSession
+    from fsm.settings import RetrySettings
+
+    if spec["redis"]:
+        inner: Any = GuardedCoordinator(RedisCoordinator.from_url(spec["redis"], prefix=spec["prefix"]))
+    else:
+        inner = InProcessCoordinator()
+    coord = RecordingCoordinator(inner)
+    provider = OpenAIChatProvider(base_url=spec["base_url"], model=MODEL, api_key="sk-bench",
+                                  name="fault", timeout_s=30)
+    calls: list[list] = []  # [session index, attempt (0 = first), start ms, end ms]
+
+    class Counted:
+        name, model = provider.name, provider.model
+
+        def __init__(self, index: int) -> None:
+            self.index, self.n = index, 0
+
+        async def complete(self, messages, **kw):
+            row = [self.index, self.n, wall_ms(), 0]
+            self.n += 1
+            calls.append(row)
+            try:
+                return await provider.complete(messages, **kw)
+            finally:
+                row[3] = wall_ms()
+
+    budget = BudgetSettings() if spec["budget"] else None
+    settings = RetrySettings(max_retries=3, base_delay_ms=50, retry_hints="honor", budget=budget)
+    sessions = [AgentSession(Counted(i), settings=settings, coordinator=coord)
+                for i in range(spec["sessions"])]
+    rng = random.Random(spec["seed"])
+    offsets = [rng.uniform(0, spec["spread_s"]) for _ in sessions]
+    print(json.dumps("ready"), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+    async def one(s: AgentSession, offset: float) -> None:
+        await asyncio.sleep(offset)
+        await s.prompt("hello")
+    await asyncio.gather(*(one(s, o) for s, o in zip(sessions, offsets)))
+    await provider.aclose()
+    await inner.aclose()
+    return {"calls": calls, "learned": coord.learned}
+
+
+def _run_fleet(*, processes: int, sessions: int, redis_url: str | None, budget: bool,
+               spread_s: float, prefix: str) -> dict[str, Any]:
+    from fsm.providers.fault_server import FaultServer
+
+    with FaultServer(outage_script(processes * sessions * 5)) as server:
+        workers = []
+        for p in range(processes):
+            spec = {"redis": redis_url, "prefix": prefix, "base_url": server.base_url,
+                    "sessions": sessions, "budget": budget, "spread_s": spread_s, "seed": p}
+            proc = subprocess.Popen([sys.executable, "-m", "benchmarks.fleet", "--worker",
+                                     json.dumps(spec)], cwd=ROOT, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+            workers.append(proc)
+        for proc in workers:
+            line = proc.stdout.readline().strip()
+            if line != '"ready"':
+                raise AssertionError(f"a fleet worker did not start: {line!r}")
+        for proc in workers:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = []
+        for proc in workers:
+            out, _ = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                raise AssertionError(f"a fleet worker failed with {proc.returncode}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        served = len(server.chat_requests)
+    calls = [c for r in results for c in r["calls"]]
+    first = sum(1 for c in calls if c[1] == 0)
+    if first != processes * sessions or served != len(calls):
+        raise AssertionError(f"{first} first attempts of {processes * sessions}; "
+                             f"{served} requests served, {len(calls)} sent")
+    return {"amplification": len(calls) / first, "in_cooldown": _in_cooldown(results)}
+
+
+def _in_cooldown(results: list[dict]) -> int:
+    """Retries sent before the end of a cooldown another process learned before the retry
+    was decided (the end of the session's previous request)."""
+    count = 0
+    for p, result in enumerate(results):
+        others = [c for q, r in enumerate(results) if q != p for c in r["learned"]]
+        ends: dict[tuple[int, int], int] = {(c[0], c[1]): c[3] for c in result["calls"]}
+        for index, attempt, start, _ in result["calls"]:
+            if attempt == 0:
+                continue
+            decided = ends[(index, attempt - 1)]
+            if any(learned < decided and start < until for learned, until in others):
+                count += 1
+    return count
+
+
+def measure(*, number: int = 2_000, warmup: int = 200, processes: int = 4, sessions: int = 250,
+            spread_s: float = 1.0) -> dict[str, float]:
+    """The figures of this group (see the module docstring)."""
+    out: dict[str, float] = {}
+    with RedisServer() as redis_server:
+        out.update(asyncio.run(_coordinator_cost(redis_server.url, number, warmup)))
+        missing = integration_missing()
+        if missing:
+            print(f"[bench] fleet: outage figures left out: {missing}", file=sys.stderr)
+            return out
+        common = {"processes": processes, "sessions": sessions, "spread_s": spread_s}
+        budgeted = _run_fleet(redis_url=redis_server.url, budget=True, prefix="b1", **common)
+        shared = _run_fleet(redis_url=redis_server.url, budget=False, prefix="b2", **common)
+        unshared = _run_fleet(redis_url=None, budget=False, prefix="b3", **common)
+    out["fleet_amplification"] = budgeted["amplification"]
+    out["fleet_amplification_no_budget"] = shared["amplification"]
+    out["fleet_requests_in_cooldown"] = float(shared["in_cooldown"])
+    out["fleet_requests_in_cooldown_unshared"] = float(unshared["in_cooldown"])
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        print(json.dumps(asyncio.run(_worker(json.loads(sys.argv[2])))))
+    else:
+        print(json.dumps(measure()))

@@ -1,0 +1,56 @@
+"""Fleet mode: what sessions in many processes and machines agree on (``docs/fleet.md``).
+
+A *coordinator* keyed by (provider, model, credential id) holds the shared cooldowns (from
+any session's retry hint), the retry budget (gRPC retry throttling) and the credentials'
+usage-limit marks. :class:`InProcessCoordinator` is the embedded default (one per process:
+:func:`default_coordinator`); :class:`RedisCoordinator` shares them through a Redis server;
+:class:`GuardedCoordinator` puts a short deadline and a local fallback around a remote one
+so that a slow or stopped Redis never stalls or breaks a session. The shell reads the
+coordinator before handing a turn's end to the brain and writes after the decision
+(``docs/policy.md`` §9).
+"""
+
+from __future__ import annotations
+
+from ._credentials import RedisCredentialStore, load_credentials
+from ._guard import DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, Breaker, GuardedCoordinator
+from ._local import DEFAULT_BUCKET_IDLE_MS, InProcessCoordinator, default_coordinator
+from ._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
+from ._types import (
+    DEFAULT_CREDENTIAL,
+    BudgetSettings,
+    Coordinator,
+    CoordinatorError,
+    CoordKey,
+    credential_id,
+    wall_ms,
+)
+
+__all__ = [
+    "DEFAULT_BUCKET_IDLE_MS", "DEFAULT_CREDENTIAL", "DEFAULT_PREFIX", "DEFAULT_PROBE_INTERVAL_S",
+    "DEFAULT_TIMEOUT_S", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError",
+    "CoordKey", "GuardedCoordinator", "InProcessCoordinator", "RedisCoordinator",
+    "RedisCredentialStore", "coordinator_from_url", "credential_id", "default_coordinator",
+    "load_credentials", "redact_url", "wall_ms",
+]
+
+
+def coordinator_from_url(url: str | None, *, prefix: str = DEFAULT_PREFIX,
+                         timeout_s: float = DEFAULT_TIMEOUT_S, on_event=None,
+                         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+                         guarded: bool = True) -> Coordinator:
+    """The coordinator a command line's ``--redis URL`` (or the settings file) names.
+
+    ``None``, ``""`` or ``"memory:"``: the process's :func:`default_coordinator`. A
+    ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``) URL: a :class:`RedisCoordinator`
+    wrapped in a :class:`GuardedCoordinator` (``timeout_s``, ``on_event``,
+    ``probe_interval_s``), or bare with ``guarded=False``. ``ValueError`` naming the URL
+    (password hidden) for anything else.
+    """
+    if url is None or url in ("", "memory:"):
+        return default_coordinator()
+    inner = RedisCoordinator.from_url(url, prefix=prefix)
+    if not guarded:
+        return inner
+    return GuardedCoordinator(inner, timeout_s=timeout_s, on_event=on_event,
+                              probe_interval_s=probe_interval_s)

@@ -1,0 +1,271 @@
+"""The coordinator's semantics, the same tests on the in-process and the Redis implementation
+(the Redis one against a real ``redis-server`` of the tests' own): budget, cooldowns, marks."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsm.fleet import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordKey,
+                       InProcessCoordinator, RedisCoordinator, coordinator_from_url,
+                       credential_id, default_coordinator, redact_url)
+from fsm.settings import SettingsError
+from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
+
+NOW = 1_800_000_000_000
+KEY = CoordKey("anthropic", "claude-x", credential_id("sk-secret"))
+OTHER = CoordKey("anthropic", "claude-y", credential_id("sk-secret"))
+
+
+@pytest.fixture(params=["in-process", "redis"])
+async def coord(request, redis_server, prefix):  # noqa: F811
+    if request.param == "in-process":
+        c = InProcessCoordinator()
+    else:
+        c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    yield c
+    await c.aclose()
+
+
+async def tokens(c, key, budget) -> float:
+    got = c.tokens(key, budget)
+    return await got if hasattr(got, "__await__") else got
+
+
+# -- the values ----------------------------------------------------------------------------
+
+def test_credential_id_is_a_short_hash_never_the_key():
+    """A credential is named by 16 hex digits of its SHA-256; no key, no key prefix."""
+    cid = credential_id("sk-ant-very-secret-key")
+    assert len(cid) == 16 and all(ch in "0123456789abcdef" for ch in cid)
+    assert "sk" not in cid and cid == credential_id("sk-ant-very-secret-key")
+    assert cid != credential_id("sk-ant-very-secret-kez")
+    assert credential_id(None) == credential_id("") == DEFAULT_CREDENTIAL
+    with pytest.raises(TypeError, match="api_key"):
+        credential_id(42)
+
+
+def test_coord_key_rejects_empty_parts():
+    with pytest.raises(ValueError, match="CoordKey.model"):
+        CoordKey("p", "")
+    assert CoordKey("p", "m").credential == DEFAULT_CREDENTIAL
+
+
+def test_the_budget_settings_are_the_retry_settings_own():
+    """``retry.budget`` is validated where the other settings are (``fsm.settings``)."""
+    import fsm.settings
+    assert BudgetSettings is fsm.settings.BudgetSettings
+    with pytest.raises(SettingsError, match=r"retry\.budget\.maxTokens"):
+        BudgetSettings(max_tokens=0)
+
+
+async def test_a_tiny_ratio_still_gives_back_a_thousandth():
+    c = InProcessCoordinator()
+    budget = BudgetSettings(max_tokens=2, token_ratio=0.0001)
+    c.take_retry_token_sync(KEY, budget)
+    await c.credit_success(KEY, budget)
+    assert c.tokens(KEY, budget) == 1.001
+
+
+# -- the budget (gRPC retry throttling) ----------------------------------------------------
+
+async def test_budget_starts_full_and_allows_while_above_half(coord):
+    """max 10: takes leave 9, 8, 7, 6 (allowed: above 5), then 5, 4, ... (refused)."""
+    budget = BudgetSettings(max_tokens=10)
+    answers = [await coord.take_retry_token(KEY, budget) for _ in range(7)]
+    assert answers == [True, True, True, True, False, False, False]
+    assert await tokens(coord, KEY, budget) == 3
+
+
+async def test_budget_never_goes_below_zero_and_recovers_by_ratio(coord):
+    budget = BudgetSettings(max_tokens=4, token_ratio=0.5)
+    answers = [await coord.take_retry_token(KEY, budget) for _ in range(10)]
+    assert answers == [True] + [False] * 9
+    assert await tokens(coord, KEY, budget) == 0
+    for _ in range(5):
+        await coord.credit_success(KEY, budget)
+    assert await tokens(coord, KEY, budget) == 2.5
+    # count after a take: 1.5, not above 2
+    assert await coord.take_retry_token(KEY, budget) is False
+    for _ in range(100):
+        await coord.credit_success(KEY, budget)
+    assert await tokens(coord, KEY, budget) == 4, "capped at max_tokens"
+    assert await coord.take_retry_token(KEY, budget) is True  # 3 > 2
+
+
+async def test_budget_ratio_is_exact_in_thousandths(coord):
+    """Ten credits of 0.1 are one token exactly (milli-tokens, as gRPC counts them)."""
+    budget = BudgetSettings(max_tokens=10, token_ratio=0.1)
+    for _ in range(10):
+        await coord.take_retry_token(KEY, budget)
+    for _ in range(10):
+        await coord.credit_success(KEY, budget)
+    assert await tokens(coord, KEY, budget) == 1.0
+
+
+async def test_returned_token_undoes_a_take_and_is_capped(coord):
+    budget = BudgetSettings(max_tokens=2)
+    assert await coord.take_retry_token(KEY, budget) is False  # 1 is not above 1
+    await coord.return_retry_token(KEY, budget)
+    assert await tokens(coord, KEY, budget) == 2
+    await coord.return_retry_token(KEY, budget)
+    assert await tokens(coord, KEY, budget) == 2
+
+
+async def test_buckets_are_per_key(coord):
+    budget = BudgetSettings(max_tokens=2)
+    await coord.take_retry_token(KEY, budget)
+    assert await tokens(coord, OTHER, budget) == 2
+    assert await tokens(coord, KEY, budget) == 1
+
+
+async def test_a_smaller_max_caps_a_bigger_bucket(coord):
+    await coord.take_retry_token(KEY, BudgetSettings(max_tokens=100))
+    assert await coord.take_retry_token(KEY, BudgetSettings(max_tokens=4)) is True  # 3 > 2
+    assert await tokens(coord, KEY, BudgetSettings(max_tokens=4)) == 3
+
+
+async def test_idle_bucket_is_full_again():
+    clock = [0.0]
+    c = InProcessCoordinator(bucket_idle_ms=1000, monotonic_ms=lambda: clock[0])
+    budget = BudgetSettings(max_tokens=2)
+    await c.take_retry_token(KEY, budget)
+    clock[0] = 999
+    assert c.tokens(KEY, budget) == 1
+    clock[0] = 1999
+    assert c.tokens(KEY, budget) == 2
+
+
+async def test_redis_bucket_expires_after_idle(redis_server, prefix):  # noqa: F811
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix, bucket_idle_ms=60_000)
+    budget = BudgetSettings(max_tokens=4)
+    await c.take_retry_token(KEY, budget)
+    ttl = await c.client.pttl(c.keys.budget(KEY))
+    assert 59_000 < ttl <= 60_000
+    for _ in range(10):
+        await c.credit_success(KEY, budget)
+    assert await c.client.exists(c.keys.budget(KEY)) == 0, "a full bucket is not stored"
+    await c.aclose()
+
+
+async def test_before_decision_reads_the_cooldown_and_takes_a_token_in_one_step(coord):
+    budget = BudgetSettings(max_tokens=4)
+    assert await coord.before_decision(KEY, NOW, budget) == (0, True)  # 3 > 2
+    await coord.learn_cooldown(KEY, NOW + 7_000, NOW)
+    assert await coord.before_decision(KEY, NOW + 1_000, budget) == (6_000, False)  # 2
+    assert await coord.before_decision(KEY, NOW + 2_000, None) == (5_000, None)
+    assert await tokens(coord, KEY, budget) == 2, "no budget: no token taken"
+
+
+# -- cooldowns -----------------------------------------------------------------------------
+
+async def test_cooldown_keeps_the_later_end(coord):
+    assert await coord.cooldown_left_ms(KEY, NOW) == 0
+    await coord.learn_cooldown(KEY, NOW + 30_000, NOW)
+    await coord.learn_cooldown(KEY, NOW + 10_000, NOW)
+    assert await coord.cooldown_left_ms(KEY, NOW) == 30_000
+    await coord.learn_cooldown(KEY, NOW + 45_000, NOW + 1)
+    assert await coord.cooldown_left_ms(KEY, NOW + 5_000) == 40_000
+    assert await coord.cooldown_left_ms(OTHER, NOW) == 0
+    assert await coord.cooldown_left_ms(KEY, NOW + 45_000) == 0
+    assert await coord.cooldown_left_ms(KEY, NOW + 60_000) == 0
+
+
+async def test_cooldown_in_the_past_is_not_recorded(coord):
+    await coord.learn_cooldown(KEY, NOW - 1, NOW)
+    assert await coord.cooldown_left_ms(KEY, NOW - 1000) == 0
+
+
+async def test_redis_cooldown_key_expires_with_the_cooldown(redis_server, prefix):  # noqa: F811
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    await c.learn_cooldown(KEY, NOW + 20_000, NOW)
+    ttl = await c.client.pttl(c.keys.cooldown(KEY))
+    assert 19_000 < ttl <= 20_000
+    await c.learn_cooldown(KEY, NOW + 150, NOW + 100)  # earlier: keeps 20 s, TTL 19.9 s
+    assert await c.client.pttl(c.keys.cooldown(KEY)) > 19_000
+    await c.learn_cooldown(OTHER, NOW + 30, NOW)
+    import asyncio
+    await asyncio.sleep(0.08)
+    assert await c.client.exists(c.keys.cooldown(OTHER)) == 0, "expired with the cooldown"
+    await c.aclose()
+
+
+async def test_redis_keys_do_not_collide_on_colons(redis_server, prefix):  # noqa: F811
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    a, b = CoordKey("p:q", "m"), CoordKey("p", "q:m")
+    assert c.keys.cooldown(a) != c.keys.cooldown(b)
+    await c.learn_cooldown(a, NOW + 1000, NOW)
+    assert await c.cooldown_left_ms(b, NOW) == 0
+    await c.aclose()
+
+
+def test_prefix_and_url_are_checked():
+    with pytest.raises(ValueError, match="prefix"):
+        RedisCoordinator.from_url("redis://127.0.0.1:1/0", prefix="a b")
+    with pytest.raises(ValueError, match=r"redis://HOST:PORT/DB, got 'http://u:\*\*\*@h'"):
+        coordinator_from_url("http://u:pw@h")
+    assert redact_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
+    assert "pw" not in repr(RedisCoordinator.from_url("redis://:pw@127.0.0.1:1/0"))
+    with pytest.raises(ValueError, match="bucket_idle_ms"):
+        InProcessCoordinator(bucket_idle_ms=0)
+
+
+# -- credential marks ----------------------------------------------------------------------
+
+async def test_marks_keep_the_later_end_and_expire(coord):
+    await coord.mark_credential_limited("p", "c1", NOW + 5_000, NOW)
+    await coord.mark_credential_limited("p", "c1", NOW + 1_000, NOW)
+    await coord.mark_credential_limited("p", "c2", NOW + 2_000, NOW)
+    await coord.mark_credential_limited("q", "c3", NOW + 2_000, NOW)
+    assert await coord.limited_credentials("p", NOW) == {"c1": NOW + 5_000, "c2": NOW + 2_000}
+    assert await coord.limited_credentials("p", NOW + 2_000) == {"c1": NOW + 5_000}
+    assert await coord.limited_credentials("p", NOW + 5_000) == {}
+    assert await coord.limited_credentials("nobody", NOW) == {}
+    # a mark made later drops the ended ones
+    await coord.mark_credential_limited("p", "c4", NOW + 9_000, NOW + 6_000)
+    assert await coord.limited_credentials("p", NOW) == {"c4": NOW + 9_000}
+
+
+def test_coordinator_protocol_and_the_default():
+    assert isinstance(InProcessCoordinator(), Coordinator)
+    assert isinstance(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), Coordinator)
+    assert default_coordinator() is default_coordinator()
+    assert coordinator_from_url(None) is default_coordinator()
+    assert coordinator_from_url("memory:") is default_coordinator()
+    assert isinstance(coordinator_from_url("redis://127.0.0.1:1/0", guarded=False), RedisCoordinator)
+
+
+async def test_in_process_sweeps_dead_entries():
+    c = InProcessCoordinator()
+    for i in range(1100):
+        await c.learn_cooldown(CoordKey("p", f"m{i}"), NOW + 1, NOW)
+    await c.learn_cooldown(KEY, NOW + 10, NOW + 5)
+    assert len(c._cooldowns) < 1100
+    clock = [0.0]
+    c = InProcessCoordinator(bucket_idle_ms=10, monotonic_ms=lambda: clock[0])
+    for i in range(1100):
+        await c.take_retry_token(CoordKey("p", f"m{i}"), BudgetSettings())
+    clock[0] = 100
+    await c.take_retry_token(KEY, BudgetSettings())
+    assert len(c._buckets) == 1
+
+
+async def test_many_concurrent_calls_share_a_few_connections(redis_server, prefix):  # noqa: F811
+    """250 sessions' decisions at once go through at most ``max_connections`` connections."""
+    import asyncio
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix, max_connections=4)
+    answers = await asyncio.gather(*(c.before_decision(KEY, NOW, BudgetSettings(max_tokens=1000))
+                                     for _ in range(250)))
+    assert sorted({a for _, a in answers}) == [True]
+    assert await tokens(c, KEY, BudgetSettings(max_tokens=1000)) == 750
+    clients = await c.client.client_list()
+    assert len(clients) <= 4, "only the pool's connections (the other tests closed theirs)"
+    await c.aclose()
+
+
+def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
+    from fsm.fleet import server
+    with pytest.raises(RuntimeError, match="redis-server exited with 1"):
+        server.RedisServer(binary="false").start()
+    monkeypatch.setattr(server.shutil, "which", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        server.RedisServer()

@@ -1,0 +1,64 @@
+"""Separate processes sharing one real Redis: cooldowns, the budget and credential marks are
+the fleet's (each worker is ``tests/fleet_worker.py`` in its own interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsm.fleet import credential_id, wall_ms
+from fleet_support import Worker, prefix, redis_server, run_all  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.subprocess
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+def test_a_cooldown_learned_by_one_process_is_seen_by_the_others(redis_server, prefix, readers):  # noqa: F811
+    """Two and four processes: one learns a 30 s hint; every other one sees it (other models
+    and providers do not)."""
+    until = wall_ms() + 30_000
+    assert Worker(redis_server.url, prefix, [["learn", "openai", "gpt", until]]).results() == [None]
+    answers = run_all(redis_server.url, prefix,
+                      [[["left", "openai", "gpt"], ["left", "openai", "other"]]] * readers)
+    for left, other in answers:
+        assert 25_000 < left <= 30_000
+        assert other == 0
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_the_budget_holds_across_processes(redis_server, prefix, workers):  # noqa: F811
+    """max 100: whatever the interleaving, exactly 49 takes leave more than 50 tokens, so the
+    fleet as a whole is allowed 49 retries out of 160 failures."""
+    takes = 160 // workers
+    answers = run_all(redis_server.url, prefix, [[["take", takes, 100]]] * workers)
+    assert sum(a[0] for a in answers) == 49
+    assert all(0 <= a[0] <= 49 for a in answers)
+
+
+def test_successes_in_one_process_refill_the_budget_of_another(redis_server, prefix):  # noqa: F811
+    assert Worker(redis_server.url, prefix, [["take", 10, 10]]).results() == [4]  # 10 -> 0
+    Worker(redis_server.url, prefix, [["credit", 80, 10]]).results()  # 80 x 0.1: 8 tokens
+    assert Worker(redis_server.url, prefix, [["take", 3, 10]]).results() == [2]  # 7, 6, then 5
+
+
+def test_a_credential_marked_by_one_process_is_skipped_by_all(redis_server, prefix):  # noqa: F811
+    """Three processes hold the same two keys; one hits the usage limit on the first key: the
+    others' sessions (new and old) get the second key, and Redis never sees a key in clear."""
+    creds = {"anthropic": ["sk-first-key", "sk-second-key"]}
+    first, second = credential_id("sk-first-key"), credential_id("sk-second-key")
+    limiter = Worker(redis_server.url, prefix,
+                     [["key", "anthropic", "s1"], ["limit", "anthropic", "s1", 60_000],
+                      ["key", "anthropic", "s1"]], credentials=creds)
+    assert limiter.results() == [first, True, second]
+    answers = run_all(redis_server.url, prefix,
+                      [[["key", "anthropic", "a"], ["skey", "anthropic", "b"]]] * 2,
+                      credentials=creds)
+    assert answers == [[second, second]] * 2
+    import redis
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        for name in client.keys(f"{prefix}:*"):
+            dump = repr(name) + repr(client.zrange(name, 0, -1, withscores=True)
+                                     if client.type(name) == b"zset" else client.get(name))
+            assert b"sk-" not in name and "sk-" not in dump
+    finally:
+        client.close()

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .messages import AssistantMessage
 
-__all__ = ["from_exception", "from_stream_error", "human_text"]
+__all__ = ["error_message"]
 
 _HINT_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
 _STRUCTURED = {f.name for f in dataclasses.fields(AssistantMessage)} >= {"status", "error_type",
@@ -61,23 +61,13 @@ def human_text(status: int | None, error: Mapping[str, Any], fallback: str) -> s
 
 def _message(text: str, *, status: int | None = None, error_type: str | None = None,
              error_code: str | None = None, headers: Mapping[str, str] | None = None,
-             model: str = "", partial: str = "") -> AssistantMessage:
+             model: str = "", partial: str = "", usage: Any = None) -> AssistantMessage:
     kwargs: dict[str, Any] = {}
     if _STRUCTURED:
         kwargs = {"status": status, "error_type": error_type, "error_code": error_code,
                   "headers": dict(headers) if headers else None}
     return AssistantMessage("error", text=partial, error_message=text or "The request failed without saying why",
-                            model=model, **kwargs)
-
-
-def from_stream_error(event: Mapping[str, Any], *, model: str = "", partial: str = "",
-                      headers: Mapping[str, str] | None = None) -> AssistantMessage:
-    """An Anthropic SSE ``error`` event (``{"type": "error", "error": {"type":
-    "overloaded_error", "message": "Overloaded"}}``) inside an HTTP 200 stream."""
-    error = _error_object(event)
-    kind = error.get("type") if isinstance(error.get("type"), str) else None
-    return _message(human_text(None, error, "stream error"), error_type=kind,
-                    headers=headers, model=model, partial=partial)
+                            usage=usage, model=model, **kwargs)
 
 
 def _transport_text(exc: BaseException) -> str:
@@ -94,7 +84,8 @@ def _transport_text(exc: BaseException) -> str:
     return head + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def from_exception(exc: BaseException, *, model: str = "", partial: str = "") -> AssistantMessage:
+def error_message(exc: BaseException, *, text: str = "", usage: Any = None, model: str = "",
+                  now_ms: float | None = None) -> AssistantMessage:
     """A failed request's exception as an error message with the structured facts.
 
     SDK status errors (``openai`` / ``anthropic`` ``APIStatusError``) give their status, the
@@ -103,6 +94,7 @@ def from_exception(exc: BaseException, *, model: str = "", partial: str = "") ->
     the stream (no status). Connection and timeout errors, ``httpx`` transport errors and
     anything else give ``"<Name>: <text>"`` with their causes.
     """
+    partial = text
     status = getattr(exc, "status_code", None)
     body = getattr(exc, "body", None)
     headers = _headers(exc)
@@ -113,15 +105,15 @@ def from_exception(exc: BaseException, *, model: str = "", partial: str = "") ->
         if status == 200:  # an SSE error event inside a successful response
             return _message(human_text(None, error, str(exc)), error_type=kind,
                             error_code=code if isinstance(code, str) else None, headers=headers,
-                            model=model, partial=partial)
+                            model=model, partial=partial, usage=usage)
         fallback = "" if body is None else (body if isinstance(body, str) else "")
-        text = human_text(status, error, fallback[:2000] or ("status code (no body)" if not body else ""))
-        return _message(text + _hint_suffix(headers), status=status, error_type=kind,
+        human = human_text(status, error, fallback[:2000] or ("status code (no body)" if not body else ""))
+        return _message(human + _hint_suffix(headers), status=status, error_type=kind,
                         error_code=code if isinstance(code, str) else None, headers=headers,
-                        model=model, partial=partial)
+                        model=model, partial=partial, usage=usage)
     if body is not None and getattr(exc, "request", None) is not None:  # an openai in-stream error
         error = _error_object(body) or {"message": getattr(exc, "message", str(exc))}
         kind = error.get("type") if isinstance(error.get("type"), str) else None
         return _message(f"Stream error: {human_text(None, error, str(exc))}", error_type=kind,
-                        model=model, partial=partial)
-    return _message(_transport_text(exc), model=model, partial=partial)
+                        model=model, partial=partial, usage=usage)
+    return _message(_transport_text(exc), model=model, partial=partial, usage=usage)

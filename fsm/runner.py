@@ -297,7 +297,7 @@ class RetryRunner:
         self.sleep = sleep
         self.random = random
         self.context_window = context_window
-        self.to_message = to_message or _sdk.from_exception
+        self.to_message = to_message or _sdk.error_message
 
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:

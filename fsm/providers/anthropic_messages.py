@@ -131,7 +131,7 @@ class AnthropicMessagesProvider:
         try:
             stream = await self._client(api_key).messages.create(**request)
         except Exception as exc:  # every provider failure becomes an error message
-            return _with_usage(_sdk.from_exception(exc, model=self.model), None)
+            return _sdk.error_message(exc, model=self.model)
         try:
             while True:
                 try:
@@ -139,8 +139,8 @@ class AnthropicMessagesProvider:
                 except StopAsyncIteration:
                     break
                 except Exception as exc:  # an SSE error event, a drop, a timeout mid-stream
-                    return _with_usage(_sdk.from_exception(exc, model=self.model,
-                                                           partial="".join(text)), usage)
+                    return _sdk.error_message(exc, text="".join(text), model=self.model,
+                                              usage=usage if usage.input or usage.output else None)
                 kind = event.type
                 if kind == "content_block_delta":
                     delta = getattr(event.delta, "text", None)
@@ -179,8 +179,3 @@ class AnthropicMessagesProvider:
             for client in clients:
                 await client.close()
 
-
-def _with_usage(message: AssistantMessage, usage: Usage | None) -> AssistantMessage:
-    if usage is not None and (usage.input or usage.output):
-        message.usage = usage
-    return message

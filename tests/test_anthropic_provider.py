@@ -211,3 +211,23 @@ async def test_more_fault_shapes_on_the_messages_route(entry, expect):
         assert message.stop_reason == "error" and message.error_message.startswith("503")
     else:
         assert message.stop_reason == "error" and message.text == "Hel"
+
+
+@pytest.mark.pty
+def test_chat_api_anthropic_shows_the_live_countdown(tmp_path):
+    """``python -m fsm chat --api anthropic``: an overloaded_error inside the stream brings up
+    the loader, whose seconds count down live (2s, then 1s; D9), then the answer."""
+    pytest.importorskip("pexpect")
+    from test_chat_pty import Chat
+
+    with FaultServer([{"stream": ["Hel", OVERLOADED_BODY]}, {"stream": ["Hello there"]}]) as srv:
+        chat = Chat(srv.base_url, {"baseDelayMs": 1600}, tmp_path, "--api", "anthropic")
+        try:
+            chat.ready()
+            chat.line("hi")
+            chat.wait_for(r"Retrying \(1/3\) in 2s… \(esc to cancel")
+            chat.wait_for(r"Retrying \(1/3\) in 1s… \(esc to cancel")
+            chat.wait_for(r"Hello there", where="transcript")
+        finally:
+            chat.kill()
+        assert [r["path"] for r in srv.chat_requests] == ["/v1/messages"] * 2

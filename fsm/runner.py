@@ -315,9 +315,18 @@ class RetryRunner:
             while True:
                 call.calls += 1
                 try:
-                    result, exc = await fn(*args, **kwargs), None
+                    pending = fn(*args, **kwargs)
                 except Exception as failure:
-                    result, exc = None, failure
+                    pending, result, exc = None, None, failure
+                if pending is not None:
+                    if not inspect.isawaitable(pending):
+                        raise TypeError(f"{_name(fn)} returned {type(pending).__name__}, not an "
+                                        "awaitable: use fsm.retrying_sync (RetryRunner.run_sync) "
+                                        "for a synchronous callable")
+                    try:
+                        result, exc = await pending, None
+                    except Exception as failure:
+                        result, exc = None, failure
                 message, cls = call.judge(result, exc)
                 facts = await self._gather(call, cls)
                 call.decide(message, cls, facts)
@@ -399,6 +408,11 @@ class RetryRunner:
                     result, exc = fn(*args, **kwargs), None
                 except Exception as failure:
                     result, exc = None, failure
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()  # never awaited: no "was never awaited" warning
+                    raise TypeError(f"{_name(fn)} returned an awaitable: use fsm.retrying "
+                                    "(RetryRunner.run) for an async callable")
                 message, cls = call.judge(result, exc)
                 call.decide(message, cls, TurnFacts(now_ms=call.now_ms()))
                 if call.delay is None:
@@ -422,6 +436,10 @@ class RetryRunner:
         def run_blocking(*args: Any, **kwargs: Any) -> Any:
             return self.run_sync(fn, *args, **kwargs)
         return run_blocking
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def _resolve(future: asyncio.Future) -> None:

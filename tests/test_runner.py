@@ -477,3 +477,19 @@ def test_a_sync_run_with_honor_and_a_budget_shares_nothing_and_works():
     assert fsm.retrying_sync(fn.sync, settings={"retryHints": "honor", "budget": {}, "baseDelayMs": 1},
                              sleep=waits.append) == "ok"
     assert waits == [0.03]
+
+
+async def test_a_sync_callable_given_to_the_async_runner_is_named_in_the_error():
+    def sync_call():
+        return "not awaitable"
+
+    with pytest.raises(TypeError, match=r"sync_call returned str, not an awaitable: use fsm.retrying_sync"):
+        await fsm.retrying(sync_call)
+
+
+def test_an_async_callable_given_to_the_sync_runner_is_named_in_the_error():
+    async def async_call():
+        return "ok"
+
+    with pytest.raises(TypeError, match=r"async_call returned an awaitable: use fsm.retrying"):
+        fsm.retrying_sync(async_call)

@@ -493,3 +493,14 @@ def test_an_async_callable_given_to_the_sync_runner_is_named_in_the_error():
 
     with pytest.raises(TypeError, match=r"async_call returned an awaitable: use fsm.retrying"):
         fsm.retrying_sync(async_call)
+
+
+async def test_the_chains_deadline_is_read_on_the_clock():
+    """maxElapsedMs 3000 with 2 s then 4 s backoffs: the second retry would go out at 6 s."""
+    clock = FakeClock()
+    fn = Script(*[ConnectionResetError("reset by peer")] * 3)
+    task = asyncio.ensure_future(RetryRunner({"maxElapsedMs": 3000}, clock=clock).run(fn))
+    await clock.advance(2.0)
+    with pytest.raises(RetryChainError) as info:
+        await task
+    assert info.value.end_reason == "deadline" and fn.calls == 2 and info.value.attempts == 1

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup .dot .redis demo test diagrams bench clean
+.PHONY: setup .dot .redis demo test diagrams diagrams-diff bench clean
 
 setup: $(STAMP) .dot .redis
 
@@ -43,14 +43,27 @@ demo: setup
 
 # COVERAGE_FILE is absolute so that the subprocesses the tests start (rpc, chat, demo, classify)
 # write their coverage data next to ours, whatever their working folder.
+# The transition coverage of the run is then drawn (build/transition-coverage.svg, per state:
+# -states.svg) and written as Markdown (build/transition-coverage.md), whatever the tests'
+# outcome; pytest's status wins.
 test: setup
 	@mkdir -p build
-	COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=95 \
+	@status=0; COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=95 \
 	  --transition-coverage --transition-coverage-fail-under=100 \
-	  --transition-coverage-report=build/transition-coverage.json
+	  --transition-coverage-report=build/transition-coverage.json || status=$$?; \
+	$(PY) -m fsm audit build/transition-coverage.json --svg build/transition-coverage.svg \
+	  --svg-states build/transition-coverage-states.svg --md build/transition-coverage.md \
+	  > build/transition-coverage.txt \
+	  && echo "transition coverage: build/transition-coverage.svg (picture), build/transition-coverage.md (report)"; \
+	exit $$status
 
 diagrams: setup
 	$(PY) -m fsm diagrams --out diagrams
+
+# The changes to the machine since BASE (a git revision), for a pull request: build/diagrams-diff/
+BASE ?= main
+diagrams-diff: setup
+	$(PY) -m fsm diagrams --diff-ref $(BASE) --out build/diagrams-diff
 
 bench: setup
 	$(PY) benchmarks/run.py

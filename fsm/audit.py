@@ -1,4 +1,4 @@
-"""Transition coverage of the retry lifecycle: recording, trace files and the audit (SPEC §7).
+"""Transition coverage of the retry lifecycle: recording, trace files and the audit (docs/policy.md §7).
 
 Recording hooks into :func:`fsm.lifecycle.add_recorder`, which reports every *tried*
 transition of every machine in the process as a :class:`fsm.lifecycle.TransitionRecord`:
@@ -19,8 +19,19 @@ A trace file is a header line ``{"type": "trace", "version": VERSION, "machine":
   guards fail an earlier row of the cell is taken; see :class:`fsm.diagrams.Edge`);
 - one per ignored cell: it was seen **ignored** at least once.
 
-``percent`` is covered items / all items. A trace recorded with another declaration
-(another :data:`fsm.lifecycle.VERSION`) is listed apart and never mixed in.
+``percent`` is covered items / all items. The transitions counted are the ones the machine
+runs: a row declared once for a group of states (``at_rest``) counts once per member state
+(docs/policy.md §7). A trace recorded with another declaration (another
+:data:`fsm.lifecycle.VERSION`) is listed apart and never mixed in.
+
+Each transition has one of three statuses (:data:`STATUSES`): **covered** (every item seen),
+**partly covered** (taken, but its rejection was never seen) and **not covered** (never taken).
+A taken transition is never reported or drawn as missed.
+
+:func:`read_trace` also reads a *counts file*: one JSON object with ``"version"``,
+``"machine"`` and ``"counts": [[row, outcome, n], ...]`` — what :meth:`Report.to_json`
+writes, so the pytest plugin's ``build/transition-coverage.json`` can be audited and drawn
+like a trace.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ MACHINE = "retry_lifecycle"
 OUTCOMES: tuple[str, ...] = ("taken", "rejected", "ignored")
 
 DEFINITION = (
-    "covered means: every declared transition taken at least once; every guarded transition "
+    "covered means: every transition the machine runs (a row declared for a group of states "
+    "counts once per member state) taken at least once; every guarded transition "
     "also seen rejected at least once (except the fallback row of a cell, which can never be "
     "rejected); every ignored (state, trigger) cell seen ignored at least once"
 )
@@ -204,13 +216,14 @@ def _row_kinds(diagram: Diagram) -> dict[str, tuple[str, ...]]:
 
 
 def read_trace(path: str | Path, diagram: Diagram | None = None) -> Trace:
-    """Read and check one trace file.
+    """Read and check one trace file or counts file (see the module doc).
 
     Raises :class:`TraceError` naming the file and the line when the file cannot be read, has
     no valid header, or a line is not a JSON object with a string ``row`` and an ``outcome`` in
     :data:`OUTCOMES`; for a trace of the current declaration also when a record names a row
     the declaration does not have, an outcome that row cannot have, or another version.
-    A foreign trace's records are counted but not checked against this declaration.
+    A foreign trace's records are counted but not checked against this declaration. A counts
+    file is checked the same way, its errors name line 1.
     """
     diagram = extract() if diagram is None else diagram
     kinds = _row_kinds(diagram)
@@ -225,6 +238,9 @@ def read_trace(path: str | Path, diagram: Diagram | None = None) -> Trace:
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                if trace is None and line.strip() == "{":
+                    # A pretty-printed JSON object: a counts file (a coverage report).
+                    return _counts_file(path, line + f.read(), kinds)
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
@@ -235,6 +251,8 @@ def read_trace(path: str | Path, diagram: Diagram | None = None) -> Trace:
                 if not isinstance(obj, dict):
                     raise TraceError(path, number, f"expected a JSON object, got {line.strip()!r:.120}")
                 if trace is None:
+                    if "counts" in obj and obj.get("type") != "trace":
+                        return _counts_object(path, obj, kinds)
                     trace = _header(path, number, obj)
                     continue
                 _count(trace, kinds, path, number, obj)
@@ -242,7 +260,34 @@ def read_trace(path: str | Path, diagram: Diagram | None = None) -> Trace:
             raise TraceError(path, number + 1, f"not UTF-8 text: {exc.reason}") from None
     if trace is None:
         raise TraceError(path, 0, "empty file: no trace header (is it a trace written by "
-                                  "--trace / fsm.audit.TraceWriter?)")
+                                  "--trace / fsm.audit.TraceWriter, or a counts file?)")
+    return trace
+
+
+def _counts_file(path, text: str, kinds: Mapping[str, tuple[str, ...]]) -> Trace:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(path, exc.lineno, f"not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise TraceError(path, 1, "JSON nested too deeply") from None
+    return _counts_object(path, obj, kinds)
+
+
+def _counts_object(path, obj: dict, kinds: Mapping[str, tuple[str, ...]]) -> Trace:
+    """A counts file: ``{"version", "machine", "counts": [[row, outcome, n], ...]}``."""
+    if not isinstance(obj.get("version"), str) or not isinstance(obj.get("counts"), list):
+        raise TraceError(path, 1, 'a counts file needs "version" (a string) and "counts" (a '
+                                  f'list of [row, outcome, n]); got keys {sorted(obj)[:8]}')
+    if obj.get("machine", MACHINE) != MACHINE:
+        raise TraceError(path, 1, f"counts of machine {obj.get('machine')!r}, not {MACHINE!r}")
+    trace = Trace(str(path), obj["version"])
+    for entry in obj["counts"]:
+        if (not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[2], int)
+                or isinstance(entry[2], bool) or entry[2] < 0):
+            raise TraceError(path, 1, f"a count must be [row, outcome, n >= 0]; got {entry!r:.160}")
+        row, outcome, n = entry
+        _count(trace, kinds, path, 1, {"row": row, "outcome": outcome}, n)
     return trace
 
 
@@ -256,7 +301,7 @@ def _header(path, number: int, obj: dict) -> Trace:
 
 
 def _count(trace: Trace, kinds: Mapping[str, tuple[str, ...]], path, number: int,
-           obj: dict) -> None:
+           obj: dict, n: int = 1) -> None:
     row, outcome = obj.get("row"), obj.get("outcome")
     if not isinstance(row, str) or outcome not in OUTCOMES:
         raise TraceError(path, number, "a record needs a string 'row' and an 'outcome' in "
@@ -272,11 +317,28 @@ def _count(trace: Trace, kinds: Mapping[str, tuple[str, ...]], path, number: int
             raise TraceError(path, number, f"row {row!r} cannot be {outcome} "
                                            f"(it can be: {', '.join(kinds[row])})")
     key = (row, outcome)
-    trace.counts[key] = trace.counts.get(key, 0) + 1
-    trace.records += 1
+    trace.counts[key] = trace.counts.get(key, 0) + n
+    trace.records += n
 
 
 # ----------------------------------------------------------------------------- report
+
+COVERED, PARTLY, NOT_COVERED = "covered", "partly covered", "not covered"
+STATUSES: tuple[str, ...] = (COVERED, PARTLY, NOT_COVERED)
+"""The status of a transition: every item seen; taken but never seen rejected; never taken.
+An ignored cell is covered or not covered."""
+
+STATUS_TEXT = {COVERED: "covered", PARTLY: "partly covered (taken, never rejected)",
+               NOT_COVERED: "not covered"}
+
+UNGUARDED = "unguarded"
+"""Why a transition has no *rejected* item: it has no guard to fail."""
+FALLBACK = "fallback"
+"""Why a transition has no *rejected* item: whenever its guards fail, an earlier row of its
+(state, trigger) cell is taken, so it is never tried and rejected."""
+NO_REJECTION = (f"— : a rejection is impossible; '{UNGUARDED}': the row has no guard, "
+                f"'{FALLBACK}': whenever its guards fail an earlier row of the cell is taken")
+
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -292,7 +354,12 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class RowCoverage:
-    """Counts and items of one declared transition (``dest`` set) or ignored cell."""
+    """Counts and items of one transition the machine runs (``dest`` set) or ignored cell.
+
+    ``declared`` is the id of the declared row it comes from (a group row counts once per
+    member state); ``no_rejection`` says why a transition has no *rejected* item
+    (:data:`UNGUARDED`, :data:`FALLBACK`), empty when it has one.
+    """
 
     id: str
     source: str
@@ -304,6 +371,8 @@ class RowCoverage:
     ignored: int
     items: tuple[Item, ...]
     reason: str = ""
+    declared: str = ""
+    no_rejection: str = ""
 
     @property
     def covered(self) -> bool:
@@ -313,6 +382,15 @@ class RowCoverage:
     def missing(self) -> tuple[str, ...]:
         return tuple(i.need for i in self.items if not i.covered)
 
+    @property
+    def status(self) -> str:
+        """One of :data:`STATUSES`: never taken (or never seen ignored) is *not covered*."""
+        if self.covered:
+            return COVERED
+        if self.dest is None or not self.taken:
+            return NOT_COVERED
+        return PARTLY
+
     def to_json(self) -> dict:
         out = {"id": self.id, "source": self.source, "trigger": self.trigger}
         if self.dest is None:
@@ -320,7 +398,11 @@ class RowCoverage:
         else:
             out.update(dest=self.dest, guards=list(self.guards), taken=self.taken,
                        rejected=self.rejected)
-        out.update(covered=self.covered, missing=list(self.missing))
+            if self.no_rejection:
+                out["no_rejection"] = self.no_rejection
+            if self.declared and self.declared != self.id:
+                out["declared"] = self.declared
+        out.update(status=self.status, covered=self.covered, missing=list(self.missing))
         return out
 
 
@@ -334,6 +416,7 @@ class Report:
     unrejectable: tuple[str, ...]
     traces: list[Trace] = field(default_factory=list)
     foreign: list[Trace] = field(default_factory=list)
+    counts: Counts = field(default_factory=dict)
 
     @property
     def items(self) -> list[Item]:
@@ -356,6 +439,13 @@ class Report:
     def uncovered(self) -> list[Item]:
         return [i for i in self.items if not i.covered]
 
+    def statuses(self) -> dict[str, int]:
+        """``{status: number of transitions}`` for every status in :data:`STATUSES`."""
+        out = dict.fromkeys(STATUSES, 0)
+        for r in self.transitions:
+            out[r.status] += 1
+        return out
+
     def below(self, fail_under: float) -> bool:
         """True when :attr:`percent` (as shown, 2 decimals) is under ``fail_under``."""
         return self.percent < fail_under
@@ -364,9 +454,20 @@ class Report:
         """``61/69 items (88.41%)``."""
         return f"{self.covered}/{self.declared} items ({self.percent:.2f}%)"
 
+    def breakdown(self) -> list[str]:
+        """Two lines: the transitions by status, the ignored cells seen."""
+        st = self.statuses()
+        seen = sum(r.covered for r in self.ignored)
+        return [f"transitions ({len(self.transitions)}): {st[COVERED]} covered, {st[PARTLY]} "
+                f"partly covered (taken, never rejected), {st[NOT_COVERED]} not covered",
+                f"ignored cells ({len(self.ignored)}): {seen} seen ignored, "
+                f"{len(self.ignored) - seen} never seen"]
+
     def to_json(self) -> dict:
+        """The report; its ``version``, ``machine`` and ``counts`` make it a counts file."""
         return {
             "declared": self.declared, "covered": self.covered, "percent": self.percent,
+            "statuses": self.statuses(),
             "uncovered": [i.to_json() for i in self.uncovered],
             "version": self.version, "machine": MACHINE, "definition": DEFINITION,
             "transitions": [r.to_json() for r in self.transitions],
@@ -375,6 +476,7 @@ class Report:
             "traces": [{"path": t.path, "records": t.records} for t in self.traces],
             "foreign": [{"path": t.path, "version": t.version, "records": t.records}
                         for t in self.foreign],
+            "counts": [[row, outcome, n] for (row, outcome), n in sorted(self.counts.items())],
         }
 
 
@@ -389,15 +491,18 @@ def coverage(counts: Mapping[tuple[str, str], int], diagram: Diagram | None = No
         items = [Item(e.id, "taken", taken > 0)]
         if e.rejectable:
             items.append(Item(e.id, "rejected", rejected > 0))
+        why = "" if e.rejectable else UNGUARDED if not e.guards else FALLBACK
         rows.append(RowCoverage(e.id, e.source, e.trigger, e.dest, e.guards, taken, rejected, 0,
-                                tuple(items)))
+                                tuple(items), declared=e.row or e.id, no_rejection=why))
     ignored = []
     for i in diagram.ignored:
         n = get((i.id, "ignored"), 0)
         ignored.append(RowCoverage(i.id, i.source, i.trigger, None, (), 0, 0, n,
                                    (Item(i.id, "ignored", n > 0),), i.reason))
     unrejectable = tuple(e.id for e in diagram.edges if e.guards and not e.rejectable)
-    return Report(L.VERSION, tuple(rows), tuple(ignored), unrejectable)
+    known = {r.id for r in rows} | {r.id for r in ignored}
+    kept = {key: n for key, n in counts.items() if key[0] in known and n}
+    return Report(L.VERSION, tuple(rows), tuple(ignored), unrejectable, counts=kept)
 
 
 class AllForeignError(ValueError):
@@ -405,7 +510,7 @@ class AllForeignError(ValueError):
 
 
 def audit_files(paths: Iterable[str | Path]) -> Report:
-    """Read the trace files ``paths`` and report their merged coverage.
+    """Read the trace (or counts) files ``paths`` and report their merged coverage.
 
     Foreign traces are listed in :attr:`Report.foreign` and not counted. Raises
     :class:`TraceError` for a missing or malformed file and :class:`AllForeignError` when every
@@ -436,34 +541,43 @@ def _need_text(need: str) -> str:
             "ignored": "never seen ignored"}[need]
 
 
-def format_text(report: Report) -> str:
-    """A plain-text report: every transition and ignored cell with counts, then the gaps."""
-    out = [f"transition coverage of {MACHINE} (declaration {report.version})", DEFINITION, ""]
+def _rejected_cell(r: RowCoverage) -> str:
+    return str(r.rejected) if not r.no_rejection else f"— {r.no_rejection}"
+
+
+def _notes(r: RowCoverage) -> str:
+    return "; ".join(_need_text(n) for n in r.missing)
+
+
+def _sources(report: Report) -> list[str]:
+    out = []
     if report.traces:
         out.append(f"traces ({sum(t.records for t in report.traces)} records):")
         out += [f"  {t.path}: {t.records} records" for t in report.traces]
     if report.foreign:
         out.append("foreign traces (another declaration version: not counted):")
         out += [f"  {t.path}: version {t.version}, {t.records} records" for t in report.foreign]
-    if report.traces or report.foreign:
-        out.append("")
-    width = max(len(r.id) for r in report.transitions + report.ignored)
-    out.append(f"transitions ({len(report.transitions)}): taken / rejected")
+    return out
+
+
+def format_text(report: Report) -> str:
+    """A plain-text report: the summary first, then every transition and ignored cell once,
+    each with its status word and counts."""
+    out = [f"transition coverage of {MACHINE}: {report.summary()}"]
+    out += [f"  {line}" for line in report.breakdown()]
+    out += [f"declaration {report.version}; {DEFINITION}"] + _sources(report) + [""]
+    rows = report.transitions + report.ignored
+    width = max((len(r.id) for r in rows), default=0)
+    sw = max(len(s) for s in STATUSES)
+    out.append(f"transitions ({len(report.transitions)}): status, taken, rejected")
+    out.append(f"  ({NO_REJECTION})")
     for r in report.transitions:
-        rejected = str(r.rejected) if r.guards else "-"
-        gaps = "; ".join(_need_text(n) for n in r.missing)
-        out.append(f"  {'ok  ' if r.covered else 'MISS'} {r.id:<{width}}  {r.taken:>6} / "
-                   f"{rejected:>6}" + (f"  {gaps}" if gaps else ""))
-    out.append(f"ignored cells ({len(report.ignored)}): ignored")
+        notes = _notes(r)
+        out.append(f"  {r.status:<{sw}}  {r.id:<{width}}  {r.taken:>6}  {_rejected_cell(r):<11}"
+                   f"  {notes}".rstrip())
+    out.append(f"ignored cells ({len(report.ignored)}): status, times seen ignored")
     for r in report.ignored:
-        out.append(f"  {'ok  ' if r.covered else 'MISS'} {r.id:<{width}}  {r.ignored:>6}")
-    if report.unrejectable:
-        out.append("fallback rows (never rejected by construction, no 'rejected' item):")
-        out += [f"  {row}" for row in report.unrejectable]
-    uncovered = report.uncovered
-    out += ["", f"uncovered items ({len(uncovered)}):"]
-    out += [f"  {i.row}: {_need_text(i.need)}" for i in uncovered] or ["  none"]
-    out += ["", f"coverage: {report.summary()}"]
+        out.append(f"  {r.status:<{sw}}  {r.id:<{width}}  {r.ignored:>6}")
     return "\n".join(out) + "\n"
 
 
@@ -475,28 +589,32 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+_MD_STATUS = {COVERED: "✅ covered", PARTLY: "🟡 partly covered", NOT_COVERED: "❌ not covered"}
+
+
 def format_markdown(report: Report) -> str:
-    """The report as Markdown tables (for a CI summary or a pull request)."""
+    """The report as Markdown: the summary first, then one table row per transition and
+    ignored cell (for a CI summary or a pull request)."""
     out = [f"# Transition coverage of `{MACHINE}`", "",
-           f"**{report.summary()}** (declaration `{report.version}`)", "", f"_{DEFINITION}._", ""]
+           f"**{report.summary()}** (declaration `{report.version}`)", ""]
+    out += [f"- {line}" for line in report.breakdown()]
+    out += ["", f"_{DEFINITION}._", ""]
     if report.traces:
         out += ["Traces: " + ", ".join(f"`{t.path}` ({t.records})" for t in report.traces), ""]
     if report.foreign:
         out += ["Foreign traces, not counted: " + ", ".join(
             f"`{t.path}` (version `{t.version}`, {t.records})" for t in report.foreign), ""]
-    out += ["## Transitions", "", "| | transition | taken | rejected | missing |",
-            "|---|---|---:|---:|---|"]
+    out += ["## Transitions", "",
+            f"*partly covered*: taken, but never seen rejected. {NO_REJECTION}.", "",
+            "| status | transition | taken | rejected | notes |", "|---|---|---:|---:|---|"]
     for r in report.transitions:
-        rejected = str(r.rejected) if r.guards else "–"
-        out.append(f"| {'✅' if r.covered else '❌'} | `{_md_cell(r.id)}` | {r.taken} | {rejected} | "
-                   f"{', '.join(_need_text(n) for n in r.missing)} |")
-    out += ["", "## Ignored cells", "", "| | cell | ignored | reason |", "|---|---|---:|---|"]
+        out.append(f"| {_MD_STATUS[r.status]} | `{_md_cell(r.id)}` | {r.taken} | "
+                   f"{_rejected_cell(r)} | {_md_cell(_notes(r))} |")
+    out += ["", "## Ignored cells", "", "| status | cell | ignored | reason |",
+            "|---|---|---:|---|"]
     for r in report.ignored:
-        out.append(f"| {'✅' if r.covered else '❌'} | `{_md_cell(r.id)}` | {r.ignored} | "
+        out.append(f"| {_MD_STATUS[r.status]} | `{_md_cell(r.id)}` | {r.ignored} | "
                    f"{_md_cell(r.reason)} |")
-    if report.unrejectable:
-        out += ["", "Fallback rows, never rejected by construction (no *rejected* item): "
-                + ", ".join(f"`{_md_cell(r)}`" for r in report.unrejectable) + "."]
     return "\n".join(out) + "\n"
 
 
@@ -504,29 +622,75 @@ FORMATS = {"text": format_text, "json": format_json, "md": format_markdown}
 
 
 def edge_marks(report: Report) -> dict[str, EdgeMark]:
-    """Row id → :class:`fsm.diagrams.EdgeMark` for the coverage diagram."""
+    """Row id → :class:`fsm.diagrams.EdgeMark` (status and a count note) for the overlay."""
     marks = {}
     for r in report.transitions:
         if not r.taken:
             note = "never taken"
         else:
             note = f"{r.taken} taken"
-            if r.guards and r.rejected:
+            if r.rejected:
                 note += f", {r.rejected} rejected"
             elif "rejected" in r.missing:
                 note += ", never rejected"
-        marks[r.id] = EdgeMark(r.covered, note)
+        marks[r.id] = EdgeMark(r.status, note)
     return marks
 
 
+def declared_marks(report: Report, diagram: Diagram | None = None) -> dict[str, EdgeMark]:
+    """Declared row id → :class:`fsm.diagrams.EdgeMark` over its member states' transitions:
+    covered when all are, not covered when none was taken, else partly covered; the note
+    gives the counts (``taken 5 (in 3 of 4 states), rejected 2``; ``never taken``)."""
+    diagram = extract() if diagram is None else diagram
+    by_row: dict[str, list[RowCoverage]] = {}
+    for r in report.transitions:
+        by_row.setdefault(r.declared or r.id, []).append(r)
+    marks = {}
+    for row in diagram.rows:
+        members = by_row.get(row.id, [])
+        statuses = {m.status for m in members}
+        status = (COVERED if statuses == {COVERED} else NOT_COVERED
+                  if statuses <= {NOT_COVERED} else PARTLY)
+        taken, rejected = sum(m.taken for m in members), sum(m.rejected for m in members)
+        if not taken:
+            note = "never taken"
+        else:
+            note = f"taken {taken}"
+            if len(members) > 1:
+                note += f" (in {sum(m.taken > 0 for m in members)} of {len(members)} states)"
+            if any(not m.no_rejection for m in members):
+                note += f", rejected {rejected}" if rejected else ", never rejected"
+        marks[row.id] = EdgeMark(status, note)
+    return marks
+
+
+def _summary_lines(report: Report) -> str:
+    return "; ".join([f"transition coverage {report.summary()}"] + report.breakdown())
+
+
 def coverage_svg(report: Report) -> bytes:
-    """The lifecycle diagram with covered edges solid and uncovered ones red and dashed.
+    """The review diagram coloured by coverage: each declared row covered, partly covered
+    (taken somewhere, but a state or a rejection is missing) or not covered (red, dashed),
+    with its counts, and a legend. A row drawn from a group is as covered as its member
+    states' transitions together.
+
+    Raises :class:`fsm.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
+    """
+    from .diagrams import DrawnRow, build_review_digraph, svg_of
+
+    diagram = extract()
+    marks = declared_marks(report, diagram)
+    drawn = [DrawnRow(r, was=marks[r.id].note, coverage=marks[r.id].status) for r in diagram.rows]
+    return svg_of(build_review_digraph(diagram, drawn, summary=_summary_lines(report),
+                                       title=f"{diagram.name}: transition coverage"))
+
+
+def coverage_states_svg(report: Report) -> bytes:
+    """The per-state diagram, one edge per transition the machine runs (what the items
+    count), coloured by status: covered, partly covered, not covered (red and dashed).
 
     Raises :class:`fsm.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
     from .diagrams import render_svg
 
-    seen = sum(r.covered for r in report.ignored)
-    summary = (f"transition coverage {report.summary()}; ignored cells seen ignored: "
-               f"{seen}/{len(report.ignored)}")
-    return render_svg(extract(), edge_marks(report), summary)
+    return render_svg(extract(), edge_marks(report), _summary_lines(report))

@@ -1,4 +1,4 @@
-"""pytest plugin: transition coverage of the retry lifecycle over a test run (SPEC §7).
+"""pytest plugin: transition coverage of the retry lifecycle over a test run (docs/policy.md §7).
 
 Registered through the ``pytest11`` entry point and off unless asked for:
 
@@ -10,7 +10,8 @@ Registered through the ``pytest11`` entry point and off unless asked for:
     where to write the JSON report (default ``build/transition-coverage.json``, relative to
     the directory pytest was started in): ``{"declared", "covered", "percent", "uncovered",
     ...}`` plus per-row counts (see :meth:`fsm.audit.Report.to_json`) and the run's
-    ``partial`` reasons;
+    ``partial`` reasons. It is also a counts file: ``python -m fsm audit PATH --svg OUT``
+    draws it (``make test`` writes ``build/transition-coverage.svg`` and ``.md`` that way);
 ``--transition-coverage-fail-under=PCT``
     (implies ``--transition-coverage``) fail the run when the coverage is under PCT percent, but only when the whole suite ran:
     a run narrowed by ``-k``, ``-m``, ``--lf``, ``--sw``, ``--deselect``, ``--ignore``, any

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -24,10 +25,22 @@ NONE = Classification("none", "stop_reason.not_error")
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 ROW = {r.id: r for r in L.TRANSITIONS}
-FALLBACKS = [r.id for r in L.TRANSITIONS if r.guards == ("!retry_enabled",)]
-CHAIN = ["idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off",
-         "backing_off--backoff_elapsed[timer_is_current]->continuing",
-         "continuing--turn_succeeded->succeeded"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_diagrams import fallback_rows  # noqa: E402
+
+FALLBACKS = fallback_rows()
+
+
+def row_id(source: str, trigger: str, dest: str) -> str:
+    """The first declared transition from ``source`` on ``trigger`` to ``dest``."""
+    return next(r.id for r in L.TRANSITIONS
+                if (r.source, r.trigger, r.dest) == (source, trigger, dest))
+
+
+CHAIN = [row_id(L.IDLE, L.TURN_FAILED_RETRYABLE, L.BACKING_OFF),
+         row_id(L.BACKING_OFF, L.BACKOFF_ELAPSED, L.CONTINUING),
+         row_id(L.CONTINUING, L.TURN_SUCCEEDED, L.SUCCEEDED)]
+N_ROWS, N_IGNORED = len(L.TRANSITIONS), len(L.IGNORED)
 
 
 def error_message() -> AssistantMessage:
@@ -67,56 +80,27 @@ def brain_in(state: str, max_retries: int = 3) -> RetryBrain:
 
 
 def tour() -> None:
-    """Every row taken, every rejectable row rejected, every ignored cell ignored."""
-    for s in L.AT_REST:
-        b = brain_in(s)
-        fail(b)
-        assert b.state == L.BACKING_OFF
-        b = brain_in(s)
-        b.update_settings(RetrySettings(max_retries=0))
-        fail(b)
-        assert b.state == L.EXHAUSTED
-        b = brain_in(s)
-        b.set_enabled(False)
-        fail(b)
-        assert b.state == L.IDLE
-        for turn in (lambda b: fail(b, FATAL), lambda b: fail(b, OVERFLOW), succeed, abort_turn):
-            b = brain_in(s)
-            turn(b)
-            assert b.state == L.IDLE
-        b = brain_in(s)
-        b.backoff_elapsed(b.timer_id + 7)
-        b.abort_retry()
-        b.continue_failed("late")
-        assert b.state == s
-    b = brain_in(L.BACKING_OFF)
-    for turn in (fail, lambda b: fail(b, FATAL), lambda b: fail(b, OVERFLOW), succeed, abort_turn):
-        assert turn(b) == []
-    b.continue_failed("late")
-    b.backoff_elapsed(b.timer_id - 1)  # a stale timer: rejected
-    assert b.state == L.BACKING_OFF
-    b.abort_retry()
-    assert b.state == L.CANCELLED
-    for end, dest in ((succeed, L.SUCCEEDED), (fail, L.BACKING_OFF),
-                      (lambda b: fail(b, FATAL), L.EXHAUSTED),
-                      (lambda b: fail(b, OVERFLOW), L.EXHAUSTED), (abort_turn, L.CANCELLED),
-                      (lambda b: b.continue_failed("rejected"), L.EXHAUSTED)):
-        b = brain_in(L.CONTINUING)
-        b.backoff_elapsed(b.timer_id)
-        b.abort_retry()
-        assert b.state == L.CONTINUING
-        end(b)
-        assert b.state == dest
-    b = brain_in(L.CONTINUING)
-    b.set_enabled(False)
-    fail(b)
-    assert b.state == L.EXHAUSTED
+    """Every row taken, every rejectable row rejected, every ignored cell ignored: the brain
+    matrix's cases (each guard made the first to fail through real settings and facts)."""
+    from test_brain_matrix import CASES, fire, setup
+
+    for state, trigger, fails in CASES:
+        brain, hint, facts = setup(state, fails)
+        fire(brain, trigger, hint, facts)
 
 
 def item_count() -> int:
-    """Items counted independently of fsm.diagrams: fallback rows are the ¬retry_enabled ones."""
+    """Items counted independently of fsm.diagrams (the fallback rows by brute force)."""
     rejectable = [r for r in L.TRANSITIONS if r.guards and r.id not in FALLBACKS]
     return len(L.TRANSITIONS) + len(rejectable) + len(L.IGNORED)
+
+
+ITEMS = item_count()
+
+
+def pct(covered: int) -> str:
+    """The report's percentage text of ``covered`` items."""
+    return f"{100 * covered / ITEMS:.2f}"
 
 
 # ----------------------------------------------------------------------------- Collector
@@ -136,12 +120,12 @@ def test_collector_counts_rejections_and_ignored_cells():
     with A.Collector() as c:
         fail(b)
         b.abort_retry()
-    assert c.counts == {
-        ("idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off", "rejected"): 1,
-        ("idle--turn_failed_retryable[retry_enabled,!has_retries_left]->exhausted", "rejected"): 1,
-        ("idle--turn_failed_retryable[!retry_enabled]->idle", "taken"): 1,
-        ("idle--retry_cancelled->(ignored)", "ignored"): 1,
-    }
+    # the cell's rows are tried in order: each before the [¬retry_enabled] row is rejected
+    cell = [r.id for r in L.TRANSITIONS if (r.source, r.trigger) == (L.IDLE, L.TURN_FAILED_RETRYABLE)]
+    taken = "idle--turn_failed_retryable[!retry_enabled]->idle"
+    expected = {(row, "rejected"): 1 for row in cell[:cell.index(taken)]}
+    expected.update({(taken, "taken"): 1, ("idle--retry_cancelled->(ignored)", "ignored"): 1})
+    assert c.counts == expected
 
 
 def test_collector_for_one_model_ignores_other_brains():
@@ -178,9 +162,9 @@ def test_tour_covers_every_item_and_never_rejects_a_fallback():
     with A.Collector() as c:
         tour()
     report = A.coverage(c.counts)
-    assert report.declared == item_count() == 69
+    assert report.declared == ITEMS
     assert report.uncovered == []
-    assert (report.covered, report.percent) == (69, 100.0)
+    assert (report.covered, report.percent) == (ITEMS, 100.0)
     for row in FALLBACKS:
         assert c.counts.get((row, "rejected"), 0) == 0
         assert c.counts[(row, "taken")] >= 1
@@ -366,17 +350,18 @@ def test_coverage_items_and_percent():
     report = A.coverage({(CHAIN[0], "taken"): 5, (CHAIN[0], "rejected"): 1,
                          ("idle--retry_cancelled->(ignored)", "ignored"): 2,
                          ("not-a-row", "taken"): 9})
-    assert (report.declared, report.covered) == (69, 3)
-    assert report.percent == round(300 / 69, 2) == 4.35
-    assert report.summary() == "3/69 items (4.35%)"
-    assert report.below(4.36) and not report.below(4.35) and not report.below(0)
+    assert (report.declared, report.covered) == (ITEMS, 3)
+    assert report.percent == round(300 / ITEMS, 2) == float(pct(3))
+    assert report.summary() == f"3/{ITEMS} items ({pct(3)}%)"
+    assert report.below(report.percent + 0.01) and not report.below(report.percent)
     uncovered = report.uncovered
-    assert len(uncovered) == 66
+    assert len(uncovered) == ITEMS - 3
     assert A.Item(CHAIN[0], "taken", True) not in uncovered
     by_row = {r.id: r for r in report.ignored}
     assert by_row["idle--retry_cancelled->(ignored)"].to_json() == {
         "id": "idle--retry_cancelled->(ignored)", "source": "idle", "trigger": "retry_cancelled",
-        "reason": "no chain to cancel", "ignored": 2, "covered": True, "missing": []}
+        "reason": "no chain to cancel", "ignored": 2, "status": "covered", "covered": True,
+        "missing": []}
 
 
 def test_fallback_rows_have_only_a_taken_item():
@@ -391,14 +376,19 @@ def test_fallback_rows_have_only_a_taken_item():
 def test_report_json_shape():
     data = A.coverage({(CHAIN[0], "taken"): 1}).to_json()
     assert {"declared", "covered", "percent", "uncovered", "version", "definition",
-            "transitions", "ignored", "unrejectable", "traces", "foreign"} <= set(data)
-    assert (data["declared"], data["covered"], data["percent"]) == (69, 1, 1.45)
+            "transitions", "ignored", "unrejectable", "traces", "foreign", "statuses",
+            "counts"} <= set(data)
+    assert data["counts"] == [[CHAIN[0], "taken", 1]]
+    assert data["statuses"] == {"covered": 0, "partly covered": 1, "not covered": N_ROWS - 1}
+    assert (data["declared"], data["covered"], data["percent"]) == (ITEMS, 1, float(pct(1)))
     assert {"row": CHAIN[0], "need": "rejected"} in data["uncovered"]
     assert {"row": CHAIN[0], "need": "taken"} not in data["uncovered"]
     first = data["transitions"][0]
     assert first == {"id": CHAIN[0], "source": "idle", "trigger": "turn_failed_retryable",
-                     "dest": "backing_off", "guards": ["retry_enabled", "has_retries_left"],
-                     "taken": 1, "rejected": 0, "covered": False, "missing": ["rejected"]}
+                     "dest": "backing_off", "guards": list(ROW[CHAIN[0]].guards),
+                     "taken": 1, "rejected": 0, "status": "partly covered", "covered": False,
+                     "missing": ["rejected"], "declared": ROW[CHAIN[0]].declared}
+    assert first["declared"].startswith("at_rest--")
 
 
 def test_formats_of_a_report_without_traces_or_fallbacks():
@@ -411,13 +401,15 @@ def test_formats_of_a_report_without_traces_or_fallbacks():
     report = A.coverage({("a--t[g]->b", "taken"): 1, ("a--t[g]->b", "rejected"): 2,
                          ("b--t->(ignored)", "ignored"): 1}, extract(decl))
     text = A.format_text(report)
-    assert "traces" not in text and "fallback rows" not in text
-    assert "uncovered items (0):\n  none\n" in text
-    assert text.endswith("coverage: 3/3 items (100.00%)\n")
+    assert "traces" not in text and "— fallback" not in text
+    assert text.startswith("transition coverage of retry_lifecycle: 3/3 items (100.00%)\n"
+                           "  transitions (1): 1 covered, 0 partly covered (taken, never "
+                           "rejected), 0 not covered\n")
+    assert re.search(r"^  covered +a--t\[g\]->b +1  2$", text, re.M)
     md = A.format_markdown(report)
-    assert "Traces:" not in md and "Fallback rows" not in md
-    assert "| ✅ | `a--t[g]->b` | 1 | 2 |  |" in md
-    assert "| ✅ | `b--t->(ignored)` | 1 | r\\|s |" in md
+    assert "Traces:" not in md
+    assert "| ✅ covered | `a--t[g]->b` | 1 | 2 |  |" in md
+    assert "| ✅ covered | `b--t->(ignored)` | 1 | r\\|s |" in md
     assert json.loads(A.format_json(report))["percent"] == 100.0
 
 
@@ -449,43 +441,73 @@ def one_chain(tmp_path) -> Path:
     return path
 
 
-def test_audit_text_lists_every_row_with_counts(one_chain, capsys):
+def test_audit_text_puts_the_summary_first_and_lists_every_row_once(one_chain, capsys):
     assert main(["audit", str(one_chain)]) == 0
     out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"transition coverage of retry_lifecycle: 3/{ITEMS} items ({pct(3)}%)"
+    assert lines[1] == (f"  transitions ({N_ROWS}): 1 covered, 2 partly covered (taken, never "
+                        f"rejected), {N_ROWS - 3} not covered")
+    assert lines[2] == f"  ignored cells ({N_IGNORED}): 0 seen ignored, {N_IGNORED} never seen"
     assert A.DEFINITION in out
     for r in L.TRANSITIONS:
-        assert f" {r.id} " in out
+        assert sum(f" {r.id} " in l for l in lines) == 1, r.id  # listed once, never repeated
     for i in L.IGNORED:
-        assert f" {i.id} " in out
-    line = next(l for l in out.splitlines() if f" {CHAIN[2]} " in l)
-    assert line.split()[0] == "ok" and line.split()[-3:] == ["1", "/", "-"]
-    line = next(l for l in out.splitlines() if f" {CHAIN[0]} " in l)
-    assert line.startswith("  MISS") and line.endswith("1 /      0  never rejected")
+        assert sum(f" {i.id} " in l for l in lines) == 1, i.id
+    assert "uncovered items" not in out
+    line = next(l for l in lines if f" {CHAIN[2]} " in l)
+    assert line.split()[0] == "covered" and line.split()[-3:] == ["1", "—", "unguarded"]
+    line = next(l for l in lines if f" {CHAIN[0]} " in l)
+    assert line.startswith("  partly covered ") and line.endswith("1  0            never rejected")
+    line = next(l for l in lines if f" {FALLBACKS[0]} " in l)
+    assert line.startswith("  not covered ") and line.endswith("0  — fallback   never taken")
     assert f"{one_chain}: 3 records" in out
-    assert f"  {CHAIN[0]}: never rejected" in out
-    assert out.rstrip().endswith("coverage: 3/69 items (4.35%)")
+
+
+def test_a_taken_row_is_never_reported_not_covered(tmp_path, capsys):
+    """The demo's chain (two retries, then a success): every row it took is covered or partly
+    covered, never "not covered" (the issue: "a transition the demo took is reported MISS")."""
+    path = tmp_path / "demo.jsonl"
+    with A.TraceWriter(path):
+        b = brain_in(L.IDLE)
+        fail(b)
+        b.backoff_elapsed(b.timer_id)
+        fail(b)
+        b.backoff_elapsed(b.timer_id)
+        succeed(b)
+    taken = {l["row"] for l in read_lines(path)[1:]}
+    assert main(["audit", str(path), "--format", "json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)["transitions"]}
+    assert len(taken) == 4
+    for row in taken:
+        assert rows[row]["status"] in ("covered", "partly covered"), row
+    assert rows["continuing--turn_succeeded->succeeded"]["status"] == "covered"
+    assert {r["status"] for r in rows.values() if r["id"] not in taken} == {"not covered"}
 
 
 def test_audit_json_and_markdown(one_chain, capsys):
     assert main(["audit", str(one_chain), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert (data["declared"], data["covered"], data["percent"]) == (69, 3, 4.35)
+    assert (data["declared"], data["covered"], data["percent"]) == (ITEMS, 3, float(pct(3)))
     assert data["traces"] == [{"path": str(one_chain), "records": 3}]
     assert main(["audit", str(one_chain), "--format", "md"]) == 0
     md = capsys.readouterr().out
-    assert "**3/69 items (4.35%)**" in md
-    assert f"| ✅ | `{CHAIN[2]}` | 1 | – |  |" in md
-    assert f"| ❌ | `{CHAIN[0]}` | 1 | 0 | never rejected |" in md
-    assert "| ❌ | `idle--retry_cancelled->(ignored)` | 0 | no chain to cancel |" in md
+    assert md.index(f"**3/{ITEMS} items ({pct(3)}%)**") < md.index("## Transitions")
+    assert f"| ✅ covered | `{CHAIN[2]}` | 1 | — unguarded |  |" in md
+    assert f"| 🟡 partly covered | `{CHAIN[0]}` | 1 | 0 | never rejected |" in md
+    assert f"| ❌ not covered | `{FALLBACKS[0]}` | 0 | — fallback | never taken |" in md
+    assert "| ❌ not covered | `idle--retry_cancelled->(ignored)` | 0 | no chain to cancel |" in md
 
 
 def test_audit_fail_under(one_chain, full_trace, capsys):
-    assert main(["audit", str(one_chain), "--fail-under", "4.35"]) == 0
-    assert main(["audit", str(one_chain), "--fail-under", "4.36"]) == 1
-    assert "FAIL: transition coverage 4.35% is under --fail-under 4.36% (66 items uncovered)" in (
-        capsys.readouterr().err)
+    low, high = pct(3), f"{float(pct(3)) + 0.01:.2f}"
+    assert main(["audit", str(one_chain), "--fail-under", low]) == 0
+    assert main(["audit", str(one_chain), "--fail-under", high]) == 1
+    assert (f"FAIL: transition coverage {low}% is under --fail-under {float(high):g}% "
+            f"({ITEMS - 3} items uncovered)") in capsys.readouterr().err
     assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
-    assert "coverage: 69/69 items (100.00%)" in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith(
+        f"transition coverage of retry_lifecycle: {ITEMS}/{ITEMS} items (100.00%)\n")
 
 
 @pytest.mark.parametrize("value", ["101", "-1", "lots"])
@@ -510,7 +532,7 @@ def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
     assert main(["audit", str(one_chain), str(old)]) == 0
     captured = capsys.readouterr()
     assert f"  {old}: version 0ld, 1 records" in captured.out
-    assert "coverage: 3/69 items" in captured.out
+    assert captured.out.startswith(f"transition coverage of retry_lifecycle: 3/{ITEMS} items")
     assert f"warning: {old} was recorded with another declaration (version 0ld" in captured.err
     assert main(["audit", str(old)]) == 2
     assert "every trace was recorded with another declaration" in capsys.readouterr().err
@@ -518,38 +540,119 @@ def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
     assert f"Foreign traces, not counted: `{old}` (version `0ld`, 1)" in capsys.readouterr().out
 
 
-def svg_edge_styles(path: Path) -> dict[str, bool]:
-    """Edge id → drawn dashed."""
+def svg_edge_styles(path: Path) -> dict[str, tuple[bool, str]]:
+    """Edge id → (drawn dashed, stroke colour)."""
     root = ET.parse(path).getroot()
-    return {g.get("id"): any(p.get("stroke-dasharray") for p in g.iter(f"{SVG_NS}path"))
-            for g in root.iter(f"{SVG_NS}g") if g.get("class") == "edge"}
+    out = {}
+    for g in root.iter(f"{SVG_NS}g"):
+        if g.get("class") == "edge":
+            paths = list(g.iter(f"{SVG_NS}path"))
+            out[g.get("id")] = (any(p.get("stroke-dasharray") for p in paths),
+                                paths[0].get("stroke"))
+    return out
 
 
-def test_audit_svg_marks_uncovered_edges(one_chain, tmp_path, capsys):
+def test_audit_svg_states_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys):
     out = tmp_path / "cov" / "coverage.svg"
-    assert main(["audit", str(one_chain), "--svg", str(out)]) == 0
-    dashed = svg_edge_styles(out)
-    assert set(dashed) == set(ROW) | {"initial"}
-    # a covered edge is solid; a taken but never rejected guarded row is not covered
-    assert dashed[CHAIN[1]] is True and dashed[CHAIN[2]] is False
-    assert dashed[CHAIN[0]] is True
-    assert sum(not d for d in dashed.values()) == 2  # continuing->succeeded and the initial arrow
+    assert main(["audit", str(one_chain), "--svg-states", str(out)]) == 0
+    styles = svg_edge_styles(out)
+    assert set(styles) == set(ROW) | {"initial"}
+    # taken edges are never drawn as missed: covered and partly covered are solid
+    covered, partly, missed = styles[CHAIN[2]], styles[CHAIN[0]], styles[FALLBACKS[0]]
+    assert styles[CHAIN[1]] == partly
+    assert not covered[0] and not partly[0] and missed[0]
+    assert len({covered[1], partly[1], missed[1]}) == 3
+    assert sum(dashed for dashed, _ in styles.values()) == len(ROW) - 3
     text = out.read_text(encoding="utf-8")
-    assert "transition coverage 3/69 items (4.35%); ignored cells seen ignored: 0/20" in text
-    assert "turn_failed_retryable [retry_enabled ∧ has_retries_left] (1 taken, never rejected)" in text
+    assert f"transition coverage 3/{ITEMS} items ({pct(3)}%)" in text
+    assert (f"transitions ({N_ROWS}): 1 covered, 2 partly covered (taken, never rejected), "
+            f"{N_ROWS - 3} not covered") in text
+    legend = re.findall(r'fill="(#[0-9a-f]{6})">(━━|╍╍) ([a-z ]+)</text>', text)
+    assert legend == [(covered[1], "━━", "covered"), (partly[1], "━━", "partly covered"),
+                      (missed[1], "╍╍", "not covered")]
+    assert ">taken, never rejected</text>" in text and ">never taken</text>" in text
+    from fsm.diagrams import guard_text
+    assert (f"turn_failed_retryable [{guard_text(ROW[CHAIN[0]].guards)}] (1 taken, never rejected)"
+            in text)
     assert "turn_succeeded (1 taken)" in text
     assert "turn_failed_fatal (never taken)" in text
 
 
+def test_audit_svg_draws_declared_rows_by_status(one_chain, tmp_path):
+    """The review-level picture: a row drawn once for the at-rest group is as covered as its
+    member states together; an edge the chain took is never dashed."""
+    out = tmp_path / "review.svg"
+    assert main(["audit", str(one_chain), "--svg", str(out)]) == 0
+    styles = svg_edge_styles(out)
+    chain = [("at_rest", L.BACKING_OFF), (L.BACKING_OFF, L.CONTINUING), (L.CONTINUING, L.SUCCEEDED)]
+    for src, dst in chain:
+        assert styles[f"{src}->{dst}"][0] is False, (src, dst)
+    assert styles["at_rest->backing_off"][1] == styles["backing_off->continuing"][1]  # partly
+    assert styles["continuing->succeeded"][1] != styles["at_rest->backing_off"][1]  # covered
+    untaken = [k for k in styles if k != "initial" and (k.split("->")[0], k.split("->")[1]) not in chain
+               and k != "continuing->backing_off"]
+    assert untaken and all(styles[k][0] for k in untaken)
+    text = out.read_text(encoding="utf-8")
+    assert "taken 1 (in 1 of 4 states), never rejected" in text
+    assert ">never taken</text>" in text
+    assert "taken, but not in every state, or never rejected" in text  # the legend
+    assert f"transition coverage 3/{ITEMS} items ({pct(3)}%)" in text
+
+
 def test_audit_svg_of_a_full_trace_is_all_solid(full_trace, tmp_path):
     out = tmp_path / "full.svg"
-    assert main(["audit", str(full_trace), "--svg", str(out)]) == 0
-    assert not any(svg_edge_styles(out).values())
-    assert re.search(r"backoff_elapsed \[timer_is_current\] \(\d+ taken, 1 rejected\)",
-                     out.read_text(encoding="utf-8"))
+    states = tmp_path / "states.svg"
+    assert main(["audit", str(full_trace), "--svg", str(out), "--svg-states", str(states)]) == 0
+    assert not any(dashed for dashed, _ in svg_edge_styles(out).values())
+    assert not any(dashed for dashed, _ in svg_edge_styles(states).values())
+    assert len({colour for _, colour in svg_edge_styles(out).values()}) <= 2  # covered, initial
+    assert re.search(r"backoff_elapsed \[timer_is_current\] \(\d+ taken, \d+ rejected\)",
+                     states.read_text(encoding="utf-8"))
 
 
 def test_audit_svg_without_dot_exits_2(one_chain, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(["audit", str(one_chain), "--svg", str(tmp_path / "c.svg")]) == 2
     assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err
+    assert main(["audit", str(one_chain), "--svg-states", str(tmp_path / "c.svg")]) == 2
+    assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err
+
+
+def counts_file(path: Path, data: dict, pretty: bool = True) -> Path:
+    path.write_text(json.dumps(data, indent=2 if pretty else None) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_counts_file_is_read_like_a_trace(tmp_path):
+    data = {"version": L.VERSION, "machine": "retry_lifecycle",
+            "counts": [[CHAIN[0], "taken", 3], [CHAIN[0], "rejected", 2]]}
+    for pretty in (True, False):
+        t = A.read_trace(counts_file(tmp_path / f"c{pretty}.json", data, pretty))
+        assert t.counts == {(CHAIN[0], "taken"): 3, (CHAIN[0], "rejected"): 2}
+        assert (t.records, t.foreign) == (5, False)
+    old = A.read_trace(counts_file(tmp_path / "old.json", {**data, "version": "0ld",
+                                                             "counts": [["gone", "taken", 1]]}))
+    assert old.foreign and old.records == 1
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"counts": []}, 'a counts file needs "version"'),
+    ({"version": L.VERSION, "counts": {}}, 'a counts file needs "version"'),
+    ({"version": L.VERSION, "machine": "other", "counts": []}, "counts of machine 'other'"),
+    ({"version": L.VERSION, "counts": [[CHAIN[0], "taken"]]}, "a count must be [row, outcome, n >= 0]"),
+    ({"version": L.VERSION, "counts": [[CHAIN[0], "taken", -1]]}, "a count must be"),
+    ({"version": L.VERSION, "counts": [[CHAIN[0], "taken", True]]}, "a count must be"),
+    ({"version": L.VERSION, "counts": [["nope", "taken", 1]]}, "row 'nope' is not in the declaration"),
+])
+def test_a_bad_counts_file_is_a_clear_error(tmp_path, data, message):
+    path = counts_file(tmp_path / "bad.json", data)
+    with pytest.raises(A.TraceError, match=re.escape(message)):
+        A.read_trace(path)
+
+
+def test_a_broken_pretty_counts_file_names_its_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "version": "x",\n  "counts": [\n', encoding="utf-8")
+    with pytest.raises(A.TraceError, match=r"broken.json:4: not JSON") as info:
+        A.read_trace(path)
+    assert info.value.line == 4

@@ -7,12 +7,15 @@ import textwrap
 
 import pytest
 
+from fsm import audit as A
 from fsm import lifecycle as L
+from fsm.__main__ import main
 from fsm.pytest_plugin import DEFAULT_REPORT
 
 pytest_plugins = ["pytester"]
 
-FIRST = "idle--turn_failed_retryable[retry_enabled,has_retries_left]->backing_off"
+FIRST = next(r.id for r in L.TRANSITIONS if (r.source, r.trigger, r.dest) ==
+             (L.IDLE, L.TURN_FAILED_RETRYABLE, L.BACKING_OFF))
 
 COMMON = """
 from fsm.brain import RetryBrain
@@ -55,6 +58,7 @@ def test_cancel():
 # test_chain covers 3 items (3 rows taken); test_cancel 2 more (a row taken, an ignored cell)
 WHOLE = 5
 CHAIN_ONLY = 3
+ITEMS = A.coverage({}).declared  # every item of the declaration
 
 
 @pytest.fixture
@@ -105,8 +109,8 @@ def test_whole_run_writes_the_report_and_a_summary(suite):
     result.assert_outcomes(passed=2)
     assert result.ret == 0
     data = report(suite)
-    assert (data["declared"], data["covered"]) == (69, WHOLE)
-    assert data["percent"] == round(100 * WHOLE / 69, 2)
+    assert (data["declared"], data["covered"]) == (ITEMS, WHOLE)
+    assert data["percent"] == round(100 * WHOLE / ITEMS, 2)
     assert data["partial"] is False and data["partial_reasons"] == []
     assert data["version"] == L.VERSION
     rows = {r["id"]: r for r in data["transitions"]}
@@ -114,8 +118,25 @@ def test_whole_run_writes_the_report_and_a_summary(suite):
     assert {"row": FIRST, "need": "rejected"} in data["uncovered"]
     ignored = {r["id"]: r["ignored"] for r in data["ignored"]}
     assert ignored["cancelled--retry_cancelled->(ignored)"] == 1
-    assert summary_line(result) == (f"transition coverage: {WHOLE}/69 items (7.25%), report "
+    assert summary_line(result) == (f"transition coverage: {WHOLE}/{ITEMS} items "
+                                    f"({100 * WHOLE / ITEMS:.2f}%), report "
                                     f"{suite.path / DEFAULT_REPORT}")
+
+
+def test_the_report_is_a_counts_file_the_audit_reads_and_draws(suite, tmp_path, capsys):
+    run(suite, "--transition-coverage")
+    path = suite.path / DEFAULT_REPORT
+    data = report(suite)
+    assert [FIRST, "taken", 2] in data["counts"]
+    svg, md = tmp_path / "cov.svg", tmp_path / "cov.md"
+    capsys.readouterr()
+    assert main(["audit", str(path), "--format", "json", "--svg", str(svg), "--md", str(md)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    for key in ("declared", "covered", "percent", "statuses", "transitions", "ignored", "counts"):
+        assert again[key] == data[key], key
+    assert again["traces"] == [{"path": str(path), "records": sum(n for *_, n in data["counts"])}]
+    assert svg.read_text(encoding="utf-8").lstrip().startswith(("<?xml", "<svg"))
+    assert md.read_text(encoding="utf-8").startswith("# Transition coverage of `retry_lifecycle`")
 
 
 def test_threshold_fails_a_whole_run(suite):
@@ -134,7 +155,8 @@ def test_a_threshold_alone_turns_recording_on(suite):
 
 
 def test_threshold_met_passes(suite):
-    result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=7.25")
+    result = run(suite, "--transition-coverage",
+                 f"--transition-coverage-fail-under={100 * WHOLE / ITEMS - 0.005:.2f}")
     assert result.ret == 0
     assert "FAIL" not in summary_line(result)
     assert report(suite)["failed"] is False
@@ -256,7 +278,7 @@ def test_xdist_workers_send_their_counts_to_the_controller(suite):
     assert data["covered"] == WHOLE and data["partial"] is False
     rows = {r["id"]: r for r in data["transitions"]}
     assert rows[FIRST]["taken"] == 2
-    assert summary_line(result).startswith(f"transition coverage: {WHOLE}/69 items")
+    assert summary_line(result).startswith(f"transition coverage: {WHOLE}/{ITEMS} items")
 
 
 @pytest.mark.subprocess

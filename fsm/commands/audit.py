@@ -1,5 +1,8 @@
 """``python -m fsm audit TRACE...``: transition coverage of the lifecycle from trace files.
 
+A TRACE is a JSON-lines trace (``--trace``, :class:`fsm.audit.TraceWriter`) or a counts file,
+such as the pytest plugin's ``build/transition-coverage.json``.
+
 Exit status: 0 when the coverage is at least ``--fail-under`` (or no threshold was given),
 1 when it is under it, 2 on bad input (a missing or malformed trace, only foreign traces, an
 SVG that cannot be rendered).
@@ -25,11 +28,18 @@ def _percent(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help="trace files (JSON lines) written by --trace or fsm.audit.TraceWriter")
+                   help="trace files (JSON lines) written by --trace or fsm.audit.TraceWriter, "
+                        "or counts files (the pytest plugin's build/transition-coverage.json)")
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="report format on standard output (default: text)")
     p.add_argument("--svg", metavar="OUT", default=None,
-                   help="also draw the diagram with uncovered edges red and dashed into OUT")
+                   help="also draw the review diagram into OUT, each declared row covered, "
+                        "partly covered or not covered (red, dashed), with a legend")
+    p.add_argument("--svg-states", metavar="OUT", default=None,
+                   help="also draw the per-state diagram into OUT (one edge per transition "
+                        "counted), coloured the same way")
+    p.add_argument("--md", metavar="OUT", default=None,
+                   help="also write the Markdown report into OUT")
     p.add_argument("--fail-under", type=_percent, default=None, metavar="PCT",
                    help="exit 1 when the coverage is under PCT percent")
 
@@ -54,12 +64,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {t.path} was recorded with another declaration (version {t.version}, "
               f"this one is {report.version}): its {t.records} records were not counted",
               file=sys.stderr)
-    if args.svg:
-        try:
+    try:
+        if args.md:
+            write_file(Path(args.md), audit.format_markdown(report))
+        if args.svg:
             write_file(Path(args.svg), audit.coverage_svg(report))
-        except (DiagramError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        if args.svg_states:
+            write_file(Path(args.svg_states), audit.coverage_states_svg(report))
+    except (DiagramError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.fail_under is not None and report.below(args.fail_under):
         print(f"FAIL: transition coverage {report.percent:.2f}% is under --fail-under "
               f"{args.fail_under:g}% ({len(report.uncovered)} items uncovered)", file=sys.stderr)

@@ -458,10 +458,9 @@ def _fire_compiled(p: _Policy, trigger: str) -> None:
             if getattr(p, name)() != expected:  # transitions' Condition.check compares so
                 break
         else:
-            if dest is not None:
+            if dest is not None:  # a transition row always names its effect (the table's grammar)
                 p.state = dest
-                if effect is not None:
-                    getattr(p, effect)()
+                getattr(p, effect)()
             return
 
 

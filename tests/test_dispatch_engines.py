@@ -177,3 +177,11 @@ def _step(brain, fact, facts):
         brain.set_enabled(not brain.settings.enabled)
         return []
     return getattr(brain, fact)() if fact != "continue_failed" else brain.continue_failed("boom")
+
+
+def test_a_cell_outside_the_declaration_raises_as_transitions_does():
+    """Unreachable for a validated declaration; if it ever happened, it would not pass silently."""
+    from transitions import MachineError
+    p = RetryBrain()._p
+    with pytest.raises(MachineError, match="from state idle"):
+        B._fire_compiled(p, "no_such_trigger")

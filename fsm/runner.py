@@ -328,7 +328,12 @@ class RetryRunner:
                     except Exception as failure:
                         result, exc = None, failure
                 message, cls = call.judge(result, exc)
-                facts = await self._gather(call, cls)
+                settings = call.brain.settings
+                if (cls.kind == "retryable" and settings.enabled
+                        and (settings.budget is not None or settings.honors_hints)):
+                    facts = await self._gather(call)
+                else:  # nothing to ask the coordinator: no await on the common path
+                    facts = TurnFacts(now_ms=call.now_ms())
                 call.decide(message, cls, facts)
                 if call.delay is None:
                     return call.outcome(result, cls)
@@ -353,14 +358,13 @@ class RetryRunner:
         else:
             await asyncio.sleep(delay_ms / 1000)
 
-    async def _gather(self, call: _Call, cls: Classification) -> TurnFacts:
-        """The coordinator's answer before the decision (docs/policy.md §8b.2), as the session
-        gathers it; a slow or failing coordinator leaves the local state."""
+    async def _gather(self, call: _Call) -> TurnFacts:
+        """The coordinator's answer before the decision on a retryable failure with hints
+        honoured or a budget (docs/policy.md §8b.2), as the session gathers it; a slow or
+        failing coordinator leaves the local state."""
         now = call.now_ms()
         settings = call.brain.settings
         honor = settings.honors_hints
-        if cls.kind != "retryable" or not settings.enabled or (settings.budget is None and not honor):
-            return TurnFacts(now_ms=now)
         try:
             left, ok = await asyncio.wait_for(
                 call.coord().before_decision(call.coord_key(), now, settings.budget),

@@ -134,16 +134,16 @@ FACTS = ["retryable", "hinted", "fatal", "overflow", "ok", "aborted", "elapsed",
          "abort_retry", "retry_now", "prompt_cancelled", "continue_failed", "toggle"]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_walks_with_real_guards_agree(seed, monkeypatch):
+@pytest.mark.parametrize("case", range(40))
+def test_random_walks_with_real_guards_agree(case, monkeypatch):
     """Two brains fed the same random facts (real settings and guards, jitter on) end every
     step identical, one on each engine."""
-    rng = random.Random(seed)
+    rng = random.Random(case)
     settings = RetrySettings(max_retries=rng.randint(0, 4), base_delay_ms=1000, jitter="full",
                              retry_hints="honor", max_hint_wait_ms=5000,
                              max_elapsed_ms=rng.choice([None, 6000]), after_output=rng.choice(["retry", "stop"]),
                              budget=BudgetSettings())
-    brains = [RetryBrain(settings, random=random.Random(seed).random) for _ in range(2)]
+    brains = [RetryBrain(settings, random=random.Random(case).random) for _ in range(2)]
     engines = [B._fire_declared, B._fire_compiled]
     now = NOW
     for _ in range(60):

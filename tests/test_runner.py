@@ -53,7 +53,7 @@ def _reset_waits():
 
 
 async def test_a_retryable_failure_then_success_returns_the_result_with_the_brains_events():
-    """One reset, then the answer: two calls, the seed's backoff, start then end events."""
+    """One reset, then the answer: two calls, the default backoff, start then end events."""
     events = []
     fn = Script(ConnectionResetError("Connection reset by peer"), {"answer": 42})
     result = await fast(on_event=events.append).run(fn, 1, model="m")
@@ -106,7 +106,7 @@ async def test_a_fatal_error_inside_a_chain_raises_the_chain_error():
 
 
 async def test_a_refusal_at_rest_raises_the_chain_error_with_attempt_zero():
-    """maxRetries 0: the seed's end {success:false, attempt:0}; an end was emitted, so the
+    """maxRetries 0: the original's end {success:false, attempt:0}; an end was emitted, so the
     caller gets the chain error (end reason exhausted), cause chained."""
     reset = ConnectionResetError("Connection reset by peer")
     with pytest.raises(RetryChainError) as info:
@@ -391,12 +391,12 @@ def _expected(script, max_retries):
     raise AssertionError("script too short")
 
 
-@pytest.mark.parametrize("seed", range(60))
-async def test_random_scripts_follow_the_exception_rules(seed):
+@pytest.mark.parametrize("case", range(60))
+async def test_random_scripts_follow_the_exception_rules(case):
     """Random outcomes and maxRetries: the result or exception, the calls made and the events
     emitted are those the rules say; every start is followed by one end."""
     import random
-    rng = random.Random(seed)
+    rng = random.Random(case)
     max_retries = rng.randint(0, 3)
     script = [rng.choice(["reset", "reset", "fatal", "overflow", "ok"]) for _ in range(6)]
     expected, calls, ended = _expected(script, max_retries)

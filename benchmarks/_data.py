@@ -12,9 +12,13 @@ CORPUS = ROOT / "tests" / "data" / "provider-errors.jsonl"
 
 @lru_cache(maxsize=1)
 def corpus() -> tuple[dict, ...]:
-    """The rows of ``tests/data/provider-errors.jsonl`` (fields id, message, expected, …)."""
-    with CORPUS.open(encoding="utf-8") as fh:
-        return tuple(json.loads(line) for line in fh if line.strip())
+    """The rows of ``tests/data/provider-errors.jsonl`` and of the later collections beside it
+    (``provider-errors-v2.jsonl``…), fields id, message, expected, …"""
+    rows: list[dict] = []
+    for path in sorted(CORPUS.parent.glob("provider-errors*.jsonl")):
+        with path.open(encoding="utf-8") as fh:
+            rows.extend(json.loads(line) for line in fh if line.strip())
+    return tuple(rows)
 
 
 def corpus_messages(expected: str | None = None) -> list[str]:

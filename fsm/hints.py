@@ -4,7 +4,7 @@ Pure functions, no I/O. The wall clock is read only for absolute hints (an HTTP 
 "try again at Jul 5th, 2026 8:19 PM"), and it can be injected (``now_ms``) so tests and replays
 are deterministic.
 
-Formats understood (SPEC §2 "Usage limits", plus what the corpus shows), best first when a
+Formats understood (docs/policy.md §2 "Usage limits", plus what the corpus shows), best first when a
 message carries several:
 
 1. ``retry-after-ms: 1500`` / ``retry-after-ms=1500`` (milliseconds; OpenAI and Anthropic SDKs)
@@ -19,13 +19,16 @@ message carries several:
 7. ``"estimated_time": 176.7`` (Hugging Face, a model still loading; seconds)
 8. phrases: "Please retry in 37.5s", "try again in 2h 13m", "try again in 9m38.016s",
    "reset after 5h8m26s", "Please retry after 86400 seconds", "Please wait 17 seconds",
-   "Retrying in 1 seconds", "请等待 70 seconds", "try again in 5 days 22 hours 11 minutes"
+   "请等待 70 seconds", "try again in 5 days 22 hours 11 minutes". A client narrating its own
+   schedule in the progressive ("Retrying in 32 seconds… (attempt 7/10)", "Waiting for 10
+   seconds", "Waiting 1000ms before pinging") is not the server's hint and is skipped
 9. absolute: "usage limit reached|1749924000" (Claude, epoch seconds), ``"resets_at": N``,
    "reset at 3pm (America/Santiago)", "try again at Jul 5th, 2026 8:19 PM" (no zone: the local
    zone, as the apps that print it use), "regain access on 2026-06-01 at 00:00 UTC"
 
-A value that is negative, not a number, in the past, or longer than :data:`MAX_HINT_MS` (7 days)
-is ignored, and the next candidate is tried. Only the first 256 occurrences of each trigger word
+A value that is negative, not a plain ASCII decimal number (``1e3``, ``1e309``, Arabic-Indic or
+fullwidth digits), in the past, or longer than :data:`MAX_HINT_MS` (7 days) is ignored, and the
+next candidate is tried (``docs/policy.md §2``: absurd values are ignored). Only the first 256 occurrences of each trigger word
 are looked at, so an adversarial message cannot make parsing slow.
 """
 
@@ -33,11 +36,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from email.utils import parsedate_to_datetime
+from functools import lru_cache
 
-__all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "normalize_text", "parse_hint_at",
-           "parse_normalized_hint_ms", "parse_retry_hint_ms"]
+__all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "HeaderHint", "header_hint",
+           "should_retry_header", "normalize_text", "parse_hint_at", "parse_normalized_hint_ms", "parse_retry_hint_ms"]
 
 MAX_HINT_MS = 7 * 24 * 3600 * 1000
 """Hints longer than this (7 days, in ms) are treated as absurd and ignored."""
@@ -78,6 +84,10 @@ def _normalize(text: str) -> str:
         t = t.replace("\\n", " ").replace("\\r", " ").replace("\\t", " ")
     if "://" in t:
         t = _URL_RE.sub(" ", t)
+    if len(t) < 4096:  # one C pass (split() knows the same whitespace as _ASCII_WS)
+        if "’" in t or "‘" in t:
+            t = t.replace("’", "'").replace("‘", "'")
+        return " " + " ".join(t.split())
     if t.isascii():
         if not t.isprintable():
             t = t.translate(_ASCII_WS)
@@ -88,8 +98,6 @@ def _normalize(text: str) -> str:
         return t if t[:1] == " " else " " + t
     if "’" in t or "‘" in t:
         t = t.replace("’", "'").replace("‘", "'")
-    if len(t) < 4096:
-        return " " + " ".join(t.split())
     # one regex pass instead of a list of a million words
     return " " + _WS_RE.sub(" ", t).strip()
 
@@ -97,13 +105,15 @@ def _normalize(text: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Grammar pieces (they match the normal form: lower case, single spaces)
 
-_NUM = r"(\d{1,15}(?:\.\d{1,9})?)(?!\d|\.\d)"
+# Numbers are plain ASCII decimals (the regexes are compiled with re.ASCII, so \d is [0-9]);
+# an exponent ("1e3", "1e309") or more digits after the match void it.
+_NUM = r"(\d{1,15}(?:\.\d{1,9})?)(?![\de]|\.\d)"
 _SEP = r"\\{0,3}[\"']?\s?[:=]\s?\\{0,3}[\"']?"  # `: `, `=`, `": "` and `\": \"` (escaped JSON)
 _UNIT = (r"(?:milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h"
          r"|days?|d|weeks?|w)(?![a-z])")
 _DURATION = (rf"\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}"
              rf"(?:(?:,? and |, | )?\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}){{0,5}}")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?) ?([a-z]+)")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?) ?([a-z]+)", re.ASCII)
 _UNIT_MS = {
     "ms": 1, "msec": 1, "msecs": 1, "millisecond": 1, "milliseconds": 1,
     "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
@@ -119,9 +129,15 @@ _ISO = (r"(\d{4}-\d{2}-\d{2}(?:t| |,? at )\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?"
         r"(?: ?(?:z|utc|gmt|[+-]\d{2}:?\d{2}))?)")
 _ISO_PARTS = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})(?:t| |,? at )(\d{2}):(\d{2})(?::(\d{2})(\.\d{1,9})?)?"
-    r"(?: ?(z|utc|gmt|[+-]\d{2}:?\d{2}))?")
+    r"(?: ?(z|utc|gmt|[+-]\d{2}:?\d{2}))?", re.ASCII)
 _ABS_START = (r"(?=(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]{0,6}\.? \d"
-              r"|\d{1,2}(?::\d{2})? ?[ap]\.?m\b|\d{1,2}:\d{2}|\d{4}-\d{2}-\d{2})")
+              r"|\d{1,2}(?::\d{2})? ?[ap]\.?m\b|\d{1,2}:\d{2}|\d{4}-\d{2}-\d{2}"
+              r"|\d{1,2}(?: de)? [a-z]{3})")
+# Month abbreviations of day-first dates, English, Portuguese and Spanish ("10 de jul. de 2026").
+_DAY_FIRST_MONTHS = {
+    "jan": 1, "ene": 1, "feb": 2, "fev": 2, "mar": 3, "apr": 4, "abr": 4, "may": 5, "mai": 5,
+    "jun": 6, "jul": 7, "aug": 8, "ago": 8, "sep": 9, "set": 9, "oct": 10, "out": 10, "nov": 11,
+    "dec": 12, "dez": 12, "dic": 12}
 
 # One alternative per hint kind, in order of preference (at one position the first that
 # matches wins). Each ends with an empty named group, so ``m.lastgroup`` names the kind.
@@ -138,7 +154,7 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("ratelimit_reset", rf"ratelimit-reset(?:-[a-z-]{{1,30}})?{_SEP}(?:{_ISO}|({_DURATION})|{_NUM})"),
     ("ratelimit_reset_iso", rf"ratelimit-[a-z-]{{1,30}}-reset{_SEP}{_ISO}"),
     ("estimated_time", rf"estimated_time{_SEP}{_NUM}"),
-    ("phrase", rf"(?:retry|retrying|try again|trying again|wait|waiting|reset|resets"
+    ("phrase", rf"(?:retry|try again|wait|reset|resets"
                rf"|available again|available|等待)"
                rf"(?: in| after| for)?:? ?(?:about |approximately |approx\. |~)?({_DURATION})"),
     ("epoch_pipe", r"limit reached\|(\d{10,13})(?!\d)"),
@@ -147,9 +163,9 @@ _KINDS: tuple[tuple[str, str], ...] = (
                  rf"(?: at| on| after)? {_ABS_START}"),
 )
 _PRIORITY = {name: i for i, (name, _) in enumerate(_KINDS)}
-_HINT_RE = re.compile("|".join(f"(?:{pattern})(?P<{name}>)" for name, pattern in _KINDS))
+_HINT_RE = re.compile("|".join(f"(?:{pattern})(?P<{name}>)" for name, pattern in _KINDS), re.ASCII)
 HINT_TRIGGERS: tuple[str, ...] = (
-    "retry", "try again", "trying again", "wait", "reset", "ratelimit", "estimated_time",
+    "retry", "try again", "wait", "reset", "ratelimit", "estimated_time",
     "available", "等待", "limit reached|", "regain access")
 """Every hint starts with one of these words (in the normal form); the classifier finds them
 during its own scan and passes their positions to :func:`parse_hint_at`."""
@@ -159,12 +175,15 @@ _MAX_PER_TRIGGER = 256
 _ABS_RE = re.compile(
     r"(?:(?P<mon>jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]{0,6}\.? (?P<day>\d{1,2})"
     r"(?:st|nd|rd|th)?(?:,? (?P<year>\d{4}))?(?:,? at |,? | at )"
-    r"|(?P<iy>\d{4})-(?P<im>\d{2})-(?P<id>\d{2})(?:t| |,? at ))?"
+    r"|(?P<iy>\d{4})-(?P<im>\d{2})-(?P<id>\d{2})(?:t| |,? at )"
+    r"|(?P<dday>\d{1,2})(?: de)? (?P<dmon>[a-z]{3})[a-z]{0,6}\.?(?:,? (?:de )?(?P<dyear>\d{4}))?"
+    r"(?:,? (?:at |às |as |a las )?| at ))?"
     r"(?:(?P<h12>\d{1,2})(?::(?P<m12>\d{2}))? ?(?P<ampm>[ap])\.?m\.?"
     r"|(?P<h24>\d{1,2}):(?P<m24>\d{2})(?::(?P<s24>\d{2})(?:\.\d{1,9})?)?)"
     r"(?: ?\((?P<zone>[a-z][a-z0-9_+\-]{0,30}(?:/[a-z0-9_+\-]{1,30}){0,2})\)"
     r"| ?(?P<zabbr>z|utc|gmt)(?P<zoff>[+-]\d{1,2}(?::?\d{2})?)?(?![a-z])"
-    r"| ?(?P<off>[+-]\d{2}:?\d{2}))?"
+    r"| ?(?P<off>[+-]\d{2}:?\d{2}))?",
+    re.ASCII,
 )
 
 
@@ -311,8 +330,10 @@ def _iso_ms(raw: str, clock: list[float | None]) -> int | None:
 _ZONE_NAMES: dict[str, str] | None = None
 
 
+@lru_cache(maxsize=512)
 def _zone(name: str) -> tzinfo | None:
-    """An IANA zone from its lower-case name (``america/santiago``), or ``None``."""
+    """An IANA zone from its lower-case name (``america/santiago``), or ``None``; cached (a
+    failed lookup costs a file-system probe and an exception)."""
     global _ZONE_NAMES
     from zoneinfo import ZoneInfo, available_timezones  # imported here: rarely needed
 
@@ -376,6 +397,12 @@ def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
             day = date(year, _MONTHS.index(g["mon"]) + 1, int(g["day"]))
         elif g["iy"]:
             day = date(int(g["iy"]), int(g["im"]), int(g["id"]))
+        elif g["dmon"]:
+            month = _DAY_FIRST_MONTHS.get(g["dmon"])
+            if month is None:
+                return None
+            year = int(g["dyear"]) if g["dyear"] else now_dt.year
+            day = date(year, month, int(g["dday"]))
         else:
             day = now_dt.date()
         when = datetime(day.year, day.month, day.day, hour, minute, second, tzinfo=zone)
@@ -385,7 +412,7 @@ def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
         when = when.astimezone()  # naive → local
     when_ms = when.timestamp() * 1000
     if when_ms < now:
-        if not (g["mon"] or g["iy"]):
+        if not (g["mon"] or g["iy"] or g["dmon"]):
             when_ms = _next_day(day, hour, minute, second, zone) * 1000
         elif g["mon"] and not g["year"]:
             try:
@@ -402,3 +429,81 @@ def _next_day(day: date, hour: int, minute: int, second: int, zone: tzinfo | Non
     if zone is None:
         when = when.astimezone()
     return when.timestamp()
+
+
+# --------------------------------------------------------------------------------------------
+# Hints from response headers (structured facts)
+
+_RESET_HEADER = re.compile(r"(?:x-)?ratelimit-reset(?:-[a-z-]{1,30})?|(?:x-|anthropic-)ratelimit-[a-z-]{1,30}-reset",
+                           re.ASCII)
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderHint:
+    """A retry hint read from one response header: ``ms`` (0 … :data:`MAX_HINT_MS`), the
+    header's lower-case ``name`` and its ``value`` as sent."""
+
+    ms: int
+    name: str
+    value: str
+
+    def as_text(self) -> str:
+        """``"<name>: <value>"``, the form error texts carry (and :func:`parse_retry_hint_ms`
+        reads back to the same ``ms``)."""
+        return f"{self.name}: {self.value}"
+
+
+def _remaining_name(reset: str) -> str:
+    """The ``*-remaining*`` header paired with a ``*-reset*`` header."""
+    if reset.endswith("-reset"):  # anthropic-ratelimit-tokens-reset
+        return reset[:-len("-reset")] + "-remaining"
+    return reset.replace("ratelimit-reset", "ratelimit-remaining", 1)  # x-ratelimit-reset-requests
+
+
+def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
+                now_ms: float | None = None) -> HeaderHint | None:
+    """The retry hint carried by response headers (keys lower-cased), or ``None``.
+
+    Best first: ``retry-after-ms`` (milliseconds), ``retry-after`` (seconds or an HTTP date,
+    RFC 9110 §10.2.3), then, only when ``rate_limited`` (the failure is a rate or usage limit:
+    these headers come with every response and say when a window refills, not when to retry an
+    overload), the rate-limit reset headers — ``x-ratelimit-reset*`` and
+    ``anthropic-ratelimit-*-reset`` (RFC 3339). Among those, the ones whose paired
+    ``*-remaining*`` header is ``0`` (the limit that was hit) are preferred, and of them the
+    longest wait. Values are read with the same grammar as texts (:func:`parse_retry_hint_ms`),
+    so an absurd, negative, non-ASCII or exponent value is ignored. ``now_ms``: epoch ms for
+    absolute values (default: now).
+    """
+    if not headers:
+        return None
+    for name in ("retry-after-ms", "retry-after"):
+        value = headers.get(name)
+        if isinstance(value, str) and value.strip():
+            ms = parse_normalized_hint_ms(f"{name}: {normalize_text(value)}", now_ms=now_ms)
+            if ms is not None:
+                return HeaderHint(ms, name, value)
+    if not rate_limited:
+        return None
+    found: list[tuple[bool, int, HeaderHint]] = []
+    for name, value in headers.items():
+        if not isinstance(value, str) or not _RESET_HEADER.fullmatch(name):
+            continue
+        ms = parse_normalized_hint_ms(f"{name}: {normalize_text(value)}", now_ms=now_ms)
+        if ms is not None:
+            hit = str(headers.get(_remaining_name(name), "")).strip() == "0"
+            found.append((hit, ms, HeaderHint(ms, name, value)))
+    if not found:
+        return None
+    return max(found, key=lambda f: (f[0], f[1]))[2]
+
+
+def should_retry_header(headers: Mapping[str, str] | None) -> bool | None:
+    """The server's own verdict from ``x-should-retry`` (``"true"``/``"false"``, as the
+    OpenAI and Anthropic APIs send it), or ``None`` when absent or anything else."""
+    if not headers:
+        return None
+    value = headers.get("x-should-retry")
+    if not isinstance(value, str):
+        return None
+    value = value.strip().lower()
+    return True if value == "true" else False if value == "false" else None

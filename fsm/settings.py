@@ -1,4 +1,4 @@
-"""Retry settings (SPEC §1): validation, loading from the original's JSON shape, backoff.
+"""Retry settings (docs/policy.md §1): validation, loading from the settings file, backoff.
 
 The original's settings file has the shape ``{"retry": {"enabled", "maxRetries",
 "baseDelayMs", ...}}``; keys this project does not use (such as ``retry.provider``, the
@@ -114,15 +114,24 @@ class BudgetSettings:
 
 @dataclass(frozen=True, slots=True)
 class RetrySettings:
-    """The five retry settings of SPEC §1.
+    """The retry settings of docs/policy.md §1.
 
     - ``enabled``: automatic retry on or off (default ``True``).
     - ``max_retries``: retries per chain, 0..100 (default 3).
     - ``base_delay_ms``: first backoff in ms, doubled each attempt, 0..86 400 000 (default 2000).
-    - ``max_delay_ms``: cap on one backoff in ms, or ``None`` for no cap (default, as the seed).
-    - ``jitter``: ``"none"`` (the seed), ``"full"`` (uniform 0..d) or ``"equal"`` (d/2 + uniform
+    - ``max_delay_ms``: cap on one backoff in ms, or ``None`` for no cap (default: the reference behaviour).
+    - ``jitter``: ``"none"`` (the reference behaviour), ``"full"`` (uniform 0..d) or ``"equal"`` (d/2 + uniform
       0..d/2), to spread concurrent sessions (AWS architecture blog, "Exponential Backoff And
       Jitter").
+    - ``retry_hints``: ``"ignore"`` (default) or ``"honor"`` (D10: never retry before the
+      server's retry hint; a hint above ``max_hint_wait_ms`` ends the chain at once).
+    - ``max_hint_wait_ms``: the longest server-requested wait that is waited out, in ms
+      (default 60 000).
+    - ``max_elapsed_ms``: deadline of a chain in ms from the failure that started it, or
+      ``None`` (default; D11).
+    - ``after_output``: ``"retry"`` (default) or ``"stop"`` (D12: never replay a turn that
+      streamed text).
+    - ``budget``: a :class:`BudgetSettings` (the shared retry budget, §9), or ``None`` (off).
 
     Construction validates every field and raises :class:`SettingsError` naming the key and
     the value; a ``RetrySettings`` that exists is always valid.

@@ -1,4 +1,4 @@
-"""Error classification (fsm.classify): SPEC §2 order, every corpus row, every rule family,
+"""Error classification (fsm.classify): docs/policy.md §2 order, every corpus row, every rule family,
 the D1/D2/D3 traps, the compiled tables against a plain reference, linear time."""
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from fsm import classify as C
 from fsm.classify import (
+    INWORD_RULES,
     OVERFLOW_RULES,
     PERMANENT_RULES,
     RETRYABLE_RULES,
+    STATUS_RULES,
     USAGE_LIMIT_RULES,
     Classification,
     classify,
@@ -28,10 +30,15 @@ from fsm.classify import (
 from fsm.hints import MAX_HINT_MS, WORD_CHARS, normalize_text, parse_normalized_hint_ms
 from fsm.messages import AssistantMessage, Usage
 
-CORPUS = [json.loads(line) for line in
-          (Path(__file__).parent / "data" / "provider-errors.jsonl").read_text("utf-8").splitlines()
+DATA = Path(__file__).parent / "data"
+# every corpus file: provider-errors.jsonl and the later collections (provider-errors-v2.jsonl…)
+CORPUS_FILES = sorted(DATA.glob("provider-errors*.jsonl"))
+CORPUS = [json.loads(line) for path in CORPUS_FILES for line in path.read_text("utf-8").splitlines()
           if line.strip()]
-ALL_RULES = OVERFLOW_RULES + PERMANENT_RULES + RETRYABLE_RULES + USAGE_LIMIT_RULES
+FIRST_CORPUS = [json.loads(line) for line in (DATA / "provider-errors.jsonl").read_text("utf-8").splitlines()
+                if line.strip()]
+ALL_RULES = (OVERFLOW_RULES + PERMANENT_RULES + STATUS_RULES + RETRYABLE_RULES + USAGE_LIMIT_RULES
+             + INWORD_RULES)
 KINDS = {"retryable", "context_overflow", "fatal", "none"}
 # A fixed clock for the corpus: 2026-01-01T00:00:00Z.
 CORPUS_NOW_MS = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1000
@@ -61,19 +68,31 @@ USAGE_LIMIT_ROWS = {
     "codex-usage-limit-5d22h11m-glyph", "codex-usage-limit-add-credits",
     "codex-usage-limit-reached-free-602705s", "codex-usage-limit-reached-json-resets-in-seconds",
     "codex-usage-limit-try-again-at-en",
+    # quota windows per day are usage limits (docs/policy.md §2 v2)
+    "bedrock-throttling-tokens-per-day", "g4f-500-token-limit-per-day", "groq-429-tpd-9m38s",
+    "openai-rpd-7m12s",
 }
 PREFIX = {"retryable": "retryable.", "context_overflow": "overflow.", "fatal": "fatal."}
 
 
 # --- every corpus row -----------------------------------------------------------------------
 
+def row_now_ms(row: dict) -> float:
+    """A row's clock: its ``now`` (ISO 8601; without an offset, the local time, as the message
+    prints it), else the corpus's fixed clock."""
+    if "now" not in row:
+        return CORPUS_NOW_MS
+    when = datetime.fromisoformat(row["now"])
+    return (when if when.tzinfo else when.astimezone()).timestamp() * 1000
+
+
 @pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
 def test_corpus_row(row):
-    now_ms, absolute = ABSOLUTE_HINTS.get(row["id"], (CORPUS_NOW_MS, None))
+    now_ms, absolute = ABSOLUTE_HINTS.get(row["id"], (row_now_ms(row), None))
     result = classify("error", row["message"], now_ms=now_ms)
     assert result.kind == row["expected"], (result, row["notes"])
     assert result.rule.startswith(PREFIX[result.kind])
-    assert result.usage_limit == (row["id"] in USAGE_LIMIT_ROWS)
+    assert result.usage_limit == row.get("usage_limit", row["id"] in USAGE_LIMIT_ROWS)
     if absolute is not None:
         assert result.retry_hint_ms == absolute
     elif row["retry_hint_ms"] is None:
@@ -84,14 +103,14 @@ def test_corpus_row(row):
 
 
 def test_corpus_has_every_kind_and_unique_ids():
-    assert len(CORPUS) == 167
+    assert len(FIRST_CORPUS) == 167 and len(CORPUS) >= len(FIRST_CORPUS)
     assert len({row["id"] for row in CORPUS}) == len(CORPUS)
     assert {row["expected"] for row in CORPUS} == {"retryable", "context_overflow", "fatal"}
     assert set(ABSOLUTE_HINTS) <= {row["id"] for row in CORPUS}
     assert USAGE_LIMIT_ROWS <= {row["id"] for row in CORPUS}
 
 
-# --- the order of SPEC §2 -------------------------------------------------------------------
+# --- the order of docs/policy.md §2 -------------------------------------------------------------------
 
 @pytest.mark.parametrize("stop_reason", ["stop", "length", "toolUse", "aborted", "weird"])
 def test_step1_not_an_error_is_none(stop_reason):
@@ -128,7 +147,6 @@ def test_step3_text_overflow_beats_retryable_and_permanent_words():
 
 @pytest.mark.parametrize("message", [
     "429 Too many tokens, please wait before trying again.",
-    "Error code: 429 - {'error': {'message': 'Request too large for gpt-4o on tokens per min (TPM)'}}",
     "HTTP 429: prompt is too long for the rate window",
     "ThrottlingException: Too many tokens, please reduce the prompt. prompt is too long",
     "too many requests: context length exceeded for this minute",
@@ -402,8 +420,13 @@ def test_rule_rows_are_well_formed():
     assert len(ids) == len(set(ids))
     for rule in ALL_RULES:
         stage = ("overflow." if rule in OVERFLOW_RULES else "fatal." if rule in PERMANENT_RULES
-                 else "retryable.")
+                 else ("fatal.", "retryable.") if rule in STATUS_RULES else "retryable.")
         assert rule.id.startswith(stage) and re.fullmatch(r"[a-z0-9_.]+", rule.id)
+        # a word-start alternative must begin with a literal: the scan's first-character
+        # filter and the one-alternative-per-position trie depend on it
+        if not rule.anywhere:
+            for alt in C._alternatives(rule.pattern):
+                assert alt[:1] > "\x7f" or C._literal_prefix(alt.lstrip("^")), (rule.id, alt)
         assert rule.family and re.fullmatch(r"[a-z0-9_]+", rule.family)
         assert len(rule.source) > 10
         compiled = re.compile(rule.pattern)
@@ -452,15 +475,15 @@ RULE_EXAMPLES = {
                             "OpenAI's content management policy. Please modify your prompt and retry.",
     "fatal.model_not_found": 'model "mistral" not found, try pulling it first',
     "fatal.client_status": "Request failed with status code 422",
-    "fatal.client_status_phrase": "upstream said 404 Not Found",
-    "fatal.client_status_leading": "404 The model `x` does not exist.",
+    "fatal.client_status_phrase": "upstream said 405 Method Not Allowed",
+    "fatal.client_status_leading": "422 The request body is invalid.",
     "retryable.usage_limit": "Claude AI usage limit reached",
     "retryable.usage_window_limit": "5-hour limit reached ∙ resets 3pm",
-    "retryable.overloaded": '{"type":"overloaded_error","message":"Overloaded"}',
+    "retryable.overloaded": "The server is currently overloaded with other requests.",
     "retryable.status_529": "API Error: 529",
     "retryable.capacity": "No capacity available for model x on the server",
     "retryable.rate_limit": "Rate limit is exceeded.",
-    "retryable.throttled": "ThrottlingException: Request was throttled",
+    "retryable.throttled": "Request was throttled. Please wait.",
     "retryable.status_429": "HTTP 429",
     "retryable.too_many_requests": "Too Many Requests",
     "retryable.too_many_tokens": "Too many tokens, please wait before trying again.",
@@ -481,6 +504,29 @@ RULE_EXAMPLES = {
     "retryable.terminated": "TypeError: terminated",
     "retryable.timeout": "Request timed out.",
     "retryable.retry_delay": "Please retry after 30 seconds",
+    # the v2 families
+    "overflow.request_above_limit": "Error code: 429 - Request too large for gpt-4o in organization "
+                                    "org-x on tokens per min (TPM): Limit 30000, Requested 45000.",
+    "overflow.max_input_length": "Input validation error: the input is longer than the model's "
+                                 "maximum input length",
+    "overflow.cannot_truncate": "the prompt cannot be truncated to fit the context",
+    "fatal.cn_billing": "您的账户已欠费，请充值后重试",
+    "fatal.out_of_memory": "llama runner process has terminated: cudaMalloc failed: out of memory",
+    "fatal.not_found": '502 Bad Gateway {"detail":"Not Found"}',
+    "retryable.usage_hit_your_limit": "You've hit your limit · resets 3pm (Europe/Berlin)",
+    "retryable.quota_window": "Free tier: 50 requests per day for this model",
+    "retryable.gateway_relay": "new_api_error: failed to forward request to upstream",
+    "retryable.websocket": "WebSocket connection to ' ' failed",
+    "retryable.no_response": "http2 request did not get a response",
+    "retryable.try_request_again": "We hit an unexpected error. Please try your request again.",
+    "retryable.inword_rate_limit": "OpenRouterRatelimitException: slow",
+    "retryable.inword_overloaded": "ModelOverloadedException",
+    "retryable.inword_timeout": "UpstreamTimeoutError",
+    "fatal.should_not_retry": "500 The model produced invalid content. (x-should-retry: false)",
+    "retryable.should_retry": "409 Conflict (x-should-retry: true)",
+    "retryable.typed_transient": '{"type":"overloaded_error","message":"Overloaded"}',
+    "fatal.model_load_failed": "Failed to load the model. Try a different model and/or config.",
+    "retryable.inword_quota_window": "QuotaFailure: GenerateRequestsPerDayPerProjectPerModel-FreeTier",
 }
 
 
@@ -507,7 +553,7 @@ def _reference_regexes(rules):
         for alt in alts:
             if alt.startswith("^"):
                 parts.append(r"\A (?:" + alt[1:] + ")")
-            elif alt[:1] > "\x7f":
+            elif alt[:1] > "\x7f" or rule.anywhere:
                 parts.append(f"(?:{alt})")
             else:
                 parts.append(f"(?<=[^{WORD_CHARS}])(?:{alt})")
@@ -517,7 +563,10 @@ def _reference_regexes(rules):
 
 _REF_OVERFLOW = _reference_regexes(OVERFLOW_RULES)
 _REF_PERMANENT = _reference_regexes(PERMANENT_RULES)
-_REF_RETRYABLE = _reference_regexes(RETRYABLE_RULES + USAGE_LIMIT_RULES)
+_REF_RETRYABLE = _reference_regexes(tuple(r for r in STATUS_RULES if r.id.startswith("retryable."))
+                                    + RETRYABLE_RULES + USAGE_LIMIT_RULES)
+_REF_STATUS = _reference_regexes(STATUS_RULES)
+_REF_ANYWHERE = _reference_regexes(INWORD_RULES)
 _GUARD_IDS = {"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"}
 _USAGE_IDS = {rule.id for rule in USAGE_LIMIT_RULES}
 
@@ -534,7 +583,7 @@ def _leftmost(table, t, keep=lambda rule: True):
 
 
 def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
-    """SPEC §2 applied rule by rule, with no compilation tricks."""
+    """docs/policy.md §2 applied rule by rule, with no compilation tricks."""
     if stop_reason != "error":
         return Classification("none", "stop_reason.not_error")
     if not message or message.isspace():
@@ -543,18 +592,30 @@ def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
     silent = usage is not None and window > 0 and usage.input + usage.cache_read > window
     overflow = _leftmost(_REF_OVERFLOW, t)
     guard = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _GUARD_IDS)
+    above = [rule for rule, rx in _REF_OVERFLOW if rule.id == "overflow.request_above_limit" and rx.search(t)]
+    if guard and above:
+        return Classification("context_overflow", above[0].id)  # even inside a 429
     if (overflow or silent) and not guard:
         return Classification("context_overflow", overflow.id if overflow else "overflow.silent_usage")
     strict = _leftmost(_REF_PERMANENT, t, lambda r: r.id != "fatal.exceeded_current_quota")
     if strict is not None:
         return Classification("fatal", strict.id)
+    # the innermost (last) status marker decides over the families
+    last = None
+    for rule, rx in _REF_STATUS:
+        for m in rx.finditer(t):
+            if last is None or m.start() > last[0]:
+                last = (m.start(), rule)
+    if last is not None and last[1].id.startswith("fatal."):
+        return Classification("fatal", last[1].id)
     yielding = _leftmost(_REF_PERMANENT, t)
     retryable = _leftmost(_REF_RETRYABLE, t, lambda r: r.id != "retryable.cn_rate_limit")
     if retryable is None:
-        retryable = _leftmost(_REF_RETRYABLE, t)
-    usage_limit = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
+        retryable = _leftmost(_REF_RETRYABLE, t) or _leftmost(_REF_ANYWHERE, t)
+    usage_limit = (any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
+                   or "perday" in t or "perhour" in t)
     hint = parse_normalized_hint_ms(t, now_ms=now_ms)
-    if yielding is not None and (hint is None or retryable is None):
+    if yielding is not None and (retryable is None or (hint is None and not C._names_a_quota_window(t))):
         return Classification("fatal", yielding.id)
     if retryable is None:
         return Classification("fatal", "fatal.unmatched")
@@ -693,8 +754,12 @@ def test_a_voided_anchored_overflow_goes_on_to_the_next_steps():
     assert classify("error", "413 status code (no body) then 429 Too Many Requests").rule == \
         "retryable.status_429"
     # a 400 that is not an overflow is a permanent client error
+    # a leading 400 that is not an overflow wraps an inner 429: the innermost status decides
     assert classify("error", "400 status code (no body) then 429 Too Many Requests").rule == \
-        "fatal.client_status_leading"
+        "retryable.status_429"
+    assert classify("error", "400 invalid model, then 429 Too Many Requests").rule == \
+        "retryable.status_429"
+    assert classify("error", "400 invalid model").rule == "fatal.client_status_leading"
     assert classify("error", "413 (no body); 429; invalid api key").rule == "fatal.invalid_api_key"
 
 
@@ -702,3 +767,33 @@ def test_patterns_with_capturing_groups_are_refused():
     bad = C.Rule("overflow.bad", "context_overflow", "(prompt) too long", "test")
     with pytest.raises(ValueError, match="capturing groups"):
         C._compile([(C._OVERFLOW, bad)], frozenset())
+
+
+# --- regressions ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("message, hint", [
+    ("429 Too Many Requests (x-ratelimit-reset: 20)", 20_000),
+    ("Rate limited (x-ratelimit-reset-ms: 20000)", 20_000),
+    ("429 rate limit exceeded (x-ratelimit-reset-requests: 20s)", 20_000),
+    ("rate_limit_error (anthropic-ratelimit-tokens-reset: 2026-01-01T00:00:20Z)", 20_000),
+    ("ratelimit hit; x-ratelimit-reset-tokens: 20s", 20_000),
+])
+def test_x_ratelimit_reset_hint_survives_classification(message, hint):
+    # the rate-limit rule matched the word "ratelimit" where the reset header starts, and the
+    # hint was never read: the credential store then blocked for its default instead of 20 s
+    result = classify("error", message, now_ms=CORPUS_NOW_MS)
+    assert (result.kind, result.retry_hint_ms) == ("retryable", hint)
+
+
+def test_unknown_finish_reason_network_error_is_retryable_error():
+    # the provider layer's text for a stream that ended with a finish reason it does not know
+    result = classify("error", "Provider finish_reason: network_error")
+    assert (result.kind, result.rule) == ("retryable", "retryable.connection")
+    assert classify("error", "Provider finish_reason: error").kind == "retryable"
+    assert classify("error", "Provider finish_reason: MALFORMED_FUNCTION_CALL").kind == "fatal"
+
+
+def test_classification_reads_the_whole_text_before_any_clipping():
+    # the verdict at the end of a long body (past the 8 KB kept in events) still decides
+    body = "x " * 10_000 + "Your credit balance is too low"
+    assert classify("error", "503 " + body).rule == "fatal.credit_balance"

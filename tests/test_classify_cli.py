@@ -127,6 +127,13 @@ def test_jsonl_from_stdin_all_good_exits_0():
     (b'{"message": "caf\xc3"}', "not valid UTF-8"),
     (b"[" * 100_000, "invalid JSON"),
     (b'{"message": "x"', "invalid JSON: Expecting ',' delimiter"),
+    (b'{"message": "x", "status": "529"}', '"status" must be an HTTP status (an integer 100-599), got "529"'),
+    (b'{"message": "x", "status": 1000}', '"status" must be an HTTP status'),
+    (b'{"message": "x", "status": true}', '"status" must be an HTTP status'),
+    (b'{"message": "x", "errorType": 5}', '"errorType" must be a string, got 5'),
+    (b'{"message": "x", "errorCode": ["a"]}', '"errorCode" must be a string'),
+    (b'{"message": "x", "headers": {"retry-after": 3}}', '"headers" must be an object of strings'),
+    (b'{"message": "x", "headers": "retry-after: 3"}', '"headers" must be an object of strings'),
 ])
 def test_jsonl_bad_lines_are_reported_and_the_rest_processed(line, problem):
     data = b'{"message": "503"}\n' + line + b'\n{"message": "timed out"}\n'
@@ -136,6 +143,23 @@ def test_jsonl_bad_lines_are_reported_and_the_rest_processed(line, problem):
     stderr = proc.stderr.decode()
     assert stderr.startswith("fsm classify: line 2: ") and problem in stderr, stderr
     assert "Traceback" not in stderr
+
+
+def test_jsonl_structured_facts_decide_first():
+    data = ('{"message": "something odd", "status": 529}\n'
+            '{"message": "x", "status": 429, "errorCode": "insufficient_quota"}\n'
+            '{"message": "Too Many Requests", "status": 429, "headers": {"X-RateLimit-Reset": "20"}}\n'
+            '{"message": "odd", "errorType": "overloaded_error"}\n'
+            '{"message": "odd", "status": 500, "headers": {"x-should-retry": "false"}}\n').encode()
+    proc = fsm("--jsonl", "-", stdin=data)
+    assert proc.returncode == 0, proc.stderr
+    got = [(o["kind"], o["rule"], o["retryHintMs"]) for o in lines(proc.stdout)]
+    assert got == [("retryable", "structured.status_529", None),
+                   ("fatal", "structured.code_insufficient_quota", None),
+                   ("retryable", "structured.status_429", 20_000),
+                   ("retryable", "structured.type_overloaded_error", None),
+                   ("fatal", "structured.x_should_retry_false", None)]
+    assert lines(proc.stdout)[2]["headers"] == {"X-RateLimit-Reset": "20"}  # the line as given
 
 
 def test_jsonl_keeps_unicode_and_lone_surrogates():
@@ -187,3 +211,4 @@ def test_help_documents_the_jsonl_shape():
     proc = subprocess.run([sys.executable, "-m", "fsm", "classify", "--help"], capture_output=True,
                           text=True, timeout=30)
     assert "contextWindow" in proc.stdout and "retryHintMs" in proc.stdout
+    assert all(name in proc.stdout for name in ("status", "errorType", "errorCode", "headers"))

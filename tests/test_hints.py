@@ -1,4 +1,4 @@
-"""Retry-hint parsing (fsm.hints): every format of SPEC §2, precedence, what is ignored."""
+"""Retry-hint parsing (fsm.hints): every format of docs/policy.md §2, precedence, what is ignored."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_anthropic_reset_header_rfc3339():
     ("Please wait 17 seconds before trying again.", 17_000),
     ("Please wait 9 hours 23 minutes and try again!", 33_780_000),
     ("try again in 5 days 22 hours 11 minutes.", 511_860_000),
-    ("Retrying in 1 seconds… (attempt 1/10)", 1000),
+    ("Retrying in 1 seconds… (attempt 1/10) - but retry in 3s", 3000),  # the echo is skipped
     ("Your limit will reset in 2 hours, try again then.", 7_200_000),
     ("请等待 70 seconds，然后重试。", 70_000),
     ("Try again in 1 minute and 30 seconds", 90_000),
@@ -339,3 +339,31 @@ def test_a_clock_outside_datetime_range_gives_no_absolute_hint(now_ms):
                  "retry-after: Wed, 21 Oct 2015 07:28:00 GMT", '"resets_at": 1749924000']:
         assert parse_retry_hint_ms(text, now_ms=now_ms) is None
     assert parse_retry_hint_ms("retry-after: 3", now_ms=now_ms) == 3000  # relative: no clock
+
+
+# --- regressions (issue: hint values) ----------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "retry-after-ms: 1e309", "retry-after: 1e3", "retry-after-ms: 1E3", "retry-after: 1.5e2",
+    "retry-after: ١٢٠", "retry-after: １２０", "retry-after-ms: ٣٠٠٠", "x-ratelimit-reset: ２０",
+    "Please retry in ３０s", "try again in ٣٠ seconds",
+])
+def test_exponents_and_non_ascii_digits_are_never_hints(text):
+    assert parse(text) is None
+
+
+@pytest.mark.parametrize("text", [
+    "Retrying in 32 seconds… (attempt 7/10)", "Rate limit exceeded. Waiting for 10 seconds.",
+    "Info: Waiting 1000ms before pinging CAPI to check network connectivity...",
+    "retrying in 5 seconds...",
+])
+def test_a_client_narrating_its_own_schedule_is_not_a_hint(text):
+    assert parse(text) is None
+
+
+def test_day_first_dates_in_other_languages():
+    now = datetime(2026, 7, 10, 10, 52).astimezone().timestamp() * 1000  # local, as the text
+    assert parse_retry_hint_ms("try again at 10 de jul. de 2026, 11:52.", now_ms=now) == 3_600_000
+    assert parse_retry_hint_ms("try again at 10 jul 2026 11:52", now_ms=now) == 3_600_000
+    # not a month: no guess
+    assert parse_retry_hint_ms("try again at 10 xyz 2026 11:52", now_ms=now) is None

@@ -11,6 +11,7 @@ import httpx2
 import openai
 import pytest
 
+from fsm.classify import classify, classify_message
 from fsm.messages import AssistantMessage, Usage
 from fsm.providers import FaultServer, OpenAIChatProvider, Provider, describe_error
 from fsm.providers.openai_chat import NO_KEY_PLACEHOLDER, TRUNCATED_MESSAGE
@@ -102,8 +103,25 @@ def test_content_filter_is_an_error_that_keeps_the_text():
 
 def test_finish_reason_error_is_an_error():
     msg = one({"stream": ["abc"], "finish_reason": "error"})
+    assert msg.stop_reason == "error" and msg.text == "abc"
+    assert msg.error_message == "Provider finish_reason: error"
+    assert classify_message(msg).kind == "retryable"
+
+
+def test_unknown_finish_reason_network_error_is_retryable_error():
+    # a router ends the stream with a reason the provider layer does not know: the partial text
+    # is not the answer, the turn is an error and a network error is retried (docs/policy.md §8 item 14)
+    msg = one({"stream": ["partial answ"], "finish_reason": "network_error"})
+    assert msg.stop_reason == "error" and msg.text == "partial answ"
+    assert msg.error_message == "Provider finish_reason: network_error"
+    assert classify_message(msg).kind == "retryable"
+
+
+def test_other_unknown_finish_reasons_are_errors_classified_by_the_same_rules():
+    msg = one({"stream": ["x"], "finish_reason": "MALFORMED_FUNCTION_CALL"})
     assert msg.stop_reason == "error"
-    assert msg.error_message == "The provider ended the stream with finish_reason: error"
+    assert msg.error_message == "Provider finish_reason: MALFORMED_FUNCTION_CALL"
+    assert classify_message(msg).kind == "fatal"
 
 
 def test_choices_other_than_the_first_are_ignored():
@@ -118,45 +136,66 @@ def test_choices_other_than_the_first_are_ignored():
 def test_529_anthropic_style_body():
     msg = one(OVERLOADED_529)
     assert msg.stop_reason == "error" and msg.text == ""
-    assert msg.error_message == ("Error code: 529 - {'type': 'error', 'error': "
-                                 "{'type': 'overloaded_error', 'message': 'Overloaded'}}")
+    assert msg.error_message == "529 Overloaded"
+    assert (msg.status, msg.error_type, msg.error_code) == (529, "overloaded_error", None)
+    assert classify_message(msg).rule == "structured.type_overloaded_error"
 
 
 def test_503():
-    assert one(UNAVAILABLE_503).error_message == (
-        "Error code: 503 - {'error': {'message': 'Service Unavailable', 'type': 'server_error', "
-        "'code': 'service_unavailable'}}")
+    msg = one(UNAVAILABLE_503)
+    assert msg.error_message == "503 Service Unavailable"
+    assert (msg.status, msg.error_type, msg.error_code) == (503, "server_error", "service_unavailable")
 
 
 def test_401():
-    assert one(BAD_KEY_401).error_message == (
-        "Error code: 401 - {'error': {'message': 'Incorrect API key provided: oracle-***-key.', "
-        "'type': 'invalid_request_error', 'code': 'invalid_api_key'}}")
+    msg = one(BAD_KEY_401)
+    assert msg.error_message == "401 Incorrect API key provided: oracle-***-key."
+    assert (msg.status, msg.error_code) == (401, "invalid_api_key")
+    assert classify_message(msg).kind == "fatal"
 
 
 def test_429_with_retry_after_carries_the_hint():
-    assert one(RATE_LIMIT_429).error_message == (
-        "Error code: 429 - {'error': {'message': 'Rate limit reached. Please try again in 60s.', "
-        "'type': 'rate_limit_error', 'code': 'rate_limit_exceeded'}} (retry-after: 60)")
+    msg = one(RATE_LIMIT_429)
+    assert msg.error_message == "429 Rate limit reached. Please try again in 60s. (retry-after: 60)"
+    assert msg.headers["retry-after"] == "60"
+    assert classify_message(msg).retry_hint_ms == 60_000
 
 
-def test_all_reset_headers_are_carried():
+def test_the_chosen_hint_header_is_carried_and_other_headers_are_dropped():
     msg = one({"status": 429, "json": {"error": {"message": "slow down"}}, "headers": {
-        "retry-after-ms": "1500", "x-ratelimit-reset-requests": "1s",
-        "x-ratelimit-reset-tokens": "6m0s", "x-request-id": "req_1"}})
-    assert msg.error_message.endswith(
-        " (retry-after-ms: 1500, x-ratelimit-reset-requests: 1s, x-ratelimit-reset-tokens: 6m0s)")
+        "x-ratelimit-reset-requests": "1s", "x-ratelimit-remaining-requests": "5",
+        "x-ratelimit-reset-tokens": "6m0s", "x-ratelimit-remaining-tokens": "0",
+        "x-request-id": "req_1", "set-cookie": "session=secret"}})
+    # the limit that was hit (remaining 0) gives the hint, in the facts and in the text
+    assert msg.error_message == "429 slow down (x-ratelimit-reset-tokens: 6m0s)"
+    assert msg.headers["x-request-id"] == "req_1" and "set-cookie" not in msg.headers
     assert "req_1" not in msg.error_message
+    assert classify_message(msg).retry_hint_ms == 360_000
+
+
+def test_x_ratelimit_reset_hint_survives_classification():
+    # docs/policy.md §8 item 15: the reset header must reach the classification (20 s, not the default)
+    msg = one({"status": 429, "json": {"error": {"message": "Too Many Requests"}},
+               "headers": {"x-ratelimit-reset": "20"}})
+    assert msg.error_message == "429 Too Many Requests (x-ratelimit-reset: 20)"
+    assert classify_message(msg).retry_hint_ms == 20_000
+    assert classify("error", msg.error_message).retry_hint_ms == 20_000  # the text alone too
+
+
+def test_html_error_page_reads_as_its_title():
+    msg = one({"status": 502, "body": "<html><head><title>502 Bad Gateway</title></head></html>"})
+    assert msg.error_message == "502 Bad Gateway"
+    assert classify_message(msg).kind == "retryable"
 
 
 def test_non_json_body_is_kept_as_text():
-    msg = one({"status": 502, "body": "<html>Bad gateway</html>"})
-    assert msg.error_message == "Error code: 502 - <html>Bad gateway</html>"
+    msg = one({"status": 502, "body": "upstream went away"})
+    assert msg.error_message == "502 upstream went away"
 
 
 def test_huge_non_json_body_is_cut():
     msg = one({"status": 500, "body": "x" * 5000})
-    assert msg.error_message == f"Error code: 500 - {'x' * 2000}… (3000 more characters)"
+    assert msg.error_message == f"500 {'x' * 2000}… (3000 more characters)"
 
 
 @pytest.mark.parametrize("status", [400, 413])
@@ -174,8 +213,7 @@ def test_exactly_one_request_even_when_the_sdk_would_retry(status):
     assert time.monotonic() - started < 0.9
     assert len(requests) == 1
     assert messages[0].stop_reason == "error"
-    assert messages[0].error_message.startswith(f"Error code: {status} - ")
-    assert messages[0].error_message.endswith("(retry-after: 1)")
+    assert messages[0].error_message == f"{status} try later (retry-after: 1, x-should-retry: true)"
 
 
 def test_each_call_is_one_request():
@@ -212,7 +250,9 @@ def test_error_event_inside_the_stream():
     event = {"error": {"message": "Overloaded", "type": "overloaded_error"}}
     msg = one({"stream": ["partial", event]})
     assert msg.stop_reason == "error" and msg.text == "partial"
-    assert msg.error_message == "Stream error: Overloaded - {'message': 'Overloaded', 'type': 'overloaded_error'}"
+    assert msg.error_message == "Stream error: Overloaded (overloaded_error)"
+    assert (msg.status, msg.error_type) == (None, "overloaded_error")
+    assert classify_message(msg).rule == "structured.type_overloaded_error"
 
 
 def test_error_event_with_only_a_message():
@@ -385,7 +425,7 @@ class _UnreadableResponse(httpx2.Response):
 def test_describe_status_error_whose_body_cannot_be_read():
     response = _UnreadableResponse(500, request=httpx2.Request("POST", "http://h/v1"))
     exc = openai.APIStatusError("Error code: 500", response=response, body={"message": "kept"})
-    assert describe_error(exc) == "Error code: 500 - {'message': 'kept'}"
+    assert describe_error(exc) == "500 kept"
     exc.body = None
     assert describe_error(exc) == "500 status code (no body)"
 

@@ -109,7 +109,6 @@ async def test_five_credentials_four_limited_every_key_is_tried():
     assert of(events, "auto_retry_end")[0]["success"] is True
 
 
-@pytest.mark.xfail(strict=True, reason="quota-window classification lands with the classifier rules")
 async def test_per_day_quota_429_reaches_the_credential_store():
     store = InMemoryCredentialStore({"scripted": ["k1", "k2"]})
     text = ("429 Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free "

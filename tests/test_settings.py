@@ -118,3 +118,43 @@ def test_backoff_is_never_negative_nor_above_nominal(base, attempt, jitter, r):
     s = RetrySettings(base_delay_ms=base, max_retries=100, jitter=jitter)
     d = s.backoff_ms(attempt, random=lambda: r)
     assert 0 <= d <= s.nominal_delay_ms(attempt) <= 86_400_000
+
+
+# ------------------------------------------------------------------ v2 settings (docs/policy.md §1)
+
+
+
+
+@pytest.mark.parametrize("retry,key", [
+    ({"retryHints": "always"}, "retry.retryHints"),
+    ({"maxHintWaitMs": -1}, "retry.maxHintWaitMs"),
+    ({"maxHintWaitMs": float("nan")}, "retry.maxHintWaitMs"),
+    ({"maxElapsedMs": "10s"}, "retry.maxElapsedMs"),
+    ({"afterOutput": "never"}, "retry.afterOutput"),
+    ({"budget": 5}, "retry.budget"),
+    ({"budget": {"maxTokens": 0}}, "retry.budget.maxTokens"),
+    ({"budget": {"maxTokens": 1001}}, "retry.budget.maxTokens"),
+    ({"budget": {"tokenRatio": 0}}, "retry.budget.tokenRatio"),
+    ({"budget": {"tokenRatio": 1.5}}, "retry.budget.tokenRatio"),
+    ({"budget": {"tokens": 3}}, "retry.budget"),
+])
+def test_v2_settings_reject_bad_values_naming_the_key(retry, key):
+    with pytest.raises(SettingsError, match=key.replace(".", r"\.")):
+        RetrySettings.from_json({"retry": retry})
+
+
+def test_v2_defaults_keep_the_reference_behaviour_and_round_trip():
+    s = RetrySettings()
+    assert (s.retry_hints, s.max_hint_wait_ms, s.max_elapsed_ms, s.after_output, s.budget) == \
+        ("ignore", 60_000, None, "retry", None)
+    full = RetrySettings.from_json({"retry": {"retryHints": "honor", "maxElapsedMs": 900_000,
+                                              "afterOutput": "stop", "budget": {"maxTokens": 10}}})
+    assert RetrySettings.from_json({"retry": full.to_json()}) == full
+    assert full.budget.threshold == 5 and full.budget.token_ratio == 0.1
+
+
+def test_hinted_delay_gets_positive_only_jitter():
+    s = RetrySettings(jitter="full")
+    assert s.hinted_delay_ms(10_000, lambda: 0.0) == 10_000
+    assert s.hinted_delay_ms(10_000, lambda: 0.999) == 11_998
+    assert RetrySettings().hinted_delay_ms(10_000, lambda: 0.999) == 10_000

@@ -15,8 +15,11 @@ Many messages, one JSON object per line (``-`` reads standard input)::
 Each input line is an object with ``message`` (a string, or null for an error without text;
 ``errorMessage`` is accepted too, so ``AssistantMessage.to_json()`` lines work), and optional
 ``stopReason`` (default ``"error"``), ``usage`` (``{"input", "output", "cacheRead",
-"cacheWrite"}``) and ``contextWindow`` (tokens). It is written back on one line with ``kind``,
-``rule``, ``usageLimit`` and ``retryHintMs`` added. Empty lines are skipped. A line that is not
+"cacheWrite"}``), ``contextWindow`` (tokens) and the structured facts of the failed response,
+decided before the text: ``status`` (HTTP status, an integer), ``errorType`` and
+``errorCode`` (the provider's error type and code, strings) and ``headers`` (an object of
+response headers, e.g. ``{"retry-after": "20"}``). It is written back on one line with
+``kind``, ``rule``, ``usageLimit`` and ``retryHintMs`` added. Empty lines are skipped. A line that is not
 valid UTF-8 or JSON, not an object, or has a field of the wrong type is reported on standard
 error with its line number, and the other lines are still processed; the exit status is then 1.
 """
@@ -107,7 +110,7 @@ def _open(path: str) -> BinaryIO:
 
 
 def _run_jsonl(args: argparse.Namespace) -> int:
-    from fsm.classify import classify
+    from fsm.classify import classify_facts
     from fsm.messages import Usage
 
     try:
@@ -125,8 +128,8 @@ def _run_jsonl(args: argparse.Namespace) -> int:
             try:
                 obj = _parse_line(line)
                 usage = Usage.from_json(obj.get("usage"))
-                result = classify(obj["stopReason"], obj["message"], usage, obj["contextWindow"],
-                                  now_ms=args.now_ms)
+                result = classify_facts(obj["stopReason"], obj["message"], usage, obj["contextWindow"],
+                                        now_ms=args.now_ms, **obj["facts"])
             except ValueError as exc:
                 failed += 1
                 print(f"fsm classify: line {number}: {exc}", file=sys.stderr)
@@ -170,7 +173,28 @@ def _parse_line(line: bytes) -> dict[str, Any]:
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f'"contextWindow" must be a non-negative integer, got {json.dumps(window)[:40]}')
     return {"_original": obj, "message": message, "stopReason": stop_reason,
-            "contextWindow": window, "usage": obj.get("usage")}
+            "contextWindow": window, "usage": obj.get("usage"), "facts": _facts(obj)}
+
+
+def _facts(obj: dict[str, Any]) -> dict[str, Any]:
+    """The optional structured facts of a line; raises ``ValueError`` naming a bad one."""
+    status = obj.get("status")
+    if status is not None and (isinstance(status, bool) or not isinstance(status, int)
+                               or not 100 <= status <= 599):
+        raise ValueError(f'"status" must be an HTTP status (an integer 100-599), got {json.dumps(status)[:40]}')
+    out: dict[str, Any] = {"status": status}
+    for key, name in (("errorType", "error_type"), ("errorCode", "error_code")):
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f'"{key}" must be a string, got {json.dumps(value)[:40]}')
+        out[name] = value
+    headers = obj.get("headers")
+    if headers is not None:
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise ValueError(f'"headers" must be an object of strings, got {json.dumps(headers)[:60]}')
+        headers = {name.lower(): value for name, value in headers.items()}
+    out["headers"] = headers
+    return out
 
 
 def _dump(record: dict[str, Any]) -> bytes:

@@ -6,18 +6,20 @@ Built on the official ``openai`` SDK (``AsyncOpenAI``) with the SDK's own retrie
 never turns into a hidden wait.
 
 Provider failures never raise. HTTP errors, error events inside the stream, dropped
-connections, connect failures, timeouts and truncated streams all come back as
-``AssistantMessage(stop_reason="error", error_message=<text>, text=<partial text>)``, with texts
-the classifier (:mod:`fsm.classify`) recognises:
+connections, connect failures, timeouts, truncated streams and unknown finish reasons all come
+back as ``AssistantMessage(stop_reason="error", error_message=<human text>, text=<partial
+text>)`` with the structured facts set (``status``, ``error_type``, ``error_code``, the
+hint-bearing ``headers``), built by :mod:`fsm.sdk_errors`:
 
-- HTTP status: ``Error code: 529 - {'type': 'error', 'error': {...}}`` (the classic SDK format:
-  status, then the whole decoded JSON body, or the raw body text), or
-  ``413 status code (no body)`` when the body is empty; the ``retry-after``, ``retry-after-ms``
-  and ``x-ratelimit-reset*`` response headers are appended as ``(retry-after: 60)``.
+- HTTP status: ``529 Overloaded``, ``429 Rate limit reached … (retry-after: 60)``,
+  ``413 status code (no body)`` when the body is empty;
 - network: the SDK's text and the underlying exceptions', e.g.
-  ``Connection error. (ConnectionResetError: [Errno 104] Connection reset by peer)``.
-- error event in the stream: ``Stream error: <message> - <error object>``.
-- truncated stream: :data:`TRUNCATED_MESSAGE`.
+  ``Connection error. (ConnectionResetError: [Errno 104] Connection reset by peer)``;
+- error event in the stream: ``Stream error: <message> (<type or code>)``;
+- truncated stream: :data:`TRUNCATED_MESSAGE`;
+- a finish reason this layer does not know: ``Provider finish_reason: <reason>``
+  (``network_error`` is then retryable, ``docs/policy.md §2``); ``content_filter`` and
+  ``error`` are errors too.
 
 Cancelling the task that awaits :meth:`~OpenAIChatProvider.complete` (a user abort) closes the
 stream and propagates ``asyncio.CancelledError``.
@@ -25,20 +27,20 @@ stream and propagates ``asyncio.CancelledError``.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import os
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 from urllib.parse import urlsplit
 
 import openai
 
 from fsm.messages import AssistantMessage, Usage
+from fsm.protocols import Provider  # re-exported: the protocol lives in fsm.protocols
+from fsm.sdk_errors import ErrorFacts, error_facts
 
 __all__ = [
-    "HINT_HEADERS",
+    "KNOWN_FINISH_REASONS",
     "NO_KEY_PLACEHOLDER",
     "OpenAIChatProvider",
     "Provider",
@@ -52,105 +54,19 @@ NO_KEY_PLACEHOLDER = "sk-no-key-required"
 TRUNCATED_MESSAGE = "Stream ended without a finish_reason or [DONE] (premature close)"
 """Error text of a stream that ended cleanly but before its final chunk."""
 
-HINT_HEADERS: tuple[str, ...] = ("retry-after", "retry-after-ms")
-"""Response headers copied into error texts (plus every ``x-ratelimit-reset*`` header)."""
-
-_BODY_LIMIT = 2000  # characters of a non-JSON error body kept (an HTML error page can be huge)
-
-_FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "toolUse",
-                   "function_call": "toolUse"}
-
-
-@runtime_checkable
-class Provider(Protocol):
-    """What the session codes against: one streamed completion per call, never raising for
-    provider failures (see the module docstring)."""
-
-    name: str
-    model: str
-
-    async def complete(self, messages: list[dict], *, on_text: Callable[[str], None] | None = None,
-                       api_key: str | None = None) -> AssistantMessage: ...
-
-
-def _hint_suffix(headers: Any) -> str:
-    hints = [f"{name}: {headers[name]}" for name in HINT_HEADERS if headers.get(name)]
-    hints += [f"{name}: {value}" for name, value in headers.items()
-              if name.lower().startswith("x-ratelimit-reset") and value]
-    return f" ({', '.join(hints)})" if hints else ""
-
-
-def _status_text(exc: openai.APIStatusError) -> str:
-    """``Error code: N - <body>``: the SDK's older, complete format (newer SDKs keep only the
-    body's ``message`` in ``str(exc)``, losing ``type``/``code`` such as ``overloaded_error``)."""
-    status = exc.status_code
-    try:
-        raw = exc.response.text.strip()
-    except Exception:  # the body could not be read: fall back to what the SDK kept
-        raw = "" if exc.body is None else str(exc.body)
-    if not raw:
-        return f"{status} status code (no body)"
-    try:
-        body: Any = json.loads(raw)
-    except ValueError:
-        body = raw if len(raw) <= _BODY_LIMIT else (
-            f"{raw[:_BODY_LIMIT]}… ({len(raw) - _BODY_LIMIT} more characters)")
-    return f"Error code: {status} - {body}"
-
-
-def _cause_chain(exc: BaseException) -> list[str]:
-    """``Name: text`` of each distinct, non-empty text among the exception's causes.
-
-    Suppressed contexts are followed too: httpx re-raises its transport errors ``from None``,
-    and the root cause (``ConnectionRefusedError``…) is the part worth reading.
-    """
-    parts: list[str] = []
-    seen = {str(exc)}
-    first: BaseException | None = None
-    pending = [exc.__cause__ or exc.__context__]
-    visited = {id(exc)}
-    while pending and len(parts) < 5:
-        cause = pending.pop(0)
-        if cause is None or id(cause) in visited:
-            continue
-        visited.add(id(cause))
-        if isinstance(cause, asyncio.CancelledError):
-            # anyio's timeouts are cancel scopes; their text only names a scope's address.
-            continue
-        first, text = first or cause, str(cause)
-        if isinstance(cause, BaseExceptionGroup):
-            pending = list(cause.exceptions) + pending
-        elif text and text not in seen:
-            seen.add(text)
-            if (isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0
-                    and os.strerror(cause.errno) not in text):
-                # asyncio's "Connect call failed (...)" names no reason; the errno does.
-                text += f" [{os.strerror(cause.errno)}]"
-            parts.append(f"{type(cause).__name__}: {text}")
-        pending.insert(0, cause.__cause__ or cause.__context__)
-    if not parts and first is not None:
-        parts.append(type(first).__name__)
-    return parts
+_FINISH_REASONS = {"stop": "stop", "end": "stop", "end_turn": "stop", "stop_sequence": "stop",
+                   "length": "length", "max_tokens": "length", "tool_calls": "toolUse",
+                   "function_call": "toolUse", "tool_use": "toolUse"}
+KNOWN_FINISH_REASONS = frozenset(_FINISH_REASONS)
+"""Finish reasons that end a turn normally (the Chat Completions ones, and the Messages API
+names some gateways pass through). ``content_filter``, ``error`` and any other reason end it
+in an error."""
 
 
 def describe_error(exc: BaseException) -> str:
-    """The error text of a failed request or stream (see the module docstring); never empty."""
-    if isinstance(exc, openai.APIStatusError):
-        return _status_text(exc) + _hint_suffix(exc.response.headers)
-    if isinstance(exc, openai.APIConnectionError):
-        causes = _cause_chain(exc)
-        return f"{exc}{' (' + '; '.join(causes) + ')' if causes else ''}"
-    if isinstance(exc, openai.APIError):
-        # An error event inside an otherwise successful stream.
-        body = exc.body
-        if body is None or (isinstance(body, dict) and set(body) <= {"message"}):
-            return f"Stream error: {exc.message}"
-        return f"Stream error: {exc.message} - {body}"
-    text = str(exc)
-    name = type(exc).__name__
-    causes = _cause_chain(exc)
-    head = f"{name}: {text}" if text else f"{name} (no message)"
-    return head + (f" ({'; '.join(causes)})" if causes else "")
+    """The human error text of a failed request or stream (:func:`fsm.sdk_errors.error_facts`);
+    never empty."""
+    return error_facts(exc).message
 
 
 def _usage(raw: Any) -> Usage:
@@ -206,9 +122,10 @@ class OpenAIChatProvider:
             client = self._clients[key] = openai.AsyncOpenAI(**kwargs)
         return client
 
-    def _error(self, message: str, text: str, usage: Usage | None) -> AssistantMessage:
-        return AssistantMessage(stop_reason="error", text=text, error_message=message or
-                                "The provider failed without saying why", usage=usage, model=self.model)
+    def _error(self, facts: ErrorFacts | str, text: str, usage: Usage | None) -> AssistantMessage:
+        if isinstance(facts, str):
+            facts = ErrorFacts(facts or "The provider failed without saying why")
+        return facts.to_message(text=text, usage=usage, model=self.model)
 
     async def complete(self, messages: list[dict], *, on_text: Callable[[str], None] | None = None,
                        api_key: str | None = None) -> AssistantMessage:
@@ -228,7 +145,7 @@ class OpenAIChatProvider:
                 model=self.model, messages=messages, stream=True,  # type: ignore[arg-type]
                 stream_options={"include_usage": True})
         except Exception as exc:  # every provider failure becomes an error message
-            return self._error(describe_error(exc), "", None)
+            return self._error(error_facts(exc), "", None)
         try:
             while True:
                 try:
@@ -236,7 +153,7 @@ class OpenAIChatProvider:
                 except StopAsyncIteration:
                     break
                 except Exception as exc:
-                    return self._error(describe_error(exc), "".join(text), usage)
+                    return self._error(error_facts(exc), "".join(text), usage)
                 if getattr(chunk, "usage", None) is not None:
                     usage = _usage(chunk.usage)
                 for choice in chunk.choices or ():
@@ -260,10 +177,10 @@ class OpenAIChatProvider:
         if finish == "content_filter":
             return self._error("Response blocked by the provider's content filter "
                                "(finish_reason: content_filter)", joined, usage)
-        if finish == "error":
-            return self._error("The provider ended the stream with finish_reason: error", joined, usage)
-        return AssistantMessage(stop_reason=_FINISH_REASONS.get(finish, "stop"), text=joined,
-                                usage=usage, model=self.model)
+        stop_reason = _FINISH_REASONS.get(finish)
+        if stop_reason is None:  # "error", "network_error", anything this layer does not know
+            return self._error(f"Provider finish_reason: {finish}", joined, usage)
+        return AssistantMessage(stop_reason=stop_reason, text=joined, usage=usage, model=self.model)
 
     async def aclose(self) -> None:
         """Close the HTTP clients this provider opened (not a caller's ``http_client``)."""

@@ -47,7 +47,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Awaitable, Callable, TypeVar
 
-from . import _sdk_errors_shim as _sdk  # TODO(merge): replace with fsm.sdk_errors
+from . import sdk_errors as _sdk
 from . import brain as B
 from .brain import RetryBrain, TurnFacts
 from .classify import Classification, classify_message
@@ -275,7 +275,7 @@ class RetryRunner:
         random: floats in [0, 1) for jitter (inject for tests).
         context_window: the model's context window in tokens, for the silent-overflow rule.
         to_message: ``to_message(exc) -> AssistantMessage``: how an exception reads (default:
-            the SDK mapping, then ``"<Name>: <text>"``).
+            :func:`fsm.sdk_errors.error_message`, the one mapping of SDK and transport errors).
     """
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import anthropic
 
-from .. import _sdk_errors_shim as _sdk  # TODO(merge): replace with fsm.sdk_errors
+from .. import sdk_errors as _sdk
 from ..messages import AssistantMessage, Usage
 
 __all__ = ["AnthropicMessagesProvider", "TRUNCATED_MESSAGE", "DEFAULT_MAX_TOKENS", "STOP_REASONS"]

@@ -44,6 +44,7 @@ import inspect
 import logging
 import random as _random
 import time
+import types
 from collections.abc import Mapping
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -69,6 +70,8 @@ COORDINATOR_TIMEOUT_S = _session.COORDINATOR_TIMEOUT_S
 state (docs/policy.md §8b.2): the session's bound."""
 
 _OK = AssistantMessage("stop", timestamp_ms=0)
+_RAISED = object()  # the callable raised before returning an awaitable
+_COROUTINE = types.CoroutineType
 
 
 class RetryChainError(Exception):
@@ -169,7 +172,7 @@ class _Call:
             self.message, self.cls = message, cls
         return message, cls
 
-    def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts) -> None:
+    def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts | None) -> None:
         self.perform(self.brain.turn_ended(message, self.runner.context_window,
                                            classification=cls, facts=facts))
 
@@ -317,9 +320,9 @@ class RetryRunner:
                 try:
                     pending = fn(*args, **kwargs)
                 except Exception as failure:
-                    pending, result, exc = None, None, failure
-                if pending is not None:
-                    if not inspect.isawaitable(pending):
+                    pending, result, exc = _RAISED, None, failure
+                if pending is not _RAISED:
+                    if type(pending) is not _COROUTINE and not inspect.isawaitable(pending):
                         raise TypeError(f"{_name(fn)} returned {type(pending).__name__}, not an "
                                         "awaitable: use fsm.retrying_sync (RetryRunner.run_sync) "
                                         "for a synchronous callable")
@@ -332,6 +335,8 @@ class RetryRunner:
                 if (cls.kind == "retryable" and settings.enabled
                         and (settings.budget is not None or settings.honors_hints)):
                     facts = await self._gather(call)
+                elif cls.kind == "none":  # a success: the brain needs no fact of the world
+                    facts = None
                 else:  # nothing to ask the coordinator: no await on the common path
                     facts = TurnFacts(now_ms=call.now_ms())
                 call.decide(message, cls, facts)

@@ -504,3 +504,8 @@ async def test_the_chains_deadline_is_read_on_the_clock():
     with pytest.raises(RetryChainError) as info:
         await task
     assert info.value.end_reason == "deadline" and fn.calls == 2 and info.value.attempts == 1
+
+
+async def test_a_sync_callable_returning_none_is_refused_too():
+    with pytest.raises(TypeError, match=r"returned NoneType, not an awaitable"):
+        await fsm.retrying(lambda: None)

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup .dot .redis demo test diagrams diagrams-diff bench clean
+.PHONY: setup .dot .redis .node demo test diagrams diagrams-diff bench clean
 
 setup: $(STAMP) .dot .redis
 
@@ -25,6 +25,18 @@ $(STAMP): pyproject.toml
 	  elif command -v brew >/dev/null 2>&1; then brew install graphviz; \
 	  else echo "please install Graphviz (the dot binary)" >&2; exit 1; fi; }
 	@command -v dot >/dev/null 2>&1
+
+# Node.js runs pi's own RPC client in tests/conformance (the client itself is installed from the
+# npm registry into ~/.cache/retry-fsm/npm by the test set-up, outside the checkout).
+.node:
+	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { \
+	  echo "installing Node.js (node, npm)"; \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	  elif command -v dnf >/dev/null 2>&1; then $(SUDO) dnf install -y nodejs npm; \
+	  elif command -v brew >/dev/null 2>&1; then brew install node; \
+	  else echo "please install Node.js (node and npm)" >&2; exit 1; fi; }
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 
 # The fleet tests and benchmarks start their own throw-away `redis-server` (no persistence, a
 # free loopback port); install the server binary through the system package manager.
@@ -46,7 +58,7 @@ demo: setup
 # The transition coverage of the run is then drawn (build/transition-coverage.svg, per state:
 # -states.svg) and written as Markdown (build/transition-coverage.md), whatever the tests'
 # outcome; pytest's status wins.
-test: setup
+test: setup .node
 	@mkdir -p build
 	@status=0; COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=95 \
 	  --transition-coverage --transition-coverage-fail-under=100 \

@@ -93,7 +93,7 @@ ORDER = (
     "rpc_ready_ms", "rpc_ready_max_ms", "python_ready_ms", "rpc_unclean_exits", "rpc_exits",
     "rpc_abort_retry_to_end_ms", "rpc_abort_retry_to_end_p90_ms",
     "rpc_abort_retry_to_end_max_ms", "rpc_get_state_roundtrip_ms", "pipe_echo_ms",
-    "coordinator_decision_us_p50", "coordinator_decision_us_p99",
+    "coordinator_decision_us_p50", "coordinator_decision_us_p99", "coordinator_decision_us_max",
     "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",
     "fleet_amplification", "fleet_amplification_no_budget", "fleet_requests_in_cooldown",
     "fleet_requests_in_cooldown_unshared",

@@ -8,7 +8,7 @@ actions it returns, **in the order returned**:
 
 ======================  =================================================================
 ``EmitTurnEnd(part)``   emit the turn's own end events here: ``part="message"`` is the
-                        assistant ``message_end`` and ``turn_end``, ``part="agent"`` is
+                        assistant ``message_end``, ``part="agent"`` is ``turn_end`` and
                         ``agent_end`` (so the brain decides where they go, §4)
 ``Emit(event)``         send ``event`` (a :mod:`fsm.events` object) to listeners
 ``DropFailedMessage``   remove the failed assistant message from the runtime context only;
@@ -89,7 +89,7 @@ _NO_FACTS = TurnFacts()
 
 @dataclass(frozen=True, slots=True)
 class EmitTurnEnd:
-    """Emit the turn's end events: ``"message"`` = message_end + turn_end, ``"agent"`` = agent_end."""
+    """Emit the turn's end events: ``"message"`` = message_end, ``"agent"`` = turn_end + agent_end."""
 
     part: str
 

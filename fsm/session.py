@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 import weakref
 from collections import deque
@@ -384,7 +385,8 @@ class AgentSession:
         self._api_key = api_key
         if api_key:
             self._secrets.add(api_key)
-        self._partial = {"role": "assistant", "content": [], "model": self.provider.model}
+        self._partial = {"role": "assistant", "content": [], "model": self.provider.model,
+                         "timestamp": int(time.time() * 1000)}
         self._emit(E.MessageStart(dict(self._partial)))
         context = [m.to_openai() for m in self.messages]
         self._stream_task = task = asyncio.ensure_future(
@@ -410,7 +412,8 @@ class AgentSession:
 
     def _partial_json(self) -> dict[str, Any]:
         p = self._partial
-        return {"role": "assistant", "content": [dict(c) for c in p["content"]], "model": p["model"]}
+        return {"role": "assistant", "content": [dict(c) for c in p["content"]], "model": p["model"],
+                "timestamp": p["timestamp"]}
 
     def _on_text(self, delta: str) -> None:
         if not delta:
@@ -464,9 +467,12 @@ class AgentSession:
         if settings.honors_hints or settings.budget is not None:
             coordinator = self._coordinator()
             try:
-                left, ok = await asyncio.wait_for(coordinator.before_decision(
-                    self._coord_key(), now if now is not None else 0, settings.budget),
-                    COORDINATOR_TIMEOUT_S)
+                from .fleet import wall_ms
+                read = coordinator.before_decision(
+                    self._coord_key(), now if now is not None else wall_ms(), settings.budget)
+                if not _self_bounded(coordinator):
+                    read = asyncio.wait_for(read, COORDINATOR_TIMEOUT_S)
+                left, ok = await read
                 cooldown = left if settings.honors_hints else 0
                 allowed, taken = ok is not False, ok is not None
             except asyncio.TimeoutError:
@@ -524,7 +530,7 @@ class AgentSession:
             coro = coordinator.return_retry_token(key, settings.budget)
         else:
             coro = coordinator.credit_success(key, settings.budget)
-        task = asyncio.get_running_loop().create_task(_bounded(coro))
+        task = asyncio.get_running_loop().create_task(_bounded(coro, _self_bounded(coordinator)))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -586,8 +592,8 @@ class AgentSession:
                     continue
                 if action.part == "message":
                     self._emit(E.MessageEnd(message.to_json()))
+                else:  # turn_end beside agent_end, as pi orders them
                     self._emit(E.TurnEnd(message.to_json()))
-                else:
                     self._emit(E.AgentEnd(tuple(run or ())))
             elif isinstance(action, B.DropFailedMessage):
                 for i in range(len(self.messages) - 1, -1, -1):
@@ -650,9 +656,16 @@ def _loop_coordinator() -> Any:
     return coordinator
 
 
-async def _bounded(coro: Awaitable[Any]) -> None:
+def _self_bounded(coordinator: Any) -> bool:
+    """A coordinator that bounds its own calls and never raises (the guarded one, the
+    in-process one): an outer timeout would only turn its late local answer, under load,
+    into "allowed" (docs/fleet.md, "How a session uses it")."""
+    return getattr(coordinator, "self_bounded", False) is True
+
+
+async def _bounded(coro: Awaitable[Any], self_bounded: bool = False) -> None:
     try:
-        await asyncio.wait_for(coro, COORDINATOR_TIMEOUT_S)
+        await (coro if self_bounded else asyncio.wait_for(coro, COORDINATOR_TIMEOUT_S))
     except Exception as exc:  # a lost write only costs sharing, never the session
         log.warning("coordinator write failed: %s", _describe(exc))
 

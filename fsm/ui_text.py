@@ -1,7 +1,17 @@
-"""The texts a user interface shows for the retry events (SPEC §6), shared by the terminal
-front end and the demo."""
+"""The texts a user interface shows for the retry events (``docs/policy.md`` §6), shared by the
+terminal front end and the demo."""
 
 from __future__ import annotations
+
+import math
+
+__all__ = [
+    "END_REASON_TEXT", "aborted_text", "countdown_seconds", "end_reason_text", "failure_text",
+    "loader_text", "seconds_half_up",
+]
+
+LOADER_KEYS = "esc to cancel"
+"""What the loader names inside its parentheses by default (the key a user can press)."""
 
 
 def seconds_half_up(ms: float) -> int:
@@ -9,9 +19,24 @@ def seconds_half_up(ms: float) -> int:
     return max(0, int((ms + 500) // 1000))
 
 
-def loader_text(attempt: int, max_attempts: int, remaining_ms: float) -> str:
-    """``Retrying (1/3) in 2s… (esc to cancel)``."""
-    return f"Retrying ({attempt}/{max_attempts}) in {seconds_half_up(remaining_ms)}s… (esc to cancel)"
+def countdown_seconds(ms: float) -> int:
+    """Whole seconds left while a backoff counts down (D9): rounded up, and at least 1 while it
+    still waits, so the loader never shows ``0s`` before the retry goes out: 1 ms → 1,
+    1000 ms → 1, 1001 ms → 2."""
+    return max(1, math.ceil(ms / 1000 - 1e-9))
+
+
+def loader_text(attempt: int, max_attempts: int, remaining_ms: float, *,
+                keys: str | None = LOADER_KEYS, counting: bool = False) -> str:
+    """``Retrying (1/3) in 2s… (esc to cancel)``.
+
+    ``keys`` is what the parentheses name (``"esc to cancel, enter to retry now"`` in the chat;
+    None: no parentheses, for a screen where no key works). ``counting``: the seconds of a live
+    countdown (:func:`countdown_seconds`); otherwise rounded half up (:func:`seconds_half_up`).
+    """
+    seconds = countdown_seconds(remaining_ms) if counting else seconds_half_up(remaining_ms)
+    text = f"Retrying ({attempt}/{max_attempts}) in {seconds}s…"
+    return f"{text} ({keys})" if keys else text
 
 
 def failure_text(attempts: int, final_error: str) -> str:
@@ -24,3 +49,26 @@ def aborted_text(attempts: int) -> str:
     """``Aborted after N retry attempts`` (singular for 1)."""
     noun = "attempt" if attempts == 1 else "attempts"
     return f"Aborted after {attempts} retry {noun}"
+
+
+END_REASON_TEXT: dict[str, str] = {
+    "succeeded": "the retry got an answer",
+    "exhausted": "no retries were left (retry.maxRetries)",
+    "cancelled": "the retry was cancelled",
+    "fatal": "the retry failed with an error that is not retried",
+    "overflow": "the retry overflowed the context window (left to compaction)",
+    "disabled": "auto-retry was switched off, so the failed retry was not retried",
+    "continue_failed": "the turn could not be re-run",
+    "hint_too_long": "the server asked to wait longer than retry.maxHintWaitMs",
+    "deadline": "the next retry would have gone past retry.maxElapsedMs",
+    "budget": "the shared retry budget is used up",
+    "output_streamed": "part of the answer had already been shown (retry.afterOutput is \"stop\")",
+}
+"""Why a retry chain ended, in plain words, for each ``endReason`` of ``auto_retry_end``."""
+
+
+def end_reason_text(end_reason: str | None) -> str | None:
+    """``"Why: no retries were left (retry.maxRetries)"`` for an ``endReason``; None when the
+    event carries none (or one this version does not know)."""
+    text = END_REASON_TEXT.get(end_reason or "")
+    return f"Why: {text}" if text else None

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from fsm.providers.fault_server import FaultServer, validate_script
-from fsm.rpc.server import CommandError, parse_command
+from fsm.rpc.protocol import CommandError, parse_command
 from support import OVERLOADED, env, stop_process
 
 pytestmark = pytest.mark.subprocess
@@ -107,7 +107,7 @@ def settings_file(tmp_path: Path, **retry) -> str:
 
 
 def check_chains(objs: list[dict]) -> None:
-    """SPEC §3: per chain, starts 1, 2, … then exactly one end with the last attempt."""
+    """docs/policy.md §3: per chain, starts 1, 2, … then exactly one end with the last attempt."""
     chains: dict = {}
     for o in objs:
         if o.get("type") == "auto_retry_start":
@@ -418,7 +418,7 @@ class Sink:
         self.lines: list[dict] = []
 
     def send(self, obj) -> None:
-        from fsm.rpc.server import encode_line
+        from fsm.rpc.protocol import encode_line
         self.lines.append(json.loads(encode_line(obj)))
 
 
@@ -464,7 +464,7 @@ class BrokenSession:
 
 
 async def test_failing_session_operations_are_answered_and_logged(caplog):
-    from fsm.rpc.server import RpcServer
+    from fsm.rpc.dispatch import RpcServer
 
     class Jsonable:
         def to_json(self):
@@ -489,7 +489,7 @@ async def test_failing_session_operations_are_answered_and_logged(caplog):
 
 
 async def test_shutdown_is_bounded_when_the_session_hangs(caplog):
-    from fsm.rpc.server import RpcServer
+    from fsm.rpc.dispatch import RpcServer
     sink = Sink()
     session = BrokenSession(hang=True)
     server = RpcServer(session, sink)
@@ -508,7 +508,7 @@ def test_an_id_that_is_not_json_is_not_guessed():
 
 
 async def test_deferred_provider_whose_import_fails_ends_each_turn_with_an_error(caplog):
-    from fsm.rpc.server import DeferredProvider
+    from fsm.providers.deferred import DeferredProvider
 
     def factory():
         raise ImportError("no module named openai")

@@ -186,7 +186,7 @@ class Chat:
     def __init__(self, base_url: str, settings: dict | None, tmp_path: Path, *extra: str) -> None:
         args = ["-m", "fsm", "chat", "--base-url", base_url, "--model", "fault-model",
                 "--api-key", "test-key", *extra]
-        if "--session-file" not in extra:
+        if "--session-file" not in extra and "--session-dir" not in extra:
             args.append("--no-session")
         if settings is not None:
             path = tmp_path / "settings.json"
@@ -305,7 +305,7 @@ def run_chat(tmp_path):
 
 
 def loader_seconds(chat: Chat, attempt: str) -> int:
-    m = chat.wait_for(rf"Retrying \({attempt}\) in (\d+)s… \(esc to cancel\)")
+    m = chat.wait_for(rf"Retrying \({attempt}\) in (\d+)s… \(esc to cancel, enter to retry now\)")
     return int(m.group(1))
 
 
@@ -320,24 +320,26 @@ def test_loader_counts_down_then_the_retried_answer_clears_it(run_chat, tmp_path
     loader_seconds(chat, "1/2")
     assert "backing off 1/2" in chat.status()
     # Watch the loader until the answer comes: the seconds count down live (2500 ms shows
-    # 3s, 2s, 1s, 0s on half-second boundaries, rounded half up).
+    # 3s, 2s, 1s, rounded up: never 0s while it waits).
     seen: list[int] = []
     deadline = time.monotonic() + WAIT_S
     while "Recovered after one retry." not in chat.transcript():
-        m = re.search(r"Retrying \(1/2\) in (\d+)s… \(esc to cancel\)", chat.display())
+        m = re.search(r"Retrying \(1/2\) in (\d+)s… \(esc to cancel, enter to retry now\)", chat.display())
         if m and (not seen or seen[-1] != int(m.group(1))):
             seen.append(int(m.group(1)))
         assert time.monotonic() < deadline, f"no answer; screen:\n{chat.transcript()}"
         time.sleep(0.02)
     assert len(seen) >= 2 and seen == sorted(seen, reverse=True) and seen[0] <= 3, seen
+    assert 0 not in seen, seen
     chat.wait_for(r"(?m)^Recovered after one retry\.$", where="transcript")
-    chat.wait_for(r"fault-model · retry on · idle")
+    chat.wait_for(r"Retry succeeded on attempt 1 of 2", where="transcript")
+    chat.wait_for(r"fault-model · retry on · idle \(last chain succeeded\)")
     assert "Retrying" not in chat.display()
     assert "Retry failed" not in chat.transcript()
     assert len(server.chat_requests) == 2
     chat.send("\x04")
     assert chat.wait_exit() == 0
-    # The session log keeps the failed message the runtime context dropped (SPEC §3).
+    # The session log keeps the failed message the runtime context dropped (docs/policy.md §3).
     entries = [json.loads(line) for line in session_file.read_text().splitlines()]
     stops = [e["message"].get("stopReason") for e in entries if e["type"] == "message"]
     assert stops == [None, "error", "stop"]
@@ -358,8 +360,10 @@ def test_esc_during_the_backoff_cancels_the_retry(run_chat, tmp_path):
     # Past the cancelled backoff's deadline: the fault server saw no retry request.
     time.sleep(max(0.0, 2.3 - esc_s))
     assert len(server.chat_requests) == 1
+    chat.wait_for(r"fault-model · retry on · idle \(last chain cancelled\)")
     chat.line("/state")
     chat.wait_for(r'"retryState": "cancelled"', where="transcript")
+    assert "status: idle (last chain cancelled)" in chat.transcript()
     assert '"isRetrying": false' in chat.transcript()
     chat.send("\x04")
     assert chat.wait_exit() == 0
@@ -390,12 +394,26 @@ def test_retry_off_shows_the_error_and_no_loader(run_chat):
     chat.wait_for(r"fault-model · retry off · idle")
     chat.line("hello")
     chat.wait_for(r"Error: 529 Overloaded", where="transcript")
+    chat.wait_for(r"Not retrying: auto-retry is off", where="transcript")
     chat.wait_for(r"fault-model · retry off · idle")
     time.sleep(0.3)
     assert "Retrying" not in chat.raw_text()
     assert len(server.chat_requests) == 1
     chat.line("/retry on")
     chat.wait_for(r"fault-model · retry on · idle")
+    chat.send("\x04")
+    assert chat.wait_exit() == 0
+
+
+def test_enter_on_an_empty_line_during_the_backoff_retries_now(run_chat):
+    chat, server = run_chat([OVERLOADED, {"stream": ["Retried at once."]}], {"baseDelayMs": 60000})
+    chat.line("hello")
+    loader_seconds(chat, "1/3")
+    chat.send("\r")
+    chat.wait_for(r"(?m)^Retried at once\.$", where="transcript")
+    chat.wait_for(r"Retry succeeded on attempt 1 of 3", where="transcript")
+    requests = server.chat_requests
+    assert len(requests) == 2 and requests[1]["t_ms"] - requests[0]["end_ms"] < 30000
     chat.send("\x04")
     assert chat.wait_exit() == 0
 
@@ -416,6 +434,20 @@ def test_a_message_typed_during_the_backoff_waits_for_it(run_chat):
     assert sent == ["first", "second"]
     chat.send("\x03")
     assert chat.wait_exit() == 0
+
+
+def test_session_dir_chooses_where_the_log_goes(run_chat, tmp_path):
+    logs = tmp_path / "logs"
+    chat, server = run_chat([{"stream": ["Logged."]}], None, "--session-dir", str(logs))
+    chat.wait_for(r"session log: ", where="transcript")
+    chat.line("hello")
+    chat.wait_for(r"(?m)^Logged\.$", where="transcript")
+    chat.send("\x04")
+    assert chat.wait_exit() == 0
+    files = list(logs.glob("*.jsonl"))
+    banner = chat.transcript().replace("\n", "")  # a long path wraps on screen
+    assert len(files) == 1 and f"session log: {files[0]}" in banner
+    assert "Logged." in files[0].read_text()
 
 
 def test_ctrl_c_during_the_backoff_leaves_cleanly(run_chat):

@@ -1,6 +1,7 @@
 """`python -m fsm demo`, the README's main job, run for real with short backoffs."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -17,10 +18,16 @@ def test_demo_survives_529_and_503(tmp_path):
     proc = run_demo(tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "Retrying (1/3) in 0s… (esc to cancel)" in out
-    assert "Retrying (2/3) in 0s… (esc to cancel)" in out
-    assert "overloaded_error" in out and "503" in out
-    assert '"type": "auto_retry_end", "success": true, "attempt": 2' in out
+    assert re.search(r"request 1 failed: .*529", out)
+    # Each decision in a plain sentence: the error, the rule, the wait, the attempt.
+    assert re.search(r"529.* is retryable \(rule [a-z_.0-9]+\): waiting 0\.02 s, attempt 1 of 3", out), out
+    assert re.search(r"503.* is retryable \(rule [a-z_.0-9]+\): waiting 0\.04 s, attempt 2 of 3", out), out
+    assert "the retry succeeded on attempt 2: the chain is over" in out
+    # No key is offered (the demo reads no keyboard), and the answer says where it came from.
+    assert "esc" not in out.lower()
+    assert "A local fault server at http://127.0.0.1:" in out and "no model is called" in out
+    assert "answer (canned text from the local fault server, not a model): " in out
+    assert "(script:" not in out and "{" not in out  # no jargon, no raw JSON
     assert "HTTP requests: 3 (one per attempt)" in out
     log = [json.loads(line) for line in (tmp_path / "out" / "session.jsonl").read_text().splitlines()]
     assert [e["message"].get("stopReason", "user") for e in log[1:]] == ["user", "error", "error", "stop"]
@@ -34,7 +41,25 @@ def test_demo_reports_exhaustion_with_failure_line(tmp_path):
     script.write_text(json.dumps([{"status": 503, "json": {"error": {"message": "down"}}}] * 4))
     proc = run_demo(tmp_path, "--script", str(script))
     assert proc.returncode == 1
+    assert "It answers: 503 down, then 503 down, then 503 down, then 503 down;" in proc.stdout
     assert "Retry failed after 3 attempts: " in proc.stdout
+    assert "no answer: the turn ended with " in proc.stdout
+
+
+def test_demo_says_when_an_error_is_not_retried(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"status": 401, "json": {"error": {"message": "Incorrect API key provided"}}}]))
+    proc = run_demo(tmp_path, "--script", str(script))
+    assert proc.returncode == 1
+    assert re.search(r"that is not retried \(fatal, rule [a-z_.0-9]+\): the turn ends with this error",
+                     proc.stdout), proc.stdout
+
+
+def test_demo_keeps_the_default_settings_without_a_settings_file():
+    """make demo runs with the defaults: 3 retries, 2 s first backoff."""
+    from fsm.commands.common import load_settings
+    settings = load_settings(None, prog="demo")
+    assert (settings.max_retries, settings.base_delay_ms) == (3, 2000)
 
 
 def test_demo_refuses_bad_script(tmp_path):

@@ -269,3 +269,17 @@ def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
     monkeypatch.setattr(server.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="make setup"):
         server.RedisServer()
+
+
+async def test_warm_up_loads_the_scripts_and_opens_connections(redis_server, prefix):  # noqa: F811
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    await c.client.script_flush()
+    await c.warm_up(connections=3)
+    shas = [s.sha for s in c._scripts.values()]
+    assert await c.client.script_exists(*shas) == [True] * len(shas)
+    await c.aclose()
+
+
+def test_max_connections_is_checked():
+    with pytest.raises(ValueError, match="max_connections"):
+        RedisCoordinator.from_url("redis://127.0.0.1:1/0", max_connections=0)

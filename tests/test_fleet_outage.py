@@ -188,12 +188,99 @@ async def test_guard_never_raises_whatever_the_inner_raises():
     inner.fail = CoordinatorError("refused by 127.0.0.1:1")
     await g.cooldown_left_ms(KEY, 0)
     assert events[-1] == {"type": "coordinator_unavailable", "reason": "refused by 127.0.0.1:1"}
-    inner.fail = asyncio.CancelledError()
+    inner.fail = asyncio.CancelledError()  # the inner call's own cancellation: local answer
     clock[0] = 2.0
-    with pytest.raises(asyncio.CancelledError):
-        await g.cooldown_left_ms(KEY, 0)
+    assert await g.cooldown_left_ms(KEY, 0) == 0
     await g.aclose()
     assert inner.closed
+
+
+class Hanging(InProcessCoordinator):
+    """An inner coordinator whose cooldown read waits for ``release``, as a command that was
+    sent (``in_flight``) or, with ``sent=False``, as one still waiting for a connection."""
+
+    def __init__(self, sent: bool = True) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.finished = False
+        self.cancelled = False
+        self.sent = sent
+        self.in_flight: set = set()
+
+    async def cooldown_left_ms(self, key, now_ms):
+        if self.sent:
+            self.in_flight.add(asyncio.current_task())
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        self.finished = True
+        return 1234
+
+
+async def test_a_late_call_that_sent_nothing_is_cancelled_and_declares_nothing():
+    """A call that never got its turn (this process is busy) is answered locally, but the
+    remote is not declared down."""
+    inner = Hanging(sent=False)
+    events: list = []
+    g = GuardedCoordinator(inner, timeout_s=0.02, on_event=events.append)
+    assert await g.cooldown_left_ms(KEY, 0) == 0
+    await asyncio.sleep(0)
+    assert inner.cancelled and not inner.finished
+    assert events == [] and g.available
+
+
+async def test_the_callers_cancellation_propagates_and_the_late_call_finishes_alone():
+    inner = Hanging()
+    g = GuardedCoordinator(inner, timeout_s=5)
+    task = asyncio.ensure_future(g.cooldown_left_ms(KEY, 0))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    inner.release.set()
+    await asyncio.sleep(0.01)
+    assert inner.finished, "the call was left to finish, not cancelled"
+
+
+async def test_an_answer_that_arrived_while_the_loop_was_busy_is_taken():
+    """The loop is blocked past the deadline (another task's CPU work); the answer that came
+    in meanwhile is used, and the remote is not declared down."""
+    inner = Hanging()
+    events: list = []
+    g = GuardedCoordinator(inner, timeout_s=0.05, on_event=events.append)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.04, inner.release.set)
+    loop.call_later(0.01, time.sleep, 0.1)  # a busy loop from 10 ms to 110 ms
+    assert await g.cooldown_left_ms(KEY, 0) == 1234
+    assert events == [] and g.available
+
+
+async def test_a_late_answer_after_the_extension_is_given_up():
+    inner = Hanging()
+    events: list = []
+    g = GuardedCoordinator(inner, timeout_s=0.05, on_event=events.append)
+    left, took = await timed(g.cooldown_left_ms(KEY, 0))
+    assert left == 0 and took < 0.15
+    assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 50 ms"}]
+    inner.release.set()
+
+
+async def test_the_fallback_bucket_continues_from_the_fleets_count(own_redis, prefix):  # noqa: F811
+    """Redis said the fleet's bucket is drained; when Redis goes away, this process does not
+    start again from a full bucket of retries."""
+    events: list = []
+    g = guarded(own_redis.url, prefix, events)
+    budget = BudgetSettings(max_tokens=10)
+    answers = [await g.take_retry_token(KEY, budget) for _ in range(8)]
+    assert answers == [True] * 4 + [False] * 4  # 2 tokens left in Redis
+    assert g.fallback.tokens(KEY, budget) == 2
+    own_redis.kill()
+    assert await g.before_decision(KEY, wall_ms(), budget) == (0, False)  # local: 1 left
+    await g.credit_success(KEY, budget)
+    assert g.fallback.tokens(KEY, budget) == 1.1
+    await g.aclose()
 
 
 async def test_a_failing_listener_does_not_reach_the_caller():
@@ -219,6 +306,8 @@ def test_guard_settings_are_checked():
         GuardedCoordinator(InProcessCoordinator(), timeout_s=0)
     with pytest.raises(ValueError, match="probe_interval_s"):
         GuardedCoordinator(InProcessCoordinator(), probe_interval_s=-1)
+    with pytest.raises(ValueError, match="write_timeout_s"):
+        GuardedCoordinator(InProcessCoordinator(), write_timeout_s=0)
 
 
 async def test_an_unreachable_server_is_a_coordinator_error_without_the_password():
@@ -227,3 +316,51 @@ async def test_an_unreachable_server_is_a_coordinator_error_without_the_password
         await c.ping()
     assert "hunter2" not in str(info.value) and "127.0.0.1" in str(info.value)
     await c.aclose()
+
+
+async def test_warm_up_reports_a_server_that_is_not_there():
+    events: list = []
+    g = GuardedCoordinator(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), on_event=events.append)
+    assert await g.warm_up() is False
+    assert [e["type"] for e in events] == ["coordinator_unavailable"]
+    assert await GuardedCoordinator(InProcessCoordinator()).warm_up() is True
+
+
+async def test_warm_up_of_a_paused_server_gives_up_in_time(own_redis, prefix):  # noqa: F811
+    events: list = []
+    g = guarded(own_redis.url, prefix, events)
+    own_redis.pause()
+    try:
+        ok, took = await timed(g.warm_up(timeout_s=0.1))
+    finally:
+        own_redis.resume()
+    assert ok is False and took < 0.5
+    assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 100 ms"}]
+    assert await g.warm_up() is True and events[-1] == {"type": "coordinator_restored"}
+    await g.aclose()
+
+
+def test_the_guard_and_the_in_process_coordinator_say_they_bound_themselves():
+    """A shell adds no timeout of its own around these (docs/fleet.md)."""
+    assert GuardedCoordinator(InProcessCoordinator()).self_bounded is True
+    assert InProcessCoordinator().self_bounded is True
+    assert getattr(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), "self_bounded", False) is False
+
+
+async def test_what_redis_told_is_remembered_for_local_answers(own_redis, prefix):  # noqa: F811
+    """A cooldown and a mark another process wrote, read once through the guard, still hold
+    when Redis goes away."""
+    events: list = []
+    g = guarded(own_redis.url, prefix, events)
+    other = RedisCoordinator.from_url(own_redis.url, prefix=prefix)
+    now = wall_ms()
+    await other.learn_cooldown(KEY, now + 60_000, now)
+    await other.mark_credential_limited("anthropic", "c9", now + 60_000, now)
+    assert (await g.before_decision(KEY, now, None))[0] == 60_000
+    assert "c9" in await g.limited_credentials("anthropic", now)
+    await other.aclose()
+    own_redis.kill()
+    assert (await g.before_decision(KEY, now + 1_000, None)) == (59_000, None)
+    assert await g.limited_credentials("anthropic", now + 1_000) == {"c9": now + 60_000}
+    assert [e["type"] for e in events] == ["coordinator_unavailable"]
+    await g.aclose()

@@ -1,6 +1,6 @@
 """RpcClient against the real server subprocess and the in-process FaultServer.
 
-Pins SPEC §8.10 (the original's client dropped the retry events and ignored ``success:false``)
+Pins docs/policy.md §8 item 10 (pi's client dropped the retry events and ignored ``success:false``)
 and the client's promise not to hang: timeouts, and a dead server raising in pending requests,
 new requests and the event iterator.
 """
@@ -45,7 +45,7 @@ async def test_commands_events_and_idle(tmp_path):
             await client.abort()
         assert client.returncode == 0
     types = [e["type"] for e in client.received]
-    # SPEC §8.10: retry events reach the client, in order, with the deltas of the turn.
+    # docs/policy.md §8 item 10: retry events reach the client, in order, with the deltas of the turn.
     assert types.count("auto_retry_start") == 1 and types.count("auto_retry_end") == 1
     assert types.index("auto_retry_start") < types.index("message_update") < types.index("auto_retry_end")
     start = next(e for e in client.received if e["type"] == "auto_retry_start")
@@ -143,7 +143,8 @@ async def test_server_failing_at_start_reports_status_and_stderr(tmp_path):
 
 async def test_close_is_idempotent_and_later_requests_fail(tmp_path):
     with FaultServer([]) as fs:
-        client = await client_for(fs, tmp_path).start()
+        # A generous grace: on a loaded machine the exit waits for the SDK's import thread.
+        client = await client_for(fs, tmp_path, close_grace_s=15.0).start()
         assert await client.close() == 0
         assert await client.close() == 0
         with pytest.raises(RpcError, match="closed"):
@@ -156,3 +157,114 @@ async def test_unstarted_client_refuses_requests():
         await client.get_state()
     with pytest.raises(TypeError):
         RpcClient("--model m")  # type: ignore[arg-type]
+
+
+async def test_get_messages_steer_and_follow_up(tmp_path):
+    """steer and follow_up queue while a turn streams (pendingMessageCount), then go out with
+    the next turn; get_messages is the runtime context in pi's message shape."""
+    script = [{"stream": ["Hel", "lo"], "chunk_delay_ms": 300}, {"stream": ["both"]}]
+    with FaultServer(script) as fs:
+        async with client_for(fs, tmp_path) as client:
+            await client.prompt("hi")
+            await client.wait_for_event("message_update", timeout_s=10)
+            await client.steer("steered")
+            await client.follow_up("followed")
+            state = await client.get_state()
+            assert state["pendingMessageCount"] == 2 and state["isStreaming"] is True
+            await client.wait_for_idle(timeout_s=20)
+            messages = await client.get_messages()
+        assert [m["role"] for m in messages] == ["user", "assistant", "user", "user", "assistant"]
+        assert [m["content"][0]["text"] for m in messages] == ["hi", "Hello", "steered", "followed", "both"]
+        answer = messages[1]
+        assert answer["stopReason"] == "stop" and answer["provider"] == "127.0.0.1"
+        assert answer["api"] == "openai-completions" and answer["usage"]["totalTokens"] >= 0
+        user_texts = [[m["content"] for m in r["body"]["messages"] if m["role"] == "user"]
+                      for r in fs.chat_requests]
+        assert user_texts == [["hi"], ["hi", "steered", "followed"]]
+
+
+async def test_pi_commands_this_server_lacks_are_refused_saying_so(tmp_path):
+    with FaultServer([]) as fs:
+        async with client_for(fs, tmp_path) as client:
+            for kind in ("compact", "get_session_stats", "set_model", "bash"):
+                with pytest.raises(RpcError, match=f"command '{kind}' is not implemented"):
+                    await client.request({"type": kind})
+            await client.retry_now()  # no backoff: ignored, with success
+            assert (await client.get_state())["isRetrying"] is False
+
+
+async def test_session_dir_chooses_where_the_log_goes_and_get_state_names_it(tmp_path):
+    logs = tmp_path / "logs"
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"retry": {"baseDelayMs": 20}}))
+    with FaultServer([{"stream": ["ok"]}]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--settings", str(settings),
+                              "--session-dir", str(logs)], env=env(), cwd=tmp_path) as client:
+            state = await client.get_state()
+            await client.prompt("hi")
+            await client.wait_for_idle(timeout_s=20)
+    path = Path(state["sessionFile"])
+    assert path.parent == logs and path.name == f"{state['sessionId']}.jsonl"
+    assert '"stopReason": "stop"' in path.read_text() or '"stopReason":"stop"' in path.read_text()
+    assert not (tmp_path / ".fsm").exists()
+
+
+async def test_credentials_file_is_the_session_credential_store(tmp_path):
+    """--credentials FILE: each request carries the store's key for the --provider name."""
+    store = tmp_path / "credentials.json"
+    store.write_text(json.dumps({"providers": {"acme": {"keys": ["sk-first", "sk-second"]}}}))
+    with FaultServer([{"stream": ["ok"]}]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--provider", "acme",
+                              "--credentials", str(store), "--no-session"],
+                             env=env(), cwd=tmp_path) as client:
+            assert (await client.get_state())["model"]["provider"] == "acme"
+            await client.prompt("hi")
+            await client.wait_for_idle(timeout_s=20)
+        auth = [r["headers"].get("authorization") for r in fs.chat_requests]
+    assert auth == ["Bearer sk-first"]
+
+
+@pytest.mark.parametrize("content", ["{not json", None], ids=["not-json", "a-folder"])
+def test_a_bad_credentials_file_is_refused_with_status_2(tmp_path, content):
+    import subprocess
+    import sys
+    store = tmp_path / "credentials.json"
+    if content is None:
+        store.mkdir()
+    else:
+        store.write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
+                           "--credentials", str(store)], input="", capture_output=True, text=True,
+                          env=env(), cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2
+    assert "bad credentials file" in proc.stderr and str(store) in proc.stderr
+
+
+def test_a_bad_redis_url_is_refused_with_status_2(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
+                           "--redis", "ftp://nowhere"], input="", capture_output=True, text=True,
+                          env=env(), cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2 and "bad --redis" in proc.stderr and "ftp://nowhere" in proc.stderr
+
+
+async def test_redis_memory_gives_the_session_a_coordinator(tmp_path):
+    with FaultServer([OVERLOADED, {"stream": ["ok"]}]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--no-session",
+                              "--redis", "memory:"], env=env(), cwd=tmp_path, record=True) as client:
+            await client.set_auto_retry(True)
+            await client.prompt("hi")
+            await client.wait_for_idle(timeout_s=30)
+    ends = [e for e in client.received if e["type"] == "auto_retry_end"]
+    assert ends and ends[-1]["success"] is True
+
+
+async def test_the_default_session_folder_is_announced_on_stderr(tmp_path):
+    lines: list[str] = []
+    with FaultServer([]) as fs:
+        async with RpcClient(["--base-url", fs.base_url, "--model", "m"], env=env(), cwd=tmp_path,
+                             stderr=lines.append) as client:
+            state = await client.get_state()
+    assert (tmp_path / state["sessionFile"]).parent == tmp_path / ".fsm" / "sessions"
+    assert "writing the session log to .fsm/sessions/<session id>.jsonl" in "".join(lines)

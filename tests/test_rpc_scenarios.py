@@ -1,7 +1,7 @@
-"""SPEC §3 retry scenarios end to end over the pipe: FaultServer → real server → RpcClient.
+"""docs/policy.md §3 retry scenarios end to end over the pipe: FaultServer → real server → RpcClient.
 
 Each test scripts the provider's answers, drives the server through :class:`fsm.rpc.RpcClient`
-and checks the retry events (SPEC §4 fields), the HTTP requests the provider saw (one per
+and checks the retry events (docs/policy.md §4 fields), the HTTP requests the provider saw (one per
 attempt, backoffs respected, the failed message dropped from the retried context) and the
 chain invariants. Backoffs are 20 ms except where a test needs time to act inside one.
 
@@ -86,7 +86,7 @@ class Run:
         return state
 
     def check(self) -> None:
-        """SPEC §4 field shapes and the §3 chain invariants over this test's events."""
+        """docs/policy.md §4 field shapes and the §3 chain invariants over this test's events."""
         chain = None  # attempts of the open chain
         for e in self.events:
             if e["type"] == "auto_retry_start":
@@ -98,7 +98,7 @@ class Run:
                 chain.append(e["attempt"])
             elif e["type"] == "auto_retry_end":
                 assert isinstance(e["success"], bool)
-                if chain is None:  # only the seed's maxRetries = 0 case ends without a start
+                if chain is None:  # only the maxRetries = 0 case ends without a start
                     assert self.max_retries == 0 and e["attempt"] == 0 and e["success"] is False
                 else:
                     assert e["attempt"] == chain[-1], (chain, e)
@@ -187,7 +187,7 @@ async def test_overloaded_then_ok(fast):
     assert sent[0] == sent[1] == sent[2]
     assert sent[0][-1] == {"role": "user", "content": "overloaded then ok"}
     assert run.stop_reasons() == ["error", "error", "stop"]
-    # The failed turn's agent_end comes before the retry start it causes (SPEC §4).
+    # The failed turn's agent_end comes before the retry start it causes (docs/policy.md §4).
     types = [e["type"] for e in run.events]
     assert types.index("agent_end") < types.index("auto_retry_start")
 
@@ -341,7 +341,7 @@ async def test_get_state_during_a_backoff(stuck):
 
 
 async def test_prompt_during_a_backoff_never_bypasses_it(slow):
-    # SPEC §8.7: a message sent during the backoff bypassed the delay in the original.
+    # docs/policy.md §8 item 7: a message sent during the backoff must not bypass the delay.
     run = await slow.run([OVERLOADED, OK])
     await run.client.prompt("first")
     await run.client.wait_for_event("auto_retry_start")

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from fsm.providers.fault_server import FaultServer
-from fsm.rpc.server import (MAX_LINE_BYTES, Command, CommandError, LineFramer, LineTooLong,
-                            encode_line, parse_command)
+from fsm.rpc.protocol import (MAX_LINE_BYTES, Command, CommandError, LineFramer, LineTooLong,
+                              encode_line, parse_command)
 from support import OVERLOADED, ROOT, stop_process
 
 pytestmark = pytest.mark.subprocess
@@ -226,7 +226,8 @@ def test_get_state_reports_the_retry_fields_and_echoes_ids(shared):
     for key in ("isStreaming", "isRetrying", "retryAttempt", "autoRetryEnabled",
                 "autoCompactionEnabled", "messageCount", "sessionId", "model"):
         assert key in data, key
-    assert data["model"] == "m" and data["autoRetryEnabled"] is True and data["retryAttempt"] == 0
+    assert data["model"]["id"] == "m" and data["model"]["provider"] == "127.0.0.1"
+    assert data["autoRetryEnabled"] is True and data["retryAttempt"] == 0
     shared.send(b'{"type":"get_state"}\n')
     assert "id" not in shared.response()
 
@@ -334,7 +335,7 @@ def test_prompt_is_answered_at_once_and_get_state_during_the_turn(tmp_path):
         t, reply, before = server.until(lambda o: o.get("id") == "p")
         assert reply["success"] is True
         assert t - sent < 0.5  # the turn (1.5 s) runs in the background
-        assert before == []  # as in the original, the response precedes agent_start
+        assert before == []  # as in pi, the response precedes agent_start
         assert server.until(lambda o: True)[1]["type"] == "agent_start"
         state = server.get_state()
         assert state["isStreaming"] is True and state["isRetrying"] is False
@@ -387,7 +388,7 @@ def test_exit_within_a_second_during_a_5s_backoff(tmp_path, how):
         rc = server.proc.wait(5)
         elapsed = time.monotonic() - t0
         assert rc == 0 and elapsed < 1.0, (rc, elapsed, bytes(server.stderr))
-        end = server.event("auto_retry_end")  # the chain still gets its end (SPEC §3 invariant)
+        end = server.event("auto_retry_end")  # the chain still gets its end (docs/policy.md §3 invariant)
         assert end == {**end, "success": False, "attempt": 1, "finalError": "Retry cancelled"}
         assert len(fs.chat_requests) == 1
     finally:
@@ -544,3 +545,21 @@ def test_empty_stdin_exits_at_once(tmp_path):
                           cwd=tmp_path, env=rpc_env(), stdin=subprocess.DEVNULL, capture_output=True,
                           timeout=30)
     assert proc.returncode == 0 and proc.stdout == b"" and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("kind", ["compact", "new_session", "get_commands", "set_model"])
+def test_pi_commands_this_server_lacks_parse_to_a_not_implemented_error(kind):
+    err = parse_command(json.dumps({"id": "x", "type": kind}).encode())
+    assert isinstance(err, CommandError) and err.id == "x" and err.command == kind
+    assert f"command '{kind}' is not implemented by this server" in err.error
+    assert "get_messages" in err.error and "retry_now" in err.error  # says what it does serve
+
+
+def test_an_extension_ui_response_gets_no_answer():
+    assert parse_command(b'{"type":"extension_ui_response","id":"ui1","value":"yes"}') is None
+
+
+@pytest.mark.parametrize("line", [b'{"type":"steer"}', b'{"type":"follow_up","message":3}'])
+def test_steer_and_follow_up_need_a_message(line):
+    err = parse_command(line)
+    assert isinstance(err, CommandError) and 'field "message"' in err.error

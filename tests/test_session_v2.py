@@ -175,8 +175,8 @@ async def test_event_order_failed_turn_then_retry_start_then_successful_retry():
     assert types == [
         "agent_start", "turn_start", "message_start", "message_end", "message_start",
         "message_end", "turn_end", "agent_end", "auto_retry_start",
-        "agent_start", "turn_start", "message_start", "message_end", "turn_end",
-        "auto_retry_end", "agent_end"]
+        "agent_start", "turn_start", "message_start", "message_end", "auto_retry_end",
+        "turn_end", "agent_end"]  # pi's order: the chain's end, then turn_end beside agent_end
     assert of(events, "message_start")[1]["message"]["role"] == "assistant"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsm.tui.view import ESC_ABORT_RETRY, ESC_ABORT_TURN, ChatView, Line
+from fsm.tui.view import ENTER_RETRY_NOW, ESC_ABORT_RETRY, ESC_ABORT_TURN, ChatView, Line, rest_label
 
 
 class Clock:
@@ -82,27 +82,36 @@ def test_retry_start_rebinds_esc_to_abort_retry_and_shows_the_loader(view):
     failed_turn(view)
     assert view.handle(start()) == []
     assert view.esc_action == ESC_ABORT_RETRY
-    assert view.loader_text() == "Retrying (1/3) in 2s… (esc to cancel)"
+    assert view.loader_text() == "Retrying (1/3) in 2s… (esc to cancel, enter to retry now)"
+    assert view.enter_action == ENTER_RETRY_NOW
     assert view.activity_text() == view.loader_text()
     assert view.status_text() == "m1 · retry on · backing off 1/3"
     assert view.needs_ticks
 
 
-def test_loader_counts_down_with_seconds_rounded_half_up(view, clock):
+def test_loader_counts_down_rounded_up_and_never_shows_zero_while_waiting(view, clock):
+    """D9: the seconds left are rounded up while counting down; at or past the deadline (the
+    retry has not gone out yet) the loader still says 1s, never 0s."""
     view.handle(start(delay_ms=2500))
     seen = []
     for elapsed in (0.0, 0.4, 0.5, 1.2, 1.5, 2.0, 2.1, 2.6, 9.0):
         clock.now = 100.0 + elapsed
         seen.append(view.loader_text())
     assert [s.split(" in ")[1].split("…")[0] for s in seen] == [
-        "3s", "2s", "2s", "1s", "1s", "1s", "0s", "0s", "0s"]
+        "3s", "3s", "2s", "2s", "1s", "1s", "1s", "1s", "1s"]
 
 
 def test_half_a_second_left_shows_one_second(view, clock):
     view.handle(start(delay_ms=500))
-    assert view.loader_text() == "Retrying (1/3) in 1s… (esc to cancel)"
-    clock.now += 0.001
-    assert view.loader_text() == "Retrying (1/3) in 0s… (esc to cancel)"
+    assert view.loader_text() == "Retrying (1/3) in 1s… (esc to cancel, enter to retry now)"
+    clock.now += 0.499
+    assert view.loader_text() == "Retrying (1/3) in 1s… (esc to cancel, enter to retry now)"
+
+
+def test_loader_keys_can_be_chosen():
+    view = ChatView(keys="esc to cancel", clock=lambda: 0.0)
+    view.handle(start(delay_ms=1200))
+    assert view.loader_text() == "Retrying (1/3) in 2s… (esc to cancel)"
 
 
 def test_retried_turn_start_restores_esc_and_clears_the_loader(view):
@@ -121,10 +130,10 @@ def test_success_end_clears_the_loader_quietly(view):
     view.handle(AGENT_START)
     lines = view.handle(ASSISTANT_START) + view.handle(delta("hi")) + view.handle(
         assistant_end(text="hi")) + view.handle(AGENT_END) + view.handle(end(True, 1))
-    assert lines == [Line("hi", "assistant")]
-    assert view.esc_action == ESC_ABORT_TURN
+    assert lines == [Line("hi", "assistant"), Line("Retry succeeded on attempt 1 of 3", "retry_ok")]
+    assert view.esc_action == ESC_ABORT_TURN and view.enter_action is None
     assert view.loader_text() is None and view.activity_text() is None
-    assert view.status_text() == "m1 · retry on · idle"
+    assert view.status_text() == "m1 · retry on · idle (last chain succeeded)"
 
 
 def test_end_without_a_retried_turn_also_restores_esc(view):
@@ -214,7 +223,7 @@ def test_max_retries_zero_end_without_start_keeps_esc_bound_to_abort(view):
 def test_two_starts_without_a_turn_between_push_one_handler(view, clock):
     view.handle(start(attempt=1, delay_ms=1000))
     view.handle(start(attempt=2, delay_ms=4000))
-    assert view.loader_text() == "Retrying (2/3) in 4s… (esc to cancel)"
+    assert view.loader_text() == "Retrying (2/3) in 4s… (esc to cancel, enter to retry now)"
     view.handle(end(False, 2, "Retry cancelled"))
     assert view.esc_action == ESC_ABORT_TURN
     view.handle(end(True, 2))  # a stray end never pops the base handler
@@ -271,3 +280,65 @@ def test_working_spinner_while_a_turn_runs(view):
     assert view.status_text() == "m1 · retry on · streaming"
     view.handle(AGENT_END)
     assert view.activity_text() is None
+
+
+# ---------------------------------------------------------------------- saying why
+def test_partial_output_of_a_failed_attempt_is_marked_discarded_when_the_retry_replaces_it(view):
+    view.handle(AGENT_START)
+    view.handle(ASSISTANT_START)
+    view.handle(delta("half an ans"))
+    view.handle(assistant_end("error", text="half an ans", error="terminated"))
+    view.handle(AGENT_END)
+    assert view.handle({**start(), "discardsOutput": True}) == [
+        Line("↑ partial answer discarded: the retry replaces it", "discarded")]
+
+
+def test_no_discard_note_when_nothing_was_shown(view):
+    failed_turn(view)
+    assert view.handle({**start(), "discardsOutput": True}) == []
+
+
+def test_a_failure_with_retry_off_says_it_is_not_retried(view):
+    view.retry_enabled = False
+    assert failed_turn(view, error="529 Overloaded") == [
+        Line("Error: 529 Overloaded", "error"),
+        Line("Not retrying: auto-retry is off (/retry on turns it back on)", "info")]
+
+
+def test_a_failed_chain_says_why_it_ended_in_plain_words(view):
+    failed_turn(view)
+    view.handle(start())
+    lines = view.handle({**end(False, 3, "503 Service Unavailable"), "endReason": "exhausted"})
+    assert lines == [Line("Retry failed after 3 attempts: 503 Service Unavailable", "retry_failed"),
+                     Line("Why: no retries were left (retry.maxRetries)", "info")]
+    assert view.status_text() == "m1 · retry on · idle (last chain exhausted)"
+
+
+def test_a_cancelled_chain_needs_no_why(view):
+    failed_turn(view)
+    view.handle(start())
+    lines = view.handle({**end(False, 1, "Retry cancelled"), "endReason": "cancelled"})
+    assert lines == [Line("Retry failed after 1 attempt: Retry cancelled", "retry_failed")]
+    assert view.state_label == rest_label("cancelled") == "idle (last chain cancelled)"
+
+
+def test_rest_label_names_the_machine_state_at_rest():
+    assert rest_label(None) == rest_label("idle") == "idle"
+    assert rest_label("succeeded") == "idle (last chain succeeded)"
+
+
+# ---------------------------------------------------------------------- the texts
+def test_loader_text_rounds_half_up_once_and_up_while_counting():
+    from fsm.ui_text import countdown_seconds, loader_text
+    assert loader_text(1, 3, 1200) == "Retrying (1/3) in 1s… (esc to cancel)"
+    assert loader_text(1, 3, 1200, counting=True) == "Retrying (1/3) in 2s… (esc to cancel)"
+    assert loader_text(2, 3, 500, keys=None) == "Retrying (2/3) in 1s…"
+    assert [countdown_seconds(ms) for ms in (0, 1, 1000, 1001, 2500)] == [1, 1, 1, 2, 3]
+
+
+def test_end_reason_text_covers_every_reason_and_nothing_else():
+    from fsm.events import END_REASONS
+    from fsm.ui_text import END_REASON_TEXT, end_reason_text
+    assert set(END_REASON_TEXT) == set(END_REASONS)
+    assert end_reason_text("deadline") == "Why: the next retry would have gone past retry.maxElapsedMs"
+    assert end_reason_text(None) is None and end_reason_text("new_reason") is None

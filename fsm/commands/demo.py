@@ -1,10 +1,13 @@
-"""``python -m fsm demo``: one session surviving real provider failures, end to end.
+"""``python -m fsm demo``: one session surviving provider failures, end to end, explained.
 
-A fault-injecting OpenAI-compatible server on 127.0.0.1 answers the first request with an
-Anthropic-style 529 ``overloaded_error``, the second with a 503, then streams an answer. One
-prompt runs through :class:`fsm.session.AgentSession` with the default settings (so real 2 s
-and 4 s backoffs) and the real OpenAI SDK client; every event is printed as it happens. The
-session log and the transition trace are written to ``--out``. Nothing leaves the machine.
+A local fault server on 127.0.0.1 plays the model provider (no model is called, nothing
+leaves the machine): it answers the first request with an Anthropic-style 529
+``overloaded_error``, the second with a 503, then streams a canned reply. One prompt runs
+through :class:`fsm.session.AgentSession` with the default settings (so real 2 s and 4 s
+backoffs) and the real OpenAI SDK client. Each step is printed as a plain sentence — which
+request failed with what, whether that is retried and by which classification rule, how long
+the backoff is — and the session log and the transition trace are written to ``--out``. The
+demo takes no keyboard input (``python -m fsm chat`` is the interactive front end).
 """
 
 from __future__ import annotations
@@ -15,21 +18,28 @@ import os
 import sys
 from pathlib import Path
 
-HELP = "run a session through scripted provider failures (529, 503) and print what happens"
+from .common import load_settings, open_session
+
+HELP = "run one prompt through scripted provider failures (529, 503) and explain each decision"
+
+CANNED_REPLY = ["This reply is canned text from the local fault server: ",
+                "the retry brain waited out a 529 and a 503 ", "and the second retry got through."]
 
 DEMO_SCRIPT = [
     {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}},
     {"status": 503, "json": {"error": {"message": "Service Unavailable", "type": "server_error",
                                        "code": "service_unavailable"}}},
-    {"stream": ["The retry brain ", "backed off twice ", "and the second retry ", "got through."]},
+    {"stream": CANNED_REPLY},
 ]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="build/demo", help="folder for session.jsonl and trace.jsonl (default: build/demo)")
     p.add_argument("--trace", default=None, help="transition trace file (default: OUT/trace.jsonl)")
-    p.add_argument("--settings", default=None, help="settings file in the original's shape ({\"retry\": {...}})")
-    p.add_argument("--script", default=None, help="fault-server script (JSON list) instead of the built-in 529, 503, answer")
+    p.add_argument("--settings", default=None, help="settings file ({\"retry\": {...}}; default: the defaults)")
+    p.add_argument("--script", default=None,
+                   help="what the fault server answers, one entry per request (a JSON list; see "
+                        "python -m fsm fault-server --help) instead of 529, 503, a reply")
     p.add_argument("--api", choices=("openai", "anthropic"), default="openai",
                    help="the API the provider speaks to the fault server (default: openai)")
     p.add_argument("--prompt", default="Explain what just happened.", help="the user's message")
@@ -44,23 +54,46 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
+def describe_entry(entry: dict) -> str:
+    """One fault-server script entry in words: ``529 Overloaded``, ``a streamed reply``."""
+    if "stream" in entry:
+        cut = " cut off mid-stream" if entry.get("drop") or entry.get("no_done") else ""
+        return f"a streamed reply{cut}"
+    status = entry.get("status", 200)
+    body = entry.get("json")
+    message = ""
+    if isinstance(body, dict):
+        error = body.get("error")
+        message = error.get("message", "") if isinstance(error, dict) else str(error or "")
+    elif isinstance(entry.get("body"), str):
+        message = entry["body"][:60]
+    return f"{status} {message}".strip() if status != 200 else "a reply"
+
+
+def _seconds(ms: float) -> str:
+    return f"{ms / 1000:g} s"
+
+
+def retry_sentence(event: dict) -> str:
+    """``529 Overloaded is retryable (rule retryable.status_529): waiting 2 s, attempt 1 of 3``."""
+    error = event.get("errorMessage") or "the error"
+    if len(error) > 100:
+        error = error[:99] + "…"
+    rule = f" (rule {event['rule']})" if event.get("rule") else ""
+    return (f"{error} is retryable{rule}: waiting {_seconds(event['delayMs'])}, "
+            f"attempt {event['attempt']} of {event['maxAttempts']}")
+
+
 async def _main(args: argparse.Namespace) -> int:
     import time
-    import warnings
 
-    from ..audit import TraceWriter
+    from ..classify import classify_message
     from ..providers.fault_server import FaultServer, validate_script
-    from ..session import AgentSession
-    from ..session_log import SessionLog
-    from ..settings import RetrySettings, SettingsError
-    from ..ui_text import failure_text, loader_text
+    from ..settings import SettingsError
+    from ..ui_text import end_reason_text, failure_text
 
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            settings = RetrySettings.load(args.settings) if args.settings else RetrySettings()
-        for w in caught:
-            print(f"demo: warning: {w.message}", file=sys.stderr)
+        settings = load_settings(args.settings, prog="demo")
         script = DEMO_SCRIPT
         if args.script:
             script = validate_script(json.loads(Path(args.script).read_text(encoding="utf-8")))
@@ -75,55 +108,73 @@ async def _main(args: argparse.Namespace) -> int:
         log_path.unlink()
 
     with FaultServer(script) as server:
-        _print(f"fault server: {server.base_url} (script: {len(script)} entries, then plain success)")
+        plan = ", then ".join(describe_entry(e) for e in script) or "a reply"
+        _print(f"A local fault server at {server.base_url} plays the model provider (no model is "
+               "called, nothing leaves this machine).")
+        _print(f"It answers: {plan}; any later request gets a short reply.")
+        s = settings
+        _print(f"Retry settings: {'on' if s.enabled else 'off'}, up to {s.max_retries} retries, "
+               f"first backoff {_seconds(s.base_delay_ms)}, doubling each time.")
+        _print("")
         from ..providers.apis import build_provider
-        provider = build_provider(args.api, base_url=server.base_url, model="demo-model", api_key="demo-key")
-        session = AgentSession(provider, settings=settings, session_log=SessionLog(log_path, "demo"),
-                               session_id="demo")
+        provider = build_provider(args.api, base_url=server.base_url, model="demo-model",
+                                  api_key="demo-key", name="fault-server")
+        parts = open_session(provider, settings=settings, session_id="demo", log_path=log_path,
+                             trace_file=trace_path)
+        session = parts.session
         t0 = time.monotonic()
 
-        def stamp() -> str:
-            return f"[{time.monotonic() - t0:6.2f}s]"
+        def say(text: str) -> None:
+            _print(f"[{time.monotonic() - t0:6.2f}s] {text}")
 
         def on_event(event: dict) -> None:
             kind = event["type"]
-            if kind in ("message_update", "message_start"):
-                return
-            if kind == "agent_start":
-                _print(f"{stamp()} turn starts (HTTP request {len(server.chat_requests) + 1})")
-            elif kind == "agent_end":
-                stops = [m["stopReason"] for m in event["messages"] if m["role"] == "assistant"]
-                _print(f"{stamp()} turn ends, stop reason {', '.join(stops)}")
-            elif kind == "message_end":
+            if kind == "message_end":
                 m = event["message"]
                 if m["role"] == "user":
-                    _print(f"{stamp()} user: {m['content'][0]['text']}")
-                elif m["stopReason"] == "error":
-                    _print(f"{stamp()} assistant error: {m.get('errorMessage')}")
+                    say(f"you: {m['content'][0]['text']}")
+                    return
+                number = len(server.chat_requests)
+                if m["stopReason"] == "error":
+                    error = m.get("errorMessage") or "an error"
+                    say(f"request {number} failed: {error}")
+                    if not session.is_retrying and not session.auto_retry_enabled:
+                        say("auto-retry is off: not retrying")
+                    elif not session.is_retrying and session.messages:
+                        # The failed message is still the last of the conversation here.
+                        verdict = classify_message(session.messages[-1])
+                        if verdict.kind != "retryable":
+                            say(f"that is not retried ({verdict.kind}, rule {verdict.rule}): "
+                                "the turn ends with this error")
                 else:
-                    text = "".join(c.get("text", "") for c in m["content"])
-                    _print(f"{stamp()} assistant: {text}")
-            else:
-                _print(f"{stamp()} {json.dumps(dict(event), ensure_ascii=False)}")
-            if kind == "auto_retry_start":
-                _print(f"{stamp()} {loader_text(event['attempt'], event['maxAttempts'], event['delayMs'])}")
-            elif kind == "auto_retry_end" and not event["success"]:
-                _print(f"{stamp()} {failure_text(event['attempt'], event.get('finalError', ''))}")
+                    say(f"request {number} answered (stop reason {m['stopReason']})")
+            elif kind == "auto_retry_start":
+                say(retry_sentence(event))
+            elif kind == "auto_retry_end":
+                if event["success"]:
+                    say(f"the retry succeeded on attempt {event['attempt']}: the chain is over")
+                else:
+                    say(failure_text(event["attempt"], event.get("finalError", "")))
+                    why = end_reason_text(event.get("endReason"))
+                    if why:
+                        say(why)
 
         session.subscribe(on_event)
-        with TraceWriter(trace_path, model=session.brain):
-            try:
-                await session.prompt(args.prompt)
-            finally:
-                await session.close()
-                await provider.aclose()
+        try:
+            await session.prompt(args.prompt)
+        finally:
+            await parts.aclose()
+            await provider.aclose()
         requests = len(server.chat_requests)
 
     answer = session.messages[-1]
     _print("")
-    _print(f"answer: {answer.text or answer.error_message}")
+    if answer.stop_reason == "stop":
+        _print(f"answer (canned text from the local fault server, not a model): {answer.text}")
+    else:
+        _print(f"no answer: the turn ended with {answer.error_message}")
     _print(f"HTTP requests: {requests} (one per attempt)")
     _print(f"session log (every message, failed ones included): {log_path}")
     python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
-    _print(f"transition trace: {trace_path}  ({python} -m fsm audit {trace_path})")
+    _print(f"transition trace: {trace_path}  (see which transitions fired: {python} -m fsm audit {trace_path})")
     return 0 if answer.stop_reason == "stop" else 1

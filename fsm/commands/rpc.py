@@ -1,49 +1,63 @@
 """``python -m fsm rpc``: serve one agent session over JSON lines on stdin/stdout.
 
-Protocol: :mod:`fsm.rpc.server` (compatible with the original's ``--mode rpc`` framing).
+Protocol: :mod:`fsm.rpc.protocol` (pi's ``--mode rpc`` framing and
+commands; :mod:`fsm.rpc.dispatch` lists what is answered how).
 stdout carries protocol lines only: the real stdout descriptor is kept for them and descriptor
 1 is pointed at stderr, so nothing else (a library's ``print``, a warning, a C extension) can
 ever write there. Logs and warnings go to stderr. Exit status 0 after EOF on stdin, SIGTERM or
 SIGINT; 2 for bad arguments or settings.
 
 The ``openai`` SDK takes ~0.7 s to import; it is loaded in a background thread after the first
-commands are served, so ``get_state`` is answered long before it is ready (a turn waits for it).
+commands are served, so ``get_state`` is answered long before it is ready. A prompt sent within
+the first second waits for the rest of the import (``rpc --help`` says so too).
+
+Closing stdin ends the server: a backoff in progress is cancelled (its chain ends with
+``auto_retry_end {success: false, finalError: "Retry cancelled"}``, still written), a running
+turn is aborted, the session log is closed.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from .common import (DEFAULT_SESSION_DIR, add_session_arguments, load_coordinator, load_credentials,
+                     load_settings, session_path)
+
 HELP = "serve an agent session with auto-retry over JSON lines on stdin/stdout (RPC mode)"
 
-DEFAULT_SESSION_DIR = os.path.join(".fsm", "sessions")
+__all__ = ["DEFAULT_SESSION_DIR", "add_arguments", "provider_name", "run"]
+
+EPILOG = """session logs: DIR/<session id>.jsonl, DIR being --session-dir (default .fsm/sessions
+under the working folder); get_state reports the file as sessionFile. Closing stdin during a
+backoff cancels the retry chain (auto_retry_end "Retry cancelled" is still written). The first
+request waits for the model client's import (about 0.5 s after start)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The connection, settings and session flags (``chat`` takes the same)."""
+    if p.epilog is None:
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        p.epilog = EPILOG
     p.add_argument("--base-url", default=None, metavar="URL",
                    help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 "
                         "(default: OPENAI_BASE_URL, else the OpenAI API)")
     p.add_argument("--api", choices=("openai", "anthropic"), default="openai",
                    help="the endpoint's API: OpenAI Chat Completions (default) or Anthropic Messages")
     p.add_argument("--model", required=True, metavar="M", help="model id sent to the endpoint")
+    p.add_argument("--provider", default=None, metavar="NAME",
+                   help="provider name (get_state's model.provider, the credential store's key; "
+                        "default: the endpoint's host name, or 'openai')")
     p.add_argument("--api-key", default=None, metavar="K",
                    help="API key (default: OPENAI_API_KEY, else a placeholder for local servers)")
     p.add_argument("--settings", default=None, metavar="FILE",
-                   help="settings file in the original's shape ({\"retry\": {...}}); keys this "
+                   help="settings file in pi's shape ({\"retry\": {...}}); keys this "
                         "project does not use are ignored with a warning on stderr")
     p.add_argument("--context-window", type=_non_negative_int, default=0, metavar="N",
                    help="the model's context window in tokens, for the silent-overflow rule "
                         "(default 0: unknown)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--session-file", default=None, metavar="PATH",
-                       help="append the session log here ('{id}' is replaced by the session id; "
-                            f"default: {os.path.join(DEFAULT_SESSION_DIR, '{id}.jsonl')})")
-    where.add_argument("--no-session", action="store_true", help="do not write a session log")
-    p.add_argument("--trace", default=None, metavar="FILE",
-                   help="write the retry machine's transition trace here (python -m fsm audit FILE)")
+    add_session_arguments(p)
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="HTTP timeout in seconds (connect, and each read of the stream; default 600)")
     p.add_argument("--log-level", default="WARNING",
@@ -65,41 +79,29 @@ def _error(message: str) -> int:
     return 2
 
 
-def _load_settings(path: str):  # -> RetrySettings
-    """Load the retry settings; report ignored keys as one stderr line each (not as tracebacks)."""
-    import warnings
-
-    from ..settings import RetrySettings, SettingsError
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            settings = RetrySettings.load(path)
-        except RecursionError:  # RetrySettings.load lets json's RecursionError through
-            raise SettingsError("", path, "a settings file, not JSON nested this deeply") from None
-    for w in caught:
-        print(f"fsm rpc: settings {path}: {_clip(str(w.message), 300)}", file=sys.stderr)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        unused = sorted(k for k in data if k != "retry") if isinstance(data, dict) else []
-    except (OSError, ValueError, RecursionError):
-        unused = []
-    if unused:
-        print(f"fsm rpc: settings {path}: ignoring keys this project does not use: "
-              f"{_clip(', '.join(_clip(k, 60) for k in unused), 300)}", file=sys.stderr)
-    return settings
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters (a 50 MB key is named, not copied to stderr)."""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _provider_name(base_url: str | None, api: str = "openai") -> str:
-    # The name the provider would pick, known without importing the SDK.
+def provider_name(args: argparse.Namespace) -> str:
+    """``--provider``, else the name the OpenAI-compatible client would pick (the endpoint's
+    host name), known without importing the SDK."""
+    if getattr(args, "provider", None):
+        return args.provider
     from urllib.parse import urlsplit
-    return (urlsplit(base_url).hostname or base_url) if base_url else api
+    base_url = args.base_url
+    return (urlsplit(base_url).hostname or base_url) if base_url else getattr(args, "api", "openai")
+
+
+def make_provider(args: argparse.Namespace):  # -> DeferredProvider
+    """The model client of the connection flags, imported in the background once started."""
+    from ..providers.deferred import DeferredProvider
+
+    name = provider_name(args)
+
+    def build():
+        from ..providers.apis import build_provider
+        return build_provider(getattr(args, "api", "openai"), base_url=args.base_url,
+                              model=args.model, api_key=args.api_key, timeout_s=args.timeout,
+                              name=name)
+
+    return DeferredProvider(build, name=name, model=args.model)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,29 +125,37 @@ def run(args: argparse.Namespace) -> int:
             return _error("--model must not be empty")
         if not (args.timeout > 0 and args.timeout < float("inf")):
             return _error(f"--timeout must be a positive number of seconds, got {args.timeout}")
-        from ..settings import RetrySettings, SettingsError
+        from ..settings import SettingsError
         try:
-            settings = _load_settings(args.settings) if args.settings else RetrySettings()
+            settings = load_settings(args.settings, prog="fsm rpc")
         except SettingsError as exc:
             return _error(f"bad settings file {args.settings}: {exc}")
+        try:
+            credentials = load_credentials(args.credentials)
+        except (OSError, ValueError) as exc:
+            return _error(f"bad credentials file {args.credentials}: {exc}")
+        try:
+            coordinator = load_coordinator(args.redis)
+        except (OSError, ValueError, ImportError) as exc:
+            return _error(f"bad --redis: {exc}")
 
-        session_file = None
-        if not args.no_session:
-            session_file = args.session_file or os.path.join(DEFAULT_SESSION_DIR, "{id}.jsonl")
+        path = session_path(args, "{id}")
+        session_file = None if path is None else str(path)
+        if not (args.no_session or args.session_file or args.session_dir):
+            # The default folder is relative to wherever the server runs: say so once.
+            print(f"fsm rpc: writing the session log to {session_file.replace('{id}', '<session id>')} "
+                  "(--session-dir DIR chooses the folder, --no-session writes none)",
+                  file=sys.stderr, flush=True)
 
         import asyncio
 
-        from ..rpc.server import DeferredProvider, ServeConfig, serve
+        from ..rpc.server import ServeConfig, serve
 
-        def make_provider():
-            from ..providers.apis import build_provider
-            return build_provider(args.api, base_url=args.base_url, model=args.model,
-                                  api_key=args.api_key, timeout_s=args.timeout)
-
-        provider = DeferredProvider(make_provider, name=_provider_name(args.base_url, args.api),
-                                    model=args.model)
-        config = ServeConfig(provider=provider, settings=settings, context_window=args.context_window,
-                             session_file=session_file, trace_file=args.trace, stdout_fd=proto_fd)
+        config = ServeConfig(provider=make_provider(args), settings=settings,
+                             context_window=args.context_window, session_file=session_file,
+                             trace_file=args.trace, stdout_fd=proto_fd, credentials=credentials,
+                             session_kwargs={"coordinator": coordinator} if coordinator else None,
+                             base_url=args.base_url or os.environ.get("OPENAI_BASE_URL"))
         try:
             status = asyncio.run(serve(config))
         except OSError as exc:  # the session log or the trace file could not be opened

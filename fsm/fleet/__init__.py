@@ -13,7 +13,8 @@ coordinator before handing a turn's end to the brain and writes after the decisi
 from __future__ import annotations
 
 from ._credentials import RedisCredentialStore, load_credentials
-from ._guard import DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, Breaker, GuardedCoordinator
+from ._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, Breaker,
+                     GuardedCoordinator)
 from ._local import DEFAULT_BUCKET_IDLE_MS, InProcessCoordinator, default_coordinator
 from ._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
 from ._types import (
@@ -28,7 +29,7 @@ from ._types import (
 
 __all__ = [
     "DEFAULT_BUCKET_IDLE_MS", "DEFAULT_CREDENTIAL", "DEFAULT_PREFIX", "DEFAULT_PROBE_INTERVAL_S",
-    "DEFAULT_TIMEOUT_S", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError",
+    "DEFAULT_TIMEOUT_S", "DEFAULT_WRITE_TIMEOUT_S", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError",
     "CoordKey", "GuardedCoordinator", "InProcessCoordinator", "RedisCoordinator",
     "RedisCredentialStore", "coordinator_from_url", "credential_id", "default_coordinator",
     "load_credentials", "redact_url", "wall_ms",

@@ -17,9 +17,21 @@ from ._types import BudgetSettings, Coordinator, CoordinatorError, CoordKey
 log = logging.getLogger("fsm.fleet")
 
 DEFAULT_TIMEOUT_S = 0.05
-DEFAULT_PROBE_INTERVAL_S = 0.5
+DEFAULT_PROBE_INTERVAL_S = 0.1
+DEFAULT_WRITE_TIMEOUT_S = 1.0
+
+# A deadline the event loop reaches later than this was missed because the loop was busy:
+# the deadline moves on by as long as it was late (at most the timeout), at most this often.
+LOOP_LAG_TOLERANCE_S = 0.005
+MAX_EXTENSIONS = 3
 
 EventListener = Callable[[dict], None]
+
+
+def _forget(task: "asyncio.Task[Any]") -> None:
+    """Retrieve the outcome of a call that was given up on (so asyncio does not log it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Breaker:
@@ -97,24 +109,40 @@ class GuardedCoordinator:
     """``inner`` (say a :class:`~fsm.fleet.RedisCoordinator`) with a deadline on every call
     and ``fallback`` (an :class:`~fsm.fleet.InProcessCoordinator`) for when it misses it.
 
-    - No call raises (except ``CancelledError``, which is the caller's) and none waits longer
-      than ``timeout_s`` (default 50 ms). A call the remote does not answer in time, or
+    - No call raises (except ``CancelledError``, which is the caller's). A read waits at most
+      ``timeout_s`` (default 50 ms); a write (``learn_cooldown``, ``mark_credential_limited``,
+      ``return_retry_token``, ``credit_success``: the shell makes them after the decision,
+      off its path) at most ``write_timeout_s`` (default 1 s), so that a busy moment does not
+      lose what the fleet should learn. A call the remote does not answer in time, or
       answers with an error, is answered by ``fallback``.
     - While the remote is down the calls answer from ``fallback`` at once; one call every
       ``probe_interval_s`` tries the remote again. Reconnection is redis-py's, on that call.
     - Writes (``learn_cooldown``, ``mark_credential_limited``) go to both, and reads take the
       later of both, so what this process learned during an outage still holds after it.
-      The budget is the remote's while it answers, ``fallback``'s while it does not.
+      What the remote answers (cooldowns, marks) is kept in ``fallback`` as well.
+      The budget is the remote's while it answers, ``fallback``'s while it does not; the
+      fallback's bucket continues from the last count the remote gave, so an outage of Redis
+      during a provider's outage does not give every process a full bucket of retries.
     - ``on_event`` (and :meth:`subscribe`) hears ``coordinator_unavailable {reason}`` once
       when the remote stops answering and ``coordinator_restored`` once when it answers
       again (``docs/fleet.md``).
     """
 
+    self_bounded = True
+    """Every call answers within about ``timeout_s`` and never raises: a caller needs no
+    timeout of its own around it (one would only replace its local answer by a default)."""
+
     def __init__(self, inner: Coordinator, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  fallback: InProcessCoordinator | None = None,
                  on_event: EventListener | None = None,
                  probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+                 write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
+        if (isinstance(write_timeout_s, bool) or not isinstance(write_timeout_s, int | float)
+                or not 0 < write_timeout_s <= 60):
+            raise ValueError(f"write_timeout_s must be a number above 0 and at most 60, "
+                             f"got {write_timeout_s!r}")
+        self.write_timeout_s = float(write_timeout_s)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 60:
             raise ValueError(f"timeout_s must be a number above 0 and at most 60, got {timeout_s!r}")
         self.inner = inner
@@ -135,25 +163,70 @@ class GuardedCoordinator:
         """Add a listener for the two events; returns a function that removes it."""
         return self.breaker.subscribe(listener)
 
-    async def _remote(self, call: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
+    async def _remote(self, call: Callable[[], Awaitable[Any]],
+                      timeout_s: float | None = None) -> tuple[bool, Any]:
         """``(True, answer)`` from the remote, or ``(False, None)`` when it is down, slow or
-        failing (the breaker hears of it)."""
+        failing (the breaker hears of it).
+
+        The call runs as its own task. At the deadline a call that is mid-command (in the
+        inner's ``in_flight``) is left to finish in the background rather than cancelled:
+        cancelling redis-py mid-reply closes the connection (the next call would have to
+        connect again) and may itself wait; a call still waiting for its turn is cancelled, and
+        answered locally without declaring the remote down (this process is busy, not Redis). And a deadline the
+        loop reaches late (it was busy, so an answer may be sitting unread) is extended once
+        by as long as it was late, at most ``timeout_s``: the timeout measures the remote,
+        not this process's load.
+        """
         if not self.breaker.may_try():
             return False, None
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(call())
+        waiter = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = loop.time() + timeout
+        extensions = 0
+
+        def on_deadline() -> None:
+            nonlocal deadline, extensions, handle
+            now = loop.time()
+            late = now - deadline
+            if extensions < MAX_EXTENSIONS and late > LOOP_LAG_TOLERANCE_S:
+                extensions += 1
+                deadline = now + min(late, timeout)
+                handle = loop.call_at(deadline, on_deadline)
+            else:
+                wake()
+
+        task.add_done_callback(wake)
+        handle = loop.call_at(deadline, on_deadline)
+        sent = True
         try:
-            async with asyncio.timeout(self.timeout_s):
-                answer = await call()
-        except TimeoutError:
-            self.breaker.failed(f"no answer within {self.timeout_s * 1000:g} ms")
+            await waiter
+        finally:
+            handle.cancel()
+            task.add_done_callback(_forget)  # whoever stops waiting, its outcome is retrieved
+            in_flight = getattr(self.inner, "in_flight", None)
+            if not task.done() and in_flight is not None and task not in in_flight:
+                sent = False
+                task.cancel()  # still waiting for its turn: it sent nothing
+        if not task.done():
+            if sent:  # a call that never got its turn says this process is busy, not Redis down
+                self.breaker.failed(f"no answer within {timeout * 1000:g} ms")
             return False, None
-        except CoordinatorError as exc:
-            self.breaker.failed(str(exc))
-            return False, None
-        except Exception as exc:  # whatever else the remote raises, the session decides locally
-            self.breaker.failed(type(exc).__name__)
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or exc is not None:
+            if isinstance(exc, CoordinatorError):
+                self.breaker.failed(str(exc))
+            else:  # whatever else the remote raises, the session decides locally
+                self.breaker.failed(type(exc).__name__ if exc is not None else "cancelled")
             return False, None
         self.breaker.succeeded()
-        return True, answer
+        return True, task.result()
 
     async def ping(self) -> bool:
         """Try the remote now (even while down); True when it answered in time."""
@@ -164,49 +237,100 @@ class GuardedCoordinator:
         ok, _ = await self._remote(ping)
         return ok
 
+    async def warm_up(self, timeout_s: float = 2.0) -> bool:
+        """Connect and load the remote's scripts now (``RedisCoordinator.warm_up``), allowing
+        ``timeout_s``: call it when the host starts. True when the remote answered; otherwise
+        the outage is reported as by any call. Never raises."""
+        warm = getattr(self.inner, "warm_up", None)
+        if warm is None:
+            return await self.ping()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await warm()
+        except (TimeoutError, Exception) as exc:
+            reason = str(exc) if isinstance(exc, CoordinatorError) else (
+                f"no answer within {timeout_s * 1000:g} ms" if isinstance(exc, TimeoutError)
+                else type(exc).__name__)
+            self.breaker.failed(reason)
+            return False
+        self.breaker.succeeded()
+        return True
+
     async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
         local = self.fallback.cooldown_left_sync(key, now_ms)
         ok, remote = await self._remote(lambda: self.inner.cooldown_left_ms(key, now_ms))
-        return max(local, remote) if ok else local
+        if not ok:
+            return local
+        self._mirror_cooldown(key, remote, now_ms)
+        return max(local, remote)
 
     async def learn_cooldown(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
         self.fallback.learn_cooldown_sync(key, until_ms, now_ms)
-        await self._remote(lambda: self.inner.learn_cooldown(key, until_ms, now_ms))
+        await self._remote(lambda: self.inner.learn_cooldown(key, until_ms, now_ms),
+                           self.write_timeout_s)
+
+    def _mirror_cooldown(self, key: CoordKey, left_ms: int, now_ms: int) -> None:
+        """Keep a cooldown the remote told of in the fallback too, so that a local answer
+        (Redis slow or down) still knows the fleet's cooldowns this process has seen."""
+        if left_ms > 0:
+            self.fallback.learn_cooldown_sync(key, now_ms + left_ms, now_ms)
+
+    def _mirror(self, key: CoordKey, budget: BudgetSettings) -> None:
+        """Copy the remote bucket's last count into the fallback, so that an outage of the
+        coordinator does not hand every process a full bucket of retries."""
+        milli = getattr(self.inner, "observed_milli", {}).get(key)
+        if milli is not None:
+            self.fallback.set_tokens_milli(key, budget, milli)
 
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
         ok, allowed = await self._remote(lambda: self.inner.take_retry_token(key, budget))
-        return bool(allowed) if ok else self.fallback.take_retry_token_sync(key, budget)
+        if not ok:
+            return self.fallback.take_retry_token_sync(key, budget)
+        self._mirror(key, budget)
+        return bool(allowed)
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
         ok, answer = await self._remote(lambda: self.inner.before_decision(key, now_ms, budget))
         if not ok:
             return self.fallback.before_decision_sync(key, now_ms, budget)
+        if budget is not None:
+            self._mirror(key, budget)
         left, allowed = answer
+        self._mirror_cooldown(key, left, now_ms)
         return max(left, self.fallback.cooldown_left_sync(key, now_ms)), allowed
 
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
-        ok, _ = await self._remote(lambda: self.inner.return_retry_token(key, budget))
+        ok, _ = await self._remote(lambda: self.inner.return_retry_token(key, budget),
+                                   self.write_timeout_s)
         if not ok:
             await self.fallback.return_retry_token(key, budget)
+        else:
+            self._mirror(key, budget)
 
     async def credit_success(self, key: CoordKey, budget: BudgetSettings) -> None:
-        ok, _ = await self._remote(lambda: self.inner.credit_success(key, budget))
+        ok, _ = await self._remote(lambda: self.inner.credit_success(key, budget),
+                                   self.write_timeout_s)
         if not ok:
             await self.fallback.credit_success(key, budget)
+        else:
+            self._mirror(key, budget)
 
     async def mark_credential_limited(self, provider: str, credential: str, until_ms: int,
                                       now_ms: int) -> None:
         self.fallback.mark_credential_limited_sync(provider, credential, until_ms, now_ms)
         await self._remote(lambda: self.inner.mark_credential_limited(provider, credential,
-                                                                      until_ms, now_ms))
+                                                                      until_ms, now_ms),
+                           self.write_timeout_s)
 
     async def limited_credentials(self, provider: str, now_ms: int) -> dict[str, int]:
         merged = self.fallback.limited_credentials_sync(provider, now_ms)
         ok, remote = await self._remote(lambda: self.inner.limited_credentials(provider, now_ms))
         if ok:
             for cred, until in remote.items():
-                merged[cred] = max(until, merged.get(cred, 0))
+                if until > merged.get(cred, 0):
+                    merged[cred] = until
+                    self.fallback.mark_credential_limited_sync(provider, cred, until, now_ms)
         return merged
 
     async def aclose(self) -> None:

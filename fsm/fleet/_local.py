@@ -29,6 +29,9 @@ class InProcessCoordinator:
     (inject it in tests).
     """
 
+    self_bounded = True
+    """Every call answers at once (no I/O) and never raises for valid input."""
+
     def __init__(self, *, bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
                  monotonic_ms: Callable[[], float] = lambda: time.monotonic() * 1000) -> None:
         if isinstance(bucket_idle_ms, bool) or not isinstance(bucket_idle_ms, int) or bucket_idle_ms < 1:
@@ -80,6 +83,13 @@ class InProcessCoordinator:
         """The bucket's count now, in tokens (for tests and diagnostics)."""
         with self._lock:
             return self._bucket(key, budget, self._monotonic_ms())[0] / MILLI
+
+    def set_tokens_milli(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
+        """Set the bucket's count (thousandths of a token, clipped to 0..max): a guard copies
+        the fleet's count here so that its fallback continues from it."""
+        with self._lock:
+            bucket = self._bucket(key, budget, self._monotonic_ms())
+            bucket[0] = max(0, min(max_milli(budget), int(milli)))
 
     def take_retry_token_sync(self, key: CoordKey, budget: BudgetSettings) -> bool:
         with self._lock:

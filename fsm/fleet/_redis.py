@@ -16,8 +16,11 @@ Cluster hash tag ``{...}``, so that the one script that reads both works on a cl
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import urllib.parse
+import weakref
 from typing import Any
 
 from ._local import DEFAULT_BUCKET_IDLE_MS
@@ -50,21 +53,22 @@ return {0, t}
 
 # KEYS[1] cooldown key, KEYS[2] bucket key; ARGV now_ms, max_milli (or '' for no budget),
 # idle_ms. The reads before a decision in one round trip: the cooldown left, and (with a
-# budget) TAKE_TOKEN's step. Returns {cooldown_left_ms, allowed (1/0, or -1: no budget)}.
+# budget) TAKE_TOKEN's step. Returns {cooldown_left_ms, allowed (1/0, or -1: no budget),
+# milli-tokens left (-1: no budget)}.
 BEFORE_DECISION = """
 local now = tonumber(ARGV[1])
 local u = tonumber(redis.call('GET', KEYS[1]) or '0')
 local left = 0
 if u > now then left = u - now end
-if ARGV[2] == '' then return {left, -1} end
+if ARGV[2] == '' then return {left, -1, -1} end
 local max = tonumber(ARGV[2])
 local t = tonumber(redis.call('GET', KEYS[2]) or ARGV[2])
 if t > max then t = max end
 t = t - 1000
 if t < 0 then t = 0 end
 redis.call('SET', KEYS[2], string.format('%d', t), 'PX', ARGV[3])
-if t * 2 > max then return {left, 1} end
-return {left, 0}
+if t * 2 > max then return {left, 1, t} end
+return {left, 0, t}
 """
 
 # KEYS[1] bucket key; ARGV max_milli, add_milli, idle_ms. A returned token or a success's
@@ -161,7 +165,7 @@ def client_options(socket_timeout_s: float, *, asyncio: bool = True) -> dict[str
         from redis.retry import Retry
     return {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s,
             "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            "decode_responses": False}
+            "decode_responses": False, "driver_info": None}
 
 
 class RedisCoordinator:
@@ -175,13 +179,24 @@ class RedisCoordinator:
     """
 
     def __init__(self, client: Any, *, prefix: str = DEFAULT_PREFIX,
-                 bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS, url: str | None = None) -> None:
+                 bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS, url: str | None = None,
+                 max_connections: int = 32) -> None:
         if isinstance(bucket_idle_ms, bool) or not isinstance(bucket_idle_ms, int) or bucket_idle_ms < 1:
             raise ValueError(f"bucket_idle_ms must be a positive integer, got {bucket_idle_ms!r}")
         self.client = client
         self.keys = KeySpace(prefix)
         self.bucket_idle_ms = bucket_idle_ms
         self._url = url
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections must be a positive integer, got {max_connections!r}")
+        # At most max_connections commands at once; a call waiting here has sent nothing, so a
+        # guard may cancel it, while the tasks in in_flight are mid-command (leave them be).
+        self.max_connections = max_connections
+        self._slots = asyncio.Semaphore(max_connections)
+        self.in_flight: "weakref.WeakSet[asyncio.Task]" = weakref.WeakSet()
+        # key -> the bucket's count (milli-tokens) in Redis's last answer: what a guard's local
+        # fallback continues from when Redis stops answering.
+        self.observed_milli: dict[CoordKey, int] = {}
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
 
     @classmethod
@@ -189,15 +204,15 @@ class RedisCoordinator:
                  bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
                  socket_timeout_s: float = 1.0, max_connections: int = 32) -> "RedisCoordinator":
         """A coordinator on the server at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for
-        TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` connections
-        (a call waits for a free one), so that hundreds of sessions in a process do not open
-        hundreds of connections. ``ValueError`` for a bad URL."""
+        TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` commands
+        (and so connections) at once, more wait their turn, so that hundreds of sessions in a
+        process do not open hundreds of connections. ``ValueError`` for a bad URL."""
         import redis.asyncio
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            check_url(url), max_connections=max_connections, timeout=socket_timeout_s,
-            **client_options(socket_timeout_s))
+        pool = redis.asyncio.ConnectionPool.from_url(
+            check_url(url), max_connections=max_connections, **client_options(socket_timeout_s))
         client = redis.asyncio.Redis.from_pool(pool)
-        return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url)
+        return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url,
+                   max_connections=max_connections)
 
     @property
     def url(self) -> str | None:
@@ -211,13 +226,37 @@ class RedisCoordinator:
     async def _run(self, awaitable: Any) -> Any:
         import redis.exceptions
         try:
+            await self._slots.acquire()
+        except BaseException:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never sent: nothing to clean up
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            self.in_flight.add(task)
+        try:
             return await awaitable
         except (redis.exceptions.RedisError, OSError) as exc:
             raise CoordinatorError(safe_reason(exc, self._url)) from None
+        finally:
+            if task is not None:
+                self.in_flight.discard(task)
+            self._slots.release()
 
     async def ping(self) -> None:
         """One round trip (``PING``); raises :class:`~fsm.fleet.CoordinatorError` when none."""
         await self._run(self.client.ping())
+
+    async def warm_up(self, connections: int | None = None) -> None:
+        """Open ``connections`` pooled connections (default: ``max_connections``) and load the
+        scripts into the server, so
+        that the first burst of decisions does not pay for connecting and ``NOSCRIPT``
+        round trips (call it when the host starts). Raises
+        :class:`~fsm.fleet.CoordinatorError` when the server does not answer."""
+        count = self.max_connections if connections is None else max(1, connections)
+        await asyncio.gather(*(self._run(self.client.ping()) for _ in range(count)))
+        for script in self._scripts.values():
+            await self._run(self.client.script_load(script.script))
 
     async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
         raw = await self._run(self.client.get(self.keys.cooldown(key)))
@@ -229,22 +268,32 @@ class RedisCoordinator:
         await self._run(self._scripts["learn"](keys=[self.keys.cooldown(key)],
                                                args=[until_ms, check_ms("now_ms", now_ms)]))
 
+    def _observe(self, key: CoordKey, milli: int) -> None:
+        """Keep the last count Redis gave for ``key`` (see :attr:`observed_milli`)."""
+        if len(self.observed_milli) > 1024:
+            self.observed_milli.clear()
+        self.observed_milli[key] = int(milli)
+
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
-        allowed, _ = await self._run(self._scripts["take"](
+        allowed, milli = await self._run(self._scripts["take"](
             keys=[self.keys.budget(key)], args=[max_milli(budget), self.bucket_idle_ms]))
+        self._observe(key, milli)
         return bool(allowed)
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
-        left, allowed = await self._run(self._scripts["before"](
+        left, allowed, milli = await self._run(self._scripts["before"](
             keys=[self.keys.cooldown(key), self.keys.budget(key)],
             args=[check_ms("now_ms", now_ms), max_milli(budget) if budget else "",
                   self.bucket_idle_ms]))
-        return int(left), (None if allowed < 0 else bool(allowed))
+        if budget is None:
+            return int(left), None
+        self._observe(key, milli)
+        return int(left), bool(allowed)
 
     async def _add(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
-        await self._run(self._scripts["add"](
-            keys=[self.keys.budget(key)], args=[max_milli(budget), milli, self.bucket_idle_ms]))
+        self._observe(key, await self._run(self._scripts["add"](
+            keys=[self.keys.budget(key)], args=[max_milli(budget), milli, self.bucket_idle_ms])))
 
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
         await self._add(key, budget, MILLI)

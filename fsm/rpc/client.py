@@ -5,7 +5,7 @@
     async with RpcClient(["--base-url", url, "--model", "m", "--no-session"]) as client:
         await client.prompt("hi")
         await client.wait_for_idle()          # never returns during a backoff
-        async for event in client.events():   # every event, retry events included (SPEC §8.10)
+        async for event in client.events():   # every event, retry events included (docs/policy.md §8 item 10)
             ...
 
 Every request has a timeout (:class:`RpcTimeout`); a ``success: false`` response raises
@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
-from .server import LineFramer, LineTooLong, encode_line
+from .protocol import LineFramer, LineTooLong, encode_line
 
 __all__ = ["RpcClient", "RpcError", "RpcTimeout", "ServerDied"]
 
@@ -438,6 +438,25 @@ class RpcClient:
     async def set_auto_retry(self, enabled: bool, *, timeout_s: float | None = None) -> None:
         """Switch auto-retry on or off (a pending backoff still runs)."""
         await self.request({"type": "set_auto_retry", "enabled": enabled}, timeout_s=timeout_s)
+
+    async def steer(self, message: str, *, timeout_s: float | None = None) -> None:
+        """Queue a message for the next turn while the session is busy (a turn or a backoff:
+        the backoff is not shortened); on an idle session it starts a turn."""
+        await self.request({"type": "steer", "message": message}, timeout_s=timeout_s)
+
+    async def follow_up(self, message: str, *, timeout_s: float | None = None) -> None:
+        """Like :meth:`steer` (queued messages all go with the next turn)."""
+        await self.request({"type": "follow_up", "message": message}, timeout_s=timeout_s)
+
+    async def retry_now(self, *, timeout_s: float | None = None) -> None:
+        """End a pending backoff at once (the retry goes out now); ignored outside one."""
+        await self.request({"type": "retry_now"}, timeout_s=timeout_s)
+
+    async def get_messages(self, *, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """The runtime context: the messages the next request carries (a failed attempt
+        that was retried is not among them), oldest first."""
+        response = await self.request({"type": "get_messages"}, timeout_s=timeout_s)
+        return response["data"]["messages"]
 
     async def get_state(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """The session state (``isStreaming``, ``isRetrying``, ``retryAttempt``, ...)."""

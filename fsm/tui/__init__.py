@@ -1,4 +1,4 @@
-"""Terminal front end (SPEC §6): ``python -m fsm chat``.
+"""Terminal front end (docs/policy.md §6): ``python -m fsm chat``.
 
 :mod:`fsm.tui.view` is the pure view-model (which Esc handler is bound, what the loader says);
 :mod:`fsm.tui.app` is the prompt_toolkit application around it. Import ``fsm.tui.app`` only

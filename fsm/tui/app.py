@@ -1,8 +1,8 @@
 """The terminal chat: a prompt_toolkit application around one :class:`~fsm.session.AgentSession`.
 
 Screen, bottom to top: a status line (model, retry on/off, state), the input line, an
-activity line (the retry loader ``Retrying (1/3) in 2s… (esc to cancel)`` counting down, or a
-working spinner), and the unfinished line of the answer being streamed. Finished lines (the
+activity line (the retry loader ``Retrying (1/3) in 2s… (esc to cancel, enter to retry now)``
+counting down, or a working spinner), and the unfinished line of the answer being streamed. Finished lines (the
 user's messages, the answer, errors, ``Retry failed after …``) are printed above the
 application, into the terminal's scrollback.
 
@@ -23,6 +23,7 @@ from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import FormattedText
 from prompt_toolkit.input import Input
 from prompt_toolkit.key_binding import KeyBindings
+from prompt_toolkit.keys import Keys
 from prompt_toolkit.layout import ConditionalContainer, HSplit, Layout, Window
 from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
 from prompt_toolkit.layout.processors import BeforeInput
@@ -30,7 +31,7 @@ from prompt_toolkit.output import Output
 from prompt_toolkit.shortcuts import print_formatted_text
 from prompt_toolkit.styles import Style
 
-from .view import ESC_ABORT_RETRY, ChatView, Line
+from .view import ENTER_RETRY_NOW, ESC_ABORT_RETRY, ChatView, Line, rest_label
 
 TICK_S = 0.1
 """Redraw period while something moves on screen (the countdown, the spinner)."""
@@ -46,6 +47,8 @@ STYLE = Style.from_dict({
     "user": "bold",
     "error": "ansired",
     "retry_failed": "ansired bold",
+    "retry_ok": "ansigreen",
+    "discarded": "ansibrightblack italic",
     "aborted": "ansiyellow",
     "info": "ansibrightblack",
     "loader": "ansiyellow",
@@ -61,7 +64,8 @@ HELP_LINES = (
     "  /state                   print the session state",
     "  /help                    this help",
     "  /quit                    leave (also Ctrl-C, or Ctrl-D on an empty line)",
-    "Esc aborts the running turn, or cancels the retry while the loader counts down.",
+    "Esc aborts the running turn, or cancels the retry while the loader counts down;",
+    "Enter on an empty line retries at once while the loader counts down.",
     "A message typed while a turn or a retry chain is active is queued as a follow-up.",
 )
 
@@ -169,7 +173,10 @@ class ChatApp:
         def _esc(event: Any) -> None:
             self.on_escape()
 
+        # Ctrl-C arrives as a key in raw mode, and as SIGINT while a line is being printed
+        # above the application (the terminal is in cooked mode then): both leave.
         @kb.add("c-c")
+        @kb.add(Keys.SIGINT)
         def _ctrl_c(event: Any) -> None:
             self.quit()
 
@@ -213,7 +220,14 @@ class ChatApp:
         text = buffer.text.strip()
         if text:
             self.handle_line(text)
+        else:
+            self.on_empty_enter()
         return False  # clear the input line
+
+    def on_empty_enter(self) -> None:
+        """Enter on an empty input line: retry now during a backoff, else nothing."""
+        if self.view.enter_action == ENTER_RETRY_NOW:
+            self.session.retry_now()
 
     def handle_line(self, text: str) -> None:
         """One line the user entered: a ``/command`` or a message."""
@@ -239,7 +253,14 @@ class ChatApp:
             else:
                 self.print_lines([Line(f"Usage: /retry on | /retry off (got {arg!r})", "error")])
         elif name == "/state":
-            self.info(*json.dumps(self.session.state(), indent=2, ensure_ascii=False).splitlines())
+            from ..rpc.dispatch import session_state
+            state = session_state(self.session)
+            if self.session.is_retrying or self.session.is_streaming:
+                label = self.view.state_label
+            else:
+                label = rest_label(state["retryState"])
+            self.info(f"status: {label}",
+                      *json.dumps(state, indent=2, ensure_ascii=False).splitlines())
         elif name in ("/quit", "/exit"):
             self.quit()
         elif name == "/help":

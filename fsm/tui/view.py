@@ -5,11 +5,14 @@ application feeds it every session event (:meth:`ChatView.handle`) and reads bac
 
 - the lines to print above the input (returned by :meth:`~ChatView.handle`, as :class:`Line`);
 - :attr:`~ChatView.stream_tail`, the unfinished last line of the answer being streamed;
-- :attr:`~ChatView.esc_action`, which Esc handler is bound now (SPEC §6): :data:`ESC_ABORT_RETRY`
+- :attr:`~ChatView.esc_action`, which Esc handler is bound now (docs/policy.md §6): :data:`ESC_ABORT_RETRY`
   while a backoff's loader shows, otherwise the handler that was bound before it
   (:data:`ESC_ABORT_TURN`, which aborts a running turn);
-- :meth:`~ChatView.loader_text` (``Retrying (1/3) in 2s… (esc to cancel)``, counted down live
-  from the injected clock, D9) and :meth:`~ChatView.status_text`.
+- :attr:`~ChatView.enter_action`: what Enter on an empty input line does now
+  (:data:`ENTER_RETRY_NOW` during a backoff, ``docs/policy.md`` §8b.5);
+- :meth:`~ChatView.loader_text` (``Retrying (1/3) in 2s… (esc to cancel, enter to retry
+  now)``, counted down live from the injected clock, rounded up so it never shows ``0s``
+  while it waits, D9) and :meth:`~ChatView.status_text`.
 
 The clock is ``clock() -> seconds`` (monotonic); tests inject a fake one.
 """
@@ -21,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..brain import CANCELLED_TEXT  # the finalError of a chain the user cancelled
-from ..ui_text import aborted_text, failure_text, loader_text
+from ..ui_text import aborted_text, end_reason_text, failure_text, loader_text
+
+CHAT_KEYS = "esc to cancel, enter to retry now"
+"""What the chat's loader names inside its parentheses."""
+
+ENTER_RETRY_NOW = "retry_now"
+"""Enter on an empty input line ends the backoff at once (``session.retry_now()``)."""
 
 ESC_ABORT_TURN = "abort"
 """Esc aborts the running turn (``await session.abort()``); with no turn running it does nothing."""
@@ -35,7 +44,8 @@ SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 @dataclass(frozen=True, slots=True)
 class Line:
     """One line to print above the input. ``kind``: ``user``, ``assistant``, ``error``,
-    ``retry_failed``, ``aborted`` or ``info`` (the application maps kinds to styles)."""
+    ``retry_failed``, ``retry_ok``, ``discarded``, ``aborted`` or ``info`` (the application
+    maps kinds to styles)."""
 
     text: str
     kind: str
@@ -58,11 +68,13 @@ class ChatView:
     """
 
     def __init__(self, *, model: str = "", retry_enabled: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, keys: str = CHAT_KEYS) -> None:
         self.model = model
         self.retry_enabled = retry_enabled
+        self.keys = keys
+        self.last_chain: str | None = None  # at-rest state the last chain left: succeeded, ...
         self._clock = clock
-        # The seed's EventController swaps the Esc handler and later restores "the previous
+        # pi's terminal swaps the Esc handler and later restores "the previous
         # one": a stack says exactly that.
         self._esc: list[str] = [ESC_ABORT_TURN]
         self.backoff: Backoff | None = None
@@ -74,12 +86,18 @@ class ChatView:
         self.queued = 0
         self._abort_reported = False    # "Aborted after N retry attempts" already shown
         self._streamed = False          # the current assistant message streamed some text
+        self._failed_streamed = False   # the last failed turn had shown part of an answer
 
     # ------------------------------------------------------------------ reading
     @property
     def esc_action(self) -> str:
         """:data:`ESC_ABORT_RETRY` while the loader shows, else the handler bound before it."""
         return self._esc[-1]
+
+    @property
+    def enter_action(self) -> str | None:
+        """:data:`ENTER_RETRY_NOW` while the loader shows (Enter on an empty line), else None."""
+        return ENTER_RETRY_NOW if self.backoff is not None else None
 
     @property
     def loader_visible(self) -> bool:
@@ -97,11 +115,13 @@ class ChatView:
         return max(0.0, (self.backoff.deadline - self._clock()) * 1000.0)
 
     def loader_text(self) -> str | None:
-        """``Retrying (1/3) in 2s… (esc to cancel)`` during a backoff, else None."""
+        """``Retrying (1/3) in 2s… (esc to cancel, enter to retry now)`` during a backoff, else
+        None; the seconds are rounded up and never 0 while it waits (D9)."""
         b = self.backoff
         if b is None:
             return None
-        return loader_text(b.attempt, b.max_attempts, self.remaining_ms())
+        return loader_text(b.attempt, b.max_attempts, self.remaining_ms(), keys=self.keys,
+                           counting=True)
 
     def activity_text(self) -> str | None:
         """The line above the input: the loader, a working indicator, or None."""
@@ -123,7 +143,7 @@ class ChatView:
             if self.retried_turn:
                 return f"retrying {self.chain_attempt}/{self.chain_max}"
             return "streaming"
-        return "idle"
+        return rest_label(self.last_chain)
 
     def status_text(self) -> str:
         """``model · retry on · idle`` (plus ``· 1 queued``)."""
@@ -171,6 +191,7 @@ class ChatView:
         if message.get("role") == "user":
             return [Line(f"› {text}", "user")]
         out: list[Line] = []
+        streamed = self._streamed
         if self._streamed:
             if self.stream_tail:
                 out.append(Line(self.stream_tail, "assistant"))
@@ -179,8 +200,11 @@ class ChatView:
         self.stream_tail, self._streamed = "", False
         stop = message.get("stopReason")
         if stop == "error":
+            self._failed_streamed = streamed or bool(text)
             where = f" (retry {self.chain_attempt}/{self.chain_max})" if self.retried_turn else ""
             out.append(Line(f"Error{where}: {message.get('errorMessage') or 'unknown error'}", "error"))
+            if not self.retry_enabled and not self.retried_turn:
+                out.append(Line("Not retrying: auto-retry is off (/retry on turns it back on)", "info"))
         elif stop == "aborted":
             if self.retried_turn and self.chain_attempt > 0:
                 out.append(Line(aborted_text(self.chain_attempt), "aborted"))
@@ -204,16 +228,30 @@ class ChatView:
         if self.backoff is None:
             self._esc.append(ESC_ABORT_RETRY)
         self.backoff = Backoff(attempt, max_attempts, self._clock() + delay_ms / 1000.0)
-        return []
+        self.last_chain = None
+        out: list[Line] = []
+        if event.get("discardsOutput") and self._failed_streamed:
+            out.append(Line("↑ partial answer discarded: the retry replaces it", "discarded"))
+        self._failed_streamed = False
+        return out
 
     def _on_auto_retry_end(self, event: dict[str, Any]) -> list[Line]:
         self._end_backoff()
         attempt = int(event.get("attempt", 0))
         out: list[Line] = []
-        if not event.get("success"):
+        if event.get("success"):
+            self.last_chain = "succeeded"
+            of = f" of {self.chain_max}" if self.chain_max else ""
+            out.append(Line(f"Retry succeeded on attempt {attempt}{of}", "retry_ok"))
+        else:
             final = str(event.get("finalError", ""))
+            cancelled = final == CANCELLED_TEXT or event.get("endReason") == "cancelled"
+            self.last_chain = "cancelled" if cancelled else "exhausted"
             if not (self._abort_reported and final == CANCELLED_TEXT):
                 out.append(Line(failure_text(attempt, final), "retry_failed"))
+            why = None if cancelled else end_reason_text(event.get("endReason"))
+            if why:
+                out.append(Line(why, "info"))
         self.chain_attempt = self.chain_max = 0
         self._abort_reported = False
         return out
@@ -230,3 +268,12 @@ class ChatView:
             self.backoff = None
             if len(self._esc) > 1 and self._esc[-1] == ESC_ABORT_RETRY:
                 self._esc.pop()
+
+
+def rest_label(last_chain: str | None) -> str:
+    """The status line's word for a session at rest: ``idle``, or ``idle (last chain
+    succeeded)`` after a chain (``succeeded``, ``exhausted``, ``cancelled``: the retry
+    machine's at-rest state, so the status line and ``/state`` say the same)."""
+    if last_chain in (None, "idle"):
+        return "idle"
+    return f"idle (last chain {last_chain})"

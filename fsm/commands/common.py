@@ -1,0 +1,180 @@
+"""What the ``rpc``, ``chat`` and ``demo`` commands share: the settings loader, the flags of a
+session (where its log goes, the credential store), and one builder of a session with its log
+and transition trace.
+
+::
+
+    settings = load_settings(args.settings, prog="fsm rpc")          # SettingsError when bad
+    parts = open_session(provider, settings=settings, session_dir=".fsm/sessions",
+                         trace_file="trace.jsonl")                      # OSError when unwritable
+    ...
+    await parts.aclose()                                                # session, log, trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = [
+    "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_coordinator",
+    "load_credentials", "load_settings", "open_session", "session_path",
+]
+
+DEFAULT_SESSION_DIR = os.path.join(".fsm", "sessions")
+"""Where session logs go by default, relative to the working folder (``--session-dir``)."""
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters (a 50 MB key is named, not copied to stderr)."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def load_settings(path: str | None, *, prog: str,
+                  warn: Callable[[str], Any] | None = None):  # -> RetrySettings
+    """The retry settings of ``path`` (the defaults when None), for every command.
+
+    Warnings (unknown keys inside ``retry``) and the top-level keys this project does not use
+    (pi's settings file carries many) are reported through ``warn`` as one line
+    each, prefixed ``"<prog>: settings <path>: "`` (default: printed to stderr). Raises
+    :class:`~fsm.settings.SettingsError` naming the key and value, or the file, when it is bad.
+    """
+    import warnings
+
+    from ..settings import RetrySettings, SettingsError
+
+    if path is None:
+        return RetrySettings()
+    if warn is None:
+        def warn(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            settings = RetrySettings.load(path)
+        except RecursionError:
+            raise SettingsError("", path, "a settings file, not JSON nested this deeply") from None
+    for w in caught:
+        warn(f"{prog}: settings {path}: {_clip(str(w.message), 300)}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        unused = sorted(k for k in data if k != "retry") if isinstance(data, dict) else []
+    except (OSError, ValueError, RecursionError):
+        unused = []
+    if unused:
+        warn(f"{prog}: settings {path}: ignoring keys this project does not use: "
+             f"{_clip(', '.join(_clip(k, 60) for k in unused), 300)}")
+    return settings
+
+
+def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    """``--session-dir DIR`` / ``--session-file PATH`` / ``--no-session``, ``--credentials FILE``,
+    ``--redis URL`` and ``--trace FILE`` (the flags of :func:`open_session`)."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--session-dir", default=None, metavar="DIR",
+                       help="write the session log to DIR/<session id>.jsonl "
+                            f"(default: {DEFAULT_SESSION_DIR} under the working folder)")
+    where.add_argument("--session-file", default=None, metavar="PATH",
+                       help="append the session log to PATH instead ('{id}' is replaced by the "
+                            "session id)")
+    where.add_argument("--no-session", action="store_true", help="do not write a session log")
+    p.add_argument("--credentials", default=None, metavar="FILE",
+                   help="JSON-file credential store ({\"providers\": {NAME: {\"keys\": [...]}}}, "
+                        "NAME as --provider): a usage limit blocks the key in use and the next "
+                        "one is tried; shared safely by concurrent processes")
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="share cooldowns and the retry budget with other sessions through this "
+                        "coordinator (redis://HOST:PORT/DB, or memory: for this process only; "
+                        "see docs/fleet.md); default: none")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write the retry machine's transition trace here (python -m fsm audit FILE)")
+
+
+def session_path(args: argparse.Namespace, session_id: str) -> Path | None:
+    """Where the session log of ``args`` goes (None with ``--no-session``)."""
+    if getattr(args, "no_session", False):
+        return None
+    if getattr(args, "session_file", None):
+        return Path(args.session_file.replace("{id}", session_id))
+    return Path(getattr(args, "session_dir", None) or DEFAULT_SESSION_DIR) / f"{session_id}.jsonl"
+
+
+def load_credentials(path: str | None):  # -> CredentialStore | None
+    """The credential store of ``--credentials FILE`` (None without the flag).
+
+    Raises ``ValueError`` naming the file when it is not a valid store, ``OSError`` when it
+    cannot be created or read.
+    """
+    if path is None:
+        return None
+    from ..credentials import JsonFileCredentialStore
+    return JsonFileCredentialStore(path)
+
+
+def load_coordinator(url: str | None):  # -> Coordinator | None
+    """The shared coordinator of ``--redis URL`` (None without the flag), built by
+    :func:`fsm.fleet.coordinator_from_url`. Raises ``ValueError`` naming the URL (its password
+    hidden) when it is not one."""
+    if url is None:
+        return None
+    from ..fleet import coordinator_from_url
+    return coordinator_from_url(url)
+
+
+@dataclass
+class SessionParts:
+    """A session with what was opened for it: ``log_path`` (None: no log) and ``trace`` (a
+    :class:`~fsm.audit.TraceWriter` or None). :meth:`aclose` closes all three."""
+
+    session: Any
+    log_path: Path | None
+    trace: Any
+
+    async def aclose(self) -> None:
+        try:
+            await self.session.close()
+        finally:
+            if self.trace is not None:
+                self.trace.close()
+
+
+def open_session(provider: Any, *, settings: Any = None, context_window: int = 0,
+                 session_id: str | None = None, log_path: str | Path | None = None,
+                 trace_file: str | Path | None = None, credentials: Any = None,
+                 **session_kwargs: Any) -> SessionParts:
+    """Build an :class:`~fsm.session.AgentSession` with its log and its trace.
+
+    ``log_path`` may contain ``{id}`` (replaced by the session id, a new UUID hex when
+    ``session_id`` is None); None writes no log. ``trace_file`` None writes no trace. The other
+    keyword arguments go to the session. Raises ``OSError`` when the log or the trace cannot be
+    opened (nothing is left open then).
+    """
+    from ..session import AgentSession
+    from ..session_log import SessionLog
+
+    session_id = session_id or uuid.uuid4().hex
+    path = None
+    session_log = None
+    if log_path is not None:
+        path = Path(str(log_path).replace("{id}", session_id))
+        session_log = SessionLog(path, session_id)
+    session = AgentSession(provider, settings=settings, context_window=context_window,
+                           session_log=session_log, session_id=session_id,
+                           credentials=credentials, **session_kwargs)
+    trace = None
+    if trace_file is not None:
+        from ..audit import TraceWriter
+        try:
+            trace = TraceWriter(trace_file, model=session.brain)
+        except OSError:
+            if session_log is not None:
+                session_log.close()
+            raise
+    return SessionParts(session, path, trace)

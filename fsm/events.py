@@ -2,7 +2,7 @@
 
 Every event the brain, the session, the runner, the terminal view and the RPC server emit is
 one of these classes. ``to_json()`` gives exactly the wire shape (camelCase field names, the
-original's keys first, ours as additional fields only). An event is also a read-only
+established keys first, ours as additional fields only). An event is also a read-only
 ``Mapping`` over that shape, so ``event["type"]``, ``event.get("attempt")``, ``dict(event)`` and
 ``event == {...}`` work for listeners written against plain dicts.
 

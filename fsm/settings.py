@@ -1,8 +1,8 @@
 """Retry settings (docs/policy.md §1): validation, loading from the settings file, backoff.
 
-The original's settings file has the shape ``{"retry": {"enabled", "maxRetries",
-"baseDelayMs", ...}}``; keys this project does not use (such as ``retry.provider``, the
-original's HTTP-client retry) are ignored with a warning, never an error.
+The settings file has the shape ``{"retry": {"enabled", "maxRetries", "baseDelayMs", ...}}``
+(the shape agent harnesses already use); keys this project does not use (such as
+``retry.provider``, an HTTP client's own retry) are ignored with a warning, never an error.
 """
 
 from __future__ import annotations

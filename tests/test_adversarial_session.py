@@ -1,5 +1,5 @@
 """Adversarial tests of AgentSession: random interleavings of every control, checked against
-the SPEC §3 invariants, plus pinned reproductions of the session bugs found that way.
+the invariants of docs/policy.md §3, plus pinned reproductions of the session bugs found that way.
 
 The hypothesis machine drives one session on its own event loop with a FakeClock that does
 *not* let the loop run when a timer fires (``settle=0``), so a control can land in every
@@ -8,7 +8,7 @@ the continue. The provider answers from a random script (success, retryable, fat
 usage limit, a hang that only an abort or a release ends, an exception); listeners and the
 credential store may raise; settings change mid-chain.
 
-Invariants checked on every event and request (SPEC §3):
+Invariants checked on every event and request (docs/policy.md §3):
 - every ``auto_retry_start`` is followed by exactly one ``auto_retry_end`` of its chain
   (attempts 1, 2, … in order; an end without a start only for ``maxRetries = 0``);
 - ``retry_attempt`` is 0 outside a chain and 1..maxAttempts inside one;
@@ -173,7 +173,7 @@ class SessionMachine(RuleBasedStateMachine):
                 assert busy and behavior is None
                 return
             if not busy:
-                # SPEC §3: prompt() never returns while a chain it started is still active.
+                # docs/policy.md §3: prompt() never returns while a chain it started is still active.
                 assert not session.brain.is_retrying, session.brain
         task = self.loop.create_task(call())
         (self.runs if not session.is_busy else self.others).append(task)

@@ -68,3 +68,17 @@ def test_demo_refuses_bad_script(tmp_path):
     proc = run_demo(tmp_path, "--script", str(script))
     assert proc.returncode == 2
     assert "0" in proc.stderr and "status" in proc.stderr
+
+
+def test_demo_part_two_honours_a_short_hint_and_refuses_a_long_one_in_words(tmp_path):
+    proc = run_demo(tmp_path, "--hint-ms", "150")
+    assert proc.returncode == 0, proc.stderr
+    part2 = proc.stdout.split('Part 2: the same kind of session with retryHints: "honor"', 1)[1]
+    assert re.search(r"is retryable \(rule [a-z_.0-9]+\): waiting 0\.15 s as the server asked, "
+                     r"attempt 1 of 3", part2), part2
+    assert re.search(r"Not retrying: the server asks to wait 2 h \(until \d\d:\d\d(:\d\d)? UTC\), "
+                     r"longer than retry.maxHintWaitMs = 1 min", part2), part2
+    assert "HTTP requests: 3 (one per attempt)" in part2
+    log = [json.loads(x) for x in (tmp_path / "out" / "session-honor.jsonl").read_text().splitlines()]
+    assert [e["message"].get("stopReason", "user") for e in log[1:]] == \
+        ["user", "error", "stop", "user", "error"]

@@ -106,7 +106,7 @@ async def test_a_fatal_error_inside_a_chain_raises_the_chain_error():
 
 
 async def test_a_refusal_at_rest_raises_the_chain_error_with_attempt_zero():
-    """maxRetries 0: the original's end {success:false, attempt:0}; an end was emitted, so the
+    """maxRetries 0: the reference behaviour's end {success:false, attempt:0}; an end was emitted, so the
     caller gets the chain error (end reason exhausted), cause chained."""
     reset = ConnectionResetError("Connection reset by peer")
     with pytest.raises(RetryChainError) as info:

@@ -1,7 +1,7 @@
 """AgentSession against a scripted provider and a fake clock (no real backoff sleeps).
 
-Regression tests named ``test_hazard_N_*`` pin the failures of the original listed in
-SPEC §8 items 1–8.
+Regression tests named ``test_hazard_N_*`` pin the known failures listed in
+docs/policy.md §8 items 1–8.
 """
 
 import asyncio
@@ -537,7 +537,7 @@ async def test_failed_end_comes_after_agent_end():
 
 
 async def test_abort_retry_while_the_retried_turn_runs_lets_the_turn_decide():
-    """SPEC §3: abort_retry in continuing only releases waiters; the running turn ends the chain."""
+    """docs/policy.md §3: abort_retry in continuing only releases waiters; the running turn ends the chain."""
     session, provider, clock, events = make([error(OVERLOADED), hang()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)

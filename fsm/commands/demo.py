@@ -6,8 +6,12 @@ leaves the machine): it answers the first request with an Anthropic-style 529
 through :class:`fsm.session.AgentSession` with the default settings (so real 2 s and 4 s
 backoffs) and the real OpenAI SDK client. Each step is printed as a plain sentence — which
 request failed with what, whether that is retried and by which classification rule, how long
-the backoff is — and the session log and the transition trace are written to ``--out``. The
-demo takes no keyboard input (``python -m fsm chat`` is the interactive front end).
+the backoff is — and the session log and the transition trace are written to ``--out``.
+
+A second part (skipped with ``--script``) runs the same kind of session with
+``retryHints: "honor"``: a 429 whose ``retry-after-ms`` hint is waited out exactly, then a 429
+asking for two hours, refused at once with the reason in plain words. The demo takes no
+keyboard input (``python -m fsm chat`` is the interactive front end).
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ DEMO_SCRIPT = [
 ]
 
 
+def honor_script(hint_ms: int) -> list[dict]:
+    """Part 2's fault-server answers: a hinted 429, a reply, then a 429 asking for two hours."""
+    limited = {"error": {"message": "Rate limit reached for requests", "type": "rate_limit_error"}}
+    return [{"status": 429, "headers": {"retry-after-ms": str(hint_ms)}, "json": limited},
+            {"stream": ["The retry went out exactly when the server said."]},
+            {"status": 429, "headers": {"retry-after": "7200"}, "json": limited}]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="build/demo", help="folder for session.jsonl and trace.jsonl (default: build/demo)")
     p.add_argument("--trace", default=None, help="transition trace file (default: OUT/trace.jsonl)")
@@ -43,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api", choices=("openai", "anthropic"), default="openai",
                    help="the API the provider speaks to the fault server (default: openai)")
     p.add_argument("--prompt", default="Explain what just happened.", help="the user's message")
+    p.add_argument("--hint-ms", type=int, default=3000,
+                   help="the retry-after-ms hint of part 2 (retryHints: honor; default 3000, longer "
+                        "than the first backoff)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,23 +89,24 @@ def _seconds(ms: float) -> str:
     return f"{ms / 1000:g} s"
 
 
+_SOURCE = {"hint": " as the server asked", "cooldown": " (a cooldown another session learned)",
+           "switch": " (another credential is now in use)"}
+
+
 def retry_sentence(event: dict) -> str:
     """``529 Overloaded is retryable (rule retryable.status_529): waiting 2 s, attempt 1 of 3``."""
     error = event.get("errorMessage") or "the error"
     if len(error) > 100:
         error = error[:99] + "…"
     rule = f" (rule {event['rule']})" if event.get("rule") else ""
-    return (f"{error} is retryable{rule}: waiting {_seconds(event['delayMs'])}, "
+    source = _SOURCE.get(event.get("delaySource", ""), "")
+    return (f"{error} is retryable{rule}: waiting {_seconds(event['delayMs'])}{source}, "
             f"attempt {event['attempt']} of {event['maxAttempts']}")
 
 
 async def _main(args: argparse.Namespace) -> int:
-    import time
-
-    from ..classify import classify_message
-    from ..providers.fault_server import FaultServer, validate_script
+    from ..providers.fault_server import validate_script
     from ..settings import SettingsError
-    from ..ui_text import end_reason_text, failure_text
 
     try:
         settings = load_settings(args.settings, prog="demo")
@@ -104,9 +120,31 @@ async def _main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     trace_path = Path(args.trace) if args.trace else out / "trace.jsonl"
     log_path = out / "session.jsonl"
+    _print("Part 1: the settings given (the defaults unless --settings names a file).")
+
+    status, _ = await _part(script, settings, [args.prompt], log_path, trace_path, api=args.api)
+    if not args.script:
+        from dataclasses import replace
+        _print("")
+        _print('Part 2: the same kind of session with retryHints: "honor" (never retry before the '
+               "server's hint; a hint longer than retry.maxHintWaitMs ends the chain at once).")
+        await _part(honor_script(max(0, args.hint_ms)), replace(settings, retry_hints="honor"),
+                    ["Wait as long as the server asks.", "And now?"],
+                    out / "session-honor.jsonl", out / "trace-honor.jsonl", api=args.api)
+    return status
+
+
+async def _part(script: list, settings, prompts: list[str], log_path: Path,
+                trace_path: Path, *, api: str = "openai") -> tuple[int, object]:
+    """Run ``prompts`` through one session against a fault server playing ``script``."""
+    import time
+
+    from ..classify import classify_message
+    from ..providers.fault_server import FaultServer
+    from ..ui_text import end_reason_text, failure_text
+
     if log_path.exists():
         log_path.unlink()
-
     with FaultServer(script) as server:
         plan = ", then ".join(describe_entry(e) for e in script) or "a reply"
         _print(f"A local fault server at {server.base_url} plays the model provider (no model is "
@@ -114,10 +152,11 @@ async def _main(args: argparse.Namespace) -> int:
         _print(f"It answers: {plan}; any later request gets a short reply.")
         s = settings
         _print(f"Retry settings: {'on' if s.enabled else 'off'}, up to {s.max_retries} retries, "
-               f"first backoff {_seconds(s.base_delay_ms)}, doubling each time.")
+               f"first backoff {_seconds(s.base_delay_ms)}, doubling each time"
+               + (f"; server hints honoured up to {_seconds(s.max_hint_wait_ms)}." if s.honors_hints else "."))
         _print("")
         from ..providers.apis import build_provider
-        provider = build_provider(args.api, base_url=server.base_url, model="demo-model",
+        provider = build_provider(api, base_url=server.base_url, model="demo-model",
                                   api_key="demo-key", name="fault-server")
         parts = open_session(provider, settings=settings, session_id="demo", log_path=log_path,
                              trace_file=trace_path)
@@ -153,6 +192,8 @@ async def _main(args: argparse.Namespace) -> int:
             elif kind == "auto_retry_end":
                 if event["success"]:
                     say(f"the retry succeeded on attempt {event['attempt']}: the chain is over")
+                elif event["attempt"] == 0:
+                    say(f"Not retrying: {event.get('finalError', '')}")
                 else:
                     say(failure_text(event["attempt"], event.get("finalError", "")))
                     why = end_reason_text(event.get("endReason"))
@@ -161,7 +202,8 @@ async def _main(args: argparse.Namespace) -> int:
 
         session.subscribe(on_event)
         try:
-            await session.prompt(args.prompt)
+            for prompt in prompts:
+                await session.prompt(prompt)
         finally:
             await parts.aclose()
             await provider.aclose()
@@ -177,4 +219,4 @@ async def _main(args: argparse.Namespace) -> int:
     _print(f"session log (every message, failed ones included): {log_path}")
     python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
     _print(f"transition trace: {trace_path}  (see which transitions fired: {python} -m fsm audit {trace_path})")
-    return 0 if answer.stop_reason == "stop" else 1
+    return (0 if answer.stop_reason == "stop" else 1), session

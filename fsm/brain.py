@@ -198,9 +198,14 @@ def duration_text(ms: int) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
-def _clock_text(epoch_ms: int) -> str:
+def _clock_text(epoch_ms: int, now_ms: int | None = None) -> str:
+    """``14:05 UTC`` (``14:05:07 UTC`` off the minute); with the date when it is not the day of
+    ``now_ms`` (``2026-01-03 10:00 UTC``)."""
     t = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-    return t.strftime("%H:%M UTC") if epoch_ms % 60_000 == 0 else t.strftime("%H:%M:%S UTC")
+    text = t.strftime("%H:%M UTC") if epoch_ms % 60_000 == 0 else t.strftime("%H:%M:%S UTC")
+    if now_ms is not None and datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).date() != t.date():
+        text = t.strftime("%Y-%m-%d ") + text
+    return text
 
 
 # ---------------------------------------------------------------------------- the policy model
@@ -350,7 +355,8 @@ class _Policy:
 
     def end_hint_too_long(self) -> None:
         wait = self._server_wait()
-        until = "" if self.facts.now_ms is None else f" (until {_clock_text(self.facts.now_ms + wait)})"
+        now = self.facts.now_ms
+        until = "" if now is None else f" (until {_clock_text(now + wait, now)})"
         self._refuse("hint_too_long", f"the server asks to wait {duration_text(wait)}{until}, longer "
                      f"than retry.maxHintWaitMs = {duration_text(self.settings.max_hint_wait_ms)}")
 
@@ -358,7 +364,7 @@ class _Policy:
         now = self.facts.now_ms or 0
         start = self._chain_start(now)
         at = now + self._plan()[0]
-        self._refuse("deadline", f"the retry would go out at {_clock_text(at)}, after the chain's "
+        self._refuse("deadline", f"the retry would go out at {_clock_text(at, now)}, after the chain's "
                      f"deadline of retry.maxElapsedMs = {duration_text(self.settings.max_elapsed_ms)} "
                      f"(started {_clock_text(start)})")
 

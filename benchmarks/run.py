@@ -46,6 +46,7 @@ GROUPS: dict[str, dict] = {
             "quick": {"starts": 3, "trials": 5, "eof_starts": 5}, "timeout": 240},
     "fleet": {"full": {}, "quick": {"number": 200, "warmup": 20, "sessions": 50}, "timeout": 300},
     "stores": {"full": {}, "quick": {"sessions": 20_000, "calls": 5, "marks": 50}, "timeout": 120},
+    "runner": {"full": {}, "quick": {"number": 200, "repeat": 3, "warmup": 20}, "timeout": 180},
 }
 
 # name: (comparison, limit, note)
@@ -64,6 +65,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "wasted_requests_honor": ("<=", 0, "requests sent before the server's hint, retryHints honor"),
     "rpc_ready_ms": ("<=", 300, ""),
     "rpc_abort_retry_to_end_ms": ("<=", 1, ""),
+    "runner_ratio_vs_tenacity": ("<=", 0.7, "CPU per retried call (one failure, then success)"),
     "rpc_unclean_exits": ("<=", 0, "the rpc process must exit with status 0 on EOF (check ours)"),
     "coordinator_decision_us_p99": ("<=", 50_000, "Redis on loopback, inside the shell's 50 ms "
                                     "coordinator timeout"),
@@ -101,6 +103,8 @@ ORDER = (
     "fleet_requests_in_cooldown_unshared",
     "store_call_ms_empty", "store_prune_ms", "store_call_ms_after_prune", "store_after_prune_ratio",
     "store_loop_lag_ms_locked",
+    "runner_us", "tenacity_runner_us", "stamina_us", "runner_ratio_vs_tenacity",
+    "runner_ratio_vs_stamina", "runner_recorded_us",
 )
 
 

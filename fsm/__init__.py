@@ -32,6 +32,8 @@ _EXPORTS = {
     "Usage": "fsm.messages",
     "AgentSession": "fsm.session",
     "SessionBusyError": "fsm.session",
+    **{name: "fsm.runner" for name in ("retrying", "retrying_sync", "retry", "RetryRunner",
+                                       "RetryChainError", "ContextOverflowError")},
 }
 
 __all__ = sorted(_EXPORTS)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Union
 
+from transitions import MachineError
+
 from . import lifecycle as L
 from .classify import Classification, classify_message
 from .events import CANCELLED_TEXT, AutoRetryEnd, AutoRetryStart, Event
@@ -196,9 +198,14 @@ def duration_text(ms: int) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
-def _clock_text(epoch_ms: int) -> str:
+def _clock_text(epoch_ms: int, now_ms: int | None = None) -> str:
+    """``14:05 UTC`` (``14:05:07 UTC`` off the minute); with the date when it is not the day of
+    ``now_ms`` (``2026-01-03 10:00 UTC``)."""
     t = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-    return t.strftime("%H:%M UTC") if epoch_ms % 60_000 == 0 else t.strftime("%H:%M:%S UTC")
+    text = t.strftime("%H:%M UTC") if epoch_ms % 60_000 == 0 else t.strftime("%H:%M:%S UTC")
+    if now_ms is not None and datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).date() != t.date():
+        text = t.strftime("%Y-%m-%d ") + text
+    return text
 
 
 # ---------------------------------------------------------------------------- the policy model
@@ -348,7 +355,8 @@ class _Policy:
 
     def end_hint_too_long(self) -> None:
         wait = self._server_wait()
-        until = "" if self.facts.now_ms is None else f" (until {_clock_text(self.facts.now_ms + wait)})"
+        now = self.facts.now_ms
+        until = "" if now is None else f" (until {_clock_text(now + wait, now)})"
         self._refuse("hint_too_long", f"the server asks to wait {duration_text(wait)}{until}, longer "
                      f"than retry.maxHintWaitMs = {duration_text(self.settings.max_hint_wait_ms)}")
 
@@ -356,7 +364,7 @@ class _Policy:
         now = self.facts.now_ms or 0
         start = self._chain_start(now)
         at = now + self._plan()[0]
-        self._refuse("deadline", f"the retry would go out at {_clock_text(at)}, after the chain's "
+        self._refuse("deadline", f"the retry would go out at {_clock_text(at, now)}, after the chain's "
                      f"deadline of retry.maxElapsedMs = {duration_text(self.settings.max_elapsed_ms)} "
                      f"(started {_clock_text(start)})")
 
@@ -415,6 +423,51 @@ class _Policy:
 
 _MACHINE = L.build_machine(_Policy)
 _EVENTS = _MACHINE.events
+
+
+# ---------------------------------------------------------------------------- the lean path
+
+def _compile_dispatch() -> dict[tuple[str, str], tuple[tuple[tuple[tuple[str, bool], ...], str | None,
+                                                             str | None], ...]]:
+    """The declaration as a dispatch table: (state, trigger) -> the cell's candidates in the
+    order ``transitions`` tries them, each ``(guards, effect, dest)``; ``guards`` is
+    ``((name, expected), ...)`` in ``transitions``' evaluation order (the row's conditions,
+    then its ``unless`` names), ``dest`` None for an ignored cell. Derived from
+    :data:`fsm.lifecycle.TRANSITIONS` / :data:`~fsm.lifecycle.IGNORED` only."""
+    table: dict[tuple[str, str], list] = {}
+    for row in L.TRANSITIONS:
+        guards = tuple((g, True) for g in row.conditions) + tuple((g, False) for g in row.unless)
+        table.setdefault((row.source, row.trigger), []).append((guards, row.effect, row.dest))
+    for ig in L.IGNORED:
+        table.setdefault((ig.source, ig.trigger), []).append(((), None, None))
+    return {cell: tuple(candidates) for cell, candidates in table.items()}
+
+
+_DISPATCH = _compile_dispatch()
+
+
+def _fire_declared(p: _Policy, trigger: str) -> None:
+    """Run ``trigger`` on ``p`` through the ``transitions`` machine (what recorders see)."""
+    _EVENTS[trigger].trigger(p)
+
+
+def _fire_compiled(p: _Policy, trigger: str) -> None:
+    """Run ``trigger`` on ``p`` through :data:`_DISPATCH`: the same candidates, guards (in the
+    same order, stopping at the first that fails), state change and effect as
+    :func:`_fire_declared`, at a fraction of the cost. Used only while no recorder is
+    installed, so an audit always sees the ``transitions`` engine itself."""
+    candidates = _DISPATCH.get((p.state, trigger))
+    if candidates is None:  # unreachable for a validated declaration; as transitions says it
+        raise MachineError(f"Can't trigger event {trigger} from state {p.state}!")
+    for guards, effect, dest in candidates:
+        for name, expected in guards:
+            if getattr(p, name)() != expected:  # transitions' Condition.check compares so
+                break
+        else:
+            if dest is not None:  # a transition row always names its effect (the table's grammar)
+                p.state = dest
+                getattr(p, effect)()
+            return
 
 
 # ---------------------------------------------------------------------------- the brain
@@ -577,7 +630,10 @@ class RetryBrain:
         p.plan = None
         p.source = p.state
         try:
-            _EVENTS[trigger].trigger(p)
+            if L._RecordingTransition.recording:
+                _fire_declared(p, trigger)
+            else:
+                _fire_compiled(p, trigger)
         finally:
             p.actions = []
             p.plan = None

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from benchmarks import classification, decision, fleet, memory, rpc, run, sessions, transition
+from benchmarks import runner as runner_bench
 
 
 def assert_figures(figures: dict, keys: tuple[str, ...]) -> None:
@@ -119,3 +120,10 @@ def test_stores_prune_and_never_block_the_loop():
     figures = stores.measure(sessions=2_000, calls=2, marks=10)
     assert_figures(figures, ("store_call_ms_empty", "store_prune_ms", "store_call_ms_after_prune",
                              "store_after_prune_ratio", "store_loop_lag_ms_locked"))
+
+
+def test_runner_vs_tenacity_and_stamina():
+    figures = runner_bench.measure(number=5, repeat=1, warmup=1)
+    assert_figures(figures, ("runner_us", "tenacity_runner_us", "stamina_us",
+                             "runner_ratio_vs_tenacity", "runner_ratio_vs_stamina",
+                             "runner_recorded_us"))

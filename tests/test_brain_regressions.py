@@ -187,7 +187,7 @@ def test_8_11_a_58_hour_quota_reset_ends_the_chain_at_once_in_words():
     assert not any(isinstance(a, StartBackoff) for a in actions)
     end = events(actions)[0]
     assert (end["endReason"], end["attempt"], end["success"]) == ("hint_too_long", 0, False)
-    assert "wait 2 d 10 h (until 10:00 UTC)" in end["finalError"]
+    assert "wait 2 d 10 h (until 2026-01-03 10:00 UTC)" in end["finalError"]
     assert "retry.maxHintWaitMs = 1 min" in end["finalError"]
     assert any(isinstance(a, RecordCooldown) for a in actions), "the learned hint is shared"
 

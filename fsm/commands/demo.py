@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--script", default=None,
                    help="what the fault server answers, one entry per request (a JSON list; see "
                         "python -m fsm fault-server --help) instead of 529, 503, a reply")
+    p.add_argument("--api", choices=("openai", "anthropic"), default="openai",
+                   help="the API the provider speaks to the fault server (default: openai)")
     p.add_argument("--prompt", default="Explain what just happened.", help="the user's message")
     p.add_argument("--hint-ms", type=int, default=3000,
                    help="the retry-after-ms hint of part 2 (retryHints: honor; default 3000, longer "
@@ -120,7 +122,7 @@ async def _main(args: argparse.Namespace) -> int:
     log_path = out / "session.jsonl"
     _print("Part 1: the settings given (the defaults unless --settings names a file).")
 
-    status, _ = await _part(script, settings, [args.prompt], log_path, trace_path)
+    status, _ = await _part(script, settings, [args.prompt], log_path, trace_path, api=args.api)
     if not args.script:
         from dataclasses import replace
         _print("")
@@ -128,18 +130,17 @@ async def _main(args: argparse.Namespace) -> int:
                "server's hint; a hint longer than retry.maxHintWaitMs ends the chain at once).")
         await _part(honor_script(max(0, args.hint_ms)), replace(settings, retry_hints="honor"),
                     ["Wait as long as the server asks.", "And now?"],
-                    out / "session-honor.jsonl", out / "trace-honor.jsonl")
+                    out / "session-honor.jsonl", out / "trace-honor.jsonl", api=args.api)
     return status
 
 
 async def _part(script: list, settings, prompts: list[str], log_path: Path,
-                trace_path: Path) -> tuple[int, object]:
+                trace_path: Path, *, api: str = "openai") -> tuple[int, object]:
     """Run ``prompts`` through one session against a fault server playing ``script``."""
     import time
 
     from ..classify import classify_message
     from ..providers.fault_server import FaultServer
-    from ..providers.openai_chat import OpenAIChatProvider
     from ..ui_text import end_reason_text, failure_text
 
     if log_path.exists():
@@ -154,8 +155,9 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
                f"first backoff {_seconds(s.base_delay_ms)}, doubling each time"
                + (f"; server hints honoured up to {_seconds(s.max_hint_wait_ms)}." if s.honors_hints else "."))
         _print("")
-        provider = OpenAIChatProvider(base_url=server.base_url, model="demo-model", api_key="demo-key",
-                                      name="fault-server")
+        from ..providers.apis import build_provider
+        provider = build_provider(api, base_url=server.base_url, model="demo-model",
+                                  api_key="demo-key", name="fault-server")
         parts = open_session(provider, settings=settings, session_id="demo", log_path=log_path,
                              trace_file=trace_path)
         session = parts.session

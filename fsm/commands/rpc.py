@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None, metavar="URL",
                    help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 "
                         "(default: OPENAI_BASE_URL, else the OpenAI API)")
+    p.add_argument("--api", choices=("openai", "anthropic"), default="openai",
+                   help="the endpoint's API: OpenAI Chat Completions (default) or Anthropic Messages")
     p.add_argument("--model", required=True, metavar="M", help="model id sent to the endpoint")
     p.add_argument("--provider", default=None, metavar="NAME",
                    help="provider name (get_state's model.provider, the credential store's key; "
@@ -84,7 +86,7 @@ def provider_name(args: argparse.Namespace) -> str:
         return args.provider
     from urllib.parse import urlsplit
     base_url = args.base_url
-    return (urlsplit(base_url).hostname or base_url) if base_url else "openai"
+    return (urlsplit(base_url).hostname or base_url) if base_url else getattr(args, "api", "openai")
 
 
 def make_provider(args: argparse.Namespace):  # -> DeferredProvider
@@ -94,9 +96,10 @@ def make_provider(args: argparse.Namespace):  # -> DeferredProvider
     name = provider_name(args)
 
     def build():
-        from ..providers.openai_chat import OpenAIChatProvider
-        return OpenAIChatProvider(base_url=args.base_url, model=args.model, api_key=args.api_key,
-                                  timeout_s=args.timeout, name=name)
+        from ..providers.apis import build_provider
+        return build_provider(getattr(args, "api", "openai"), base_url=args.base_url,
+                              model=args.model, api_key=args.api_key, timeout_s=args.timeout,
+                              name=name)
 
     return DeferredProvider(build, name=name, model=args.model)
 

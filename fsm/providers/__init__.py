@@ -2,6 +2,8 @@
 
 - :class:`OpenAIChatProvider`: streaming OpenAI-compatible Chat Completions client (one HTTP
   request per call; failures come back as ``stop_reason="error"`` messages).
+- :class:`AnthropicMessagesProvider`: streaming Anthropic Messages API client (the same
+  contract; SSE ``error`` events inside a 200 stream are failed turns).
 - :class:`FaultServer`: a scripted OpenAI-compatible server that injects HTTP errors, dropped
   connections and truncated streams (``python -m fsm fault-server --script FILE``).
 
@@ -19,6 +21,8 @@ _EXPORTS = {
     "OpenAIChatProvider": "fsm.providers.openai_chat",
     "Provider": "fsm.providers.openai_chat",
     "describe_error": "fsm.providers.openai_chat",
+    "AnthropicMessagesProvider": "fsm.providers.anthropic_messages",
+    "build_provider": "fsm.providers.apis",
 }
 
 __all__ = sorted(_EXPORTS)

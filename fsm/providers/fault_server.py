@@ -442,7 +442,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"null")
         except ValueError:
             body = None
-        chat = self._is("/chat/completions")
+        chat = self._is("/chat/completions") or self._is("/messages")  # /messages: fault_anthropic
         self._rec, entry = self.server.owner._record(self.command, self.path, body, chat=chat,
                                                      t_ms=arrival, headers=self._header_dict(),
                                                      body_bytes=len(raw))
@@ -464,6 +464,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._done(status, outcome)
 
     def _answer(self, entry: dict, req: dict, index: int) -> None:
+        if self._is("/messages"):  # the Anthropic Messages API, same script
+            from .fault_anthropic import answer
+            return answer(self, entry, req, index)
         delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
         if delay and not self._pause(delay):
             return self._client_gone(None, "client_gone_during_delay")

@@ -1,0 +1,133 @@
+"""The fault server's Anthropic Messages API: ``POST …/v1/messages`` (docs/embedding.md).
+
+Same script, same entry keys and the same request counter as the chat completions route of
+:mod:`fsm.providers.fault_server`; only the wire shapes are Anthropic's:
+
+- ``json`` / ``body`` / ``status`` / ``headers`` / ``delay_ms``: as for chat (an error body is
+  typically ``{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}``
+  with status 529).
+- a success without ``stream`` answers a ``message`` object, or the event stream below when the
+  request asked to stream.
+- ``stream``: the SSE events ``message_start``, ``content_block_start``, then per item a
+  ``content_block_delta`` (a string: a ``text_delta``) or the object sent verbatim as one event
+  named by its ``type`` (``{"type": "error", "error": {...}}`` is an SSE ``error`` event inside
+  the HTTP 200 stream; the stream ends right after it, as the API's does), then
+  ``content_block_stop``, ``message_delta`` (``stop_reason`` = ``finish_reason``, default
+  ``end_turn``; ``usage`` = the entry's ``usage`` or an estimate) and ``message_stop``.
+- ``drop`` / ``drop_mode`` / ``no_done`` / ``chunk_delay_ms``: as for chat (``no_done`` ends
+  the body before ``content_block_stop``).
+
+Strictly private to the fault server: :func:`answer` runs inside its request handler.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+__all__ = ["answer"]
+
+
+def _sse(handler: Any, name: str, obj: Any) -> None:
+    handler._chunk(f"event: {name}\ndata: {json.dumps(obj)}\n\n".encode())
+
+
+def _message(req: dict, index: int, model: str, text: str, stop: str, usage: Any) -> dict:
+    return {"id": f"msg_fault_{index}", "type": "message", "role": "assistant",
+            "model": req.get("model") or model,
+            "content": [{"type": "text", "text": text}] if text else [],
+            "stop_reason": stop, "stop_sequence": None,
+            "usage": usage if isinstance(usage, dict) else _usage(text)}
+
+
+def _usage(text: str) -> dict:
+    return {"input_tokens": 10, "output_tokens": max(1, len(text) // 4)}
+
+
+def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
+    """Answer one ``/v1/messages`` request with ``entry`` (see the module docstring)."""
+    delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
+    if delay and not handler._pause(delay):
+        return handler._client_gone(None, "client_gone_during_delay")
+    status = entry.get("status", 200)
+    headers = entry.get("headers", {})
+    model = handler.server.owner.model
+    if "body" in entry:
+        return handler._send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
+    if "json" in entry:
+        return handler._send_json(status, entry["json"], "json", headers)
+    if "stream" not in entry:
+        if status != 200:
+            return handler._send(status, b"", "text/plain; charset=utf-8", headers, "empty")
+        if not req.get("stream"):
+            return handler._send_json(200, _message(req, index, model, "ok", "end_turn", None),
+                                      "completion", headers)
+        entry = {"stream": ["ok"], **entry}
+    return _stream(handler, entry, req, index, status, headers, model)
+
+
+def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
+            headers: dict[str, str], model: str) -> None:
+    handler.send_response(status)
+    headers = dict(headers)
+    handler.send_header("content-type", headers.pop("content-type", "text/event-stream"))
+    handler.send_header("cache-control", "no-cache")
+    handler.send_header("transfer-encoding", "chunked")
+    for name, value in headers.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    start = _message(req, index, model, "", None, {"input_tokens": 10, "output_tokens": 1})  # type: ignore[arg-type]
+    _sse(handler, "message_start", {"type": "message_start", "message": start})
+    _sse(handler, "content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}})
+    chunk_delay = entry.get("chunk_delay_ms", 0)
+    text = ""
+    for i, item in enumerate(entry["stream"]):
+        if chunk_delay and i and not handler._pause(chunk_delay):
+            return handler._client_gone(status, "client_gone_mid_stream")
+        if isinstance(item, str):
+            text += item
+            _sse(handler, "content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                  "delta": {"type": "text_delta", "text": item}})
+            continue
+        name = item.get("type") if isinstance(item.get("type"), str) else "error"
+        _sse(handler, name, item)
+        if name == "error":  # the API ends the stream after an error event
+            handler._done(status, "stream_error")
+            return handler._chunk(b"")
+    if entry.get("drop"):
+        return _drop(handler, entry, status, chunk_delay)
+    if entry.get("no_done"):
+        handler._done(status, "truncated")
+        return handler._chunk(b"")
+    usage = entry.get("usage", None) if "usage" in entry else {"output_tokens": max(1, len(text) // 4)}
+    _sse(handler, "content_block_stop", {"type": "content_block_stop", "index": 0})
+    delta: dict[str, Any] = {"type": "message_delta",
+                             "delta": {"stop_reason": entry.get("finish_reason", "end_turn"),
+                                       "stop_sequence": None}}
+    if usage is not None:
+        delta["usage"] = usage
+    _sse(handler, "message_delta", delta)
+    handler._done(status, "stream")
+    _sse(handler, "message_stop", {"type": "message_stop"})
+    return handler._chunk(b"")
+
+
+def _drop(handler: Any, entry: dict, status: int, chunk_delay: float) -> None:
+    from .fault_server import _wait_sent
+
+    if chunk_delay and entry["stream"] and not handler._pause(chunk_delay):
+        return handler._client_gone(status, "client_gone_mid_stream")
+    mode = entry.get("drop_mode", "rst")
+    handler._done(status, f"dropped_{mode}")
+    conn = handler.connection
+    if mode == "rst":
+        _wait_sent(conn, handler.server.owner._stopping)  # the client sees the deltas, then the reset
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    else:
+        conn.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    handler.close_connection = True
+    return None

@@ -28,6 +28,7 @@ sends; failed messages that a retry replaces are dropped from it); the session l
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -44,6 +45,7 @@ from .messages import AssistantMessage, UserMessage
 from .protocols import CredentialStore, Provider
 from .session_log import SessionLog
 from .settings import RetrySettings
+from .text import StreamJoiner, clean_text, safe_error_text
 
 __all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "Listener", "Extension",
            "CompactionHook", "STORE_TIMEOUT_S", "ABORTED_TEXT"]
@@ -127,7 +129,10 @@ class AgentSession:
         self._partial: dict[str, Any] | None = None  # the assistant message being streamed
         self._streamed = False
         self._api_key: str | None = None
-        self._secrets: set[str] = set()
+        self._secrets: set[str] = {k for k in (getattr(provider, "api_key", None),
+                                               getattr(provider, "_api_key", None))
+                                   if isinstance(k, str) and k}
+        self._joiner = StreamJoiner()
         self._writes: set[asyncio.Task] = set()  # the coordinator's writes after a decision
         self._unsubscribe_coordinator: Callable[[], None] | None = None
         self._subscribe_coordinator()
@@ -315,6 +320,21 @@ class AgentSession:
         if self.session_log is not None:
             self.session_log.append(message)
 
+    def _kept(self, message: AssistantMessage) -> AssistantMessage:
+        """The message as it may be kept in the context, the log and events: a provider's
+        broken Unicode repaired, credentials scrubbed, the error text clipped to 8 KB
+        (docs/policy.md §8b.10). Classification has already read the original."""
+        text = clean_text(message.text) if message.text else message.text
+        error = message.error_message
+        if error is not None:
+            error = safe_error_text(error, self._secrets)
+        if text is message.text and error is message.error_message:
+            return message
+        return dataclasses.replace(message, text=text, error_message=error)
+
+    def _safe(self, text: str) -> str:
+        return safe_error_text(text, self._secrets)
+
     def _aborted(self) -> AssistantMessage:
         return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model)
 
@@ -342,7 +362,8 @@ class AgentSession:
             message = await self._complete()
             if self._abort_turn and message.stop_reason != "aborted":
                 message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
-            cls = classify_message(message, self.context_window)
+            cls = classify_message(message, self.context_window)  # reads the whole text
+            message = self._kept(message)
             facts = await self._gather_facts(message, cls)
             if self._abort_turn and message.stop_reason != "aborted":
                 message = self._aborted()
@@ -369,6 +390,7 @@ class AgentSession:
 
     async def _complete(self) -> AssistantMessage:
         self._streamed = False
+        self._joiner = StreamJoiner()
         if self._abort_turn:
             return self._aborted()
         api_key = None
@@ -404,6 +426,9 @@ class AgentSession:
             message = AssistantMessage("error", error_message=_describe(exc), model=self.provider.model)
         finally:
             self._stream_task = None
+        rest = self._joiner.flush()
+        if rest and self._partial is not None:
+            self._on_text_clean(rest)
         if self._partial is not None and self._partial["content"]:
             text = self._partial["content"][0]["text"]
             self._emit(E.MessageUpdate(self._partial_json(),
@@ -416,11 +441,15 @@ class AgentSession:
                 "timestamp": p["timestamp"]}
 
     def _on_text(self, delta: str) -> None:
-        if not delta:
-            return
         p = self._partial
-        if p is None:  # a provider calling back after its turn ended
+        if not delta or p is None:  # nothing, or a provider calling back after its turn ended
             return
+        delta = self._joiner.feed(delta)  # a surrogate pair split across deltas is joined
+        if delta:
+            self._on_text_clean(delta)
+
+    def _on_text_clean(self, delta: str) -> None:
+        p = self._partial
         self._streamed = True
         if not p["content"]:
             p["content"].append({"type": "text", "text": ""})
@@ -460,7 +489,7 @@ class AgentSession:
                 if counter is not None:
                     count = max(1, int(counter(self.provider.name)))
             except Exception as exc:  # a broken or slow store: the normal backoff, said so
-                note = f"credential store failed: {_describe(exc)}; normal backoff"
+                note = self._safe(f"credential store failed: {_describe(exc)}; normal backoff")
                 log.warning("%s", note)
         cooldown, allowed, taken = 0, True, False
         settings = self.brain.settings
@@ -555,7 +584,7 @@ class AgentSession:
                 raise
             except Exception as exc:
                 log.exception("continue failed")
-                self._perform(self.brain.continue_failed(f"continue failed: {_describe(exc)}"))
+                self._perform(self.brain.continue_failed(self._safe(f"continue failed: {_describe(exc)}")))
 
     def _cancel_chain(self) -> None:
         """The prompt's task was cancelled from outside: a declared fact (§3 v2)."""
@@ -671,5 +700,7 @@ async def _bounded(coro: Awaitable[Any], self_bounded: bool = False) -> None:
 
 
 def _describe(exc: BaseException) -> str:
+    """``Type: text`` of an exception, scrubbed of anything shaped like a credential and
+    clipped (it may reach an event, the context or a log)."""
     text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return safe_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

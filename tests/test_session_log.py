@@ -149,9 +149,6 @@ def test_a_new_trace_is_private(tmp_path):
     assert stat.S_IMODE((tmp_path / "t.jsonl").stat().st_mode) == 0o600
 
 
-@pytest.mark.xfail(strict=True, reason="the runtime context keeps the uncleaned text, so the next "
-                                       "request fails to encode, until fsm/session.py applies "
-                                       "fsm.text.clean_text to the turn's message (lead)")
 async def test_a_surrogate_pair_split_across_deltas_over_rpc_is_persisted_whole(tmp_path):
     """Issue 14 item 1 end to end: the turn ends, is persisted as valid UTF-8, keeps the emoji."""
     import sys

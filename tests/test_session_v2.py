@@ -6,6 +6,7 @@ prompt's trace row, the event order) are here too.
 """
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -264,3 +265,38 @@ async def test_abort_as_the_retried_answer_arrives_sends_no_further_request():
     assert len(session.provider.requests) == 2, "no request after abort() returned"
     end = of(events, "auto_retry_end")[0]
     assert end["endReason"] == "cancelled"
+
+
+# ------------------------------------------------------------------ reliability (issue 14)
+
+async def test_a_surrogate_pair_split_across_deltas_is_joined_and_the_turn_is_decided():
+    class Splits(ScriptedProvider):
+        async def complete(self, messages, *, on_text=None, api_key=None):
+            on_text("smile \ud83d")
+            on_text("\ude00 and a lone \ud800")
+            return await super().complete(messages, on_text=on_text, api_key=api_key)
+    clock = FakeClock()
+    session = AgentSession(Splits([Outcome("error", error_message="529 \ud800 Overloaded")]), clock=clock)
+    events = []
+    session.subscribe(events.append)
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.settle()
+    assert session.brain.is_backing_off, "the turn with broken Unicode was still decided"
+    deltas = "".join(e["assistantMessageEvent"].get("delta", "") for e in of(events, "message_update"))
+    assert deltas == "smile \U0001F600 and a lone \ufffd"
+    start = of(events, "auto_retry_start")[0]
+    assert start["errorMessage"] == "529 \ufffd Overloaded"
+    json.dumps(start).encode("utf-8")  # the event can be written as UTF-8 JSON
+    await clock.advance(2)
+    await asyncio.wait_for(task, 1)
+
+
+async def test_error_texts_are_clipped_and_scrubbed_in_events_and_context():
+    secret = "sk-proj-abcdefghijklmnop1234567890"
+    huge = "503 " + "x" * 100_000 + f" Bearer {secret}"
+    session, provider, clock, events = make([error(huge)] * 4, max_retries=0)
+    await session.prompt("hi")
+    end = of(events, "auto_retry_end")[0]
+    assert len(end["finalError"].encode()) <= 9000 and secret not in end["finalError"]
+    assert len(session.messages[-1].error_message.encode()) <= 8192
+    assert secret not in session.messages[-1].error_message

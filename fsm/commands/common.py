@@ -164,7 +164,9 @@ def open_session(provider: Any, *, settings: Any = None, context_window: int = 0
     session_log = None
     if log_path is not None:
         path = Path(str(log_path).replace("{id}", session_id))
-        session_log = SessionLog(path, session_id)
+        secrets = [k for k in (getattr(provider, "api_key", None), getattr(provider, "_api_key", None))
+                   if isinstance(k, str) and k]
+        session_log = SessionLog(path, session_id, secrets=secrets)
     session = AgentSession(provider, settings=settings, context_window=context_window,
                            session_log=session_log, session_id=session_id,
                            credentials=credentials, **session_kwargs)

@@ -775,3 +775,18 @@ def test_too_many_trailer_lines_are_refused():
         out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                                 b"transfer-encoding: chunked\r\n\r\n0\r\n" + b"x-t: 1\r\n" * 101 + b"\r\n")
         assert out.startswith(b"HTTP/1.1 400 ") and b"too many trailer lines" in out
+
+
+def test_a_stream_entry_answers_a_non_streaming_request_with_one_completion_object():
+    """Issue 16: a scripted ``stream`` entry used to answer a non-streaming request with raw SSE."""
+    import json as _json
+    import urllib.request
+    with FaultServer([{"stream": ["Hel", "lo"]}]) as server:
+        req = urllib.request.Request(server.base_url + "/chat/completions", method="POST",
+                                     data=_json.dumps({"model": "m", "messages": [], "stream": False}).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.headers["content-type"].startswith("application/json")
+            body = _json.loads(resp.read())
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == "Hello"

@@ -482,6 +482,14 @@ class _Handler(BaseHTTPRequestHandler):
             if not req.get("stream"):
                 return self._send_json(200, self._completion(req, index), "completion", headers)
             entry = {**_PLAIN_STREAM, **entry}
+        elif not req.get("stream") and status == 200 and not entry.get("drop") and not entry.get("no_done"):
+            # A request that did not ask to stream gets the same answer as one JSON object.
+            text = "".join(item for item in entry["stream"] if isinstance(item, str))
+            errors = [item for item in entry["stream"] if isinstance(item, dict) and "error" in item]
+            if errors:
+                return self._send_json(200, errors[0], "json", headers)
+            return self._send_json(200, self._completion(req, index, text, entry.get("finish_reason", "stop")),
+                                   "completion", headers)
         return self._stream(entry, req, index, status, headers)
 
     def _stream(self, entry: dict, req: dict, index: int, status: int, headers: dict[str, str]) -> None:
@@ -540,12 +548,12 @@ class _Handler(BaseHTTPRequestHandler):
         completion = max(1, len(text) // 4)
         return {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion}
 
-    def _completion(self, req: dict, index: int) -> dict:
+    def _completion(self, req: dict, index: int, text: str = "ok", finish_reason: str = "stop") -> dict:
         return {"id": f"chatcmpl-fault-{index}", "object": "chat.completion", "created": int(time.time()),
                 "model": req.get("model") or self.server.owner.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                             "finish_reason": "stop"}],
-                "usage": self._usage("ok")}
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": finish_reason}],
+                "usage": self._usage(text)}
 
 
 class _HTTPServer(ThreadingHTTPServer):

@@ -129,9 +129,10 @@ class AgentSession:
         self._partial: dict[str, Any] | None = None  # the assistant message being streamed
         self._streamed = False
         self._api_key: str | None = None
-        self._secrets: set[str] = {k for k in (getattr(provider, "api_key", None),
-                                               getattr(provider, "_api_key", None))
-                                   if isinstance(k, str) and k}
+        configured = [k for k in (getattr(provider, "api_key", None), getattr(provider, "_api_key", None))
+                      if isinstance(k, str) and k]
+        self._configured_key: str | None = configured[0] if configured else None
+        self._secrets: set[str] = set(configured)
         self._joiner = StreamJoiner()
         self._writes: set[asyncio.Task] = set()  # the coordinator's writes after a decision
         self._unsubscribe_coordinator: Callable[[], None] | None = None
@@ -325,12 +326,21 @@ class AgentSession:
         broken Unicode repaired, credentials scrubbed, the error text clipped to 8 KB
         (docs/policy.md §8b.10). Classification has already read the original."""
         text = clean_text(message.text) if message.text else message.text
-        error = message.error_message
-        if error is not None:
-            error = safe_error_text(error, self._secrets)
-        if text is message.text and error is message.error_message:
-            return message
-        return dataclasses.replace(message, text=text, error_message=error)
+        changes: dict[str, Any] = {}
+        if text is not message.text:
+            changes["text"] = text
+        for name, limit in (("error_message", 8192), ("error_type", 256), ("error_code", 256)):
+            value = getattr(message, name, None)
+            if isinstance(value, str):
+                kept = safe_error_text(value, self._secrets, limit_bytes=limit)
+                if kept != value:
+                    changes[name] = kept
+        headers = getattr(message, "headers", None)
+        if headers:
+            kept_headers = {k: safe_error_text(v, self._secrets, limit_bytes=256) for k, v in headers.items()}
+            if kept_headers != dict(headers):
+                changes["headers"] = kept_headers
+        return dataclasses.replace(message, **changes) if changes else message
 
     def _safe(self, text: str) -> str:
         return safe_error_text(text, self._secrets)
@@ -426,6 +436,9 @@ class AgentSession:
             message = AssistantMessage("error", error_message=_describe(exc), model=self.provider.model)
         finally:
             self._stream_task = None
+        if not isinstance(message, AssistantMessage):  # a broken provider: a failed turn, said so
+            message = AssistantMessage("error", model=self.provider.model, error_message=(
+                f"provider returned {type(message).__name__}, not an AssistantMessage"))
         rest = self._joiner.flush()
         if rest and self._partial is not None:
             self._on_text_clean(rest)
@@ -524,7 +537,7 @@ class AgentSession:
     def _coord_key(self) -> Any:
         from .fleet import CoordKey, credential_id
         return CoordKey(self.provider.name or "provider", self.provider.model or "model",
-                        credential_id(self._api_key))
+                        credential_id(self._api_key or self._configured_key))
 
     def _subscribe_coordinator(self) -> None:
         subscribe = getattr(self.coordinator, "subscribe", None)
@@ -702,5 +715,8 @@ async def _bounded(coro: Awaitable[Any], self_bounded: bool = False) -> None:
 def _describe(exc: BaseException) -> str:
     """``Type: text`` of an exception, scrubbed of anything shaped like a credential and
     clipped (it may reach an event, the context or a log)."""
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ raises: its class name is all we have
+        text = ""
     return safe_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

@@ -95,3 +95,25 @@ def test_chat_refuses_a_malformed_key_without_echoing_it(monkeypatch, capsys):
     assert main(["chat", "--model", "m"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("chat: OPENAI_API_KEY: the API key ends with a carriage return") and KEY[8:] not in err
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("key", ["AIzaSyD-SECRETkey1234567890", "gsk_SECRET0123456789abcdef"])
+def test_rpc_scrubs_the_configured_key_of_any_shape_from_every_field(tmp_path, key):
+    """Attack report: a key not shaped like sk-… echoed in a 401's message and in its error
+    type/code reached stdout and the session log over RPC."""
+    import json as _json
+
+    from fsm.providers.fault_server import FaultServer
+    from support import ROOT
+    body = {"error": {"message": f"Incorrect API key provided: {key}.", "type": key, "code": key}}
+    with FaultServer([{"status": 401, "json": body}]) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fsm", "rpc", "--base-url", server.base_url, "--model", "m",
+             "--api-key", key, "--session-dir", str(tmp_path / "sessions")],
+            input=_json.dumps({"type": "prompt", "message": "hi"}) + "\n"
+            + _json.dumps({"type": "get_messages"}) + "\n",
+            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    assert '"message_end"' in proc.stdout
+    assert key not in proc.stdout and key not in proc.stderr
+    assert files_containing(tmp_path, key.encode()) == []

@@ -300,3 +300,25 @@ async def test_error_texts_are_clipped_and_scrubbed_in_events_and_context():
     assert len(end["finalError"].encode()) <= 9000 and secret not in end["finalError"]
     assert len(session.messages[-1].error_message.encode()) <= 8192
     assert secret not in session.messages[-1].error_message
+
+
+def test_the_coordinator_key_is_the_configured_keys_hash_not_default():
+    """Attack report: sessions of different accounts (--api-key) shared one cooldown."""
+    from fsm.fleet import credential_id
+    a, b = ScriptedProvider(), ScriptedProvider()
+    a.api_key, b.api_key = "sk-account-a-0123456789", "sk-account-b-0123456789"
+    key_a, key_b = AgentSession(a)._coord_key(), AgentSession(b)._coord_key()
+    assert key_a.credential == credential_id("sk-account-a-0123456789") != key_b.credential
+    assert AgentSession(ScriptedProvider())._coord_key().credential == "default"
+
+
+async def test_a_provider_returning_something_else_is_a_failed_turn_that_ends_its_events():
+    class Broken(ScriptedProvider):
+        async def complete(self, messages, *, on_text=None, api_key=None):
+            return None
+    events = []
+    session = AgentSession(Broken(), clock=FakeClock())
+    session.subscribe(events.append)
+    await session.prompt("hi")
+    assert [e["type"] for e in events][-2:] == ["turn_end", "agent_end"]
+    assert "provider returned NoneType" in session.messages[-1].error_message

@@ -101,7 +101,9 @@ def make_provider(args: argparse.Namespace):  # -> DeferredProvider
                               model=args.model, api_key=args.api_key, timeout_s=args.timeout,
                               name=name)
 
-    return DeferredProvider(build, name=name, model=args.model)
+    env = "ANTHROPIC_API_KEY" if getattr(args, "api", "openai") == "anthropic" else "OPENAI_API_KEY"
+    return DeferredProvider(build, name=name, model=args.model,
+                            api_key=args.api_key or os.environ.get(env) or None)
 
 
 def run(args: argparse.Namespace) -> int:

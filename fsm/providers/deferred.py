@@ -27,10 +27,12 @@ class DeferredProvider:
     an error message naming the failure (a provider never raises).
     """
 
-    def __init__(self, factory: Callable[[], Any], *, name: str, model: str) -> None:
+    def __init__(self, factory: Callable[[], Any], *, name: str, model: str,
+                 api_key: str | None = None) -> None:
         import concurrent.futures
         self.name = name
         self.model = model
+        self.api_key = api_key  # the configured key: what the session scrubs and keys sharing by
         self._factory = factory
         self._future: concurrent.futures.Future = concurrent.futures.Future()
         self._lock = threading.Lock()
@@ -108,6 +110,11 @@ class ProviderGate:
     @property
     def model(self) -> str:
         return self.provider.model
+
+    @property
+    def api_key(self) -> str | None:
+        """The wrapped provider's configured key (None when it has none)."""
+        return getattr(self.provider, "api_key", None) or getattr(self.provider, "_api_key", None)
 
     def close(self) -> None:
         self.closed = True

@@ -37,6 +37,7 @@ like a trace.
 from __future__ import annotations
 
 import json
+import stat
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -140,7 +141,12 @@ class TraceWriter:
         self._lines: dict[L.TransitionRecord, str] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # A trace shows what a conversation did: private to its user, like the session log.
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # O_NONBLOCK: a FIFO with no reader fails at once instead of blocking the start-up.
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"trace file {self.path} is not a regular file")
+        os.set_blocking(fd, True)
         self._file: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
         header = {"type": "trace", "version": L.VERSION, "machine": MACHINE}
         self._file.write(json.dumps(header) + "\n")

@@ -656,3 +656,16 @@ def test_a_broken_pretty_counts_file_names_its_line(tmp_path):
     with pytest.raises(A.TraceError, match=r"broken.json:4: not JSON") as info:
         A.read_trace(path)
     assert info.value.line == 4
+
+
+def test_a_trace_path_that_is_a_fifo_is_refused_at_once(tmp_path):
+    """Attack report: --trace on a FIFO with no reader hung the start-up forever."""
+    import os
+
+    import pytest as _pytest
+
+    from fsm.audit import TraceWriter
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with _pytest.raises(OSError):
+        TraceWriter(fifo)

@@ -563,3 +563,10 @@ def test_an_extension_ui_response_gets_no_answer():
 def test_steer_and_follow_up_need_a_message(line):
     err = parse_command(line)
     assert isinstance(err, CommandError) and 'field "message"' in err.error
+
+
+def test_a_command_with_a_duplicate_key_is_refused_not_last_wins():
+    """Attack report: {"type":"get_state","type":"prompt",...} started a prompt."""
+    from fsm.rpc.protocol import CommandError, parse_command
+    result = parse_command(b'{"type":"get_state","type":"prompt","message":"dup"}')
+    assert isinstance(result, CommandError) and "duplicate key 'type'" in result.error

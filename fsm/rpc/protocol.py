@@ -226,6 +226,22 @@ def _guess_id(raw: bytes) -> tuple[Any, bool]:
         return None, False
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """``json.loads`` hook: a key given twice is refused (the last would silently win)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key[:80])
+        out[key] = value
+    return out
+
+
 def parse_command(line: bytes | LineTooLong) -> Command | CommandError | None:
     """Turn one input line into a :class:`Command` or a :class:`CommandError` (pure).
 
@@ -246,7 +262,10 @@ def parse_command(line: bytes | LineTooLong) -> Command | CommandError | None:
     if not text.strip():
         return None
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        return CommandError("parse", f"duplicate key {exc.key!r} in the command: each field once",
+                            *_guess_id(line))
     except RecursionError:
         return CommandError("parse", "invalid JSON: nested too deeply", *_guess_id(line))
     except ValueError as exc:

@@ -460,6 +460,9 @@ def _remaining_name(reset: str) -> str:
     return reset.replace("ratelimit-reset", "ratelimit-remaining", 1)  # x-ratelimit-reset-requests
 
 
+_PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
 def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
                 now_ms: float | None = None) -> HeaderHint | None:
     """The retry hint carried by response headers (keys lower-cased), or ``None``.
@@ -479,6 +482,11 @@ def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
     for name in ("retry-after-ms", "retry-after"):
         value = headers.get(name)
         if isinstance(value, str) and value.strip():
+            plain = value.strip()
+            # RFC 9110: a number of seconds (ms for retry-after-ms) or an HTTP date; "1_000",
+            # "0x10", "3,4" are neither and are ignored rather than read by their prefix.
+            if not (_PLAIN_NUMBER.fullmatch(plain) or (name == "retry-after" and plain[:1].isalpha())):
+                continue
             ms = parse_normalized_hint_ms(f"{name}: {normalize_text(value)}", now_ms=now_ms)
             if ms is not None:
                 return HeaderHint(ms, name, value)

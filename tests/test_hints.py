@@ -367,3 +367,12 @@ def test_day_first_dates_in_other_languages():
     assert parse_retry_hint_ms("try again at 10 jul 2026 11:52", now_ms=now) == 3_600_000
     # not a month: no guess
     assert parse_retry_hint_ms("try again at 10 xyz 2026 11:52", now_ms=now) is None
+
+
+def test_retry_after_values_that_are_not_plain_numbers_or_dates_are_ignored():
+    """Attack report: "1_000" gave 1000 ms, "0x10" 0, "3,4" 3000 ms (read by prefix)."""
+    from fsm.hints import header_hint
+    for bad in ("1_000", "0x10", "3,4", "+5", "5e3"):
+        assert header_hint({"retry-after": bad}, rate_limited=True) is None, bad
+        assert header_hint({"retry-after-ms": bad}, rate_limited=True) is None, bad
+    assert header_hint({"retry-after": "2.5"}, rate_limited=True).ms == 2500

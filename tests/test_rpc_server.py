@@ -570,3 +570,12 @@ def test_a_command_with_a_duplicate_key_is_refused_not_last_wins():
     from fsm.rpc.protocol import CommandError, parse_command
     result = parse_command(b'{"type":"get_state","type":"prompt","message":"dup"}')
     assert isinstance(result, CommandError) and "duplicate key 'type'" in result.error
+
+
+def test_get_state_never_echoes_credentials_in_the_base_url():
+    """Attack report: model.baseUrl was returned verbatim, password and ?api-key included."""
+    from fsm.rpc.dispatch import _public_url
+    shown = _public_url("http://user:PASSWORD@example.test:8080/v1?api-key=sk-secret")
+    assert "PASSWORD" not in shown and "sk-secret" not in shown
+    assert shown.startswith("http://user:***@example.test:8080/v1")
+    assert _public_url("http://127.0.0.1:5/v1") == "http://127.0.0.1:5/v1"

@@ -240,6 +240,21 @@ def _provider_name(session: Any) -> str:
     return str(getattr(session.provider, "name", "") or "")
 
 
+def _public_url(url: str) -> str:
+    """``url`` without credentials: a password in it and the query string (``?api-key=…``)
+    are replaced by ``***``, so ``get_state`` never echoes a secret."""
+    import urllib.parse
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.split(':', 1)[0]}:***@{host}" if ":" in user else f"***@{host}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
+
+
 def model_json(session: Any, *, base_url: str | None = None) -> dict[str, Any]:
     """The ``model`` object of ``get_state``, in pi's ``Model`` shape.
 
@@ -248,7 +263,7 @@ def model_json(session: Any, *, base_url: str | None = None) -> dict[str, Any]:
     """
     model_id = str(getattr(session.provider, "model", "") or "")
     return {"id": model_id, "name": model_id, "api": "openai-completions",
-            "provider": _provider_name(session), "baseUrl": base_url or "", "reasoning": False,
+            "provider": _provider_name(session), "baseUrl": _public_url(base_url or ""), "reasoning": False,
             "input": ["text"], "cost": dict(_ZERO_COST), "contextWindow": session.context_window,
             "maxTokens": 0}
 

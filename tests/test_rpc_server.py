@@ -579,3 +579,22 @@ def test_get_state_never_echoes_credentials_in_the_base_url():
     assert "PASSWORD" not in shown and "sk-secret" not in shown
     assert shown.startswith("http://user:***@example.test:8080/v1")
     assert _public_url("http://127.0.0.1:5/v1") == "http://127.0.0.1:5/v1"
+
+
+@pytest.mark.subprocess
+def test_sighup_stops_the_server_cleanly_like_sigterm():
+    """Attack report: SIGHUP (a closed terminal) killed the process without its shutdown."""
+    from support import ROOT, env
+    proc = subprocess.Popen([sys.executable, "-m", "fsm", "rpc", "--base-url", "http://127.0.0.1:9/v1",
+                             "--model", "m", "--api-key", "k", "--no-session"], cwd=ROOT, env=env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b'{"type":"get_state"}\n')
+        proc.stdin.flush()
+        assert proc.stdout.readline()  # serving, so its handlers are in place
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -51,7 +51,7 @@ class ServeConfig(NamedTuple):
 
 
 async def serve(config: ServeConfig) -> int:
-    """Run the RPC server until EOF on stdin, SIGTERM/SIGINT, or stdout closing. Returns 0.
+    """Run the RPC server until EOF on stdin, SIGTERM/SIGINT/SIGHUP, or stdout closing. Returns 0.
 
     Shutdown cancels any backoff (its ``auto_retry_end`` is still written), stops a running
     turn, closes the session log and the trace within about a second.
@@ -88,7 +88,7 @@ async def serve(config: ServeConfig) -> int:
     server = RpcServer(session, output, session_file=parts.log_path, base_url=config.base_url)
     reader.start()
     previous_handlers = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a closed terminal stops it cleanly too
         try:
             previous_handlers[sig] = signal.signal(sig, on_signal)
         except ValueError:  # not the main thread: the caller handles signals

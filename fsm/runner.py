@@ -74,6 +74,17 @@ _RAISED = object()  # the callable raised before returning an awaitable
 _COROUTINE = types.CoroutineType
 
 
+PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
+    LookupError, AttributeError, TypeError, NameError, AssertionError, ArithmeticError,
+    NotImplementedError, ImportError, SyntaxError)
+"""Exception classes that mean a bug in the caller's code: fatal whatever their text."""
+
+
+def _is_sdk_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.split(".", 1)[0] in ("openai", "anthropic", "httpx", "httpx2", "httpcore")
+
+
 class RetryChainError(Exception):
     """A retry chain (or a policy refusal at rest) ended without success.
 
@@ -167,7 +178,12 @@ class _Call:
             message = result
         else:
             message = _OK
-        cls = classify_message(message, runner.context_window)
+        if exc is not None and isinstance(exc, PROGRAMMING_ERRORS) and not _is_sdk_error(exc):
+            # A bug in the caller's code is never transient, whatever its text says
+            # (KeyError("overloaded") is not an overload).
+            cls = Classification("fatal", "runner.programming_error")
+        else:
+            cls = classify_message(message, runner.context_window)
         if cls.kind != "none":
             self.message, self.cls = message, cls
         return message, cls

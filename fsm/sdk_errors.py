@@ -110,6 +110,13 @@ def error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFact
     """The facts of any exception a provider call raised (see the module docstring). Never
     raises; the message is never empty. ``now_ms``: epoch ms against which absolute reset
     headers are read when choosing the hint the text carries (default: now)."""
+    try:
+        return _error_facts(exc, now_ms=now_ms)
+    except Exception:  # an exception whose __str__ (or attributes) raise: its class is all we know
+        return ErrorFacts(f"{type(exc).__name__} (its message could not be read)")
+
+
+def _error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFacts:
     names = _class_names(exc, _SDK_MODULES)
     if "APIStatusError" in names:
         response = getattr(exc, "response", None)

@@ -509,3 +509,30 @@ async def test_the_chains_deadline_is_read_on_the_clock():
 async def test_a_sync_callable_returning_none_is_refused_too():
     with pytest.raises(TypeError, match=r"returned NoneType, not an awaitable"):
         await fsm.retrying(lambda: None)
+
+
+async def test_a_programming_error_is_fatal_whatever_its_text():
+    """Attack report: KeyError("overloaded") was retried three times."""
+    import fsm
+    calls = []
+
+    async def buggy():
+        calls.append(1)
+        raise KeyError("overloaded")
+    with pytest.raises(KeyError):
+        await fsm.retrying(buggy, settings={"baseDelayMs": 0})
+    assert len(calls) == 1
+
+
+async def test_an_exception_whose_str_raises_is_re_raised_as_it_came():
+    """Attack report: the caller got a ZeroDivisionError from our text mapping instead."""
+    import fsm
+
+    class Weird(Exception):
+        def __str__(self):
+            return str(1 / 0)
+
+    async def call():
+        raise Weird()
+    with pytest.raises(Weird):
+        await fsm.retrying(call)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 
+from fsm.fleet import InProcessCoordinator
 from fsm.messages import AssistantMessage
 from fsm.session import AgentSession
 from fsm.settings import RetrySettings
@@ -61,7 +62,9 @@ class _RecoveringServer:
 async def _replay(hints: str, text: str, recovery_ms: int) -> tuple[list[int], int | None]:
     clock = FakeClock()
     server = _RecoveringServer(clock, text, recovery_ms)
-    session = AgentSession(server, clock=clock,
+    # Each case is its own provider account: a fresh coordinator, so one case's cooldown
+    # (same fake epoch, same key) does not lengthen the next case's retries.
+    session = AgentSession(server, clock=clock, coordinator=InProcessCoordinator(),
                            settings=RetrySettings(retry_hints=hints, max_retries=3))
     task = asyncio.ensure_future(session.prompt("hi"))
     for _ in range(2000):  # 100 s of fake time in 50 ms steps

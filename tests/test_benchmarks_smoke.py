@@ -75,7 +75,7 @@ def test_hints_with_honor_waste_nothing_and_the_seed_wastes_some():
     figures = hints.measure()
     assert_figures(figures, ("wasted_requests_seed", "hint_recovery_ratio_honor"))
     assert figures["wasted_requests_honor"] == 0 < figures["wasted_requests_seed"]
-    assert figures["hint_recovery_ratio_honor"] >= 1.0
+    assert 1.0 <= figures["hint_recovery_ratio_honor"] <= 1.2, "retries go out when the server said"
 
 
 @pytest.mark.subprocess

@@ -237,6 +237,10 @@ class RetrySettings:
         """
         if not isinstance(data, Mapping):
             raise SettingsError("", data, "a JSON object at the top level")
+        if "retry" not in data and any(k in _KEYS for k in data):
+            flat = ", ".join(sorted(str(k) for k in data if k in _KEYS)[:5])
+            warnings.warn(f"retry settings: {flat} at the top level are ignored; the file's shape "
+                          'is {"retry": {...}}', UserWarning, stacklevel=2)
         retry = data.get("retry", {})
         if retry is None:
             retry = {}

@@ -235,3 +235,9 @@ def test_hinted_delay_gets_positive_only_jitter():
     assert s.hinted_delay_ms(10_000, lambda: 0.0) == 10_000
     assert s.hinted_delay_ms(10_000, lambda: 0.999) == 11_998
     assert RetrySettings().hinted_delay_ms(10_000, lambda: 0.999) == 10_000
+
+
+def test_flat_retry_keys_at_the_top_level_are_named_in_a_warning():
+    """Attack report: RetrySettings.from_json({"baseDelayMs": 20}) silently gave the defaults."""
+    with pytest.warns(UserWarning, match=r"baseDelayMs at the top level are ignored"):
+        assert RetrySettings.from_json({"baseDelayMs": 20}) == RetrySettings()

@@ -783,7 +783,7 @@ def test_a_stream_entry_answers_a_non_streaming_request_with_one_completion_obje
     import urllib.request
     with FaultServer([{"stream": ["Hel", "lo"]}]) as server:
         req = urllib.request.Request(server.base_url + "/chat/completions", method="POST",
-                                     data=_json.dumps({"model": "m", "messages": [], "stream": False}).encode(),
+                                     data=_json.dumps({"model": "m", "messages": []}).encode(),
                                      headers={"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as resp:
             assert resp.headers["content-type"].startswith("application/json")

@@ -482,8 +482,10 @@ class _Handler(BaseHTTPRequestHandler):
             if not req.get("stream"):
                 return self._send_json(200, self._completion(req, index), "completion", headers)
             entry = {**_PLAIN_STREAM, **entry}
-        elif not req.get("stream") and status == 200 and not entry.get("drop") and not entry.get("no_done"):
-            # A request that did not ask to stream gets the same answer as one JSON object.
+        elif (req.get("stream") is False or ("stream" not in req and "messages" in req)) \
+                and status == 200 and not entry.get("drop") and not entry.get("no_done"):
+            # A chat request that did not ask to stream gets the same answer as one JSON object
+            # (a bare probe body without "messages" still gets the stream).
             text = "".join(item for item in entry["stream"] if isinstance(item, str))
             errors = [item for item in entry["stream"] if isinstance(item, dict) and "error" in item]
             if errors:

@@ -55,6 +55,12 @@ class ScriptedProvider:
         self.name = name
         self.model = model
         self.script = list(script or [])
+        for i, outcome in enumerate(self.script + ([default] if default is not None else [])):
+            if not isinstance(outcome, Outcome):
+                where = "default" if i == len(self.script) else f"script[{i}]"
+                raise TypeError(f"ScriptedProvider {where} must be an Outcome (use fsm.testing.ok(), "
+                                f"error(), hang() or Outcome(...)), got {type(outcome).__name__}: "
+                                f"{outcome!r:.80}")
         self.default = default or ok()
         self.requests: list[list[dict[str, Any]]] = []
         self.api_keys: list[str | None] = []

@@ -547,3 +547,11 @@ async def test_abort_retry_while_the_retried_turn_runs_lets_the_turn_decide():
     provider.release.set()
     await asyncio.wait_for(task, 1)
     assert retry_events(events)[-1] == ("end", True, 1, None)
+
+
+def test_scripted_provider_refuses_a_script_of_messages_at_construction():
+    """Issue 16: ScriptedProvider([AssistantMessage(...)]) used to fail on every call instead."""
+    with pytest.raises(TypeError, match=r"script\[0\] must be an Outcome .*AssistantMessage"):
+        ScriptedProvider([AssistantMessage("error", error_message="529 Overloaded")])
+    with pytest.raises(TypeError, match="default must be an Outcome"):
+        ScriptedProvider([], default="ok")

@@ -360,7 +360,7 @@ class JsonFileCredentialStore(_AsyncMethods):
             yield tx
             if tx.dirty:
                 self._write(tx.data)
-            self._counts = {p: len(e["keys"]) for p, e in tx.data["providers"].items()}
+            self._counts = {p: len(set(e["keys"])) for p, e in tx.data["providers"].items()}  # a key listed twice counts once
         finally:
             os.close(fd)  # releases the lock
 

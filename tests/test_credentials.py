@@ -387,3 +387,11 @@ async def test_coroutine_methods_refuse_a_bad_timeout(tmp_path):
     store = JsonFileCredentialStore(tmp_path / "c.json", GOOD)
     with pytest.raises(ValueError, match="timeout_s must be a positive number"):
         await store.aapi_key("p", "s", timeout_s=0)
+
+
+def test_a_key_listed_twice_counts_once_for_rotation(tmp_path):
+    """Attack report: ["sk-a", "sk-a"] counted twice in maxAttempts (one extra retry)."""
+    from fsm.credentials import InMemoryCredentialStore, JsonFileCredentialStore
+    assert InMemoryCredentialStore({"p": ["sk-aaaa1111", "sk-aaaa1111"]}).credential_count("p") == 1
+    store = JsonFileCredentialStore(tmp_path / "c.json", {"p": ["sk-aaaa1111", "sk-aaaa1111", "sk-bbbb2222"]})
+    assert store.credential_count("p") == 2

@@ -79,6 +79,7 @@ def test_demo_part_two_honours_a_short_hint_and_refuses_a_long_one_in_words(tmp_
     assert re.search(r"Not retrying: the server asks to wait 2 h \(until \d\d:\d\d(:\d\d)? UTC\), "
                      r"longer than retry.maxHintWaitMs = 1 min", part2), part2
     assert "HTTP requests: 3 (one per attempt)" in part2
+    assert "no answer to the last prompt, as intended" in part2
     log = [json.loads(x) for x in (tmp_path / "out" / "session-honor.jsonl").read_text().splitlines()]
     assert [e["message"].get("stopReason", "user") for e in log[1:]] == \
         ["user", "error", "stop", "user", "error"]

@@ -130,12 +130,14 @@ async def _main(args: argparse.Namespace) -> int:
                "server's hint; a hint longer than retry.maxHintWaitMs ends the chain at once).")
         await _part(honor_script(max(0, args.hint_ms)), replace(settings, retry_hints="honor"),
                     ["Wait as long as the server asks.", "And now?"],
-                    out / "session-honor.jsonl", out / "trace-honor.jsonl", api=args.api)
+                    out / "session-honor.jsonl", out / "trace-honor.jsonl", api=args.api,
+                    refused_on_purpose=True)
     return status
 
 
 async def _part(script: list, settings, prompts: list[str], log_path: Path,
-                trace_path: Path, *, api: str = "openai") -> tuple[int, object]:
+                trace_path: Path, *, api: str = "openai",
+                refused_on_purpose: bool = False) -> tuple[int, object]:
     """Run ``prompts`` through one session against a fault server playing ``script``."""
     import time
 
@@ -213,6 +215,9 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
     _print("")
     if answer.stop_reason == "stop":
         _print(f"answer (canned text from the local fault server, not a model): {answer.text}")
+    elif refused_on_purpose:
+        _print("no answer to the last prompt, as intended: the server asked for two hours, so the "
+               "chain ended at once instead of sending requests certain to fail")
     else:
         _print(f"no answer: the turn ended with {answer.error_message}")
     _print(f"HTTP requests: {requests} (one per attempt)")

@@ -16,7 +16,7 @@ import sys
 import uuid
 
 from . import rpc
-from .common import load_coordinator, load_credentials, load_settings, open_session, session_path
+from .common import StartupError, load_host_options, open_session, session_path
 
 HELP = "chat with a model in the terminal (retry loader, Esc cancels a backoff)"
 
@@ -45,26 +45,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--model must not be empty")
     if not 0 < args.timeout < float("inf"):
         return _fail(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    from ..text import ApiKeyError, check_configured_api_key
-    try:  # a key that cannot go into a header would leak into every error text
-        check_configured_api_key(args.api_key)
-    except ApiKeyError as exc:
+    try:
+        settings, credentials, coordinator = load_host_options(args, prog="chat")
+    except StartupError as exc:
         return _fail(str(exc))
-
-    from ..settings import SettingsError
-
-    try:
-        settings = load_settings(args.settings, prog="chat")
-    except SettingsError as exc:
-        return _fail(f"bad settings file {args.settings}: {exc}")
-    try:
-        credentials = load_credentials(args.credentials)
-    except (OSError, ValueError) as exc:
-        return _fail(f"bad credentials file {args.credentials}: {exc}")
-    try:
-        coordinator = load_coordinator(args.redis)
-    except (OSError, ValueError, ImportError) as exc:
-        return _fail(f"bad --redis: {exc}")
 
     import asyncio
     import gc

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = [
+    "StartupError", "load_host_options",
     "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_coordinator",
     "load_credentials", "load_settings", "open_session", "session_path",
 ]
@@ -126,6 +127,38 @@ def load_coordinator(url: str | None):  # -> Coordinator | None
         return None
     from ..fleet import coordinator_from_url
     return coordinator_from_url(url)
+
+
+class StartupError(ValueError):
+    """A command-line option a host cannot start with; ``str()`` is the message to print."""
+
+
+def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any, Any]:
+    """The checks and loads that ``rpc`` and ``chat`` share, in order: the configured API key
+    (refused without echoing it), ``--settings``, ``--credentials`` and ``--redis``.
+
+    Returns ``(settings, credentials, coordinator)``; raises :class:`StartupError` naming the
+    option and the problem (nothing is left half-opened).
+    """
+    from ..settings import SettingsError
+    from ..text import ApiKeyError, check_configured_api_key
+    try:  # a key that cannot go into a header would leak into every error text
+        check_configured_api_key(args.api_key)
+    except ApiKeyError as exc:
+        raise StartupError(str(exc)) from None
+    try:
+        settings = load_settings(args.settings, prog=prog)
+    except SettingsError as exc:
+        raise StartupError(f"bad settings file {args.settings}: {exc}") from None
+    try:
+        credentials = load_credentials(args.credentials)
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"bad credentials file {args.credentials}: {exc}") from None
+    try:
+        coordinator = load_coordinator(args.redis)
+    except (OSError, ValueError, ImportError) as exc:
+        raise StartupError(f"bad --redis: {exc}") from None
+    return settings, credentials, coordinator
 
 
 @dataclass

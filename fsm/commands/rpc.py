@@ -22,8 +22,7 @@ import argparse
 import os
 import sys
 
-from .common import (DEFAULT_SESSION_DIR, add_session_arguments, load_coordinator, load_credentials,
-                     load_settings, session_path)
+from .common import DEFAULT_SESSION_DIR, StartupError, add_session_arguments, load_host_options, session_path
 
 HELP = "serve an agent session with auto-retry over JSON lines on stdin/stdout (RPC mode)"
 
@@ -127,24 +126,10 @@ def run(args: argparse.Namespace) -> int:
             return _error("--model must not be empty")
         if not (args.timeout > 0 and args.timeout < float("inf")):
             return _error(f"--timeout must be a positive number of seconds, got {args.timeout}")
-        from ..text import ApiKeyError, check_configured_api_key
-        try:  # a key that cannot go into a header would leak into every error text
-            check_configured_api_key(args.api_key)
-        except ApiKeyError as exc:
+        try:
+            settings, credentials, coordinator = load_host_options(args, prog="fsm rpc")
+        except StartupError as exc:
             return _error(str(exc))
-        from ..settings import SettingsError
-        try:
-            settings = load_settings(args.settings, prog="fsm rpc")
-        except SettingsError as exc:
-            return _error(f"bad settings file {args.settings}: {exc}")
-        try:
-            credentials = load_credentials(args.credentials)
-        except (OSError, ValueError) as exc:
-            return _error(f"bad credentials file {args.credentials}: {exc}")
-        try:
-            coordinator = load_coordinator(args.redis)
-        except (OSError, ValueError, ImportError) as exc:
-            return _error(f"bad --redis: {exc}")
 
         path = session_path(args, "{id}")
         session_file = None if path is None else str(path)

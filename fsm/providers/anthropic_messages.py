@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import anthropic
 
+from ._clients import cached_client
 from .. import sdk_errors as _sdk
 from ..messages import AssistantMessage, Usage
 
@@ -99,16 +100,9 @@ class AnthropicMessagesProvider:
                 f"base_url={self.base_url!r})")
 
     def _client(self, api_key: str | None) -> anthropic.AsyncAnthropic:
-        key = api_key or self._api_key
-        client = self._clients.get(key)
-        if client is None:
-            kwargs: dict[str, Any] = {"api_key": key, "max_retries": 0, "timeout": self.timeout_s}
-            if self.base_url is not None:
-                kwargs["base_url"] = self.base_url
-            if self._http_client is not None:
-                kwargs["http_client"] = self._http_client
-            client = self._clients[key] = anthropic.AsyncAnthropic(**kwargs)
-        return client
+        return cached_client(self._clients, api_key or self._api_key, anthropic.AsyncAnthropic,
+                             timeout_s=self.timeout_s, base_url=self.base_url,
+                             http_client=self._http_client)
 
     def _error(self, text: str, partial: str, usage: Usage | None) -> AssistantMessage:
         return AssistantMessage("error", text=partial, error_message=text, usage=usage, model=self.model)

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import openai
 
+from fsm.providers._clients import cached_client
 from fsm.messages import AssistantMessage, Usage
 from fsm.protocols import Provider  # re-exported: the protocol lives in fsm.protocols
 from fsm.sdk_errors import ErrorFacts, error_facts
@@ -111,16 +112,9 @@ class OpenAIChatProvider:
         return f"OpenAIChatProvider(name={self.name!r}, model={self.model!r}, base_url={self.base_url!r})"
 
     def _client(self, api_key: str | None) -> openai.AsyncOpenAI:
-        key = api_key or self._api_key
-        client = self._clients.get(key)
-        if client is None:
-            kwargs: dict[str, Any] = {"api_key": key, "max_retries": 0, "timeout": self.timeout_s}
-            if self.base_url is not None:
-                kwargs["base_url"] = self.base_url
-            if self._http_client is not None:
-                kwargs["http_client"] = self._http_client
-            client = self._clients[key] = openai.AsyncOpenAI(**kwargs)
-        return client
+        return cached_client(self._clients, api_key or self._api_key, openai.AsyncOpenAI,
+                             timeout_s=self.timeout_s, base_url=self.base_url,
+                             http_client=self._http_client)
 
     def _error(self, facts: ErrorFacts | str, text: str, usage: Usage | None) -> AssistantMessage:
         if isinstance(facts, str):

@@ -1,7 +1,7 @@
 """``classify_ratio_vs_original`` over the corpus and ``classify_1mb_ms`` for adversarial 1 MB texts.
 
 ``classify_ratio_vs_original``: the mean time per corpus message (every row of
-``tests/data/provider-errors*.jsonl``, stop reason ``error``) of :func:`fsm.classify.classify`
+``tests/data/provider-errors*.jsonl``, stop reason ``error``) of :func:`fsm.core.classify.classify`
 divided by that of the original agent's own patterns (:func:`original_classify`: its
 context-overflow phrasings and its retryable-message regex, re-expressed with Python's ``re``
 and applied the way its session applies them at the end of a failed turn — the retry check,
@@ -26,7 +26,7 @@ import re
 import statistics
 import time
 
-from fsm.classify import classify
+from fsm.core.classify import classify
 
 from ._data import ADVERSARIAL_KINDS, adversarial, corpus, corpus_messages
 from ._timing import loop_us, now_ns, percentile

@@ -23,11 +23,11 @@ import statistics
 
 import tenacity
 
-from fsm import lifecycle as L
-from fsm.brain import RetryBrain
-from fsm.classify import classify_message
-from fsm.messages import AssistantMessage
-from fsm.settings import RetrySettings
+from fsm.core import lifecycle as L
+from fsm.core.brain import RetryBrain
+from fsm.core.classify import classify_message
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import RetrySettings
 
 from ._data import corpus_messages
 from ._timing import aloop_us, loop_us

@@ -13,8 +13,8 @@ a 2-core machine the four worker processes saturate the CPUs, and a fleet's Redi
 of its own. The outage figures (they need the session's coordinator wiring: ``AgentSession(...,
 coordinator=...)`` and the ``retry.budget``/``retry.retryHints`` settings; without it they are
 left out, and a line on stderr says so): ``processes`` (4) processes × ``sessions`` (250)
-:class:`~fsm.session.AgentSession`, each one prompt at a random moment of the first
-``spread_s`` seconds, all against one :class:`~fsm.providers.fault_server.FaultServer` (in
+:class:`~fsm.host.session.AgentSession`, each one prompt at a random moment of the first
+``spread_s`` seconds, all against one :class:`~fsm.testing.fault_server.FaultServer` (in
 this process's threads) in a full outage: every chat request gets a 529 overloaded error with
 a ``retry-after-ms`` hint (300 ms; three answers of 2,000 ms, see :func:`outage_script`). ``maxRetries`` 3, base delay 50 ms,
 ``retryHints: "honor"``. The window is from the first request until every chain has ended.
@@ -108,9 +108,9 @@ class CountingCoordinator:
 def integration_missing() -> str | None:
     """Why the outage figures cannot run on this checkout (None: they can): a session that
     fails once with a hint must read its coordinator before deciding."""
-    from fsm.clock import FakeClock
-    from fsm.session import AgentSession
-    from fsm.settings import BudgetSettings as Budget, RetrySettings
+    from fsm.host.clock import FakeClock
+    from fsm.host.session import AgentSession
+    from fsm.core.settings import BudgetSettings as Budget, RetrySettings
     from fsm.testing import ScriptedProvider, error
 
     if "coordinator" not in inspect.signature(AgentSession).parameters:
@@ -172,8 +172,8 @@ class RecordingCoordinator:
 async def _worker(spec: dict) -> dict:
     """One fleet process: ``spec["sessions"]`` sessions, one prompt each (see the module)."""
     from fsm.providers.openai_chat import OpenAIChatProvider
-    from fsm.session import AgentSession
-    from fsm.settings import RetrySettings
+    from fsm.host.session import AgentSession
+    from fsm.core.settings import RetrySettings
 
     if spec["redis"]:
         inner: Any = GuardedCoordinator(RedisCoordinator.from_url(spec["redis"], prefix=spec["prefix"]))
@@ -205,7 +205,7 @@ async def _worker(spec: dict) -> dict:
                 for i in range(spec["sessions"])]
     # Warm up (imports, the HTTP client) on a fault server of our own, so that the outage's
     # requests are not queued behind a first-request's imports.
-    from fsm.providers.fault_server import FaultServer
+    from fsm.testing.fault_server import FaultServer
     with FaultServer([{}, {"status": 529, "json": OVERLOADED}]) as warm:
         probe = OpenAIChatProvider(base_url=warm.base_url, model=MODEL, api_key="sk-bench")
         for _ in range(2):
@@ -230,7 +230,7 @@ async def _worker(spec: dict) -> dict:
 
 def _run_fleet(*, processes: int, sessions: int, redis_url: str | None, budget: bool,
                spread_s: float, prefix: str) -> dict[str, Any]:
-    from fsm.providers.fault_server import FaultServer
+    from fsm.testing.fault_server import FaultServer
 
     with FaultServer(outage_script(processes * sessions * 5)) as server:
         workers = []

@@ -1,6 +1,6 @@
 """``wasted_requests_seed`` vs ``wasted_requests_honor``: requests the server had said would fail.
 
-A fixed mix of failures is replayed through :class:`fsm.session.AgentSession` with the fake
+A fixed mix of failures is replayed through :class:`fsm.host.session.AgentSession` with the fake
 clock (no real time passes). Each case is a server that answers with one error until its
 *recovery time*, then succeeds:
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 
 from fsm.fleet import InProcessCoordinator
-from fsm.messages import AssistantMessage
-from fsm.session import AgentSession
-from fsm.settings import RetrySettings
+from fsm.core.messages import AssistantMessage
+from fsm.host.session import AgentSession
+from fsm.core.settings import RetrySettings
 from fsm.testing import FakeClock
 
 # (error text, recovery ms, hinted)

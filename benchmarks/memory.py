@@ -21,8 +21,8 @@ import gc
 import statistics
 import tracemalloc
 
-from fsm.brain import RetryBrain, _Policy
-from fsm.settings import RetrySettings
+from fsm.core.brain import RetryBrain, _Policy
+from fsm.core.settings import RetrySettings
 
 from ._timing import now_ns
 
@@ -70,7 +70,7 @@ def _bytes_per(factory, count: int) -> float:
 
 
 def _session_factory():
-    from fsm.session import AgentSession
+    from fsm.host.session import AgentSession
     from fsm.testing import ScriptedProvider
     provider = ScriptedProvider()
     settings = RetrySettings()

@@ -9,7 +9,7 @@ a ``get_state`` written to its stdin right after the spawn; median of ``starts``
 not exit with status 0 (e.g. -11: a segmentation fault); it should be 0.
 
 ``rpc_abort_retry_to_end_ms``: the server talks to a
-:class:`~fsm.providers.fault_server.FaultServer` (in this process's threads) that answers
+:class:`~fsm.testing.fault_server.FaultServer` (in this process's threads) that answers
 every chat request with a 503, with a one-minute backoff. For each trial: send ``prompt``,
 read until ``auto_retry_start``, let the server go idle (20 ms), then time from writing
 ``{"type":"abort_retry"}`` to reading the ``auto_retry_end`` line (median over trials; p90
@@ -146,7 +146,7 @@ def eof_probe(count: int) -> list[int]:
 
 
 def abort_to_end(trials: int) -> dict[str, float]:
-    from fsm.providers.fault_server import FaultServer
+    from fsm.testing.fault_server import FaultServer
 
     error_body = {"error": {"message": "The service is temporarily unavailable.",
                             "type": "server_error", "code": "service_unavailable"}}

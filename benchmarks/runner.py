@@ -26,8 +26,8 @@ import stamina
 import stamina._core as _stamina_core
 import tenacity
 
-from fsm import lifecycle as L
-from fsm.runner import RetryRunner
+from fsm.core import lifecycle as L
+from fsm.host.runner import RetryRunner
 
 ERROR_TEXT = "Connection reset by peer"
 

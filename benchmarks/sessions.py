@@ -48,8 +48,8 @@ from typing import Any, Callable
 
 import tenacity
 
-from fsm.session import AgentSession
-from fsm.settings import RetrySettings
+from fsm.host.session import AgentSession
+from fsm.core.settings import RetrySettings
 from fsm.testing import ScriptedProvider, error
 
 from ._timing import now_ns, percentile

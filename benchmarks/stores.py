@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fsm.credentials import CredentialLockTimeout, JsonFileCredentialStore
+from fsm.host.credentials import CredentialLockTimeout, JsonFileCredentialStore
 
 NOW = 1_700_000_000_000
 DAY_MS = 86_400_000

@@ -14,8 +14,8 @@ price of the declarative engine over the plainest possible dispatch.
 
 from __future__ import annotations
 
-from fsm import lifecycle as L
-from fsm.brain import RetryBrain
+from fsm.core import lifecycle as L
+from fsm.core.brain import RetryBrain
 
 from ._timing import compare
 

@@ -1,11 +1,14 @@
 """retry-fsm: the retry brain of an LLM agent session.
 
-The lifecycle is declared once (:mod:`fsm.lifecycle`), errors are classified by
-:mod:`fsm.classify`, and :class:`RetryBrain` turns facts into actions for a host such as
+The lifecycle is declared once (:mod:`fsm.core.lifecycle`), errors are classified by
+:mod:`fsm.core.classify`, and :class:`RetryBrain` turns facts into actions for a host such as
 :class:`AgentSession`. The names below are imported on first use, so ``import fsm`` is cheap.
 """
 
-from ._lazy import lazy_exports
+from fsm._lazy import lazy_exports
+from fsm._moved import install as _install_moved_paths
+
+_install_moved_paths()
 
 __version__ = "0.1.0"
 
@@ -17,22 +20,22 @@ _EVENTS = ("Event", "AutoRetryStart", "AutoRetryEnd", "AgentStart", "TurnStart",
            "ExtensionError", "CoordinatorUnavailable", "CoordinatorRestored", "CANCELLED_TEXT")
 
 _EXPORTS = {
-    **{name: "fsm.brain" for name in _BRAIN},
-    **{name: "fsm.events" for name in _EVENTS},
-    "Provider": "fsm.protocols",
-    "CredentialStore": "fsm.protocols",
-    "BudgetSettings": "fsm.settings",
-    "RetrySettings": "fsm.settings",
-    "SettingsError": "fsm.settings",
-    "Classification": "fsm.classify",
-    "classify": "fsm.classify",
-    "classify_message": "fsm.classify",
-    "AssistantMessage": "fsm.messages",
-    "UserMessage": "fsm.messages",
-    "Usage": "fsm.messages",
-    "AgentSession": "fsm.session",
-    "SessionBusyError": "fsm.session",
-    **{name: "fsm.runner" for name in ("retrying", "retrying_sync", "retry", "RetryRunner",
+    **{name: "fsm.core.brain" for name in _BRAIN},
+    **{name: "fsm.core.events" for name in _EVENTS},
+    "Provider": "fsm.core.protocols",
+    "CredentialStore": "fsm.core.protocols",
+    "BudgetSettings": "fsm.core.settings",
+    "RetrySettings": "fsm.core.settings",
+    "SettingsError": "fsm.core.settings",
+    "Classification": "fsm.core.classify",
+    "classify": "fsm.core.classify",
+    "classify_message": "fsm.core.classify",
+    "AssistantMessage": "fsm.core.messages",
+    "UserMessage": "fsm.core.messages",
+    "Usage": "fsm.core.messages",
+    "AgentSession": "fsm.host.session",
+    "SessionBusyError": "fsm.host.session",
+    **{name: "fsm.host.runner" for name in ("retrying", "retrying_sync", "retry", "RetryRunner",
                                        "RetryChainError", "ContextOverflowError")},
 }
 

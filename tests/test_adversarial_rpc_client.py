@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm.providers.fault_server import FaultServer
+from fsm.testing.fault_server import FaultServer
 from fsm.rpc import RpcClient, RpcError, RpcTimeout, ServerDied
 from support import OVERLOADED, ROOT
 

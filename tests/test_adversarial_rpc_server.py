@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm.providers.fault_server import FaultServer, validate_script
+from fsm.testing.fault_server import FaultServer, validate_script
 from fsm.rpc.protocol import CommandError, parse_command
 from support import OVERLOADED, env, stop_process
 
@@ -373,7 +373,7 @@ def test_audit_and_fault_server_refuse_deeply_nested_json_cleanly(tmp_path):
 
 # ---------------------------------------------------------------------------------- other modules' bugs
 def test_read_trace_reports_deep_nesting_as_a_trace_error(tmp_path):
-    from fsm.audit import TraceError, read_trace
+    from fsm.review.audit import TraceError, read_trace
     path = tmp_path / "deep.jsonl"
     path.write_text("[" * 100000 + "\n")
     with pytest.raises(TraceError):
@@ -381,7 +381,7 @@ def test_read_trace_reports_deep_nesting_as_a_trace_error(tmp_path):
 
 
 def test_settings_load_reports_deep_nesting_as_a_settings_error(tmp_path):
-    from fsm.settings import RetrySettings, SettingsError
+    from fsm.core.settings import RetrySettings, SettingsError
     path = tmp_path / "settings.json"
     path.write_text('{"retry":' + "[" * 100000)
     with pytest.raises(SettingsError):
@@ -389,7 +389,7 @@ def test_settings_load_reports_deep_nesting_as_a_settings_error(tmp_path):
 
 
 def test_unknown_settings_key_warning_is_bounded():
-    from fsm.settings import RetrySettings
+    from fsm.core.settings import RetrySettings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         RetrySettings.from_json({"retry": {"k" * 5_000_000: 1}})

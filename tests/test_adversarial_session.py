@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from fsm.messages import AssistantMessage
-from fsm.session import AgentSession, SessionBusyError
-from fsm.session_log import SessionLog
-from fsm.settings import RetrySettings
+from fsm.core.messages import AssistantMessage
+from fsm.host.session import AgentSession, SessionBusyError
+from fsm.host.session_log import SessionLog
+from fsm.core.settings import RetrySettings
 from fsm.testing import FakeClock, ScriptedProvider, error, hang, ok
 
 RETRYABLE = "503 Service Unavailable"

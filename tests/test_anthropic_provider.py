@@ -8,9 +8,9 @@ import pytest
 
 from fsm.providers.anthropic_messages import TRUNCATED_MESSAGE, AnthropicMessagesProvider
 from fsm.providers.apis import build_provider
-from fsm.providers.fault_server import FaultServer
-from fsm.session import AgentSession
-from fsm.settings import RetrySettings
+from fsm.testing.fault_server import FaultServer
+from fsm.host.session import AgentSession
+from fsm.core.settings import RetrySettings
 
 OVERLOADED_BODY = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 ASK = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from fsm import audit as A
-from fsm import lifecycle as L
+from fsm.review import audit as A
+from fsm.core import lifecycle as L
 from fsm.__main__ import main
-from fsm.brain import RetryBrain
-from fsm.classify import Classification
-from fsm.messages import AssistantMessage
-from fsm.settings import RetrySettings
+from fsm.core.brain import RetryBrain
+from fsm.core.classify import Classification
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import RetrySettings
 
 RETRYABLE = Classification("retryable", "test.retryable")
 FATAL = Classification("fatal", "test.fatal")
@@ -90,7 +90,7 @@ def tour() -> None:
 
 
 def item_count() -> int:
-    """Items counted independently of fsm.diagrams (the fallback rows by brute force)."""
+    """Items counted independently of fsm.review.diagrams (the fallback rows by brute force)."""
     rejectable = [r for r in L.TRANSITIONS if r.guards and r.id not in FALLBACKS]
     return len(L.TRANSITIONS) + len(rejectable) + len(L.IGNORED)
 
@@ -392,7 +392,7 @@ def test_report_json_shape():
 
 
 def test_formats_of_a_report_without_traces_or_fallbacks():
-    from fsm.diagrams import extract
+    from fsm.review.diagrams import extract
 
     decl = {"states": ["a", "b"], "initial": "a", "triggers": ["t"], "guards": {"g": "g"},
             "transitions": [{"id": "a--t[g]->b", "source": "a", "trigger": "t", "dest": "b",
@@ -414,7 +414,7 @@ def test_formats_of_a_report_without_traces_or_fallbacks():
 
 
 def test_empty_declaration_counts_as_fully_covered():
-    from fsm.diagrams import Diagram
+    from fsm.review.diagrams import Diagram
 
     report = A.coverage({}, Diagram("x", (), (), (), (), ()))
     assert (report.declared, report.percent, report.below(100)) == (0, 100.0, False)
@@ -571,7 +571,7 @@ def test_audit_svg_states_draws_three_statuses_and_a_legend(one_chain, tmp_path,
     assert legend == [(covered[1], "━━", "covered"), (partly[1], "━━", "partly covered"),
                       (missed[1], "╍╍", "not covered")]
     assert ">taken, never rejected</text>" in text and ">never taken</text>" in text
-    from fsm.diagrams import guard_text
+    from fsm.review.diagrams import guard_text
     assert (f"turn_failed_retryable [{guard_text(ROW[CHAIN[0]].guards)}] (1 taken, never rejected)"
             in text)
     assert "turn_succeeded (1 taken)" in text
@@ -664,7 +664,7 @@ def test_a_trace_path_that_is_a_fifo_is_refused_at_once(tmp_path):
 
     import pytest as _pytest
 
-    from fsm.audit import TraceWriter
+    from fsm.review.audit import TraceWriter
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with _pytest.raises(OSError):

@@ -1,7 +1,7 @@
 """The whole state × trigger × guard-outcome matrix, against a table written from the policy.
 
 The expected outcomes below are written by hand from docs/policy.md §3 and §8b.1,
-independently of ``fsm.lifecycle``: for a retryable failure the first failing guard decides
+independently of ``fsm.core.lifecycle``: for a retryable failure the first failing guard decides
 (``has_retries_left`` → exhausted, ``replay_safe`` → output_streamed, ``hint_within_wait`` →
 hint_too_long, ``within_deadline`` → deadline, ``budget_allows`` → budget). Each case builds a
 brain in a state with the public :meth:`RetryBrain.in_state`, makes one guard fail through
@@ -10,12 +10,12 @@ real settings and facts, fires one fact and checks the next state and the action
 
 import pytest
 
-from fsm import lifecycle as L
-from fsm.brain import (CancelBackoff, CheckCompaction, ContinueTurn, DropFailedMessage, Emit,
+from fsm.core import lifecycle as L
+from fsm.core.brain import (CancelBackoff, CheckCompaction, ContinueTurn, DropFailedMessage, Emit,
                        EmitTurnEnd, PromptMayReturn, RetryBrain, StartBackoff, TurnFacts)
-from fsm.classify import Classification
-from fsm.messages import AssistantMessage
-from fsm.settings import BudgetSettings, RetrySettings
+from fsm.core.classify import Classification
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import BudgetSettings, RetrySettings
 
 STATES = ["idle", "backing_off", "continuing", "succeeded", "exhausted", "cancelled"]
 REST = {"idle", "succeeded", "exhausted", "cancelled"}

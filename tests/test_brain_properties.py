@@ -10,12 +10,12 @@ output, credential switches, retry now and a cancelled prompt.
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from fsm.brain import (CancelBackoff, CheckCompaction, ContinueTurn, CreditRetryBudget,
+from fsm.core.brain import (CancelBackoff, CheckCompaction, ContinueTurn, CreditRetryBudget,
                        DropFailedMessage, Emit, EmitTurnEnd, PromptMayReturn, RecordCooldown,
                        RetryBrain, ReturnRetryToken, StartBackoff, TurnFacts)
-from fsm.classify import Classification
-from fsm.messages import AssistantMessage
-from fsm.settings import BudgetSettings, RetrySettings
+from fsm.core.classify import Classification
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import BudgetSettings, RetrySettings
 
 KINDS = {
     "retryable": ("error", "retryable"),

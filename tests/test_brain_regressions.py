@@ -4,12 +4,12 @@ Items 1 and 7 are about the host's awaits and queue; they are pinned in test_ses
 Item 10 (the RPC client) is pinned in the RPC tests.
 """
 
-from fsm.brain import (CancelBackoff, CheckCompaction, ContinueTurn, CreditRetryBudget, Emit,
+from fsm.core.brain import (CancelBackoff, CheckCompaction, ContinueTurn, CreditRetryBudget, Emit,
                        PromptMayReturn, RecordCooldown, ReturnRetryToken, RetryBrain, StartBackoff,
                        TurnFacts)
-from fsm.classify import classify
-from fsm.messages import AssistantMessage
-from fsm.settings import BudgetSettings, RetrySettings
+from fsm.core.classify import classify
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import BudgetSettings, RetrySettings
 
 OVERLOADED = "529 Overloaded"
 

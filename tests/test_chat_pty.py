@@ -24,7 +24,7 @@ import pytest
 
 pexpect = pytest.importorskip("pexpect")
 
-from fsm.providers.fault_server import FaultServer  # noqa: E402
+from fsm.testing.fault_server import FaultServer  # noqa: E402
 from support import OVERLOADED, ROOT
 
 pytestmark = pytest.mark.pty

@@ -1,4 +1,4 @@
-"""Error classification (fsm.classify): docs/policy.md §2 order, every corpus row, every rule family,
+"""Error classification (fsm.core.classify): docs/policy.md §2 order, every corpus row, every rule family,
 the D1/D2/D3 traps, the compiled tables against a plain reference, linear time."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsm import classify as C
-from fsm.classify import (
+from fsm.core import classify as C
+from fsm.core.classify import (
     INWORD_RULES,
     OVERFLOW_RULES,
     PERMANENT_RULES,
@@ -27,8 +27,8 @@ from fsm.classify import (
     classify,
     classify_message,
 )
-from fsm.hints import MAX_HINT_MS, WORD_CHARS, normalize_text, parse_normalized_hint_ms
-from fsm.messages import AssistantMessage, Usage
+from fsm.core.hints import MAX_HINT_MS, WORD_CHARS, normalize_text, parse_normalized_hint_ms
+from fsm.core.messages import AssistantMessage, Usage
 
 DATA = Path(__file__).parent / "data"
 # every corpus file: provider-errors.jsonl and the later collections (provider-errors-v2.jsonl…)

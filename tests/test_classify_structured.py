@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsm.classify import ERROR_CODES, FATAL_STATUSES, RETRYABLE_STATUSES, classify, classify_facts, classify_message
-from fsm.hints import header_hint
-from fsm.messages import AssistantMessage, Usage
-from fsm.sdk_errors import status_error_facts
+from fsm.core.classify import ERROR_CODES, FATAL_STATUSES, RETRYABLE_STATUSES, classify, classify_facts, classify_message
+from fsm.core.hints import header_hint
+from fsm.core.messages import AssistantMessage, Usage
+from fsm.providers.sdk_errors import status_error_facts
 
 NOW_MS = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1000
 DATA = Path(__file__).parent / "data"
@@ -47,7 +47,7 @@ STRUCTURED_ROWS = [row for row in CORPUS if any(v is not None for v in facts(row
 
 def _bodies() -> list[tuple[int, dict, dict]]:
     """HTTP errors as providers send them: the text path reads the human text that
-    fsm.sdk_errors writes, the structured path reads the facts."""
+    fsm.providers.sdk_errors writes, the structured path reads the facts."""
     return [
         (529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, {}),
         (429, {"error": {"message": "Rate limit reached for gpt-4o on tokens per min (TPM): Limit 30000, "

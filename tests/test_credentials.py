@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from fsm.credentials import DEFAULT_BLOCK_MS, InMemoryCredentialStore, JsonFileCredentialStore
+from fsm.host.credentials import DEFAULT_BLOCK_MS, InMemoryCredentialStore, JsonFileCredentialStore
 
 NOW = 1_700_000_000_000
 
@@ -123,7 +123,7 @@ import subprocess
 import sys
 import time
 
-from fsm.credentials import (IDLE_GRACE_MS, CredentialFileError, CredentialLockTimeout)
+from fsm.host.credentials import (IDLE_GRACE_MS, CredentialFileError, CredentialLockTimeout)
 
 GOOD = {"p": ["key-aaaaaaaa", "key-bbbbbbbb"]}
 
@@ -322,7 +322,7 @@ def test_a_failed_write_removes_its_temporary_file(tmp_path, monkeypatch):
 def test_a_writer_killed_mid_write_leaves_the_store_valid(tmp_path):
     path = tmp_path / "creds.json"
     JsonFileCredentialStore(path, GOOD)
-    code = ("import os, sys; from fsm.credentials import JsonFileCredentialStore as S; s = S(sys.argv[1]);"
+    code = ("import os, sys; from fsm.host.credentials import JsonFileCredentialStore as S; s = S(sys.argv[1]);"
             "os.replace = lambda *a: os._exit(9); s.mark_usage_limit_reached('p', 'x', 10)")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], env=child_env(), timeout=60)
     assert proc.returncode == 9
@@ -391,7 +391,7 @@ async def test_coroutine_methods_refuse_a_bad_timeout(tmp_path):
 
 def test_a_key_listed_twice_counts_once_for_rotation(tmp_path):
     """Attack report: ["sk-a", "sk-a"] counted twice in maxAttempts (one extra retry)."""
-    from fsm.credentials import InMemoryCredentialStore, JsonFileCredentialStore
+    from fsm.host.credentials import InMemoryCredentialStore, JsonFileCredentialStore
     assert InMemoryCredentialStore({"p": ["sk-aaaa1111", "sk-aaaa1111"]}).credential_count("p") == 1
     store = JsonFileCredentialStore(tmp_path / "c.json", {"p": ["sk-aaaa1111", "sk-aaaa1111", "sk-bbbb2222"]})
     assert store.credential_count("p") == 2

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm import diagrams as D
-from fsm import lifecycle as L
+from fsm.review import diagrams as D
+from fsm.core import lifecycle as L
 from fsm.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_committed_diagrams_match_the_declaration(tmp_path):
         committed = COMMITTED / name
         assert committed.is_file(), f"{committed} is missing: run 'make diagrams' and commit it"
         assert committed.read_bytes() == (tmp_path / name).read_bytes(), (
-            f"{committed} no longer matches fsm/lifecycle.py: run 'make diagrams' "
+            f"{committed} no longer matches fsm/core/lifecycle.py: run 'make diagrams' "
             "(python -m fsm diagrams) and commit the result")
 
 

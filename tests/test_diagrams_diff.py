@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fsm import diagrams as D
-from fsm import diagrams_diff as DD
-from fsm import lifecycle as L
+from fsm.review import diagrams as D
+from fsm.review import diagrams_diff as DD
+from fsm.core import lifecycle as L
 from fsm.__main__ import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

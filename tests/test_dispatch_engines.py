@@ -1,7 +1,7 @@
 """The brain's two engines agree: the ``transitions`` machine and the compiled dispatch table.
 
-Without a recorder the brain runs the compiled table (:func:`fsm.brain._fire_compiled`); with
-one it runs the ``transitions`` machine (:func:`fsm.brain._fire_declared`) so the audit sees
+Without a recorder the brain runs the compiled table (:func:`fsm.core.brain._fire_compiled`); with
+one it runs the ``transitions`` machine (:func:`fsm.core.brain._fire_declared`) so the audit sees
 exactly what runs. Both are derived from the one declaration; these tests prove that for every
 (state, trigger) cell and every combination of its guards' values they try the same guards in
 the same order and produce the same state, counters and actions.
@@ -12,12 +12,12 @@ import random
 
 import pytest
 
-from fsm import brain as B
-from fsm import lifecycle as L
-from fsm.brain import RetryBrain, TurnFacts
-from fsm.classify import Classification
-from fsm.messages import AssistantMessage
-from fsm.settings import BudgetSettings, RetrySettings
+from fsm.core import brain as B
+from fsm.core import lifecycle as L
+from fsm.core.brain import RetryBrain, TurnFacts
+from fsm.core.classify import Classification
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import BudgetSettings, RetrySettings
 
 CLS = {"turn_failed_retryable": Classification("retryable", "retryable.overloaded", False, 3000),
        "turn_failed_fatal": Classification("fatal", "fatal.unmatched"),

@@ -7,7 +7,7 @@ import pytest
 
 import fsm
 
-CORE = ["fsm.lifecycle", "fsm.brain", "fsm.events", "fsm.protocols", "fsm.session", "fsm.settings"]
+CORE = ["fsm.core.lifecycle", "fsm.core.brain", "fsm.core.events", "fsm.core.protocols", "fsm.host.session", "fsm.core.settings"]
 
 
 @pytest.mark.parametrize("name", sorted(fsm.__all__))

@@ -19,7 +19,7 @@ import pytest
 
 from fsm.__main__ import main
 from fsm.providers import FaultServer, validate_script
-from fsm.providers.fault_server import ENTRY_KEYS
+from fsm.testing.fault_server import ENTRY_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = "/v1/chat/completions"
@@ -465,7 +465,7 @@ def test_handler_bugs_are_reported_not_swallowed(monkeypatch, capsys):
 
 def test_wait_sent_gives_up_without_hanging(monkeypatch):
     import termios
-    from fsm.providers.fault_server import _wait_sent
+    from fsm.testing.fault_server import _wait_sent
     stopping = threading.Event()
     left, right = socket.socketpair()
     try:

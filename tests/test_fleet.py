@@ -8,7 +8,7 @@ import pytest
 from fsm.fleet import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordKey,
                        InProcessCoordinator, RedisCoordinator, coordinator_from_url,
                        credential_id, default_coordinator, redact_url)
-from fsm.settings import SettingsError
+from fsm.core.settings import SettingsError
 from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
 
 NOW = 1_800_000_000_000
@@ -51,9 +51,9 @@ def test_coord_key_rejects_empty_parts():
 
 
 def test_the_budget_settings_are_the_retry_settings_own():
-    """``retry.budget`` is validated where the other settings are (``fsm.settings``)."""
-    import fsm.settings
-    assert BudgetSettings is fsm.settings.BudgetSettings
+    """``retry.budget`` is validated where the other settings are (``fsm.core.settings``)."""
+    import fsm.core.settings
+    assert BudgetSettings is fsm.core.settings.BudgetSettings
     with pytest.raises(SettingsError, match=r"retry\.budget\.maxTokens"):
         BudgetSettings(max_tokens=0)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fsm.credentials import DEFAULT_BLOCK_MS
+from fsm.host.credentials import DEFAULT_BLOCK_MS
 from fsm.fleet import (GuardedCoordinator, InProcessCoordinator, RedisCoordinator, RedisCredentialStore,
                        credential_id, load_credentials)
 from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)

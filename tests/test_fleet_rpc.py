@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fsm.providers.fault_server import FaultServer
+from fsm.testing.fault_server import FaultServer
 from fleet_support import own_redis, redis_server  # noqa: F401  (fixtures)
 from support import ROOT, env, stop_process
 

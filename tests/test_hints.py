@@ -1,4 +1,4 @@
-"""Retry-hint parsing (fsm.hints): every format of docs/policy.md §2, precedence, what is ignored."""
+"""Retry-hint parsing (fsm.core.hints): every format of docs/policy.md §2, precedence, what is ignored."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsm.hints import MAX_HINT_MS, normalize_text, parse_retry_hint_ms
+from fsm.core.hints import MAX_HINT_MS, normalize_text, parse_retry_hint_ms
 
 # A fixed clock: 2026-06-14T12:00:00Z, a Sunday.
 NOW = datetime(2026, 6, 14, 12, 0, 0, tzinfo=timezone.utc)
@@ -371,7 +371,7 @@ def test_day_first_dates_in_other_languages():
 
 def test_retry_after_values_that_are_not_plain_numbers_or_dates_are_ignored():
     """Attack report: "1_000" gave 1000 ms, "0x10" 0, "3,4" 3000 ms (read by prefix)."""
-    from fsm.hints import header_hint
+    from fsm.core.hints import header_hint
     for bad in ("1_000", "0x10", "3,4", "+5", "5e3"):
         assert header_hint({"retry-after": bad}, rate_limited=True) is None, bad
         assert header_hint({"retry-after-ms": bad}, rate_limited=True) is None, bad

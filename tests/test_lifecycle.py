@@ -1,15 +1,15 @@
-"""The declaration itself (fsm/lifecycle.py): the literal table, groups, validate(), recording."""
+"""The declaration itself (fsm/core/lifecycle.py): the literal table, groups, validate(), recording."""
 
 import json
 
 import pytest
 from transitions import MachineError
 
-from fsm import lifecycle as L
-from fsm.brain import RetryBrain
-from fsm.classify import Classification
-from fsm.messages import AssistantMessage
-from fsm.settings import RetrySettings
+from fsm.core import lifecycle as L
+from fsm.core.brain import RetryBrain
+from fsm.core.classify import Classification
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import RetrySettings
 
 
 def test_every_line_of_the_table_is_one_declared_row():

@@ -1,4 +1,4 @@
-"""fsm.otel: retry chains as spans and metrics, checked with the OpenTelemetry SDK's in-memory
+"""fsm.integrations.otel: retry chains as spans and metrics, checked with the OpenTelemetry SDK's in-memory
 exporter and reader (no collector, no network)."""
 
 import pytest
@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from fsm.otel import ATTEMPT_EVENT, SPAN_NAME, RetryTelemetry
-from fsm.runner import RetryChainError, RetryRunner
+from fsm.integrations.otel import ATTEMPT_EVENT, SPAN_NAME, RetryTelemetry
+from fsm.host.runner import RetryChainError, RetryRunner
 from fsm.testing import FakeClock
 
 

@@ -11,8 +11,8 @@ import httpx2
 import openai
 import pytest
 
-from fsm.classify import classify, classify_message
-from fsm.messages import AssistantMessage, Usage
+from fsm.core.classify import classify, classify_message
+from fsm.core.messages import AssistantMessage, Usage
 from fsm.providers import FaultServer, OpenAIChatProvider, Provider, describe_error
 from fsm.providers.openai_chat import NO_KEY_PLACEHOLDER, TRUNCATED_MESSAGE
 

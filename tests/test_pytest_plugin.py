@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from fsm import audit as A
-from fsm import lifecycle as L
+from fsm.review import audit as A
+from fsm.core import lifecycle as L
 from fsm.__main__ import main
-from fsm.pytest_plugin import DEFAULT_REPORT
+from fsm.review.pytest_plugin import DEFAULT_REPORT
 
 pytest_plugins = ["pytester"]
 
@@ -18,10 +18,10 @@ FIRST = next(r.id for r in L.TRANSITIONS if (r.source, r.trigger, r.dest) ==
              (L.IDLE, L.TURN_FAILED_RETRYABLE, L.BACKING_OFF))
 
 COMMON = """
-from fsm.brain import RetryBrain
-from fsm.classify import Classification
-from fsm.messages import AssistantMessage
-from fsm.settings import RetrySettings
+from fsm.core.brain import RetryBrain
+from fsm.core.classify import Classification
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import RetrySettings
 
 RETRYABLE = Classification("retryable", "test.retryable")
 

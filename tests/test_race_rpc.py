@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from fsm.providers.fault_server import FaultServer
+from fsm.testing.fault_server import FaultServer
 from fsm.rpc import RpcClient, RpcError
 from support import OVERLOADED, env
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from fsm.providers.fault_server import FaultServer, validate_script
+from fsm.testing.fault_server import FaultServer, validate_script
 from fsm.rpc import RpcClient, RpcError
 from support import OVERLOADED, ROOT
 

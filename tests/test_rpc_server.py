@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm.providers.fault_server import FaultServer
+from fsm.testing.fault_server import FaultServer
 from fsm.rpc.protocol import (MAX_LINE_BYTES, Command, CommandError, LineFramer, LineTooLong,
                               encode_line, parse_command)
 from support import OVERLOADED, ROOT, stop_process

@@ -9,10 +9,10 @@ import asyncio
 import pytest
 
 import fsm
-from fsm import lifecycle as L
-from fsm.messages import AssistantMessage
-from fsm.runner import ContextOverflowError, RetryChainError, RetryRunner
-from fsm.settings import RetrySettings, SettingsError
+from fsm.core import lifecycle as L
+from fsm.core.messages import AssistantMessage
+from fsm.host.runner import ContextOverflowError, RetryChainError, RetryRunner
+from fsm.core.settings import RetrySettings, SettingsError
 from fsm.testing import FakeClock
 
 

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 import fsm
-from fsm.providers.fault_server import FaultServer
-from fsm.runner import RetryChainError, RetryRunner
+from fsm.testing.fault_server import FaultServer
+from fsm.host.runner import RetryChainError, RetryRunner
 from fsm.testing import FakeClock
 
 OVERLOADED_BODY = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}

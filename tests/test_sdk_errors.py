@@ -1,4 +1,4 @@
-"""fsm.sdk_errors: exceptions of the real openai and anthropic SDKs (driven through a mock
+"""fsm.providers.sdk_errors: exceptions of the real openai and anthropic SDKs (driven through a mock
 transport) and of httpx2 become error messages with human text and structured facts."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import httpx2
 import openai
 import pytest
 
-from fsm.classify import classify, classify_message
-from fsm.sdk_errors import (
+from fsm.core.classify import classify, classify_message
+from fsm.providers.sdk_errors import (
     BODY_LIMIT,
     ErrorFacts,
     error_facts,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm.text import ApiKeyError, check_configured_api_key
+from fsm.core.text import ApiKeyError, check_configured_api_key
 from support import env
 
 pytestmark = pytest.mark.subprocess
@@ -53,7 +53,7 @@ def test_a_good_key_and_an_empty_variable_pass_the_start_up_check():
 
 async def run_with_an_echoing_provider(tmp_path):
     """A provider that quotes the key in its 401 (OpenAI does, masked; proxies do, whole)."""
-    from fsm.providers.fault_server import FaultServer
+    from fsm.testing.fault_server import FaultServer
     from fsm.rpc import RpcClient
     echo = {"status": 401, "json": {"error": {"message": f"Incorrect API key provided: {KEY}.",
                                               "type": "invalid_request_error", "code": "invalid_api_key"}}}
@@ -104,7 +104,7 @@ def test_rpc_scrubs_the_configured_key_of_any_shape_from_every_field(tmp_path, k
     type/code reached stdout and the session log over RPC."""
     import json as _json
 
-    from fsm.providers.fault_server import FaultServer
+    from fsm.testing.fault_server import FaultServer
     from support import ROOT
     body = {"error": {"message": f"Incorrect API key provided: {key}.", "type": key, "code": key}}
     with FaultServer([{"status": 401, "json": body}]) as server:

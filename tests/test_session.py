@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from fsm.credentials import InMemoryCredentialStore
-from fsm.messages import AssistantMessage, UserMessage
-from fsm.session import AgentSession, SessionBusyError
-from fsm.session_log import SessionLog
-from fsm.settings import RetrySettings
+from fsm.host.credentials import InMemoryCredentialStore
+from fsm.core.messages import AssistantMessage, UserMessage
+from fsm.host.session import AgentSession, SessionBusyError
+from fsm.host.session_log import SessionLog
+from fsm.core.settings import RetrySettings
 from fsm.testing import FakeClock, Outcome, ScriptedProvider, error, hang, ok
 
 OVERLOADED = 'Error code: 529 - {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'

@@ -4,8 +4,8 @@ import stat
 
 import pytest
 
-from fsm.messages import AssistantMessage, Usage, UserMessage
-from fsm.session_log import SessionLog, TornLineWarning, clean_entry
+from fsm.core.messages import AssistantMessage, Usage, UserMessage
+from fsm.host.session_log import SessionLog, TornLineWarning, clean_entry
 
 
 def test_appends_to_an_existing_log_without_a_second_header(tmp_path):
@@ -126,12 +126,12 @@ def test_rpc_package_exports_lazily():
 def test_top_level_names_are_importable_and_lazy():
     import subprocess
     import sys
-    code = ("import sys, fsm; assert 'fsm.brain' not in sys.modules; "
+    code = ("import sys, fsm; assert 'fsm.core.brain' not in sys.modules; "
             "from fsm import RetryBrain, AgentSession, classify; "
             "assert 'RetryBrain' in dir(fsm); print(RetryBrain.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "fsm.brain"
+    assert out.stdout.strip() == "fsm.core.brain"
     import fsm
     with pytest.raises(AttributeError, match="'fsm' has no attribute 'nope'"):
         fsm.nope
@@ -139,7 +139,7 @@ def test_top_level_names_are_importable_and_lazy():
 
 def test_a_new_trace_is_private(tmp_path):
     """Issue 14 item 9: traces written by TraceWriter are created 0600 as well."""
-    from fsm.audit import TraceWriter
+    from fsm.review.audit import TraceWriter
     old = os.umask(0o022)
     try:
         with TraceWriter(tmp_path / "t.jsonl"):
@@ -154,7 +154,7 @@ async def test_a_surrogate_pair_split_across_deltas_over_rpc_is_persisted_whole(
     import sys
     sys.path.insert(0, str(os.path.dirname(__file__)))
     from support import env
-    from fsm.providers.fault_server import FaultServer
+    from fsm.testing.fault_server import FaultServer
     from fsm.rpc import RpcClient
     split = [{"stream": ["a\ud83d", "\ude00b"]}, {"status": 529, "json": {"error": {
         "type": "overloaded_error", "message": "lone \ud800 here"}}}, {"stream": ["ok"]}]

@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from fsm import lifecycle as L
-from fsm.credentials import InMemoryCredentialStore
-from fsm.session import AgentSession
-from fsm.settings import RetrySettings
+from fsm.core import lifecycle as L
+from fsm.host.credentials import InMemoryCredentialStore
+from fsm.host.session import AgentSession
+from fsm.core.settings import RetrySettings
 from fsm.testing import FakeClock, Outcome, ScriptedProvider, error, hang, ok
 
 OVERLOADED = "529 Overloaded"

@@ -1,10 +1,10 @@
-"""fsm.text: cleaning, clipping and scrubbing what providers, users and keys send us."""
+"""fsm.core.text: cleaning, clipping and scrubbing what providers, users and keys send us."""
 
 import json
 
 import pytest
 
-from fsm.text import (CLIP_LIMIT_BYTES, REDACTED, ApiKeyError, check_api_key, clean_text, clip_text,
+from fsm.core.text import (CLIP_LIMIT_BYTES, REDACTED, ApiKeyError, check_api_key, clean_text, clip_text,
                       scrub_secrets)
 
 
@@ -131,7 +131,7 @@ def test_check_api_key_accepts_a_good_key_and_none():
 
 def test_stream_joiner_keeps_an_emoji_split_across_two_deltas():
     """Issue 14 item 1: each shown delta is clean, and no character is lost or broken."""
-    from fsm.text import StreamJoiner
+    from fsm.core.text import StreamJoiner
     joiner = StreamJoiner()
     high, low = json.loads('"\\ud83d"'), json.loads('"\\ude00"')
     shown = [joiner.feed("a" + high), joiner.feed(low + "b"), joiner.feed(high), joiner.flush()]
@@ -141,7 +141,7 @@ def test_stream_joiner_keeps_an_emoji_split_across_two_deltas():
 
 def test_safe_error_text_scrubs_and_clips_at_a_cost_bounded_by_the_excerpt():
     """Issue 14 items 3 and 8 in one call: what an error text may look like when kept."""
-    from fsm.text import safe_error_text
+    from fsm.core.text import safe_error_text
     secret = "my-own-secret-value-123"
     small = f"401 {secret} {KEY}"
     assert safe_error_text(small, [secret]) == f"401 {REDACTED} {REDACTED}"

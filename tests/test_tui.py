@@ -329,7 +329,7 @@ def test_rest_label_names_the_machine_state_at_rest():
 
 # ---------------------------------------------------------------------- the texts
 def test_loader_text_rounds_half_up_once_and_up_while_counting():
-    from fsm.ui_text import countdown_seconds, loader_text
+    from fsm.core.ui_text import countdown_seconds, loader_text
     assert loader_text(1, 3, 1200) == "Retrying (1/3) in 1s… (esc to cancel)"
     assert loader_text(1, 3, 1200, counting=True) == "Retrying (1/3) in 2s… (esc to cancel)"
     assert loader_text(2, 3, 500, keys=None) == "Retrying (2/3) in 1s…"
@@ -337,8 +337,8 @@ def test_loader_text_rounds_half_up_once_and_up_while_counting():
 
 
 def test_end_reason_text_covers_every_reason_and_nothing_else():
-    from fsm.events import END_REASONS
-    from fsm.ui_text import END_REASON_TEXT, end_reason_text
+    from fsm.core.events import END_REASONS
+    from fsm.core.ui_text import END_REASON_TEXT, end_reason_text
     assert set(END_REASON_TEXT) == set(END_REASONS)
     assert end_reason_text("deadline") == "Why: the next retry would have gone past retry.maxElapsedMs"
     assert end_reason_text(None) is None and end_reason_text("new_reason") is None

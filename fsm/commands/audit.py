@@ -1,6 +1,6 @@
 """``python -m fsm audit TRACE...``: transition coverage of the lifecycle from trace files.
 
-A TRACE is a JSON-lines trace (``--trace``, :class:`fsm.audit.TraceWriter`) or a counts file,
+A TRACE is a JSON-lines trace (``--trace``, :class:`fsm.review.audit.TraceWriter`) or a counts file,
 such as the pytest plugin's ``build/transition-coverage.json``.
 
 Exit status: 0 when the coverage is at least ``--fail-under`` (or no threshold was given),
@@ -28,7 +28,7 @@ def _percent(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help="trace files (JSON lines) written by --trace or fsm.audit.TraceWriter, "
+                   help="trace files (JSON lines) written by --trace or fsm.review.audit.TraceWriter, "
                         "or counts files (the pytest plugin's build/transition-coverage.json)")
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="report format on standard output (default: text)")
@@ -47,15 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .. import audit
-    from ..diagrams import DiagramError, write_file
+    from fsm.review import audit
+    from fsm.review.diagrams import DiagramError, write_file
 
     try:
         report = audit.audit_files(args.traces)
     except (audit.TraceError, audit.AllForeignError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except RecursionError:  # fsm.audit.read_trace lets json's RecursionError through
+    except RecursionError:  # fsm.review.audit.read_trace lets json's RecursionError through
         print(f"error: a trace line is JSON nested too deeply to be a trace record "
               f"(in {', '.join(args.traces)})", file=sys.stderr)
         return 2

@@ -15,8 +15,8 @@ import os
 import sys
 import uuid
 
-from . import rpc
-from .common import StartupError, load_host_options, open_session, session_path
+from fsm.commands import rpc
+from fsm.commands.common import StartupError, load_host_options, open_session, session_path
 
 HELP = "chat with a model in the terminal (retry loader, Esc cancels a backoff)"
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace, settings, credentials, coordinator=None) -> int:
-    from ..tui.app import ChatApp
+    from fsm.tui.app import ChatApp
 
     # The openai SDK takes ~0.7 s to import: load it in the background while the screen comes
     # up (a first prompt waits for it).

@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.jsonl is not None:
         return _run_jsonl(args)
 
-    from fsm.classify import classify
-    from fsm.messages import Usage
+    from fsm.core.classify import classify
+    from fsm.core.messages import Usage
 
     message = args.message
     if message == "-":
@@ -110,8 +110,8 @@ def _open(path: str) -> BinaryIO:
 
 
 def _run_jsonl(args: argparse.Namespace) -> int:
-    from fsm.classify import classify_facts
-    from fsm.messages import Usage
+    from fsm.core.classify import classify_facts
+    from fsm.core.messages import Usage
 
     try:
         stream = _open(args.jsonl)

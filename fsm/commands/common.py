@@ -44,11 +44,11 @@ def load_settings(path: str | None, *, prog: str,
     Warnings (unknown keys inside ``retry``) and the top-level keys this project does not use
     (pi's settings file carries many) are reported through ``warn`` as one line
     each, prefixed ``"<prog>: settings <path>: "`` (default: printed to stderr). Raises
-    :class:`~fsm.settings.SettingsError` naming the key and value, or the file, when it is bad.
+    :class:`~fsm.core.settings.SettingsError` naming the key and value, or the file, when it is bad.
     """
     import warnings
 
-    from ..settings import RetrySettings, SettingsError
+    from fsm.core.settings import RetrySettings, SettingsError
 
     if path is None:
         return RetrySettings()
@@ -115,7 +115,7 @@ def load_credentials(path: str | None):  # -> CredentialStore | None
     """
     if path is None:
         return None
-    from ..credentials import JsonFileCredentialStore
+    from fsm.host.credentials import JsonFileCredentialStore
     return JsonFileCredentialStore(path)
 
 
@@ -125,7 +125,7 @@ def load_coordinator(url: str | None):  # -> Coordinator | None
     hidden) when it is not one."""
     if url is None:
         return None
-    from ..fleet import coordinator_from_url
+    from fsm.fleet import coordinator_from_url
     return coordinator_from_url(url)
 
 
@@ -140,8 +140,8 @@ def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any,
     Returns ``(settings, credentials, coordinator)``; raises :class:`StartupError` naming the
     option and the problem (nothing is left half-opened).
     """
-    from ..settings import SettingsError
-    from ..text import ApiKeyError, check_configured_api_key
+    from fsm.core.settings import SettingsError
+    from fsm.core.text import ApiKeyError, check_configured_api_key
     try:  # a key that cannot go into a header would leak into every error text
         check_configured_api_key(args.api_key)
     except ApiKeyError as exc:
@@ -164,7 +164,7 @@ def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any,
 @dataclass
 class SessionParts:
     """A session with what was opened for it: ``log_path`` (None: no log) and ``trace`` (a
-    :class:`~fsm.audit.TraceWriter` or None). :meth:`aclose` closes all three."""
+    :class:`~fsm.review.audit.TraceWriter` or None). :meth:`aclose` closes all three."""
 
     session: Any
     log_path: Path | None
@@ -182,15 +182,15 @@ def open_session(provider: Any, *, settings: Any = None, context_window: int = 0
                  session_id: str | None = None, log_path: str | Path | None = None,
                  trace_file: str | Path | None = None, credentials: Any = None,
                  **session_kwargs: Any) -> SessionParts:
-    """Build an :class:`~fsm.session.AgentSession` with its log and its trace.
+    """Build an :class:`~fsm.host.session.AgentSession` with its log and its trace.
 
     ``log_path`` may contain ``{id}`` (replaced by the session id, a new UUID hex when
     ``session_id`` is None); None writes no log. ``trace_file`` None writes no trace. The other
     keyword arguments go to the session. Raises ``OSError`` when the log or the trace cannot be
     opened (nothing is left open then).
     """
-    from ..session import AgentSession
-    from ..session_log import SessionLog
+    from fsm.host.session import AgentSession
+    from fsm.host.session_log import SessionLog
 
     session_id = session_id or uuid.uuid4().hex
     path = None
@@ -205,7 +205,7 @@ def open_session(provider: Any, *, settings: Any = None, context_window: int = 0
                            credentials=credentials, **session_kwargs)
     trace = None
     if trace_file is not None:
-        from ..audit import TraceWriter
+        from fsm.review.audit import TraceWriter
         try:
             trace = TraceWriter(trace_file, model=session.brain)
         except OSError:

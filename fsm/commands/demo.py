@@ -3,7 +3,7 @@
 A local fault server on 127.0.0.1 plays the model provider (no model is called, nothing
 leaves the machine): it answers the first request with an Anthropic-style 529
 ``overloaded_error``, the second with a 503, then streams a canned reply. One prompt runs
-through :class:`fsm.session.AgentSession` with the default settings (so real 2 s and 4 s
+through :class:`fsm.host.session.AgentSession` with the default settings (so real 2 s and 4 s
 backoffs) and the real OpenAI SDK client. Each step is printed as a plain sentence — which
 request failed with what, whether that is retried and by which classification rule, how long
 the backoff is — and the session log and the transition trace are written to ``--out``.
@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from .common import load_settings, open_session
+from fsm.commands.common import load_settings, open_session
 
 HELP = "run one prompt through scripted provider failures (529, 503) and explain each decision"
 
@@ -105,8 +105,8 @@ def retry_sentence(event: dict) -> str:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from ..providers.fault_server import validate_script
-    from ..settings import SettingsError
+    from fsm.testing.fault_server import validate_script
+    from fsm.core.settings import SettingsError
 
     try:
         settings = load_settings(args.settings, prog="demo")
@@ -141,9 +141,9 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
     """Run ``prompts`` through one session against a fault server playing ``script``."""
     import time
 
-    from ..classify import classify_message
-    from ..providers.fault_server import FaultServer
-    from ..ui_text import end_reason_text, failure_text
+    from fsm.core.classify import classify_message
+    from fsm.testing.fault_server import FaultServer
+    from fsm.core.ui_text import end_reason_text, failure_text
 
     if log_path.exists():
         log_path.unlink()
@@ -157,7 +157,7 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
                f"first backoff {_seconds(s.base_delay_ms)}, doubling each time"
                + (f"; server hints honoured up to {_seconds(s.max_hint_wait_ms)}." if s.honors_hints else "."))
         _print("")
-        from ..providers.apis import build_provider
+        from fsm.providers.apis import build_provider
         provider = build_provider(api, base_url=server.base_url, model="demo-model",
                                   api_key="demo-key", name="fault-server")
         parts = open_session(provider, settings=settings, session_id="demo", log_path=log_path,

@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import diagrams
+    from fsm.review import diagrams
 
     if args.diff is not None or args.diff_ref is not None:
         return _diff(args)
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         stale = diagrams.check(out)
         if stale:
             print(f"stale diagrams in {out}: {', '.join(stale)}; they no longer match "
-                  "fsm/lifecycle.py: run 'make diagrams' (python -m fsm diagrams) and commit "
+                  "fsm/core/lifecycle.py: run 'make diagrams' (python -m fsm diagrams) and commit "
                   "the result", file=sys.stderr)
             return 1
         print(f"diagrams in {out} match the declaration")
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from .. import diagrams
-    from .. import diagrams_diff as DD
+    from fsm.review import diagrams
+    from fsm.review import diagrams_diff as DD
 
     out = args.out or DIFF_OUT
     try:

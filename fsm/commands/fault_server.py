@@ -1,5 +1,5 @@
 """``python -m fsm fault-server --script FILE``: serve a scripted, fault-injecting
-OpenAI-compatible endpoint (see :mod:`fsm.providers.fault_server` for the script format).
+OpenAI-compatible endpoint (see :mod:`fsm.testing.fault_server` for the script format).
 
 The first stdout line is the base URL (``http://127.0.0.1:PORT/v1``); the server then runs
 until SIGINT or SIGTERM (exit status 0). A bad script is refused before anything is bound:
@@ -28,7 +28,7 @@ entry keys (all optional):
   no_done                    end the stream without finish_reason or [DONE] (truncated)
   delay_ms, chunk_delay_ms   wait before answering / between stream chunks
   finish_reason, usage       of the final stream chunk
-the full description is in the fsm.providers.fault_server module."""
+the full description is in the fsm.testing.fault_server module."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def _load(path: str) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsm.providers.fault_server import FaultServer, is_loopback, validate_script
+    from fsm.testing.fault_server import FaultServer, is_loopback, validate_script
 
     try:
         script = validate_script(_load(args.script))

@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 
-from .common import DEFAULT_SESSION_DIR, StartupError, add_session_arguments, load_host_options, session_path
+from fsm.commands.common import DEFAULT_SESSION_DIR, StartupError, add_session_arguments, load_host_options, session_path
 
 HELP = "serve an agent session with auto-retry over JSON lines on stdin/stdout (RPC mode)"
 
@@ -90,12 +90,12 @@ def provider_name(args: argparse.Namespace) -> str:
 
 def make_provider(args: argparse.Namespace):  # -> DeferredProvider
     """The model client of the connection flags, imported in the background once started."""
-    from ..providers.deferred import DeferredProvider
+    from fsm.providers.deferred import DeferredProvider
 
     name = provider_name(args)
 
     def build():
-        from ..providers.apis import build_provider
+        from fsm.providers.apis import build_provider
         return build_provider(getattr(args, "api", "openai"), base_url=args.base_url,
                               model=args.model, api_key=args.api_key, timeout_s=args.timeout,
                               name=name)
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
         import asyncio
 
-        from ..rpc.server import ServeConfig, serve
+        from fsm.rpc.server import ServeConfig, serve
 
         config = ServeConfig(provider=make_provider(args), settings=settings,
                              context_window=args.context_window, session_file=session_file,

@@ -12,20 +12,11 @@ coordinator before handing a turn's end to the brain and writes after the decisi
 
 from __future__ import annotations
 
-from ._credentials import RedisCredentialStore, load_credentials
-from ._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, Breaker,
-                     GuardedCoordinator)
-from ._local import DEFAULT_BUCKET_IDLE_MS, InProcessCoordinator, default_coordinator
-from ._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
-from ._types import (
-    DEFAULT_CREDENTIAL,
-    BudgetSettings,
-    Coordinator,
-    CoordinatorError,
-    CoordKey,
-    credential_id,
-    wall_ms,
-)
+from fsm.fleet._credentials import RedisCredentialStore, load_credentials
+from fsm.fleet._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, Breaker, GuardedCoordinator)
+from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, InProcessCoordinator, default_coordinator
+from fsm.fleet._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
+from fsm.fleet._types import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordinatorError, CoordKey, credential_id, wall_ms)
 
 __all__ = [
     "DEFAULT_BUCKET_IDLE_MS", "DEFAULT_CREDENTIAL", "DEFAULT_PREFIX", "DEFAULT_PROBE_INTERVAL_S",

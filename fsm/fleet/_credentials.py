@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..credentials import DEFAULT_BLOCK_MS, _validate_credentials
-from ._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
-from ._redis import DEFAULT_PREFIX, KeySpace, RedisCoordinator, SCRIPTS, check_url, client_options, safe_reason
-from ._types import credential_id, wall_ms
+from fsm.host.credentials import DEFAULT_BLOCK_MS, _validate_credentials
+from fsm.fleet._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
+from fsm.fleet._redis import DEFAULT_PREFIX, KeySpace, RedisCoordinator, SCRIPTS, check_url, client_options, safe_reason
+from fsm.fleet._types import credential_id, wall_ms
 
 
 def load_credentials(path: str | Path) -> dict[str, list[str]]:
@@ -44,7 +44,7 @@ class RedisCredentialStore:
     credential one process marked is skipped by every process. Which key a session uses is
     this process's own state.
 
-    The protocol of ``fsm.credentials`` (``api_key``, ``mark_usage_limit_reached``) is
+    The protocol of ``fsm.host.credentials`` (``api_key``, ``mark_usage_limit_reached``) is
     synchronous (a blocking Redis call of at most ``timeout_s``); ``aapi_key`` and
     ``amark_usage_limit_reached`` are the asyncio variants for a shell. When Redis does not
     answer, both answer from this process's own marks and ``coordinator`` (a
@@ -146,7 +146,7 @@ class RedisCredentialStore:
         limited = await self.coordinator.limited_credentials(provider, now)
         return self._switch(provider, session_id, used, limited)
 
-    # -- blocking (the fsm.credentials protocol) ----------------------------------------------
+    # -- blocking (the fsm.host.credentials protocol) ----------------------------------------------
     def _sync_client(self) -> Any:
         if self._sync is None and self._url is not None:
             import redis

@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any, Awaitable, Callable
 
-from ._local import InProcessCoordinator
-from ._types import BudgetSettings, Coordinator, CoordinatorError, CoordKey
+from fsm.fleet._local import InProcessCoordinator
+from fsm.fleet._types import BudgetSettings, Coordinator, CoordinatorError, CoordKey
 
 log = logging.getLogger("fsm.fleet")
 

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable
 
-from ._types import MILLI, BudgetSettings, CoordKey, check_ms, max_milli, ratio_milli
+from fsm.fleet._types import MILLI, BudgetSettings, CoordKey, check_ms, max_milli, ratio_milli
 
 #: A bucket nobody touched for this long is dropped, which is the same as full again.
 DEFAULT_BUCKET_IDLE_MS = 600_000

@@ -23,8 +23,8 @@ import urllib.parse
 import weakref
 from typing import Any
 
-from ._local import DEFAULT_BUCKET_IDLE_MS
-from ._types import MILLI, BudgetSettings, CoordinatorError, CoordKey, check_ms, max_milli, ratio_milli
+from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS
+from fsm.fleet._types import MILLI, BudgetSettings, CoordinatorError, CoordKey, check_ms, max_milli, ratio_milli
 
 DEFAULT_PREFIX = "retry-fsm"
 

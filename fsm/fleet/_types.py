@@ -1,6 +1,6 @@
 """The coordinator's vocabulary: its key, the protocol, its errors, the budget in milli-tokens.
 
-The budget's settings are :class:`fsm.settings.BudgetSettings` (``retry.budget``).
+The budget's settings are :class:`fsm.core.settings.BudgetSettings` (``retry.budget``).
 
 Strictly private: import these names from :mod:`fsm.fleet`.
 """
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..settings import BudgetSettings
+from fsm.core.settings import BudgetSettings
 
 #: The credential id of a session that uses its provider's default credential (no store).
 DEFAULT_CREDENTIAL = "default"

@@ -13,11 +13,11 @@ without loading the ``openai`` SDK.
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from fsm._lazy import lazy_exports
 
 _EXPORTS = {
-    "FaultServer": "fsm.providers.fault_server",
-    "validate_script": "fsm.providers.fault_server",
+    "FaultServer": "fsm.testing.fault_server",
+    "validate_script": "fsm.testing.fault_server",
     "OpenAIChatProvider": "fsm.providers.openai_chat",
     "Provider": "fsm.providers.openai_chat",
     "describe_error": "fsm.providers.openai_chat",

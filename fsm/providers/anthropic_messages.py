@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 
 import anthropic
 
-from ._clients import cached_client
-from .. import sdk_errors as _sdk
-from ..messages import AssistantMessage, Usage
+from fsm.providers._clients import cached_client
+from fsm.providers import sdk_errors as _sdk
+from fsm.core.messages import AssistantMessage, Usage
 
 __all__ = ["AnthropicMessagesProvider", "TRUNCATED_MESSAGE", "DEFAULT_MAX_TOKENS", "STOP_REASONS"]
 

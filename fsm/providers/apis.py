@@ -18,11 +18,11 @@ def build_provider(api: str, *, base_url: str | None, model: str, api_key: str |
     ``base_url`` ending in ``/v1`` is taken as the API root (the SDK adds ``/v1/messages``).
     Raises ``ValueError`` naming an unknown ``api``."""
     if api == "openai":
-        from .openai_chat import OpenAIChatProvider
+        from fsm.providers.openai_chat import OpenAIChatProvider
         return OpenAIChatProvider(base_url=base_url, model=model, api_key=api_key,
                                   timeout_s=timeout_s, name=name)
     if api == "anthropic":
-        from .anthropic_messages import AnthropicMessagesProvider
+        from fsm.providers.anthropic_messages import AnthropicMessagesProvider
         if base_url is not None:
             base_url = base_url.rstrip("/").removesuffix("/v1")
         return AnthropicMessagesProvider(base_url=base_url, model=model, api_key=api_key,

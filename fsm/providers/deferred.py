@@ -79,7 +79,7 @@ class DeferredProvider:
         try:
             provider = await self.provider()
         except Exception as exc:
-            from ..messages import AssistantMessage
+            from fsm.core.messages import AssistantMessage
             return AssistantMessage("error", error_message=f"cannot load the model client: "
                                     f"{type(exc).__name__}: {exc}", model=self.model)
         return await provider.complete(messages, on_text=on_text, api_key=api_key)
@@ -122,7 +122,7 @@ class ProviderGate:
     async def complete(self, messages: list[dict], *, on_text: Callable[[str], None] | None = None,
                        api_key: str | None = None) -> Any:
         if self.closed:
-            from ..messages import AssistantMessage
+            from fsm.core.messages import AssistantMessage
             return AssistantMessage("aborted", error_message="Request was aborted: the RPC server "
                                     "is shutting down", model=self.model)
         return await self.provider.complete(messages, on_text=on_text, api_key=api_key)

@@ -9,7 +9,7 @@ Provider failures never raise. HTTP errors, error events inside the stream, drop
 connections, connect failures, timeouts, truncated streams and unknown finish reasons all come
 back as ``AssistantMessage(stop_reason="error", error_message=<human text>, text=<partial
 text>)`` with the structured facts set (``status``, ``error_type``, ``error_code``, the
-hint-bearing ``headers``), built by :mod:`fsm.sdk_errors`:
+hint-bearing ``headers``), built by :mod:`fsm.providers.sdk_errors`:
 
 - HTTP status: ``529 Overloaded``, ``429 Rate limit reached … (retry-after: 60)``,
   ``413 status code (no body)`` when the body is empty;
@@ -36,9 +36,9 @@ from urllib.parse import urlsplit
 import openai
 
 from fsm.providers._clients import cached_client
-from fsm.messages import AssistantMessage, Usage
-from fsm.protocols import Provider  # re-exported: the protocol lives in fsm.protocols
-from fsm.sdk_errors import ErrorFacts, error_facts
+from fsm.core.messages import AssistantMessage, Usage
+from fsm.core.protocols import Provider  # re-exported: the protocol lives in fsm.core.protocols
+from fsm.providers.sdk_errors import ErrorFacts, error_facts
 
 __all__ = [
     "KNOWN_FINISH_REASONS",
@@ -65,7 +65,7 @@ in an error."""
 
 
 def describe_error(exc: BaseException) -> str:
-    """The human error text of a failed request or stream (:func:`fsm.sdk_errors.error_facts`);
+    """The human error text of a failed request or stream (:func:`fsm.providers.sdk_errors.error_facts`);
     never empty."""
     return error_facts(exc).message
 

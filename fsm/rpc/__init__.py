@@ -18,7 +18,7 @@ Names are imported on first use, so the server does not load the client's module
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from fsm._lazy import lazy_exports
 
 _EXPORTS = {
     "RpcClient": "fsm.rpc.client",

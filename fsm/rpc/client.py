@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
-from .protocol import LineFramer, LineTooLong, encode_line
+from fsm.rpc.protocol import LineFramer, LineTooLong, encode_line
 
 __all__ = ["RpcClient", "RpcError", "RpcTimeout", "ServerDied"]
 

@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .protocol import Command, CommandError, LineTooLong, parse_command, response
+from fsm.rpc.protocol import Command, CommandError, LineTooLong, parse_command, response
 
 __all__ = ["RpcServer", "message_json", "session_state"]
 
@@ -176,7 +176,7 @@ class RpcServer:
                 exc = task.exception()
                 self._answered.add(task)
                 error = str(exc) or type(exc).__name__
-                from ..session import SessionBusyError
+                from fsm.host.session import SessionBusyError
                 if isinstance(exc, SessionBusyError):
                     error += ' (over RPC: add "streamingBehavior": "steer" or "followUp")'
                 self._respond(cmd, False, error=error)
@@ -310,7 +310,7 @@ def message_json(message: Any, *, provider: str = "") -> dict[str, Any]:
     """One message of the runtime context in pi's ``AgentMessage`` shape.
 
     A user message: ``{role, content: [{type: "text", text}], timestamp}``. An assistant
-    message adds to :meth:`~fsm.messages.AssistantMessage.to_json` what pi's carries:
+    message adds to :meth:`~fsm.core.messages.AssistantMessage.to_json` what pi's carries:
     ``api``, ``provider``, and ``usage`` with ``totalTokens`` and a zero ``cost``.
     """
     out = dict(message.to_json())

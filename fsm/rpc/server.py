@@ -1,4 +1,4 @@
-"""``serve``: the RPC process shell, one :class:`~fsm.session.AgentSession` behind stdin/stdout.
+"""``serve``: the RPC process shell, one :class:`~fsm.host.session.AgentSession` behind stdin/stdout.
 
 The layers, each its own module:
 
@@ -20,9 +20,9 @@ import logging
 import threading
 from typing import Any, NamedTuple
 
-from ..providers.deferred import ProviderGate
-from .dispatch import RpcServer
-from .transport import Output, StdinReader
+from fsm.providers.deferred import ProviderGate
+from fsm.rpc.dispatch import RpcServer
+from fsm.rpc.transport import Output, StdinReader
 
 __all__ = ["ServeConfig", "serve"]
 
@@ -34,7 +34,7 @@ class ServeConfig(NamedTuple):
 
     ``session_file`` may contain ``{id}`` (replaced by the session id); None: no session log.
     ``credentials`` is a credential store (None: none). ``session_kwargs`` go to
-    :class:`~fsm.session.AgentSession` (e.g. a compaction hook). ``provider_name`` is what
+    :class:`~fsm.host.session.AgentSession` (e.g. a compaction hook). ``provider_name`` is what
     ``get_state`` reports as ``model.provider`` (default: the provider's ``name``).
     """
 
@@ -59,7 +59,7 @@ async def serve(config: ServeConfig) -> int:
     import asyncio
     import signal
 
-    from ..commands.common import open_session
+    from fsm.commands.common import open_session
 
     loop = asyncio.get_running_loop()
     gate = ProviderGate(config.provider)

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .protocol import MAX_LINE_BYTES, LineFramer, LineTooLong, encode_line
+from fsm.rpc.protocol import MAX_LINE_BYTES, LineFramer, LineTooLong, encode_line
 
 __all__ = ["Output", "PIPE_CHUNK", "READ_CHUNK", "STALL_S", "StdinReader"]
 

@@ -5,6 +5,6 @@
 when a terminal is at hand: it loads prompt_toolkit.
 """
 
-from .view import ESC_ABORT_RETRY, ESC_ABORT_TURN, ChatView, Line
+from fsm.tui.view import ESC_ABORT_RETRY, ESC_ABORT_TURN, ChatView, Line
 
 __all__ = ["ChatView", "ESC_ABORT_RETRY", "ESC_ABORT_TURN", "Line"]

@@ -1,4 +1,4 @@
-"""The terminal chat: a prompt_toolkit application around one :class:`~fsm.session.AgentSession`.
+"""The terminal chat: a prompt_toolkit application around one :class:`~fsm.host.session.AgentSession`.
 
 Screen, bottom to top: a status line (model, retry on/off, state), the input line, an
 activity line (the retry loader ``Retrying (1/3) in 2s… (esc to cancel, enter to retry now)``
@@ -31,7 +31,7 @@ from prompt_toolkit.output import Output
 from prompt_toolkit.shortcuts import print_formatted_text
 from prompt_toolkit.styles import Style
 
-from .view import ENTER_RETRY_NOW, ESC_ABORT_RETRY, ChatView, Line, rest_label
+from fsm.tui.view import ENTER_RETRY_NOW, ESC_ABORT_RETRY, ChatView, Line, rest_label
 
 TICK_S = 0.1
 """Redraw period while something moves on screen (the countdown, the spinner)."""
@@ -92,7 +92,7 @@ LOGGERS = ("fsm", "py.warnings")
 
 
 class ChatApp:
-    """The chat application for ``session`` (an :class:`~fsm.session.AgentSession`).
+    """The chat application for ``session`` (an :class:`~fsm.host.session.AgentSession`).
 
     ``input``/``output`` are prompt_toolkit's (default: the process's terminal); ``banner`` are
     lines printed before the application starts. :meth:`run` returns the exit status (0).
@@ -253,7 +253,7 @@ class ChatApp:
             else:
                 self.print_lines([Line(f"Usage: /retry on | /retry off (got {arg!r})", "error")])
         elif name == "/state":
-            from ..rpc.dispatch import session_state
+            from fsm.rpc.dispatch import session_state
             state = session_state(self.session)
             if self.session.is_retrying or self.session.is_streaming:
                 label = self.view.state_label

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..brain import CANCELLED_TEXT  # the finalError of a chain the user cancelled
-from ..ui_text import aborted_text, end_reason_text, failure_text, loader_text
+from fsm.core.brain import CANCELLED_TEXT  # the finalError of a chain the user cancelled
+from fsm.core.ui_text import aborted_text, end_reason_text, failure_text, loader_text
 
 CHAT_KEYS = "esc to cancel, enter to retry now"
 """What the chat's loader names inside its parentheses."""

@@ -1,4 +1,4 @@
-"""Provider SDK failures → one error :class:`~fsm.messages.AssistantMessage`: human text plus
+"""Provider SDK failures → one error :class:`~fsm.core.messages.AssistantMessage`: human text plus
 the structured facts the classifier reads first (``docs/policy.md §2`` "Structured facts first",
 §4 "Human text").
 
@@ -25,7 +25,7 @@ the runner):
 - any other exception: ``"<Type>: <text> (<causes>)"``.
 
 The retry hints the server sent are appended to the text as ``(retry-after: 20)`` — the one
-header hint the classifier would choose (:func:`fsm.hints.header_hint`), and ``x-should-retry``
+header hint the classifier would choose (:func:`fsm.core.hints.header_hint`), and ``x-should-retry``
 — so that a host that only has the text (an RPC client, a log) classifies it the same way.
 A text never carries a language's repr of a parsed body, and bearer tokens and ``sk-…`` keys
 are masked.
@@ -44,9 +44,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsm.classify import ERROR_CODES
-from fsm.hints import header_hint
-from fsm.messages import AssistantMessage, Usage
+from fsm.core.classify import ERROR_CODES
+from fsm.core.hints import header_hint
+from fsm.core.messages import AssistantMessage, Usage
 
 __all__ = [
     "BODY_LIMIT",

@@ -4,12 +4,12 @@ Registered through the ``pytest11`` entry point and off unless asked for:
 
 ``--transition-coverage``
     record every transition tried by any machine during the run (an in-process
-    :class:`fsm.audit.Collector`); with pytest-xdist each worker sends its counts to the
+    :class:`fsm.review.audit.Collector`); with pytest-xdist each worker sends its counts to the
     controller, which merges them;
 ``--transition-coverage-report=PATH``
     where to write the JSON report (default ``build/transition-coverage.json``, relative to
     the directory pytest was started in): ``{"declared", "covered", "percent", "uncovered",
-    ...}`` plus per-row counts (see :meth:`fsm.audit.Report.to_json`) and the run's
+    ...}`` plus per-row counts (see :meth:`fsm.review.audit.Report.to_json`) and the run's
     ``partial`` reasons. It is also a counts file: ``python -m fsm audit PATH --svg OUT``
     draws it (``make test`` writes ``build/transition-coverage.svg`` and ``.md`` that way);
 ``--transition-coverage-fail-under=PCT``
@@ -18,7 +18,7 @@ Registered through the ``pytest11`` entry point and off unless asked for:
     deselection, or paths / test ids narrower than ``testpaths`` is *partial*: the report is
     written and the summary printed, the threshold is not enforced.
 
-What counts as covered is defined in :mod:`fsm.audit`.
+What counts as covered is defined in :mod:`fsm.review.audit`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class TransitionCoverage:
     """The plugin object of one run (controller or xdist worker)."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from .audit import Collector
+        from fsm.review.audit import Collector
 
         self.config = config
         self.worker = hasattr(config, "workerinput")
@@ -119,7 +119,7 @@ class TransitionCoverage:
     def pytest_testnodedown(self, node, error) -> None:
         data = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
         if data is not None:
-            from .audit import Collector
+            from fsm.review.audit import Collector
 
             self.collector.add(Collector.counts_from_json(data))
             self.deselected = max(self.deselected, data.get("deselected", 0))
@@ -131,7 +131,7 @@ class TransitionCoverage:
             data["deselected"] = self.deselected
             self.config.workeroutput[_WORKER_KEY] = data
             return
-        from .audit import coverage
+        from fsm.review.audit import coverage
 
         report = self.report = coverage(self.collector.counts)
         fail_under = self.config.getoption("transition_coverage_fail_under")

@@ -3,7 +3,7 @@
 - :class:`ScriptedProvider`: an in-process provider that answers each request with the next
   scripted outcome (an error text, a successful text, an abort-able wait), recording every
   request's messages. No network, no real time.
-- :class:`~fsm.clock.FakeClock` (re-exported): a manual clock for the backoff timer.
+- :class:`~fsm.host.clock.FakeClock` (re-exported): a manual clock for the backoff timer.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .clock import FakeClock
-from .messages import AssistantMessage, Usage
+from fsm.host.clock import FakeClock
+from fsm.core.messages import AssistantMessage, Usage
 
 __all__ = ["FakeClock", "ScriptedProvider", "ok", "error", "hang", "Outcome"]
 

@@ -3,12 +3,12 @@
 The session runs turns through a provider, gathers the facts the brain needs (the time,
 whether output was streamed, the credential store's answer, the shared coordinator's cooldown
 and budget — each awaited with a short timeout), hands the turn's end to its
-:class:`~fsm.brain.RetryBrain`, and carries out the actions the brain returns, in their order.
+:class:`~fsm.core.brain.RetryBrain`, and carries out the actions the brain returns, in their order.
 Until the brain has decided, ``prompt()`` cannot return, no listener hears of the turn's end
 and ``abort()`` still aborts the turn (§8b.2). Time, cancellation and I/O all happen here;
 decisions all happen in the brain.
 
-Events are :mod:`fsm.events` objects (read-only mappings over their JSON shape). They go to
+Events are :mod:`fsm.core.events` objects (read-only mappings over their JSON shape). They go to
 ``subscribe()`` listeners synchronously, in order, and to extensions (``on(event_type,
 handler)``; ``"*"`` for every type), whose handlers are awaited in order on a separate worker
 so a slow or failing extension never holds up the retry chain.
@@ -22,7 +22,7 @@ puts them, ``queue_update``, ``extension_error``, ``coordinator_unavailable`` /
 
 The conversation: :attr:`AgentSession.messages` is the runtime context (what the next request
 sends; failed messages that a retry replaces are dropped from it); the session log
-(:class:`~fsm.session_log.SessionLog`) keeps every message, failed ones included.
+(:class:`~fsm.host.session_log.SessionLog`) keeps every message, failed ones included.
 """
 
 from __future__ import annotations
@@ -36,21 +36,21 @@ import weakref
 from collections import deque
 from typing import Any, Awaitable, Callable, Iterable
 
-from . import brain as B
-from . import events as E
-from .brain import RetryBrain, TurnFacts
-from .classify import Classification, classify_message
-from .clock import Clock, LoopClock
-from .messages import AssistantMessage, UserMessage
-from .protocols import CredentialStore, Provider
-from .session_log import SessionLog
-from .settings import RetrySettings
-from .text import StreamJoiner, clean_text, safe_error_text
+from fsm.core import brain as B
+from fsm.core import events as E
+from fsm.core.brain import RetryBrain, TurnFacts
+from fsm.core.classify import Classification, classify_message
+from fsm.host.clock import Clock, LoopClock
+from fsm.core.messages import AssistantMessage, UserMessage
+from fsm.core.protocols import CredentialStore, Provider
+from fsm.host.session_log import SessionLog
+from fsm.core.settings import RetrySettings
+from fsm.core.text import StreamJoiner, clean_text, safe_error_text
 
 __all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "Listener", "Extension",
            "CompactionHook", "STORE_TIMEOUT_S", "ABORTED_TEXT"]
 
-log = logging.getLogger("fsm.session")
+log = logging.getLogger("fsm.host.session")
 
 Listener = Callable[[E.Event], Any]
 Extension = Callable[[E.Event], Awaitable[Any] | Any]
@@ -78,20 +78,20 @@ class AgentSession:
     """One agent session with automatic retry.
 
     Args:
-        provider: a :class:`fsm.protocols.Provider` (e.g.
+        provider: a :class:`fsm.core.protocols.Provider` (e.g.
             :class:`fsm.providers.openai_chat.OpenAIChatProvider`).
-        settings: :class:`~fsm.settings.RetrySettings` (defaults of docs/policy.md §1).
+        settings: :class:`~fsm.core.settings.RetrySettings` (defaults of docs/policy.md §1).
         context_window: the model's context window in tokens (0 = unknown), for the silent
             overflow rule.
-        session_log: a :class:`~fsm.session_log.SessionLog`, or None for no persistence.
-        credentials: a :class:`fsm.protocols.CredentialStore` for the usage-limit path.
+        session_log: a :class:`~fsm.host.session_log.SessionLog`, or None for no persistence.
+        credentials: a :class:`fsm.core.protocols.CredentialStore` for the usage-limit path.
         coordinator: the shared coordinator of docs/policy.md §9 (cooldowns, retry budget),
             or None for none; reached before a decision with a timeout of
             :data:`STORE_TIMEOUT_S`, never inside one.
         compaction_hook: ``async hook(session, message, kind)`` consulted when retry does not
             take a turn (§3 "Boundary with compaction"); None = the error stands.
         clock: where the backoff timer lives and the time is read
-            (:class:`~fsm.clock.FakeClock` in tests).
+            (:class:`~fsm.host.clock.FakeClock` in tests).
         random: [0, 1) source for jitter.
     """
 
@@ -509,7 +509,7 @@ class AgentSession:
         if settings.honors_hints or settings.budget is not None:
             coordinator = self._coordinator()
             try:
-                from .fleet import wall_ms
+                from fsm.fleet import wall_ms
                 read = coordinator.before_decision(
                     self._coord_key(), now if now is not None else wall_ms(), settings.budget)
                 if not _self_bounded(coordinator):
@@ -535,7 +535,7 @@ class AgentSession:
         return self.coordinator
 
     def _coord_key(self) -> Any:
-        from .fleet import CoordKey, credential_id
+        from fsm.fleet import CoordKey, credential_id
         return CoordKey(self.provider.name or "provider", self.provider.model or "model",
                         credential_id(self._api_key or self._configured_key))
 
@@ -693,7 +693,7 @@ def _loop_coordinator() -> Any:
     loop = asyncio.get_running_loop()
     coordinator = _LOOP_COORDINATORS.get(loop)
     if coordinator is None:
-        from .fleet import InProcessCoordinator
+        from fsm.fleet import InProcessCoordinator
         coordinator = _LOOP_COORDINATORS[loop] = InProcessCoordinator()
     return coordinator
 

@@ -465,7 +465,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, entry: dict, req: dict, index: int) -> None:
         if self._is("/messages"):  # the Anthropic Messages API, same script
-            from .fault_anthropic import answer
+            from fsm.testing.fault_anthropic import answer
             return answer(self, entry, req, index)
         delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
         if delay and not self._pause(delay):

@@ -1,7 +1,7 @@
 """The retry brain: facts in, actions out (sans-IO; docs/policy.md §3).
 
 :class:`RetryBrain` holds one session's retry state and runs it through the machine declared
-in :mod:`fsm.lifecycle`. It never sleeps, prints, reads a clock or calls the network: the host
+in :mod:`fsm.core.lifecycle`. It never sleeps, prints, reads a clock or calls the network: the host
 tells it what happened (a turn ended with this message and these facts, the backoff elapsed,
 the user cancelled or asked to retry now, the prompt task was cancelled) and carries out the
 actions it returns, **in the order returned**:
@@ -10,7 +10,7 @@ actions it returns, **in the order returned**:
 ``EmitTurnEnd(part)``   emit the turn's own end events here: ``part="message"`` is the
                         assistant ``message_end``, ``part="agent"`` is ``turn_end`` and
                         ``agent_end`` (so the brain decides where they go, §4)
-``Emit(event)``         send ``event`` (a :mod:`fsm.events` object) to listeners
+``Emit(event)``         send ``event`` (a :mod:`fsm.core.events` object) to listeners
 ``DropFailedMessage``   remove the failed assistant message from the runtime context only;
                         the persisted log keeps it (§3)
 ``StartBackoff``        start the one backoff timer: after ``delay_ms`` call
@@ -40,11 +40,11 @@ from typing import Callable, Union
 
 from transitions import MachineError
 
-from . import lifecycle as L
-from .classify import Classification, classify_message
-from .events import CANCELLED_TEXT, AutoRetryEnd, AutoRetryStart, Event
-from .messages import AssistantMessage
-from .settings import RetrySettings
+from fsm.core import lifecycle as L
+from fsm.core.classify import Classification, classify_message
+from fsm.core.events import CANCELLED_TEXT, AutoRetryEnd, AutoRetryStart, Event
+from fsm.core.messages import AssistantMessage
+from fsm.core.settings import RetrySettings
 
 __all__ = [
     "RetryBrain", "TurnFacts", "Action", "EmitTurnEnd", "Emit", "DropFailedMessage",
@@ -96,7 +96,7 @@ class EmitTurnEnd:
 
 @dataclass(frozen=True, slots=True)
 class Emit:
-    """Send ``event`` (an :class:`fsm.events.Event`) to listeners, extensions and RPC clients."""
+    """Send ``event`` (an :class:`fsm.core.events.Event`) to listeners, extensions and RPC clients."""
 
     event: Event
 
@@ -161,7 +161,7 @@ class CreditRetryBudget:
 @dataclass(frozen=True, slots=True)
 class PromptMayReturn:
     """The work the prompt started is over. ``end_reason`` is the chain's (or the refusal's)
-    :data:`fsm.events.END_REASONS` code, or None for a turn that started no chain."""
+    :data:`fsm.core.events.END_REASONS` code, or None for a turn that started no chain."""
 
     end_reason: str | None = None
 
@@ -433,7 +433,7 @@ def _compile_dispatch() -> dict[tuple[str, str], tuple[tuple[tuple[tuple[str, bo
     order ``transitions`` tries them, each ``(guards, effect, dest)``; ``guards`` is
     ``((name, expected), ...)`` in ``transitions``' evaluation order (the row's conditions,
     then its ``unless`` names), ``dest`` None for an ignored cell. Derived from
-    :data:`fsm.lifecycle.TRANSITIONS` / :data:`~fsm.lifecycle.IGNORED` only."""
+    :data:`fsm.core.lifecycle.TRANSITIONS` / :data:`~fsm.core.lifecycle.IGNORED` only."""
     table: dict[tuple[str, str], list] = {}
     for row in L.TRANSITIONS:
         guards = tuple((g, True) for g in row.conditions) + tuple((g, False) for g in row.unless)
@@ -476,7 +476,7 @@ class RetryBrain:
     """One session's retry state, decided by the declared machine (docs/policy.md §3).
 
     Args:
-        settings: :class:`~fsm.settings.RetrySettings` (the defaults of §1 when None).
+        settings: :class:`~fsm.core.settings.RetrySettings` (the defaults of §1 when None).
             ``retry.enabled`` is read live; ``maxAttempts`` is fixed when a chain starts.
         random: returns floats in [0, 1) for the jitter modes (inject for tests).
 
@@ -576,7 +576,7 @@ class RetryBrain:
                    facts: TurnFacts | None = None) -> list[Action]:
         """A turn ended with ``message``; ``context_window`` in tokens (0 = unknown).
 
-        The message is classified with :func:`fsm.classify.classify_message` unless
+        The message is classified with :func:`fsm.core.classify.classify_message` unless
         ``classification`` is given; ``facts`` are what the host gathered before (§8b.2).
         Call this before any ``await`` once the facts are in (§8.1).
         """

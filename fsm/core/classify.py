@@ -26,7 +26,7 @@ back on the same text rules, so both paths agree on what the text says.
 
 The rule tables are data: one :class:`Rule` per row with its id (reported in
 :attr:`Classification.rule`, **D4**), family, regex and where it comes from. Patterns match the
-*normal form* of the message (:func:`fsm.hints.normalize_text`): lower case, whitespace runs
+*normal form* of the message (:func:`fsm.core.hints.normalize_text`): lower case, whitespace runs
 collapsed to one space, ``\\n`` escapes of doubly encoded JSON as spaces, curly quotes
 straightened, URLs removed. So write patterns in lower case, with single spaces, without
 capturing groups (use ``(?:…)``), and start every alternative with a literal character (the
@@ -56,7 +56,7 @@ from typing import Literal
 
 from collections.abc import Mapping
 
-from fsm.hints import (
+from fsm.core.hints import (
     HINT_TRIGGERS,
     WORD_CHARS,
     _normalize,
@@ -66,7 +66,7 @@ from fsm.hints import (
     parse_retry_hint_ms,
     should_retry_header,
 )
-from fsm.messages import AssistantMessage, Usage
+from fsm.core.messages import AssistantMessage, Usage
 
 __all__ = [
     "Classification",
@@ -307,7 +307,7 @@ PERMANENT_RULES: tuple[Rule, ...] = (
     Rule("fatal.should_not_retry", "server_verdict",
          r"x-should-retry: ?false",
          "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
-         "APIs), as fsm.sdk_errors appends it to an error text"),
+         "APIs), as fsm.providers.sdk_errors appends it to an error text"),
     Rule("fatal.payment_required", "billing",
          _status("402") + r"|payment[_ ]required",
          "HTTP 402 Payment Required (DeepSeek, OpenRouter, Copilot); D1"),
@@ -449,7 +449,7 @@ STATUS_RULES: tuple[Rule, ...] = (
     Rule("retryable.should_retry", "server_verdict",
          r"x-should-retry: ?true",
          "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
-         "APIs), as fsm.sdk_errors appends it to an error text"),
+         "APIs), as fsm.providers.sdk_errors appends it to an error text"),
 )
 
 # Rules that stand down when the message also carries a retry hint and no other permanent
@@ -817,7 +817,7 @@ def _peek(alt: str) -> str:
 
 def _may_hide_a_trigger(literal: str) -> bool:
     """Whether an alternative whose literal prefix is ``literal`` can match where a hint
-    trigger word (:data:`fsm.hints.HINT_TRIGGERS`) starts."""
+    trigger word (:data:`fsm.core.hints.HINT_TRIGGERS`) starts."""
     return any(literal.startswith(w) or w.startswith(literal) for w in HINT_TRIGGERS)
 
 
@@ -861,7 +861,7 @@ def _compile(entries: list[tuple[int, Rule]], peek: frozenset[int]) -> tuple[
 
 
 _TRIGGER_RULE = Rule("hint.trigger", "hint", "|".join(re.escape(w) for w in HINT_TRIGGERS),
-                     "fsm.hints.HINT_TRIGGERS: where retry hints start")
+                     "fsm.core.hints.HINT_TRIGGERS: where retry hints start")
 _STATUS_IDS = frozenset(rule.id for rule in STATUS_RULES)
 _CONDITION_IDS = frozenset(rule.id for rule in PERMANENT_RULES)
 """Permanent conditions (step 4): they outrank every status and family, in any source."""
@@ -1334,7 +1334,7 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
     fact decided: ``structured.status_529``, ``structured.code_rate_limit_exceeded``,
     ``structured.type_overloaded_error``, ``structured.x_should_retry_false``, or a text rule id.
     A retryable result's hint comes from the headers (reset headers only for rate and usage
-    limits, :func:`fsm.hints.header_hint`), else from the text.
+    limits, :func:`fsm.core.hints.header_hint`), else from the text.
     """
     if stop_reason != "error":
         return _NOT_ERROR

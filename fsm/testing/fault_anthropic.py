@@ -1,7 +1,7 @@
 """The fault server's Anthropic Messages API: ``POST …/v1/messages`` (docs/embedding.md).
 
 Same script, same entry keys and the same request counter as the chat completions route of
-:mod:`fsm.providers.fault_server`; only the wire shapes are Anthropic's:
+:mod:`fsm.testing.fault_server`; only the wire shapes are Anthropic's:
 
 - ``json`` / ``body`` / ``status`` / ``headers`` / ``delay_ms``: as for chat (an error body is
   typically ``{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}``
@@ -116,7 +116,7 @@ def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
 
 
 def _drop(handler: Any, entry: dict, status: int, chunk_delay: float) -> None:
-    from .fault_server import _wait_sent
+    from fsm.testing.fault_server import _wait_sent
 
     if chunk_delay and entry["stream"] and not handler._pause(chunk_delay):
         return handler._client_gone(status, "client_gone_mid_stream")

@@ -2,8 +2,8 @@
 
 The pipeline is *extract → model → render*:
 
-- :func:`extract` reads :func:`fsm.lifecycle.declaration` (its rows as declared, their
-  groups, the effects in words, plus the state and trigger docs of :mod:`fsm.lifecycle`) into
+- :func:`extract` reads :func:`fsm.core.lifecycle.declaration` (its rows as declared, their
+  groups, the effects in words, plus the state and trigger docs of :mod:`fsm.core.lifecycle`) into
   a :class:`Diagram`, a small immutable model that knows nothing about output formats;
 - two diagrams are rendered from it, each as DOT (built with :class:`graphviz.Digraph`), SVG
   (laid out by the ``dot`` binary) and Mermaid ``stateDiagram-v2``:
@@ -18,15 +18,15 @@ The pipeline is *extract → model → render*:
 
 - :func:`render_markdown` writes the transition table and the state × trigger matrix, and
   :func:`declaration_json` the declaration itself (``retry_lifecycle.json``, what
-  :mod:`fsm.diagrams_diff` compares).
+  :mod:`fsm.review.diagrams_diff` compares).
 
 Ignored cells are never drawn (the Markdown lists them with their reasons). The text outputs
 are byte-stable: declaration order only, no timestamps or versions, ``\\n`` line endings.
 The SVGs embed the Graphviz version and coordinates, so they are checked for validity only.
 
-Both diagrams also draw a coverage view for :mod:`fsm.audit`: edges coloured by status —
+Both diagrams also draw a coverage view for :mod:`fsm.review.audit`: edges coloured by status —
 covered, partly covered (taken, never rejected), not covered (red, dashed) — with a legend;
-:func:`build_review_digraph` also draws a diff (:mod:`fsm.diagrams_diff`).
+:func:`build_review_digraph` also draws a diff (:mod:`fsm.review.diagrams_diff`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import lifecycle as L
+from fsm.core import lifecycle as L
 
 NAME = "retry_lifecycle"
 """Base name of the generated files (``retry_lifecycle.dot`` ...) and of the graph."""
@@ -82,7 +82,7 @@ class State:
 
 @dataclass(frozen=True, slots=True)
 class Edge:
-    """One declared transition (one :class:`fsm.lifecycle.Row`).
+    """One declared transition (one :class:`fsm.core.lifecycle.Row`).
 
     ``order`` is the row's position among the rows of its (source, trigger) cell (rows are
     tried in that order; the first whose guards hold is taken). ``takeable`` / ``rejectable``
@@ -212,7 +212,7 @@ class Diagram:
 @dataclass(frozen=True, slots=True)
 class EdgeMark:
     """How to draw one edge in the coverage view: its ``status`` (``"covered"``, ``"partly
-    covered"`` or ``"not covered"``, see :data:`fsm.audit.STATUSES`) and a short ``note``."""
+    covered"`` or ``"not covered"``, see :data:`fsm.review.audit.STATUSES`) and a short ``note``."""
 
     status: str
     note: str = ""
@@ -305,13 +305,13 @@ def declared_rows(decl: Mapping, groups: Mapping[str, Sequence[str]] | None = No
 
 
 def extract(decl: Mapping | None = None) -> Diagram:
-    """Build the :class:`Diagram` of ``decl`` (default: :func:`fsm.lifecycle.declaration`).
+    """Build the :class:`Diagram` of ``decl`` (default: :func:`fsm.core.lifecycle.declaration`).
 
-    ``decl`` has the shape of :func:`fsm.lifecycle.declaration`: ``states``, ``initial``,
+    ``decl`` has the shape of :func:`fsm.core.lifecycle.declaration`: ``states``, ``initial``,
     ``triggers``, ``guards``, ``transitions`` (one per member state), ``ignored`` and,
     optional, ``rows`` (as declared, a group as source), ``groups`` and ``effects`` (effect →
     what it does in words). State and trigger docs and the in-chain / ended grouping of the
-    full diagram come from :mod:`fsm.lifecycle` (``STATE_DOCS``, ``TRIGGER_DOCS``,
+    full diagram come from :mod:`fsm.core.lifecycle` (``STATE_DOCS``, ``TRIGGER_DOCS``,
     ``IN_CHAIN``, ``ENDED``, ``AT_REST``) and are optional. Raises ``ValueError`` when two
     rows share an id.
     """
@@ -420,7 +420,7 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     g = graphviz.Digraph(diagram.name)
     g.attr("graph", rankdir="LR", newrank="true", nodesep="0.35", ranksep="1.1",
            fontname="Helvetica", fontsize="11", labelloc="t",
-           label=_dot_text(f"{diagram.name}: generated from fsm/lifecycle.py"))
+           label=_dot_text(f"{diagram.name}: generated from fsm/core/lifecycle.py"))
     g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
            fillcolor="#FFFFFF")
     g.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7")
@@ -500,7 +500,7 @@ def svg_of(graph) -> bytes:
 def render_mermaid(diagram: Diagram) -> str:
     """Mermaid ``stateDiagram-v2`` text: one ``src --> dst : label`` line per edge."""
     lines = ["---", f"title: {diagram.name}", "---", "stateDiagram-v2", "    direction LR",
-             "    %% generated from fsm/lifecycle.py by 'python -m fsm diagrams'; do not edit",
+             "    %% generated from fsm/core/lifecycle.py by 'python -m fsm diagrams'; do not edit",
              f"    %% {len(diagram.ignored)} ignored (state, trigger) cells are not drawn: "
              f"see {diagram.name}.md"]
     for s in diagram.states:
@@ -753,9 +753,9 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
     for the group itself, from which the group's rows are drawn once; rows between the same
     two nodes are one edge whose label stacks them (``trigger [guards]``, then ``/ what it
     does`` from the declaration's ``effects``). ``drawn`` (default: every row, unchanged) and
-    ``diff`` (a summary line heading the legend) are how :mod:`fsm.diagrams_diff` draws a
+    ``diff`` (a summary line heading the legend) are how :mod:`fsm.review.diagrams_diff` draws a
     change; a row whose states are gone from ``diagram`` gets a dashed node of its own. Rows
-    with a ``coverage`` status draw the coverage view (:func:`fsm.audit.coverage_svg`): each
+    with a ``coverage`` status draw the coverage view (:func:`fsm.review.audit.coverage_svg`): each
     row in its status colour with its counts, each edge as its rows' status, ``summary``
     (lines joined by ``"; "``) heading a legend of the three statuses.
     """
@@ -765,7 +765,7 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
     g = graphviz.Digraph(REVIEW)
     g.attr("graph", rankdir="TB", newrank="true", nodesep="0.3", ranksep="0.45",
            fontname="Helvetica", fontsize="11", labelloc="t", labeljust="l", pad="0.1",
-           label=_dot_text(title or f"{diagram.name}: the rows as declared in fsm/lifecycle.py "
+           label=_dot_text(title or f"{diagram.name}: the rows as declared in fsm/core/lifecycle.py "
                                     f"(per state: {diagram.name}.svg)"))
     g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
            fillcolor="#FFFFFF")
@@ -838,7 +838,7 @@ def render_review_mermaid(diagram: Diagram, drawn: Sequence[DrawnRow] | None = N
     In a diff, rows are marked ``+`` added, ``−`` removed, ``~`` changed."""
     drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
     lines = ["---", f"title: {title or REVIEW}", "---", "stateDiagram-v2", "    direction LR",
-             "    %% generated from fsm/lifecycle.py by 'python -m fsm diagrams'; do not edit",
+             "    %% generated from fsm/core/lifecycle.py by 'python -m fsm diagrams'; do not edit",
              f"    %% {len(diagram.ignored)} ignored (state, trigger) cells are not drawn: "
              f"see {diagram.name}.md"]
     for group, members in diagram.groups:
@@ -891,7 +891,7 @@ def render_markdown(diagram: Diagram) -> str:
     out: list[str] = [
         f"# The retry lifecycle ({diagram.name})",
         "",
-        "Generated from `fsm/lifecycle.py` by `python -m fsm diagrams` (`make diagrams`); "
+        "Generated from `fsm/core/lifecycle.py` by `python -m fsm diagrams` (`make diagrams`); "
         "do not edit by hand.",
         f"Pictures: [{diagram.name}.svg]({diagram.name}.svg) (Graphviz), "
         f"[{diagram.name}.mmd]({diagram.name}.mmd) (Mermaid).",
@@ -973,7 +973,7 @@ def render_markdown(diagram: Diagram) -> str:
 # ----------------------------------------------------------------------------- files
 
 def declaration_json(decl: Mapping | None = None) -> str:
-    """The declaration (default: :func:`fsm.lifecycle.declaration`) as the JSON written next
+    """The declaration (default: :func:`fsm.core.lifecycle.declaration`) as the JSON written next
     to the diagrams (``retry_lifecycle.json``), what ``--diff`` compares: 2-space indents,
     declaration order, UTF-8, a final ``\\n``."""
     decl = L.declaration() if decl is None else decl

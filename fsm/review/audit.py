@@ -1,10 +1,10 @@
 """Transition coverage of the retry lifecycle: recording, trace files and the audit (docs/policy.md §7).
 
-Recording hooks into :func:`fsm.lifecycle.add_recorder`, which reports every *tried*
-transition of every machine in the process as a :class:`fsm.lifecycle.TransitionRecord`:
+Recording hooks into :func:`fsm.core.lifecycle.add_recorder`, which reports every *tried*
+transition of every machine in the process as a :class:`fsm.core.lifecycle.TransitionRecord`:
 
 - :class:`Collector` counts records in memory per (row id, outcome); the pytest plugin
-  (:mod:`fsm.pytest_plugin`) uses it;
+  (:mod:`fsm.review.pytest_plugin`) uses it;
 - :class:`TraceWriter` writes them to a JSON-lines trace file, for ``--trace FILE`` of the
   ``demo``, ``rpc`` and ``chat`` commands.
 
@@ -16,13 +16,13 @@ A trace file is a header line ``{"type": "trace", "version": VERSION, "machine":
 - one per declared transition: it was **taken** at least once;
 - one more per guarded transition: it was seen **rejected** (a guard failed) at least once,
   except a cell's fallback row, which the declaration never lets be rejected (whenever its
-  guards fail an earlier row of the cell is taken; see :class:`fsm.diagrams.Edge`);
+  guards fail an earlier row of the cell is taken; see :class:`fsm.review.diagrams.Edge`);
 - one per ignored cell: it was seen **ignored** at least once.
 
 ``percent`` is covered items / all items. The transitions counted are the ones the machine
 runs: a row declared once for a group of states (``at_rest``) counts once per member state
 (docs/policy.md §7). A trace recorded with another declaration (another
-:data:`fsm.lifecycle.VERSION`) is listed apart and never mixed in.
+:data:`fsm.core.lifecycle.VERSION`) is listed apart and never mixed in.
 
 Each transition has one of three statuses (:data:`STATUSES`): **covered** (every item seen),
 **partly covered** (taken, but its rejection was never seen) and **not covered** (never taken).
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
-from . import lifecycle as L
-from .diagrams import Diagram, EdgeMark, extract
+from fsm.core import lifecycle as L
+from fsm.review.diagrams import Diagram, EdgeMark, extract
 
 MACHINE = "retry_lifecycle"
 """The ``machine`` field of a trace header."""
@@ -68,7 +68,7 @@ Counts = dict[tuple[str, str], int]
 class Collector:
     """In-memory counts of tried transitions: ``counts[(row id, outcome)] -> int``.
 
-    A recorder for :func:`fsm.lifecycle.add_recorder`; ``model`` restricts it to one brain.
+    A recorder for :func:`fsm.core.lifecycle.add_recorder`; ``model`` restricts it to one brain.
     Use :meth:`install` / :meth:`uninstall` or ``with Collector() as c:``.
     """
 
@@ -269,7 +269,7 @@ def read_trace(path: str | Path, diagram: Diagram | None = None) -> Trace:
             raise TraceError(path, number + 1, f"not UTF-8 text: {exc.reason}") from None
     if trace is None:
         raise TraceError(path, 0, "empty file: no trace header (is it a trace written by "
-                                  "--trace / fsm.audit.TraceWriter, or a counts file?)")
+                                  "--trace / fsm.review.audit.TraceWriter, or a counts file?)")
     return trace
 
 
@@ -631,7 +631,7 @@ FORMATS = {"text": format_text, "json": format_json, "md": format_markdown}
 
 
 def edge_marks(report: Report) -> dict[str, EdgeMark]:
-    """Row id → :class:`fsm.diagrams.EdgeMark` (status and a count note) for the overlay."""
+    """Row id → :class:`fsm.review.diagrams.EdgeMark` (status and a count note) for the overlay."""
     marks = {}
     for r in report.transitions:
         if not r.taken:
@@ -647,7 +647,7 @@ def edge_marks(report: Report) -> dict[str, EdgeMark]:
 
 
 def declared_marks(report: Report, diagram: Diagram | None = None) -> dict[str, EdgeMark]:
-    """Declared row id → :class:`fsm.diagrams.EdgeMark` over its member states' transitions:
+    """Declared row id → :class:`fsm.review.diagrams.EdgeMark` over its member states' transitions:
     covered when all are, not covered when none was taken, else partly covered; the note
     gives the counts (``taken 5 (in 3 of 4 states), rejected 2``; ``never taken``)."""
     diagram = extract() if diagram is None else diagram
@@ -683,9 +683,9 @@ def coverage_svg(report: Report) -> bytes:
     with its counts, and a legend. A row drawn from a group is as covered as its member
     states' transitions together.
 
-    Raises :class:`fsm.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
+    Raises :class:`fsm.review.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
-    from .diagrams import DrawnRow, build_review_digraph, svg_of
+    from fsm.review.diagrams import DrawnRow, build_review_digraph, svg_of
 
     diagram = extract()
     marks = declared_marks(report, diagram)
@@ -698,8 +698,8 @@ def coverage_states_svg(report: Report) -> bytes:
     """The per-state diagram, one edge per transition the machine runs (what the items
     count), coloured by status: covered, partly covered, not covered (red and dashed).
 
-    Raises :class:`fsm.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
+    Raises :class:`fsm.review.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
-    from .diagrams import render_svg
+    from fsm.review.diagrams import render_svg
 
     return render_svg(extract(), edge_marks(report), _summary_lines(report))

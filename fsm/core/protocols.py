@@ -2,14 +2,14 @@
 
 A *provider* runs one model request; a *credential store* hands out API keys and takes the
 usage-limit marks of docs/policy.md §3. The session, the RPC server and the runner are typed
-with these protocols; :mod:`fsm.providers` and :mod:`fsm.credentials` hold implementations.
+with these protocols; :mod:`fsm.providers` and :mod:`fsm.host.credentials` hold implementations.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .messages import AssistantMessage
+from fsm.core.messages import AssistantMessage
 
 __all__ = ["Provider", "CredentialStore", "TextCallback"]
 
@@ -26,7 +26,7 @@ class Provider(Protocol):
     - ``complete(messages, *, on_text=None, api_key=None)``: run one request with ``messages``
       (OpenAI-style dicts ``{"role", "content"}``), streaming text deltas to ``on_text``, with
       ``api_key`` when a credential store chose one. Returns the final
-      :class:`~fsm.messages.AssistantMessage`; a failure is a message with stop reason
+      :class:`~fsm.core.messages.AssistantMessage`; a failure is a message with stop reason
       ``error`` (and the structured facts the provider knows), never an exception.
     """
 

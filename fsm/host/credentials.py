@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .protocols import CredentialStore  # the protocol lives there; re-exported here
-from .text import ApiKeyError, check_api_key
+from fsm.core.protocols import CredentialStore  # the protocol lives there; re-exported here
+from fsm.core.text import ApiKeyError, check_api_key
 
 __all__ = ["DEFAULT_BLOCK_MS", "DEFAULT_TIMEOUT_S", "IDLE_GRACE_MS", "KEY_TIMEOUT_S", "CredentialFileError",
            "CredentialLockTimeout", "CredentialStore", "CredentialStoreError",
@@ -215,7 +215,7 @@ class InMemoryCredentialStore(_AsyncMethods):
 
     ``credentials`` maps a provider name to its API keys, tried in order (duplicates
     dropped); a key that cannot be sent in an HTTP header is refused with
-    :class:`fsm.text.ApiKeyError` naming its position. ``clock`` returns wall time in ms
+    :class:`fsm.core.text.ApiKeyError` naming its position. ``clock`` returns wall time in ms
     (inject it in tests). Thread-safe; the coroutine methods answer at once.
     """
 

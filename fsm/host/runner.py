@@ -1,7 +1,7 @@
 """Run anyone's model call under the retry brain (docs/policy.md §10; docs/embedding.md).
 
 The runner is one more host of the declared machine: each call of :meth:`RetryRunner.run`
-gets its own :class:`~fsm.brain.RetryBrain`, hands it every end of an attempt as a fact and
+gets its own :class:`~fsm.core.brain.RetryBrain`, hands it every end of an attempt as a fact and
 carries out the actions it returns (events to ``on_event``, the backoff timer, the
 coordinator's writes). Decisions, events and their order are the brain's; its transitions are
 recorded and audited like the session's (a recorder receives the brain).
@@ -18,7 +18,7 @@ What the callable does decides: it returns (a success), or raises. An exception 
 an assistant message with its structured facts (HTTP status, the provider's error type and
 code, the headers; ``openai`` / ``anthropic`` SDK errors and ``httpx`` transport errors are
 understood) and classified (docs/policy.md §2). A callable that returns a
-:class:`~fsm.messages.AssistantMessage` (a :class:`~fsm.protocols.Provider`'s ``complete``) is
+:class:`~fsm.core.messages.AssistantMessage` (a :class:`~fsm.core.protocols.Provider`'s ``complete``) is
 judged by the message. To retry errors that arrive inside a stream, the callable consumes the
 stream.
 
@@ -48,19 +48,19 @@ import types
 from collections.abc import Mapping
 from typing import Any, Awaitable, Callable, TypeVar
 
-from . import sdk_errors as _sdk
-from . import brain as B
-from .brain import RetryBrain, TurnFacts
-from .classify import Classification, classify_message
-from .events import AutoRetryEnd, CoordinatorRestored, CoordinatorUnavailable, Event
-from .messages import AssistantMessage
-from . import session as _session
-from .settings import RetrySettings
+from fsm.providers import sdk_errors as _sdk
+from fsm.core import brain as B
+from fsm.core.brain import RetryBrain, TurnFacts
+from fsm.core.classify import Classification, classify_message
+from fsm.core.events import AutoRetryEnd, CoordinatorRestored, CoordinatorUnavailable, Event
+from fsm.core.messages import AssistantMessage
+from fsm.host import session as _session
+from fsm.core.settings import RetrySettings
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "retrying", "retrying_sync",
            "retry", "COORDINATOR_TIMEOUT_S"]
 
-log = logging.getLogger("fsm.runner")
+log = logging.getLogger("fsm.host.runner")
 
 T = TypeVar("T")
 EventListener = Callable[[Event], Any]
@@ -92,7 +92,7 @@ class RetryChainError(Exception):
     ``fatal``, ``disabled``, ``hint_too_long``, ``deadline``, ``budget``, ``output_streamed``,
     ``cancelled``…), ``attempts`` (the end event's ``attempt``: retries made in the chain, 0 for
     a refusal at rest), ``calls`` (times the callable was called), ``classification`` (the
-    :class:`~fsm.classify.Classification` of the last failure), ``final_error`` (the end
+    :class:`~fsm.core.classify.Classification` of the last failure), ``final_error`` (the end
     event's ``finalError``), ``message`` (the last failure as an assistant message). The last
     exception is ``__cause__``.
     """
@@ -236,7 +236,7 @@ class _Call:
         if self.key is None:
             key = self.runner.key
             if key is None:
-                from .fleet import CoordKey
+                from fsm.fleet import CoordKey
                 key = CoordKey(*_default_key(self.fn, self.kwargs))
             self.key = key
         return self.key
@@ -271,10 +271,10 @@ class RetryRunner:
     call has its own brain).
 
     Args:
-        settings: :class:`~fsm.settings.RetrySettings`, or a mapping of the ``retry`` keys
+        settings: :class:`~fsm.core.settings.RetrySettings`, or a mapping of the ``retry`` keys
             (``{"maxRetries": 5, "baseDelayMs": 500, "retryHints": "honor"}``); None = the
             defaults of docs/policy.md §1. ``SettingsError`` names a bad key and value.
-        on_event: called with each :mod:`fsm.events` event (``auto_retry_start`` /
+        on_event: called with each :mod:`fsm.core.events` event (``auto_retry_start`` /
             ``auto_retry_end``), synchronously and in the brain's order; an exception it raises
             is logged, never breaks the chain.
         coordinator: the shared coordinator of docs/policy.md §9 (``before_decision``,
@@ -286,7 +286,7 @@ class RetryRunner:
             only: :meth:`run_sync` refuses one and shares nothing.
         key: the coordinator's key for this call's provider account; None = the callable's
             top-level module (``openai``, ``anthropic``) and its ``model=`` argument.
-        clock: a :class:`~fsm.clock.Clock` (``call_later`` for the backoff, ``time_ms`` for
+        clock: a :class:`~fsm.host.clock.Clock` (``call_later`` for the backoff, ``time_ms`` for
             the time; :class:`~fsm.testing.FakeClock` in tests). None = asyncio's loop and
             ``time.time()``.
         sleep: ``await sleep(seconds)`` (async) or ``sleep(seconds)`` (sync) for the backoff,
@@ -294,7 +294,7 @@ class RetryRunner:
         random: floats in [0, 1) for jitter (inject for tests).
         context_window: the model's context window in tokens, for the silent-overflow rule.
         to_message: ``to_message(exc) -> AssistantMessage``: how an exception reads (default:
-            :func:`fsm.sdk_errors.error_message`, the one mapping of SDK and transport errors).
+            :func:`fsm.providers.sdk_errors.error_message`, the one mapping of SDK and transport errors).
     """
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,

@@ -3,7 +3,7 @@
 Needs ``opentelemetry-api`` (the optional extra ``retry-fsm[otel]``); without an SDK
 configured every call is the API's no-op. Use it as an event listener of any host::
 
-    from fsm.otel import RetryTelemetry
+    from fsm.integrations.otel import RetryTelemetry
     telemetry = RetryTelemetry()                       # global tracer / meter providers
     session.subscribe(telemetry.listener())            # one listener per session
     await fsm.retrying(call, on_event=telemetry.listener(), ...)   # or per runner call

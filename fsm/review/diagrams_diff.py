@@ -3,13 +3,13 @@
 ``python -m fsm diagrams --diff OLD.json`` and ``--diff-ref GIT_REF`` (``make diagrams-diff
 BASE=main``) compare an old declaration — the JSON written next to the diagrams
 (``diagrams/retry_lifecycle.json``), or read from the repository at a revision — with the
-current one, and draw the review diagram (:func:`fsm.diagrams.build_review_digraph`) with the
+current one, and draw the review diagram (:func:`fsm.review.diagrams.build_review_digraph`) with the
 changes marked, plus a Markdown table of the same changes (Mermaid included) to paste in a
 pull request.
 
 Rows are compared as declared (a group such as ``at_rest`` is one row); an old declaration
 that lists only expanded transitions is folded with the groups of the new one first
-(:func:`fsm.diagrams.fold_rows`), so regrouping rows is no change. Rows are matched by
+(:func:`fsm.review.diagrams.fold_rows`), so regrouping rows is no change. Rows are matched by
 source, trigger, dest and effect: a row whose guards differ is *changed*, not one row removed
 and another added; rows that also match on guards but not on effect are changed too (the
 effect). Everything else is *added* or *removed*. The row's spec citation is not compared.
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import diagrams as D
-from . import lifecycle as L
+from fsm.review import diagrams as D
+from fsm.core import lifecycle as L
 
 DIFF = f"{D.NAME}_diff"
 """Base name of the diff's files (``retry_lifecycle_diff.svg``, ``.dot``, ``.md``)."""
@@ -117,7 +117,7 @@ def _groups(*decls: Mapping) -> dict[str, list[str]]:
 def compare(old: Mapping, new: Mapping, *, old_name: str = "old",
             new_name: str = "new") -> MachineDiff:
     """The :class:`MachineDiff` from ``old`` to ``new`` (both shaped like
-    :func:`fsm.lifecycle.declaration`); see the module doc for how rows are matched."""
+    :func:`fsm.core.lifecycle.declaration`); see the module doc for how rows are matched."""
     groups = _groups(new, old)
     old_rows = list(D.declared_rows(old, groups))
     new_rows = list(D.declared_rows(new, groups))
@@ -256,7 +256,7 @@ def render_markdown(result: MachineDiff, diagram: D.Diagram) -> str:
 def write(result: MachineDiff, diagram: D.Diagram, out: Path | str, *,
           svg: bool = True) -> list[Path]:
     """Write ``retry_lifecycle_diff.md``, ``.dot`` and (``svg``) ``.svg`` into ``out``;
-    return the paths written. Raises :class:`fsm.diagrams.DiagramError` without ``dot``
+    return the paths written. Raises :class:`fsm.review.diagrams.DiagramError` without ``dot``
     (after the text files are written)."""
     out = Path(out)
     graph = build_digraph(result, diagram)
@@ -333,7 +333,7 @@ def load_ref(ref: str, cwd: Path | str = ".") -> dict:
     return _declaration_from_source(ref, root)
 
 
-_ASK = ("import json, sys, fsm, fsm.lifecycle as L; "
+_ASK = ("import json, sys, fsm, fsm.core.lifecycle as L; "
         "sys.stdout.write(json.dumps({'file': fsm.__file__, 'declaration': L.declaration()}))")
 
 
@@ -360,10 +360,10 @@ def _declaration_from_source(ref: str, root: Path) -> dict:
         if done.returncode or not answer or not str(answer["file"]).startswith(tmp):
             tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["?"]
             raise DiffError(f"--diff-ref {ref}: {JSON_PATH} is not in that revision and its "
-                            f"fsm/lifecycle.py did not give a declaration ({tail[0]})")
-        return check_declaration(answer["declaration"], f"{ref}:fsm/lifecycle.py")
+                            f"fsm/core/lifecycle.py did not give a declaration ({tail[0]})")
+        return check_declaration(answer["declaration"], f"{ref}:fsm/core/lifecycle.py")
 
 
 def current() -> dict:
-    """The current declaration (:func:`fsm.lifecycle.declaration`)."""
+    """The current declaration (:func:`fsm.core.lifecycle.declaration`)."""
     return L.declaration()

@@ -3,10 +3,10 @@
 The runtime context drops a failed assistant message before a retry; this log never does
 (``docs/policy.md §3``, invariant "persisted history keeps every failed message"). The first
 line is a header ``{"type": "session", "version": 1, "id", "timestamp"}``; each message is
-``{"type": "message", "message": {...}}`` in the wire shape of :mod:`fsm.messages`.
+``{"type": "message", "message": {...}}`` in the wire shape of :mod:`fsm.core.messages`.
 
 What a provider sends can never make a write fail: every string of an entry goes through
-:func:`fsm.text.clean_text` (a split surrogate pair joined, a lone one replaced), and an
+:func:`fsm.core.text.clean_text` (a split surrogate pair joined, a lone one replaced), and an
 error text (``errorMessage``) is scrubbed of credentials and clipped to 8 KB
 (``docs/policy.md §8b.10``) before it is written. A log is created with mode 0600 (it holds a
 conversation). A file left with a torn last line (a process killed during a write) is repaired
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .messages import AssistantMessage, UserMessage
-from .text import CLIP_LIMIT_BYTES, clean_text, safe_error_text
+from fsm.core.messages import AssistantMessage, UserMessage
+from fsm.core.text import CLIP_LIMIT_BYTES, clean_text, safe_error_text
 
 __all__ = ["LogContents", "SessionLog", "TornLineWarning", "clean_entry"]
 
@@ -41,9 +41,9 @@ class TornLineWarning(UserWarning):
 def clean_entry(value: Any, secrets: Iterable[str] = (), *, _key: str | None = None) -> Any:
     """A copy of a JSON value that always encodes as UTF-8, with error texts bounded.
 
-    Every string (keys too) goes through :func:`fsm.text.clean_text`; the value of an
+    Every string (keys too) goes through :func:`fsm.core.text.clean_text`; the value of an
     ``errorMessage`` or ``finalError`` field is also scrubbed of ``secrets`` and key-shaped
-    tokens and clipped to 8 KB (:func:`fsm.text.safe_error_text`). Other types are kept.
+    tokens and clipped to 8 KB (:func:`fsm.core.text.safe_error_text`). Other types are kept.
     """
     if isinstance(value, str):
         if _key in _ERROR_FIELDS:
@@ -101,7 +101,7 @@ class SessionLog:
     """Append-only JSON-lines log at ``path`` (parent folders created). Each line is flushed.
 
     ``secrets`` (optional) are scrubbed from error texts besides the key-shaped tokens that
-    :func:`fsm.text.scrub_secrets` always finds. A new file is created with mode 0600; an
+    :func:`fsm.core.text.scrub_secrets` always finds. A new file is created with mode 0600; an
     existing file keeps its mode. Raises ``OSError`` when the file cannot be opened or written;
     never because of the text of a message.
     """

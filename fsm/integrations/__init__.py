@@ -1,0 +1,1 @@
+"""Integrations where harness authors already are (OpenTelemetry, and the others as they land)."""

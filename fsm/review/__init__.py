@@ -1,0 +1,1 @@
+"""Review tooling: diagrams, their diff, the transition-coverage audit and its pytest plugin."""

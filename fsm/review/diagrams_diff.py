@@ -333,7 +333,13 @@ def load_ref(ref: str, cwd: Path | str = ".") -> dict:
     return _declaration_from_source(ref, root)
 
 
-_ASK = ("import json, sys, fsm, fsm.core.lifecycle as L; "
+# A revision's declaration module: fsm/core/lifecycle.py since the layer folders, fsm/lifecycle.py
+# before them.
+_ASK = ("import importlib, json, sys, fsm\n"
+        "try:\n    L = importlib.import_module('fsm.core.lifecycle')\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    if exc.name not in ('fsm.core', 'fsm.core.lifecycle'): raise\n"
+        "    L = importlib.import_module('fsm.lifecycle')\n"
         "sys.stdout.write(json.dumps({'file': fsm.__file__, 'declaration': L.declaration()}))")
 
 
@@ -360,8 +366,8 @@ def _declaration_from_source(ref: str, root: Path) -> dict:
         if done.returncode or not answer or not str(answer["file"]).startswith(tmp):
             tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["?"]
             raise DiffError(f"--diff-ref {ref}: {JSON_PATH} is not in that revision and its "
-                            f"fsm/core/lifecycle.py did not give a declaration ({tail[0]})")
-        return check_declaration(answer["declaration"], f"{ref}:fsm/core/lifecycle.py")
+                            f"lifecycle module did not give a declaration ({tail[0]})")
+        return check_declaration(answer["declaration"], f"{ref}:fsm lifecycle")
 
 
 def current() -> dict:

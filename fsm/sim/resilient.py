@@ -49,8 +49,10 @@ class PacerSettings:
     - ``beta``: a throttle cuts the rate to ``beta`` × the send rate measured over the last
       second (AWS adaptive mode's β = 0.7); one cut per round: only a throttle of a request
       sent after the last cut cuts again;
-    - ``growth_per_s``: each second with successes grows the rate by this share, up to
-      ``ceiling`` × the best throughput seen lately;
+    - ``growth_per_s``: each second with successes grows the rate by this share;
+      ``fast_growth_per_s`` while the rate is below 0.9 × the rate last throttled (CUBIC's
+      W_max: capacity known to exist);
+    - ``cut_interval_ms``: at most one cut per this many ms (the answers of one round);
     - ``horizon_ms``: a slot is booked at most this far ahead; a request that finds none asks
       again later (``poll_ms``, jittered), so a rate that recovers is used at once;
     - ``idle_ms``: no throttle for this long and the pacer stops pacing;
@@ -60,8 +62,9 @@ class PacerSettings:
 
     floor_rps: float = 1.0
     beta: float = 0.7
-    growth_per_s: float = 0.2
-    ceiling: float = 1.25
+    growth_per_s: float = 0.1
+    fast_growth_per_s: float = 0.5
+    cut_interval_ms: int = 1_000
     horizon_ms: int = 2_000
     poll_ms: int = 3_000
     idle_ms: int = 30_000
@@ -72,7 +75,7 @@ class Pacer:
     """One fleet's pacer (shared by all its sessions). Times in virtual ms."""
 
     __slots__ = ("s", "rate", "next_ms", "sent", "ok", "last_cut", "last_grow", "good",
-                 "good_t", "_ln_growth")
+                 "good_t", "ok_s", "ok_n", "w_max", "_ln_growth", "_ln_fast")
 
     def __init__(self, settings: PacerSettings) -> None:
         self.s = settings
@@ -84,7 +87,10 @@ class Pacer:
         self.last_grow = 0
         self.good = 0.0                  # the best successes/s seen lately (decaying)
         self.good_t = 0
+        self.ok_s, self.ok_n = 0, 0      # successes answered in the current second
+        self.w_max = 0.0                 # the rate measured at the last cut (CUBIC's W_max)
         self._ln_growth = math.log1p(settings.growth_per_s)
+        self._ln_fast = math.log1p(settings.fast_growth_per_s)
 
     def slot(self, t: int) -> int | None:
         """The send time of a request that wants to go at ``t`` (booked now), or None when
@@ -116,26 +122,29 @@ class Pacer:
         """Learn from the answer heard at ``t`` to a request sent at ``sent_at``."""
         if answer.ok:
             s = t // 1000
-            n = self.ok[s] = self.ok.get(s, 0) + 1
-            best = self._best(t)
-            if n > best:
-                self.good, self.good_t, best = float(n), t, float(n)
+            if s != self.ok_s:                    # the last second is complete: measure it
+                if self.ok_n > self._best(t):
+                    self.good, self.good_t = float(self.ok_n), t
+                self.ok_s, self.ok_n = s, 0
+            self.ok_n += 1
             rate = self.rate
             if rate is not None:
+                best = self._best(t)
                 if rate < best / 2:
                     rate = best / 2                # fast recovery: capacity is back
                 dt = t - self.last_grow
                 if dt > 0:
-                    rate *= math.exp(self._ln_growth * min(dt, 1000) / 1000)
-                if best > 0:
-                    rate = min(rate, max(self.s.floor_rps, self.s.ceiling * best))
+                    ln = self._ln_fast if rate < 0.9 * self.w_max else self._ln_growth
+                    rate *= math.exp(ln * min(dt, 1000) / 1000)
                 self.rate = rate
                 self.last_grow = t
             return
-        if answer.kind not in _CAPACITY_SIGNALS or sent_at < self.last_cut:
+        if (answer.kind not in _CAPACITY_SIGNALS or sent_at < self.last_cut
+                or t - self.last_cut < self.s.cut_interval_ms):
             return
         measured = self._send_rate(t)
         base = measured if self.rate is None else min(self.rate, measured or self.rate)
+        self.w_max = base
         self.rate = max(self.s.floor_rps, self.s.beta * base)
         self.last_cut = self.last_grow = t
         self.next_ms = max(self.next_ms, float(t))

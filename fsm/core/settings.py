@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-__all__ = ["RetrySettings", "BudgetSettings", "SettingsError", "PROFILES", "profile_settings", "JITTER_MODES", "RETRY_HINT_MODES",
+__all__ = ["RetrySettings", "BudgetSettings", "SettingsError", "JITTER_MODES", "RETRY_HINT_MODES",
            "AFTER_OUTPUT_MODES", "MAX_RETRIES_LIMIT", "MAX_DELAY_LIMIT_MS"]
 
 JITTER_MODES: tuple[str, ...] = ("none", "full", "equal")
@@ -272,6 +272,8 @@ class RetrySettings:
 
 
 # -- profiles (sim) ----------------------------------------------------------------------------
+
+__all__ += ["PROFILES", "profile_settings"]
 
 PROFILES: dict[str, dict[str, Any]] = {
     "seed": {},

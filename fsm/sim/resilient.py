@@ -150,13 +150,40 @@ class Pacer:
         self.next_ms = max(self.next_ms, float(t))
 
 
+class CorePacer:
+    """The fleet's own pure pacer (``fsm.core.pacing``: AWS adaptive mode's CUBIC token bucket
+    with a floor) behind the simulation's pacer interface, with ``retry.pacing`` settings
+    (``PacingSettings``). The booking horizon and the polls are the host's, as in
+    :class:`Pacer`."""
+
+    __slots__ = ("s", "pacing", "core", "state")
+
+    def __init__(self, settings: PacerSettings, pacing: Any) -> None:
+        from fsm.core import pacing as core
+
+        self.s = settings
+        self.pacing = pacing
+        self.core = core
+        self.state = core.fresh()
+
+    def slot(self, t: int) -> int | None:
+        core = self.core
+        if core.slot_delay_ms(self.state, t, self.pacing) > self.s.horizon_ms:
+            return None
+        self.state, delay = core.reserve(self.state, t, self.pacing)
+        return t + delay
+
+    def answered(self, t: int, sent_at: int, answer: Answer) -> None:
+        self.state = self.core.observe(self.state, t, answer.kind in _CAPACITY_SIGNALS, self.pacing)
+
+
 class ResilientRetrier(BrainRetrier):
     """A session under the resilient profile: the brain, plus first-request admission and
     the fleet's pacer (see the module docstring)."""
 
     __slots__ = ("pacer", "sent_at", "polls")
 
-    def __init__(self, policy: BrainPolicy, session: int, rng: random.Random, pacer: Pacer) -> None:
+    def __init__(self, policy: BrainPolicy, session: int, rng: random.Random, pacer: Any) -> None:
         super().__init__(policy, session, rng)
         self.pacer = pacer
         self.sent_at = 0
@@ -202,8 +229,11 @@ class ResilientRetrier(BrainRetrier):
 
 def make_resilient_factory(policy: BrainPolicy, seed: int,
                            settings: PacerSettings) -> Callable[[int, Provider, Any], ResilientRetrier]:
-    """``make_retrier`` for the resilient profile: one pacer and one coordinator for the fleet."""
-    pacer = Pacer(settings)
+    """``make_retrier`` for the resilient profile: one pacer and one coordinator for the fleet.
+    The pacer is the fleet's own (:class:`CorePacer`) when the settings carry ``retry.pacing``,
+    else the simulation's (:class:`Pacer`)."""
+    pacing = getattr(policy.settings, "pacing", None)
+    pacer: Any = CorePacer(settings, pacing) if pacing is not None else Pacer(settings)
 
     def make(session: int, provider: Provider, context: Any) -> ResilientRetrier:
         return ResilientRetrier(policy, session, session_rng(seed, session, 1), pacer)

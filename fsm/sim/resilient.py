@@ -51,7 +51,7 @@ class PacerSettings:
       sent after the last cut cuts again;
     - ``growth_per_s``: each second with successes grows the rate by this share;
       ``fast_growth_per_s`` while the rate is below 0.9 × the rate last throttled (CUBIC's
-      W_max: capacity known to exist);
+      W_max) or below the best throughput seen lately: capacity known to exist;
     - ``cut_interval_ms``: at most one cut per this many ms (the answers of one round);
     - ``horizon_ms``: a slot is booked at most this far ahead; a request that finds none asks
       again later (``poll_ms``, jittered), so a rate that recovers is used at once;
@@ -62,7 +62,7 @@ class PacerSettings:
 
     floor_rps: float = 1.0
     beta: float = 0.7
-    growth_per_s: float = 0.1
+    growth_per_s: float = 0.03
     fast_growth_per_s: float = 0.5
     cut_interval_ms: int = 1_000
     horizon_ms: int = 2_000

@@ -64,3 +64,14 @@ def test_bad_capacity_settings_are_refused():
         Capacity(0)
     with pytest.raises(ValueError, match="answer"):
         Capacity(5, answer="503")
+
+
+def test_the_command_needs_a_script_or_a_capacity(capsys):
+    """``fault-server`` without --script or --capacity exits 2 saying which to give; a bad
+    --capacity exits 2 naming it."""
+    from fsm.__main__ import main
+
+    assert main(["fault-server"]) == 2
+    assert "--capacity" in capsys.readouterr().err
+    assert main(["fault-server", "--capacity", "0"]) == 2
+    assert "rate_per_s" in capsys.readouterr().err

@@ -34,13 +34,17 @@ def test_seed_equals_the_hand_encoded_baseline(scenario):
 
 
 def test_two_runs_write_the_same_json_bytes(tmp_path):
-    """``--json`` is reproducible byte for byte, and has exactly the documented shape."""
+    """``--json`` is reproducible byte for byte (also with worker processes), and has exactly
+    the documented shape."""
     args = ["simulate", "--sessions", str(N), "--scenario", "brownout429",
             "--scenario", "outage30s", "--policy", "seed", "--policy", "resilient"]
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     assert main(args + ["--json", str(first)]) == 0
     assert main(args + ["--json", str(second)]) == 0
     assert first.read_bytes() == second.read_bytes()
+    third = tmp_path / "c.json"
+    assert main(args + ["--json", str(third), "--jobs", "2"]) == 0
+    assert third.read_bytes() == first.read_bytes()
     data = json.loads(first.read_text())
     assert list(data) == ["scenarios"]
     assert list(data["scenarios"]) == ["brownout429", "outage30s"]

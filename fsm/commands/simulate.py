@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="the random seed (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
     parser.add_argument("--svg", metavar="DIR", help="draw DIR/SCENARIO.svg: load over time vs capacity")
+    parser.add_argument("--jobs", type=int, default=1, metavar="J",
+                        help="run J simulations at once in worker processes (default 1); the "
+                             "figures do not depend on it")
 
 
 def _fmt(metric: str, value: float) -> str:
@@ -77,9 +80,17 @@ def table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(out)
 
 
+def _one(job: tuple) -> "object":
+    """One (scenario, policy) run; a module-level function so that worker processes can run it."""
+    from fsm.sim import simulate
+
+    name, policy, sessions, seed, settings = job
+    return simulate(name, policy, sessions=sessions, seed=seed, settings=settings)
+
+
 def run(args: argparse.Namespace) -> int:
     from fsm.core.settings import RetrySettings, SettingsError
-    from fsm.sim import POLICIES, SCENARIOS, simulate
+    from fsm.sim import POLICIES, SCENARIOS
     from fsm.sim.svg import load_svg
     from fsm.sim.targets import check
 
@@ -103,11 +114,22 @@ def run(args: argparse.Namespace) -> int:
             return 2
     if "ideal" not in policies:  # the targets are measured against the ideal of the same run
         policies = ["ideal", *policies]
+    if not 1 <= args.jobs <= 256:
+        print(f"fsm simulate: --jobs must be from 1 to 256, got {args.jobs}", file=sys.stderr)
+        return 2
     scenarios = args.scenario or list(SCENARIOS)
+    jobs = [(name, p, args.sessions, args.seed, settings if p == "settings" else None)
+            for name in scenarios for p in policies]
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            done = list(pool.map(_one, jobs))
+    else:
+        done = [_one(job) for job in jobs]
+    by_key = {(r.scenario, r.policy): r for r in done}
     report: dict[str, dict[str, dict[str, float]]] = {}
     for name in scenarios:
-        results = [simulate(name, p, sessions=args.sessions, seed=args.seed,
-                            settings=settings if p == "settings" else None) for p in policies]
+        results = [by_key[(name, p)] for p in policies]
         rows = {r.policy: r.metrics for r in results}
         report[name] = rows
         print(f"\n{name} — {SCENARIOS[name].text} (N = {args.sessions}, C = "

@@ -31,13 +31,15 @@ from fsm.sim.engine import DONE_FAIL, SEND, WAIT, session_rng
 from fsm.sim.policies import EPOCH_MS, BrainPolicy, BrainRetrier
 from fsm.sim.world import Answer, Provider
 
-__all__ = ["PacerSettings", "Pacer", "ResilientRetrier", "make_resilient_factory"]
+__all__ = ["PacerSettings", "Pacer", "CorePacer", "WaitBudgetSettings", "WaitBudget",
+           "ResilientRetrier", "make_resilient_factory"]
 
 _CAPACITY_SIGNALS = frozenset(("overloaded", "rate_limited", "window", "unavailable"))
 """Answers that say "no capacity now" (429, 503, 529): a random 500 and a usage limit do not."""
 
 _ADMIT = -1  # the timer token of a first request that waits for its admission
 _PACE = -2   # the timer token of a request that asks the pacer again
+_BUDGET = -3  # the timer token of a retry that waits for the retry budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,17 +179,61 @@ class CorePacer:
         self.state = self.core.observe(self.state, t, answer.kind in _CAPACITY_SIGNALS, self.pacing)
 
 
+@dataclass(frozen=True, slots=True)
+class WaitBudgetSettings:
+    """The retry budget in wait mode (gRPC retry throttling plus Linkerd's floor).
+
+    - ``max_tokens``, ``token_ratio``: gRPC's bucket (it starts full; a retry takes a token and
+      is allowed while more than half are left; a success gives back ``token_ratio``);
+    - ``min_retries_per_second``: retries the fleet may send per second whatever the bucket
+      says (Linkerd's ``minRetriesPerSecond``).
+
+    A retry the budget cannot afford waits (holding no token) and asks again after a poll.
+    """
+
+    max_tokens: int = 100
+    token_ratio: float = 0.1
+    min_retries_per_second: float = 10.0
+
+
+class WaitBudget:
+    """One fleet's retry budget in wait mode (see :class:`WaitBudgetSettings`)."""
+
+    __slots__ = ("s", "tokens", "floor_next")
+
+    def __init__(self, settings: WaitBudgetSettings) -> None:
+        self.s = settings
+        self.tokens = float(settings.max_tokens)
+        self.floor_next = 0.0
+
+    def allow(self, t: int) -> bool:
+        """May a retry go at ``t``? (It takes a token, or a slot of the floor.)"""
+        if self.tokens - 1 > self.s.max_tokens / 2:
+            self.tokens -= 1
+            return True
+        floor = self.s.min_retries_per_second
+        if floor > 0 and t >= self.floor_next:
+            self.floor_next = max(self.floor_next, float(t)) + 1000.0 / floor
+            return True
+        return False
+
+    def credit(self) -> None:
+        """A success: ``token_ratio`` back, up to ``max_tokens``."""
+        self.tokens = min(float(self.s.max_tokens), self.tokens + self.s.token_ratio)
+
+
 class ResilientRetrier(BrainRetrier):
     """A session under the resilient profile: the brain, plus first-request admission and
     the fleet's pacer (see the module docstring)."""
 
-    __slots__ = ("pacer", "sent_at", "polls")
+    __slots__ = ("pacer", "budget", "sent_at")
 
-    def __init__(self, policy: BrainPolicy, session: int, rng: random.Random, pacer: Any) -> None:
+    def __init__(self, policy: BrainPolicy, session: int, rng: random.Random, pacer: Any,
+                 budget: WaitBudget | None = None) -> None:
         super().__init__(policy, session, rng)
         self.pacer = pacer
+        self.budget = budget
         self.sent_at = 0
-        self.polls = 0
 
     def start(self, t: int) -> tuple[int, int, int]:
         return self._admit(t)
@@ -204,13 +250,22 @@ class ResilientRetrier(BrainRetrier):
     def _paced(self, t: int) -> tuple[int, int, int]:
         at = self.pacer.slot(t)
         if at is None:
-            poll = self.pacer.s.poll_ms
-            return WAIT, t + int(poll * (0.5 + self.brain._p.random())), _PACE
+            return self._poll(t, _PACE)
         self.sent_at = at
         return SEND, at, 0
 
+    def _poll(self, t: int, token: int) -> tuple[int, int, int]:
+        return WAIT, t + int(self.pacer.s.poll_ms * (0.5 + self.brain._p.random())), token
+
+    def _retry(self, t: int) -> tuple[int, int, int]:
+        if self.budget is not None and not self.budget.allow(t):
+            return self._poll(t, _BUDGET)
+        return self._paced(t)
+
     def answered(self, t: int, answer: Answer) -> tuple[int, int, int]:
         self.pacer.answered(t, self.sent_at, answer)
+        if answer.ok and self.budget is not None:
+            self.budget.credit()
         return super().answered(t, answer)
 
     def timer(self, t: int, token: int) -> tuple[int, int, int]:
@@ -218,24 +273,30 @@ class ResilientRetrier(BrainRetrier):
             return self._admit(t)
         if token == _PACE:
             return self._paced(t)
+        if token == _BUDGET:
+            return self._retry(t)
         return self.carry_out(t, self.brain.backoff_elapsed(token))
 
     def carry_out(self, t: int, actions: list) -> tuple[int, int, int]:
         what, at, token = super().carry_out(t, actions)
-        if what == SEND:                          # a retry: it takes the pacer's next slot
-            return self._paced(at)
+        if what == SEND:          # a retry: the budget, then the pacer's next slot
+            return self._retry(at)
         return what, at, token
 
 
-def make_resilient_factory(policy: BrainPolicy, seed: int,
-                           settings: PacerSettings) -> Callable[[int, Provider, Any], ResilientRetrier]:
-    """``make_retrier`` for the resilient profile: one pacer and one coordinator for the fleet.
+def make_resilient_factory(policy: BrainPolicy, seed: int, settings: PacerSettings,
+                           budget: WaitBudgetSettings | None = None,
+                           ) -> Callable[[int, Provider, Any], ResilientRetrier]:
+    """``make_retrier`` for the resilient profile: one pacer, one coordinator and (with
+    ``budget``) one retry budget in wait mode for the fleet.
     The pacer is the fleet's own (:class:`CorePacer`) when the settings carry ``retry.pacing``,
     else the simulation's (:class:`Pacer`)."""
     pacing = getattr(policy.settings, "pacing", None)
     pacer: Any = CorePacer(settings, pacing) if pacing is not None else Pacer(settings)
 
+    shared_budget = WaitBudget(budget) if budget is not None else None
+
     def make(session: int, provider: Provider, context: Any) -> ResilientRetrier:
-        return ResilientRetrier(policy, session, session_rng(seed, session, 1), pacer)
+        return ResilientRetrier(policy, session, session_rng(seed, session, 1), pacer, shared_budget)
     return make
 

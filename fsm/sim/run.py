@@ -15,7 +15,7 @@ from fsm.sim.engine import VirtualClock, run_world
 from fsm.sim.metrics import Result, metrics_of
 from fsm.sim.policies import (BASELINES, BrainPolicy, Ideal, Messages, make_brain_factory,
                               make_schedule_factory)
-from fsm.sim.resilient import PacerSettings, make_resilient_factory
+from fsm.sim.resilient import PacerSettings, WaitBudgetSettings, make_resilient_factory
 from fsm.sim.world import SCENARIOS
 
 __all__ = ["POLICIES", "RESILIENT_PACER", "resilient_settings", "simulate"]
@@ -25,6 +25,9 @@ POLICIES: tuple[str, ...] = ("ideal", "seed", "resilient", *BASELINES)
 
 RESILIENT_PACER = PacerSettings()
 """The pacer of the resilient profile (see :class:`fsm.sim.resilient.PacerSettings`)."""
+
+RESILIENT_BUDGET: WaitBudgetSettings | None = WaitBudgetSettings()
+"""The resilient profile's retry budget in wait mode (:class:`fsm.sim.resilient.WaitBudgetSettings`)."""
 
 
 def resilient_settings() -> RetrySettings:
@@ -51,7 +54,8 @@ def simulate(scenario: str, policy: str, *, sessions: int = 1000, seed: int = 1,
         make = make_brain_factory(BrainPolicy(RetrySettings(), _messages(), clock, None), seed)
     elif policy == "resilient":
         make = make_resilient_factory(
-            BrainPolicy(resilient_settings(), _messages(), clock, "fleet"), seed, RESILIENT_PACER)
+            BrainPolicy(resilient_settings(), _messages(), clock, "fleet"), seed, RESILIENT_PACER,
+            RESILIENT_BUDGET)
     elif policy in BASELINES:
         make = make_schedule_factory(policy, seed)
     else:

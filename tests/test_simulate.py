@@ -185,3 +185,40 @@ def test_every_policy_name_runs():
     for policy in POLICIES:
         m = simulate("transient500", policy, sessions=20).metrics
         assert m["failure_rate"] < 0.05 and m["amplification"] >= 1.0, (policy, m)
+
+
+def test_the_pacer_steps_in_at_the_first_throttle_and_keeps_a_floor():
+    """The resilient prototype's pacer: no pacing before a throttle; after one, slots are
+    spaced at the cut rate; an outage's repeated throttles bring it down to the floor, whose
+    slots run out beyond the booking horizon."""
+    from fsm.sim.resilient import Pacer, PacerSettings
+
+    pacer = Pacer(PacerSettings())
+    assert [pacer.slot(1000) for _ in range(3)] == [1000, 1000, 1000]
+    for k in range(100):
+        pacer.slot(1000 + k)
+    pacer.answered(1200, 1000, Answer("overloaded", None, True))
+    rate = pacer.rate
+    assert rate is not None and rate < 103 * 0.71
+    first, second = pacer.slot(1300), pacer.slot(1300)
+    assert second - first == pytest.approx(1000 / rate, abs=1)
+    t = 2500
+    for _ in range(40):
+        pacer.answered(t, t - 200, Answer("unavailable", None, True))
+        t += 1100
+    assert pacer.rate == PacerSettings().floor_rps
+    slots = [pacer.slot(t) for _ in range(5)]
+    assert slots[:3] == [slots[0], slots[0] + 1000, slots[0] + 2000] and slots[3] is None
+
+
+def test_the_wait_budget_lets_half_the_bucket_go_then_only_the_floor():
+    """gRPC's bucket in wait mode: of 100 tokens, 49 retries go (the count stays above half);
+    then only Linkerd's floor (10/s: one per 100 ms); successes give tokens back."""
+    from fsm.sim.resilient import WaitBudget, WaitBudgetSettings
+
+    budget = WaitBudget(WaitBudgetSettings(max_tokens=100, token_ratio=0.5, min_retries_per_second=10))
+    assert sum(budget.allow(0) for _ in range(60)) == 49 + 1      # 49 tokens, one floor slot
+    assert not budget.allow(50) and budget.allow(100)
+    budget.credit()
+    budget.credit()
+    assert budget.allow(101)

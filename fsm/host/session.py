@@ -126,6 +126,7 @@ class AgentSession:
         self._turn_done.set()
         self._partial: dict[str, Any] | None = None  # the assistant message being streamed
         self._streamed = False
+        self._started = 0  # when the answer being streamed started (the session clock's ms)
         self._api_key: str | None = None
         configured = [k for k in (getattr(provider, "api_key", None), getattr(provider, "_api_key", None))
                       if isinstance(k, str) and k]
@@ -278,12 +279,12 @@ class AgentSession:
                 raise SessionBusyError(f"cannot prompt: {what}; pass streaming_behavior='steer' or "
                                        "'follow_up' to queue the message")
             behavior = "steer" if streaming_behavior == "steer" else "follow_up"
-            self._queue.append((UserMessage(text), behavior))
+            self._queue.append((UserMessage(text, self._stamp()), behavior))
             self._emit(self._queue_event())
             return
         owner = self._prompt_owner = object()
         try:
-            await self._run_turn([UserMessage(text)])
+            await self._run_turn([UserMessage(text, self._stamp())])
             while self._prompt_owner is owner:
                 await self._drive_chain()
                 # After a cancel or an abort the user asked to stop: queued messages wait for
@@ -353,7 +354,8 @@ class AgentSession:
         return safe_error_text(text, self._secrets)
 
     def _aborted(self) -> AssistantMessage:
-        return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model)
+        return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model,
+                                timestamp_ms=self._stamp())
 
     async def _run_turn(self, new: list[UserMessage]) -> AssistantMessage:
         """Run one turn and hand its final message to the brain. Raises ContinueRejected."""
@@ -377,6 +379,8 @@ class AgentSession:
                 self._emit(E.MessageEnd(user.to_json()))
                 run.append(user.to_json())
             message = await self._complete()
+            if not message.timestamp_ms:  # the host stamps the answer with its clock
+                message = dataclasses.replace(message, timestamp_ms=self._started or self._stamp())
             if self._abort_turn and message.stop_reason != "aborted":
                 message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
             kernel = self._kernel
@@ -410,6 +414,7 @@ class AgentSession:
 
     async def _complete(self) -> AssistantMessage:
         self._streamed = False
+        self._started = 0
         self._joiner = StreamJoiner()
         if self._abort_turn:
             return self._aborted()
@@ -429,6 +434,7 @@ class AgentSession:
             self._secrets.add(api_key)
         self._partial = {"role": "assistant", "content": [], "model": self.provider.model,
                          "timestamp": self._stamp()}
+        self._started = self._partial["timestamp"]
         self._emit(E.MessageStart(dict(self._partial)))
         context = [m.to_openai() for m in self.messages]
         self._stream_task = task = asyncio.ensure_future(

@@ -71,16 +71,20 @@ class Messages:
         return cls
 
     def check(self) -> None:
-        """Raise ``AssertionError`` unless every kind is retryable and a hinted kind's template
+        """Raise ``RuntimeError`` unless every kind is retryable and a hinted kind's template
         hint is what its header says (so replacing the hint is what the classifier would do)."""
         for kind, facts in ANSWERS.items():
             cls = self.cls[kind]
-            assert cls.kind == "retryable", (kind, cls)
             headers = facts.get("headers") or {}
             if "retry-after-ms" in headers:
-                assert cls.retry_hint_ms == int(headers["retry-after-ms"]), (kind, cls)
+                expected: int | None = int(headers["retry-after-ms"])
             elif "retry-after" in headers:
-                assert cls.retry_hint_ms == int(headers["retry-after"]) * 1000, (kind, cls)
+                expected = int(headers["retry-after"]) * 1000
+            else:
+                expected = None
+            if cls.kind != "retryable" or cls.retry_hint_ms != expected:
+                raise RuntimeError(f"the classifier reads the simulated answer {kind!r} as {cls}; "
+                                   f"the simulation expects retryable with hint {expected}")
 
 
 # -- the ideal ----------------------------------------------------------------------------
@@ -145,13 +149,13 @@ class BrainRetrier:
     carried out (a backoff timer, a cooldown learned, a token returned, a success credited).
     """
 
-    __slots__ = ("brain", "policy", "coord", "timer_id", "failed")
+    __slots__ = ("brain", "policy", "coord", "rng", "failed")
 
     def __init__(self, policy: BrainPolicy, session: int, rng: random.Random) -> None:
         self.brain = RetryBrain(policy.settings, random=rng.random)
+        self.rng = rng  # the brain's jitter stream, shared with the host's own draws
         self.policy = policy
         self.coord = policy.coordinator(session)
-        self.timer_id = 0
         self.failed = False
 
     def start(self, t: int) -> tuple[int, int, int]:

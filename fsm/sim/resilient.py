@@ -244,7 +244,7 @@ class ResilientRetrier(BrainRetrier):
         if left > settings.max_hint_wait_ms:
             return DONE_FAIL, t, 0                 # refused at rest: nothing is sent
         if left > 0:
-            return WAIT, t + settings.hinted_delay_ms(left, self.brain._p.random), _ADMIT
+            return WAIT, t + settings.hinted_delay_ms(left, self.rng.random), _ADMIT
         return self._paced(t)
 
     def _paced(self, t: int) -> tuple[int, int, int]:
@@ -255,7 +255,7 @@ class ResilientRetrier(BrainRetrier):
         return SEND, at, 0
 
     def _poll(self, t: int, token: int) -> tuple[int, int, int]:
-        return WAIT, t + int(self.pacer.s.poll_ms * (0.5 + self.brain._p.random())), token
+        return WAIT, t + int(self.pacer.s.poll_ms * (0.5 + self.rng.random())), token
 
     def _retry(self, t: int) -> tuple[int, int, int]:
         if self.budget is not None and not self.budget.allow(t):

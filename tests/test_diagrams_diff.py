@@ -59,14 +59,14 @@ def test_one_row_removed_and_one_guard_changed_are_exactly_two_changes():
     diagram = D.extract(new)
     edges = review_dot_edges(DD.build_digraph(result, diagram).source)
     styled = {(t, h): attrs for t, h, attrs, _ in edges if "color" in attrs}
-    assert set(styled) == {("busy", "calm"), ("rest", "calm")}
+    assert set(styled) == {("busy", "calm"), ("calm", "calm")}  # rest's rows start at calm
     assert styled[("busy", "calm")]["style"] == "dashed"
     assert styled[("busy", "calm")]["id"] == "busy->calm(removed)"
-    assert styled[("rest", "calm")]["style"] == "solid"
-    assert styled[("rest", "calm")]["id"] == "rest->calm"
-    assert styled[("rest", "calm")]["color"] != styled[("busy", "calm")]["color"]
+    assert styled[("calm", "calm")]["style"] == "solid"
+    assert styled[("calm", "calm")]["id"] == "rest->calm"
+    assert styled[("calm", "calm")]["color"] != styled[("busy", "calm")]["color"]
     labels = {(t, h): text.splitlines() for t, h, _, text in edges}
-    assert labels[("rest", "calm")] == ["go", "[¬ready]", "/ does nothing",
+    assert labels[("calm", "calm")] == ["go", "[¬ready]", "/ does nothing",
                                         "~", "stop", "[ready]", "had no guards", "/ does nothing"]
     assert labels[("busy", "calm")] == ["−", "stop", "/ emits finished"]
     # the table: exactly two change rows
@@ -77,7 +77,7 @@ def test_one_row_removed_and_one_guard_changed_are_exactly_two_changes():
         "| ➖ removed | `busy` | `stop` |  | `calm` | emits finished |",
     ]
     assert "```mermaid\n" in md
-    assert ("    rest --> calm : go [¬ready]<br>/ does nothing<br>~ stop [ready] (had no guards)"
+    assert ("    calm --> calm : go [¬ready]<br>/ does nothing<br>~ stop [ready] (had no guards)"
             "<br>/ does nothing\n") in md
     assert "    busy --> calm : − stop<br>/ emits finished\n" in md
     assert "Also changed" not in md

@@ -40,13 +40,13 @@ from fsm.review.diagrams.mermaid import render_mermaid, render_review_mermaid
 from fsm.review.diagrams.model import (ADDED, AND, CHANGED, NAME, NOT, REMOVED, REVIEW,
                                        TEXT_SUFFIXES, DeclaredRow, Diagram, DiagramError,
                                        DrawnRow, Edge, EdgeMark, IgnoredCell, ReviewEdge, State,
-                                       guard_text, review_edges)
+                                       Cascade, cascades, guard_text, review_edges)
 from fsm.review.diagrams.dot import LABEL_WIDTH
 
 __all__ = [
     "ADDED", "AND", "CHANGED", "NAME", "NOT", "REMOVED", "REVIEW", "TEXT_SUFFIXES", "LABEL_WIDTH",
     "DeclaredRow", "Diagram", "DiagramError", "DrawnRow", "Edge", "EdgeMark", "IgnoredCell",
-    "ReviewEdge", "State", "guard_text", "review_edges",
+    "ReviewEdge", "State", "Cascade", "cascades", "guard_text", "review_edges",
     "extract", "declared_rows", "fold_rows",
     "build_digraph", "build_review_digraph", "render_dot", "render_review_dot", "render_svg",
     "render_review_svg", "svg_of", "render_mermaid", "render_review_mermaid", "render_markdown",

@@ -25,8 +25,18 @@ def render_markdown(diagram: Diagram) -> str:
         "",
         "Generated from `fsm/core/lifecycle.py` by `python -m fsm diagrams` (`make diagrams`); "
         "do not edit by hand.",
-        f"Pictures: [{diagram.name}.svg]({diagram.name}.svg) (Graphviz), "
-        f"[{diagram.name}.mmd]({diagram.name}.mmd) (Mermaid).",
+        f"Pictures: the review diagram [{diagram.name}_review.svg]({diagram.name}_review.svg) "
+        f"(Mermaid: [{diagram.name}_review.mmd]({diagram.name}_review.mmd)) and one small "
+        "diagram per state, below.",
+        "",
+        "## One state at a time",
+        "",
+        "Each picture shows the rows into the state (left) and out of it (right), and the "
+        "triggers it ignores.",
+        "",
+    ]
+    out += [f"- [{_code(s.name)}](states/{s.name}.svg): {_md(s.doc)}" for s in diagram.states]
+    out += [
         "",
         "## States",
         "",

@@ -41,15 +41,20 @@ def _mermaid_text(text: str) -> str:
 def render_review_mermaid(diagram: Diagram, drawn: Sequence[DrawnRow] | None = None,
                           title: str | None = None) -> str:
     """Mermaid ``stateDiagram-v2`` of the review diagram: one line per merged edge, its rows
-    stacked with ``<br>``; a group is a state of its own (``at_rest``, "any state at rest").
-    In a diff, rows are marked ``+`` added, ``−`` removed, ``~`` changed."""
+    stacked with ``<br>``; a group's rows are drawn from its first member (``idle``), whose
+    description says the other members answer as it does (no state for the group, so no arrow
+    from a group into its own members). The rows of a refusal cascade are one line. In a
+    diff, rows are marked ``+`` added, ``−`` removed, ``~`` changed."""
     drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
     lines = ["---", f"title: {title or REVIEW}", "---", "stateDiagram-v2", "    direction LR",
              "    %% generated from fsm/core/lifecycle.py by 'python -m fsm diagrams'; do not edit",
              f"    %% {len(diagram.ignored)} ignored (state, trigger) cells are not drawn: "
              f"see {diagram.name}.md"]
+    first = {group: members[0] for group, members in diagram.groups if members}
     for group, members in diagram.groups:
-        lines.append(f"    state \"any state {group_words(group)} ({', '.join(members)})\" as {group}")
+        if len(members) > 1:
+            lines.append(f"    {members[0]} : {group_words(group)}∶ {', '.join(members[1:])} "
+                         f"answer as {members[0]}")
     for s in diagram.states:
         if s.initial:
             lines.append(f"    [*] --> {s.name}")
@@ -63,13 +68,9 @@ def render_review_mermaid(diagram: Diagram, drawn: Sequence[DrawnRow] | None = N
                 parts[-1] += f" ({text.strip()})"
             else:
                 parts[-1] += " " + text.strip()
-        lines.append(f"    {e.source} --> {e.dest} : "
+        lines.append(f"    {first.get(e.source, e.source)} --> {e.dest} : "
                      + "<br>".join(_mermaid_text(p) for p in parts))
-    css = {"group": "fill:#DCE6F2,stroke:#2B4A6F", "in_chain": "fill:#FFF4D6,stroke:#8C6D00",
-           "ended": "fill:#EEF3FA,stroke:#0072B2"}
-    if diagram.groups:
-        lines.append(f"    classDef group {css['group']}")
-        lines.append(f"    class {','.join(g for g, _ in diagram.groups)} group")
+    css = {"in_chain": "fill:#FFF4D6,stroke:#8C6D00", "ended": "fill:#EEF3FA,stroke:#0072B2"}
     for group in ("in_chain", "ended"):
         members = [s.name for s in diagram.states if s.group == group]
         if members:

@@ -239,3 +239,42 @@ def review_edges(drawn: Sequence[DrawnRow]) -> tuple[ReviewEdge, ...]:
         merged.setdefault((d.row.source, d.row.dest, bucket), []).append(d)
     return tuple(ReviewEdge(src, dst, tuple(rows)) for (src, dst, _), rows in merged.items())
 
+
+
+@dataclass(frozen=True, slots=True)
+class Cascade:
+    """A refusal cascade: in the (``source``, ``trigger``) cell, the row that goes on needs
+    every guard of ``order``; each refusal row needs the guards before one of them and that one
+    false, so the rows are "the first failing guard decides" (docs/policy.md §8b.1).
+
+    ``refusals`` holds (the failing guard, its row), in guard order.
+    """
+
+    source: str
+    trigger: str
+    order: tuple[str, ...]
+    refusals: tuple[tuple[str, DeclaredRow], ...]
+
+    def refused_by(self, row_id: str) -> str | None:
+        """The guard whose failure takes row ``row_id``; None if it is not a refusal here."""
+        return next((g for g, r in self.refusals if r.id == row_id), None)
+
+
+def cascades(rows: Sequence[DeclaredRow]) -> tuple[Cascade, ...]:
+    """The refusal cascades among declared ``rows``, in declaration order: a cell with a row
+    whose guards are all positive (two or more) and at least two rows of the shape
+    ``guards[:k] + [¬guards[k]]``."""
+    found = []
+    for go in rows:
+        if len(go.guards) < 2 or any(g.startswith("!") for g in go.guards):
+            continue
+        refusals = []
+        for k, guard in enumerate(go.guards):
+            want = go.guards[:k] + ("!" + guard,)
+            row = next((r for r in rows if (r.source, r.trigger, r.guards)
+                        == (go.source, go.trigger, want)), None)
+            if row is not None:
+                refusals.append((guard, row))
+        if len(refusals) >= 2:
+            found.append(Cascade(go.source, go.trigger, go.guards, tuple(refusals)))
+    return tuple(found)

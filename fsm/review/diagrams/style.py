@@ -4,33 +4,35 @@ label as lines (:func:`label_lines`), before any format is applied."""
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
-from fsm.review.diagrams.model import Diagram, ReviewEdge, DrawnRow, guard_text, ADDED, REMOVED, CHANGED
+from fsm.review.diagrams.model import (ADDED, CHANGED, REMOVED, Diagram, DrawnRow, ReviewEdge,
+                                       cascades, guard_text)
 
 # Okabe–Ito palette: distinguishable with the common colour-vision deficiencies. One colour
 # per trigger, in declaration order, so the parallel edges of the four at-rest states can be
 # matched by colour. Red is kept free for the coverage view ("not covered").
-_PALETTE = ("#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#000000", "#8C6D00",
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#000000", "#8C6D00",
             "#7F7F7F")
-_UNCOVERED = "#D00000"
-_COVERED = "#007A56"
-_PARTLY = "#B86E00"
+UNCOVERED = "#D00000"
+COVERED = "#007A56"
+PARTLY = "#B86E00"
 STATUS_STYLE = {  # coverage view: (colour, style, pen width, legend text)
-    "covered": (_COVERED, "solid", "1.2", "covered: taken (and rejected, when it can be)"),
-    "partly covered": (_PARTLY, "solid", "2.2", "partly covered: taken, never rejected"),
-    "not covered": (_UNCOVERED, "dashed", "1.6", "not covered: never taken"),
+    "covered": (COVERED, "solid", "1.2", "covered: taken (and rejected, when it can be)"),
+    "partly covered": (PARTLY, "solid", "2.2", "partly covered: taken, never rejected"),
+    "not covered": (UNCOVERED, "dashed", "1.6", "not covered: never taken"),
 }
 GROUP_LABELS = {"in_chain": "in a retry chain", "ended": "chain ended (at rest)",
                  "at_rest": "at rest"}
-_CLUSTERS = ("in_chain", "ended")  # idle stays outside: most edges of the ended states end there
-_FILLS = {"in_chain": "#FFF4D6", "ended": "#EEF3FA", "at_rest": "#FFFFFF"}
+CLUSTERS = ("in_chain", "ended")  # idle stays outside: most edges of the ended states end there
+FILLS = {"in_chain": "#FFF4D6", "ended": "#EEF3FA", "at_rest": "#FFFFFF"}
 CHANGE_STYLE = {  # diff view: colour, line style, marker; Okabe–Ito, with a marker beside colour
     ADDED: ("#009E73", "solid", "+"),
     REMOVED: ("#D55E00", "dashed", "−"),
     CHANGED: ("#0072B2", "solid", "~"),
 }
-_REVIEW_EDGE = "#444444"
+REVIEW_EDGE = "#444444"
 GROUP_WORDS = {"at_rest": "at rest"}
 
 
@@ -54,28 +56,81 @@ Line = tuple[str, str, str, str]
 """One line of a review label: ``(kind, bold, text, change)``; see :func:`label_runs`."""
 
 
+REFUSED = "refused: the first failing guard → endReason"
+"""How a refusal cascade reads on its edge (its guard order is listed once, in the legend)."""
+
+
+def refusal_words(diagram: Diagram, rows: Sequence[DrawnRow]) -> str:
+    """What the refusal rows ``rows`` do, in one phrase: their effects' words when they differ
+    only in the reason in parentheses (``emit auto_retry_end (endReason); ...``), else the
+    effects' names joined by ``|``."""
+    texts = {re.sub(r"\(([a-z_]+)\)", "(endReason)", diagram.effect_text(d.row.effect))
+             for d in rows}
+    if len(texts) == 1:
+        return texts.pop()
+    return " | ".join(dict.fromkeys(d.row.effect or "-" for d in rows))
+
+
+def _collapse(diagram: Diagram, edge: ReviewEdge) -> list[list[DrawnRow]]:
+    """The edge's rows as items: one row each, except that two or more rows of one refusal
+    cascade (same trigger, same tone, no ``was``) in a row make one item."""
+    found = cascades(diagram.rows)
+    items: list[list[DrawnRow]] = []
+    key_of = []
+    for d in edge.rows:
+        cascade = next((c for c in found if c.refused_by(d.row.id)), None)
+        key = (id(cascade), d.tone) if cascade is not None and not d.was else None
+        if key is not None and key_of and key_of[-1] == key:
+            items[-1].append(d)
+        else:
+            items.append([d])
+            key_of.append(key)
+    out: list[list[DrawnRow]] = []
+    for item, key in zip(items, key_of):
+        if key is not None and len(item) == 1:
+            out.append(item)
+        elif key is None:
+            out.extend([d] for d in item)
+        else:
+            out.append(item)
+    return out
+
+
 def label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
                ) -> list[tuple[list[list[Line]], list[Line]]]:
     """The label of an edge as runs of rows that share one effect: ``[(rows, effect lines)]``,
     each row a list of lines ``(kind, bold, text, change)``; ``kind`` is ``row`` (a row's first
     line), ``more`` (its wrapped guards), ``was`` (what a changed row was) or ``effect``. A
     trigger repeated by the next rows is written once, their guards follow as ``or [guards]``;
-    the effect is in the declaration's words. ``width`` wraps long lines (None: never)."""
+    the effect is in the declaration's words. Two or more rows of a refusal cascade
+    (:func:`~fsm.review.diagrams.model.cascades`) are one line, :data:`REFUSED`, their effect
+    one phrase (:func:`refusal_words`). ``width`` wraps long lines (None: never)."""
     def fit(text: str, n: int) -> list[str]:
         return [text] if width is None else wrap(text, n)
 
-    runs: list[list[DrawnRow]] = []
-    for d in edge.rows:
-        if runs and runs[-1][-1].row.effect == d.row.effect and runs[-1][-1].tone == d.tone:
-            runs[-1].append(d)
+    runs: list[list[list[DrawnRow]]] = []
+    for item in _collapse(diagram, edge):
+        d = item[0]
+        if (runs and len(item) == 1 and len(runs[-1][-1]) == 1
+                and runs[-1][-1][0].row.effect == d.row.effect and runs[-1][-1][0].tone == d.tone):
+            runs[-1].append(item)
         else:
-            runs.append([d])
+            runs.append([item])
     n = width or 0
     previous = None
     out: list[tuple[list[list[Line]], list[Line]]] = []
     for run in runs:
         rows: list[list[Line]] = []
-        for d in run:
+        if len(run[0]) > 1:  # a refusal cascade
+            d = run[0][0]
+            rows.append([("row", d.row.trigger, "", d.tone), ("more", "", f"  {REFUSED}", d.tone)])
+            previous = None
+            effect = refusal_words(diagram, run[0])
+            effect_lines = [("effect", "", ("/ " if i == 0 else "  ") + w, d.change)
+                            for i, w in enumerate(fit(effect, n))]
+            out.append((rows, effect_lines))
+            continue
+        for (d,) in run:
             lines: list[Line] = []
             guards = fit(f"[{guard_text(d.row.guards)}]", n) if d.row.guards else []
             if d.row.trigger == previous and guards:
@@ -91,10 +146,11 @@ def label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
             if d.was:
                 lines += [("was", "", f"{indent}{w}", d.tone) for w in fit(d.was, n)]
             rows.append(lines)
-        effect = diagram.effect_text(run[-1].row.effect)
-        effect_lines: list[Line] = []
+        last = run[-1][0]
+        effect = diagram.effect_text(last.row.effect)
+        effect_lines = []
         if effect:
-            effect_lines = [("effect", "", ("/ " if i == 0 else "  ") + w, run[-1].change)
+            effect_lines = [("effect", "", ("/ " if i == 0 else "  ") + w, last.change)
                             for i, w in enumerate(fit(effect, n))]
         out.append((rows, effect_lines))
     return out

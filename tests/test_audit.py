@@ -441,8 +441,9 @@ def one_chain(tmp_path) -> Path:
     return path
 
 
-def test_audit_text_puts_the_summary_first_and_lists_every_row_once(one_chain, capsys):
-    assert main(["audit", str(one_chain)]) == 0
+def test_audit_table_puts_the_summary_first_and_lists_every_row_once(one_chain, capsys):
+    """--table: the coverage summary first, then every transition and ignored cell once."""
+    assert main(["audit", str(one_chain), "--table"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == f"transition coverage of retry_lifecycle: 3/{ITEMS} items ({pct(3)}%)"

@@ -506,9 +506,12 @@ def test_audit_fail_under(one_chain, full_trace, capsys):
     assert main(["audit", str(one_chain), "--fail-under", high]) == 1
     assert (f"FAIL: transition coverage {low}% is under --fail-under {float(high):g}% "
             f"({ITEMS - 3} items uncovered)") in capsys.readouterr().err
-    assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
+    assert main(["audit", str(full_trace), "--fail-under", "100", "--table"]) == 0
     assert capsys.readouterr().out.startswith(
         f"transition coverage of retry_lifecycle: {ITEMS}/{ITEMS} items (100.00%)\n")
+    assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
+    assert (f"coverage of retry_lifecycle: {ITEMS}/{ITEMS} items (100.00%)"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("value", ["101", "-1", "lots"])
@@ -531,6 +534,11 @@ def test_audit_bad_input_exits_2_naming_file_and_line(tmp_path, one_chain, capsy
 def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
     old = write_trace(tmp_path / "old.jsonl", [rec(CHAIN[2], "taken", "0ld")], version="0ld")
     assert main(["audit", str(one_chain), str(old)]) == 0
+    captured = capsys.readouterr()
+    assert (f"{old}: recorded with another declaration (version 0ld), not counted"
+            in captured.out)
+    assert f"warning: {old} was recorded with another declaration (version 0ld" in captured.err
+    assert main(["audit", str(one_chain), str(old), "--table"]) == 0
     captured = capsys.readouterr()
     assert f"  {old}: version 0ld, 1 records" in captured.out
     assert captured.out.startswith(f"transition coverage of retry_lifecycle: 3/{ITEMS} items")

@@ -73,13 +73,14 @@ def refusal_words(diagram: Diagram, rows: Sequence[DrawnRow]) -> str:
 
 def _collapse(diagram: Diagram, edge: ReviewEdge) -> list[list[DrawnRow]]:
     """The edge's rows as items: one row each, except that two or more rows of one refusal
-    cascade (same trigger, same tone, no ``was``) in a row make one item."""
+    cascade with the same tone and the same ``was`` (a diff's old version, the coverage
+    view's counts), one after the other, make one item."""
     found = cascades(diagram.rows)
     items: list[list[DrawnRow]] = []
     key_of = []
     for d in edge.rows:
         cascade = next((c for c in found if c.refused_by(d.row.id)), None)
-        key = (id(cascade), d.tone) if cascade is not None and not d.was else None
+        key = (id(cascade), d.tone, d.was) if cascade is not None else None
         if key is not None and key_of and key_of[-1] == key:
             items[-1].append(d)
         else:
@@ -123,7 +124,8 @@ def label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
         rows: list[list[Line]] = []
         if len(run[0]) > 1:  # a refusal cascade
             d = run[0][0]
-            rows.append([("row", d.row.trigger, "", d.tone), ("more", "", f"  {REFUSED}", d.tone)])
+            rows.append([("row", d.row.trigger, "", d.tone), ("more", "", f"  {REFUSED}", d.tone)]
+                        + [("was", "", f"    {w}", d.tone) for w in fit(d.was, n)] * bool(d.was))
             previous = None
             effect = refusal_words(diagram, run[0])
             effect_lines = [("effect", "", ("/ " if i == 0 else "  ") + w, d.change)

@@ -300,3 +300,24 @@ def otlp_span(span) -> dict:
             "endTimeUnixNano": str(span.end_time), "attributes": attrs(span.attributes),
             "events": [{"name": e.name, "timeUnixNano": str(e.timestamp),
                         "attributes": attrs(e.attributes)} for e in span.events]}
+
+
+async def test_rpc_stdout_and_session_logs_are_read(tmp_path, capsys):
+    """RPC stdout (responses between the events) reads like the events alone; a session log
+    has requests but no retry events, and the report says no chain could be checked."""
+    logs = await our_logs(tmp_path)
+    events = lines_of(logs["retry_then_success"])
+    stdout = [{"type": "response", "command": "prompt", "success": True, "id": "1"}] + events
+    report = E.check_file(write(tmp_path / "stdout.jsonl", stdout))
+    assert report.ok and report.chains == 1 and report.events == len(
+        [e for e in events if e["type"] in ("auto_retry_start", "auto_retry_end", "turn_start")])
+    log = [{"type": "session", "version": 1, "id": "s", "timestamp": 1},
+           {"type": "message", "message": {"role": "user", "content": [], "timestamp": 2}},
+           {"type": "message", "message": {"role": "assistant", "content": [],
+                                           "stopReason": "error", "timestamp": 3}}]
+    path = write(tmp_path / "session.jsonl", log)
+    report = E.check_file(path)
+    assert report.format == "session log" and report.events == 1 and report.retry_events == 0
+    assert main(["audit", "--events", str(path)]) == 0
+    assert "no retry events (auto_retry_start / auto_retry_end), so no chain to check" in \
+        capsys.readouterr().out

@@ -26,8 +26,10 @@ Formats, detected from the content (see :func:`read_events`):
   with ``retry_attempt`` events): an OTLP JSON export (``resourceSpans`` → ``scopeSpans`` →
   ``spans``) or the console exporter's span objects.
 
-Requests are ``HTTP_REQUEST`` / ``request`` entries, else ``turn_start`` (each turn sends one
-request). Times come from ``t_ms``, ``t``, ``ts``, ``time_ms`` or ``timestamp`` (ms), OTLP
+Requests are ``HTTP_REQUEST`` / ``request`` entries, ``turn_start`` (each turn sends one
+request) or, in a session log (``{"type": "message", "message": {...}}``), an assistant
+message. A session log holds no retry events, so its chains cannot be checked: the report
+says so. Times come from ``t_ms``, ``t``, ``ts``, ``time_ms`` or ``timestamp`` (ms), OTLP
 ``timeUnixNano`` (ns) or an ISO 8601 ``timestamp``. Chains are keyed by ``chainId`` when the
 events carry it (and by ``sessionId`` / ``session``, for a fleet's merged log); without
 ``chainId``, an ``auto_retry_start`` with ``attempt: 1`` starts the next chain.
@@ -104,12 +106,13 @@ class Violation:
 @dataclass(slots=True)
 class EventsReport:
     """What :func:`check` found in one log: its ``path``, the ``format`` read, the number of
-    ``events``, ``chains`` (started) and ``refusals`` (ends at rest, attempt 0) seen, whether
+    ``events`` (``retry_events`` of them starts and ends), ``chains`` (started) and ``refusals`` (ends at rest, attempt 0) seen, whether
     it had ``times`` (needed for ``request_in_backoff``) and the ``violations``."""
 
     path: str
     format: str
     events: int = 0
+    retry_events: int = 0
     chains: int = 0
     refusals: int = 0
     times: bool = False
@@ -121,6 +124,7 @@ class EventsReport:
 
     def to_json(self) -> dict:
         return {"path": self.path, "format": self.format, "events": self.events,
+                "retry_events": self.retry_events,
                 "chains": self.chains, "refusals": self.refusals, "times": self.times,
                 "violations": [v.to_json() for v in self.violations]}
 
@@ -170,6 +174,10 @@ def _event(obj: Mapping[str, Any], line: int) -> Event | None:
                      else None)
     if kind in _REQUEST_TYPES or kind == "turn_start":
         return Event(REQUEST, line, _time(obj))
+    message = obj.get("message")
+    if kind == "message" and isinstance(message, Mapping) and message.get("role") == "assistant":
+        # a session log's answer: one request went out (its timestamp is when it ended)
+        return Event(REQUEST, line, _time(message))
     return None
 
 
@@ -291,6 +299,9 @@ def read_events(path: str | Path) -> tuple[str, list[Event]]:
         raise EventLogError(path, 0, "no retry events, requests or retry_chain spans found "
                                      "(expected JSON lines of events, a conformance trace or "
                                      "an OpenTelemetry export)")
+    first = values[0][1] if values else None
+    if isinstance(first, Mapping) and first.get("type") == "session":
+        return "session log", events
     return ("opentelemetry spans" if spans else "JSON lines of events"), events
 
 
@@ -368,6 +379,7 @@ class _Chain:
 def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
     """Reconstruct the chains of ``events`` and report every violation (see the module doc)."""
     report = EventsReport(path, fmt, events=len(events),
+                          retry_events=sum(e.kind != REQUEST for e in events),
                           times=any(e.t_ms is not None for e in events))
     bad = report.violations
     open_chains: dict[Any, _Chain] = {}
@@ -473,6 +485,8 @@ def format_violations(reports: list[EventsReport]) -> str:
             out.append(f"{r.path}:{v.line}: {v.kind}: {v.message}")
     for r in reports:
         timed = "" if r.times else "; no times, so requests during a backoff cannot be checked"
+        if not r.retry_events:
+            timed += "; no retry events (auto_retry_start / auto_retry_end), so no chain to check"
         verdict = "no violation" if r.ok else f"{len(r.violations)} violation" + \
             ("s" if len(r.violations) > 1 else "")
         out.append(f"{r.path} ({r.format}): {r.events} events, {r.chains} chains, "

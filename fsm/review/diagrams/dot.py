@@ -279,6 +279,12 @@ def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = Non
     left.append(_wide(f"{len(diagram.ignored)} ignored (state, trigger) cells are not drawn; "
                       f"every cell, per state: {diagram.name}.md"))
     table = '<table border="0" cellborder="0" cellspacing="0" cellpadding="1">'
+    if policy is None or summary is not None or diff is not None:
+        # Without the policy card the key is short: one column (Graphviz would spread the
+        # rows of a short column over the height of its neighbour).
+        return (f'<<table border="0" cellborder="0" cellspacing="0" cellpadding="1">'
+                f'<tr><td colspan="3" align="left"><font point-size="11">{html_text(title)}'
+                f'</font></td></tr>{"".join(left + right)}</table>>')
     return (f'<<table border="0" cellborder="0" cellspacing="0" cellpadding="4">'
             f'<tr><td colspan="2" align="left"><font point-size="11">{html_text(title)}</font></td></tr>'
             f'<tr><td valign="top" align="left">{table}{"".join(left)}</table></td>'

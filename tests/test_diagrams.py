@@ -446,11 +446,13 @@ def test_command_draws_a_team_s_settings(tmp_path, capsys):
                                           "retryHints": "honor", "afterOutput": "stop"}}))
     out = tmp_path / "team"
     assert main(["diagrams", "--no-svg", "--settings", str(team), "--out", str(out)]) == 0
-    dot = (out / "retry_lifecycle_review.dot").read_text(encoding="utf-8")
+    dot = " ".join(re.sub(r"<[^>]+>", " ", (out / "retry_lifecycle_review.dot").read_text(
+        encoding="utf-8")).split())
     assert f"the policy drawn: settings file {team}" in dot
     assert "5 retries, 0.5 s doubling: 0.5 s, 1 s, 2 s, 4 s, 4 s (capped at 4 s, jitter none)" in dot
     assert "replay_safe (afterOutput stop" in dot and "hint_within_wait (a wait over 60 s" in dot
-    default = (COMMITTED / "retry_lifecycle_review.dot").read_text(encoding="utf-8")
+    default = " ".join(re.sub(r"<[^>]+>", " ", (COMMITTED / "retry_lifecycle_review.dot")
+                              .read_text(encoding="utf-8")).split())
     assert "the policy drawn: the defaults" in default
     assert "3 retries, 2 s doubling: 2 s, 4 s, 8 s (no cap, jitter none)" in default
     assert "none of the optional guards" in default

@@ -227,8 +227,9 @@ def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = Non
     if policy is not None and summary is None and diff is None:
         rows.append(_wide(f"<b>{html_text(policy.title)}</b>"))
         for name, text in policy.settings:
+            body = '<br align="left"/>'.join(html_text(w) for w in wrap(text, 84))
             rows.append(_row(f'<td></td><td align="left" valign="top">{html_text(name)}&#160;&#160;'
-                             f'</td><td align="left">{html_text(text)}</td>'))
+                             f'</td><td align="left">{body}<br align="left"/></td>'))
         rows.append(_wide("<b>classification</b>: which trigger a turn that ends fires "
                           "(families; docs/classification.md)"))
         for name, text in policy.families:

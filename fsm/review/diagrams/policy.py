@@ -61,7 +61,9 @@ def _settings_lines(s) -> list[tuple[str, str]]:
          f"a wait over {seconds(s.max_hint_wait_ms)} refuses the retry"),
         ("within_deadline", s.max_elapsed_ms is not None,
          f"maxElapsedMs {seconds(s.max_elapsed_ms)}" if s.max_elapsed_ms is not None else ""),
-        ("budget_allows", s.budget is not None, "a shared retry budget"),
+        ("budget_allows", s.budget is not None,
+         f"a shared retry budget of {s.budget.max_tokens} tokens, "
+         f"{s.budget.token_ratio:g} back per success" if s.budget is not None else ""),
     ]
     on = [f"{g} ({why})" for g, flag, why in optional if flag]
     off = [g for g, flag, _ in optional if not flag]

@@ -114,6 +114,7 @@ def test_committed_diagrams_match_the_declaration(tmp_path):
 
 @pytest.mark.subprocess
 def test_text_outputs_are_byte_stable_across_hash_seeds(tmp_path):
+    """Two runs under different hash seeds write the same bytes, and what render_all returns."""
     outputs = {}
     for seed in ("0", "4242"):
         out = tmp_path / seed
@@ -127,6 +128,7 @@ def test_text_outputs_are_byte_stable_across_hash_seeds(tmp_path):
 
 
 def test_text_outputs_have_unix_endings_and_no_version_or_date():
+    """Text outputs end lines with \n, once at the end, and embed no version or date."""
     for name, text in D.render_all().items():
         assert "\r" not in text, name
         assert text.endswith("\n") and not text.endswith("\n\n"), name
@@ -138,6 +140,7 @@ def test_text_outputs_have_unix_endings_and_no_version_or_date():
 # ----------------------------------------------------------------------------- DOT
 
 def test_dot_has_one_edge_per_transition_labelled_with_its_guards():
+    """The per-state DOT has one edge per transition, labelled trigger [guards]."""
     edges = dot_edges(D.render_dot(D.extract()))
     by_id = Counter(attrs["id"] for _, _, attrs in edges)
     assert by_id == Counter([r.id for r in L.TRANSITIONS] + ["initial"])
@@ -151,12 +154,14 @@ def test_dot_has_one_edge_per_transition_labelled_with_its_guards():
 
 
 def test_dot_label_example_from_the_issue():
+    """A refusal at rest reads turn_failed_retryable [retry_enabled ∧ ¬has_retries_left]."""
     source = D.render_dot(D.extract())
     assert ('idle -> exhausted [label="turn_failed_retryable [retry_enabled ∧ ¬has_retries_left]"'
             in source)
 
 
 def test_ignored_cells_are_not_edges():
+    """Ignored cells are never drawn as edges."""
     edges = dot_edges(D.render_dot(D.extract()))
     drawn = {(t, attrs["label"].split(" ")[0]) for t, _, attrs in edges if attrs["id"] != "initial"}
     for ig in L.IGNORED:
@@ -165,6 +170,7 @@ def test_ignored_cells_are_not_edges():
 
 
 def test_dot_clusters_chain_states_and_notes_the_twin_states():
+    """The per-state DOT clusters the chain and ended states and names the twin states."""
     source = D.render_dot(D.extract())
     chain = re.search(r"subgraph cluster_in_chain \{(.*?)\n\t\}", source, re.S).group(1)
     ended = re.search(r"subgraph cluster_ended \{(.*?)\n\t\}", source, re.S).group(1)
@@ -174,10 +180,12 @@ def test_dot_clusters_chain_states_and_notes_the_twin_states():
 
 
 def test_real_declaration_twins_are_idle_and_the_ended_states():
+    """The ended states behave exactly as idle (the at-rest group)."""
     assert D.extract().twins() == ((L.IDLE,) + L.ENDED,)
 
 
 def test_free_text_cannot_break_dot_or_become_html(tmp_path):
+    """Docs with quotes, backslashes or tags stay plain text in DOT."""
     decl = mini_declaration()
     decl["transitions"][0]["spec"] = r'<b>bold</b> "quoted" back\slash'
     diagram = D.extract(decl)
@@ -259,6 +267,7 @@ def test_committed_svgs_are_valid_and_current():
 
 
 def test_coverage_marks_draw_three_statuses():
+    """The per-state coverage view draws covered, partly covered and not covered apart."""
     diagram = D.extract()
     first, second, partly = diagram.edges[0].id, diagram.edges[1].id, diagram.edges[3].id
     marks = {first: D.EdgeMark("covered", "taken 2"), second: D.EdgeMark("not covered", "never taken"),
@@ -278,6 +287,7 @@ def test_coverage_marks_draw_three_statuses():
 
 
 def test_missing_dot_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """Without Graphviz the text files are still written and the error says how to install it."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(D.DiagramError, match="Graphviz's 'dot' program was not found"):
         D.render_svg(D.extract())
@@ -288,6 +298,7 @@ def test_missing_dot_is_a_clear_error(tmp_path, monkeypatch, capsys):
 
 
 def test_dot_failure_is_a_diagram_error(monkeypatch):
+    """A failing dot run is a DiagramError, not a traceback."""
     import graphviz
 
     def fail(*args, **kwargs):
@@ -301,6 +312,7 @@ def test_dot_failure_is_a_diagram_error(monkeypatch):
 # ----------------------------------------------------------------------------- Mermaid
 
 def test_mermaid_has_one_transition_line_per_row():
+    """The per-state Mermaid has one line per transition, classes for the groups."""
     text = D.render_mermaid(D.extract())
     assert text.startswith("---\ntitle: retry_lifecycle\n---\nstateDiagram-v2\n")
     lines = [l.strip() for l in text.splitlines() if "-->" in l]
@@ -311,6 +323,7 @@ def test_mermaid_has_one_transition_line_per_row():
 
 
 def test_mermaid_text_never_carries_a_second_colon_or_a_semicolon():
+    """Free text cannot end a Mermaid statement or label early."""
     decl = mini_declaration()
     diagram = D.extract(decl)
     diagram = D.Diagram(diagram.name, (D.State("a", "doc: with; #1", "", True),) + diagram.states[1:],
@@ -322,6 +335,7 @@ def test_mermaid_text_never_carries_a_second_colon_or_a_semicolon():
 # ----------------------------------------------------------------------------- Markdown
 
 def test_markdown_has_every_transition_row_in_order():
+    """The table lists every transition in declaration order with its citation."""
     text = D.render_markdown(D.extract())
     rows = [l for l in text.splitlines() if re.match(r"\| \d+ \| `", l)]
     transitions = rows[:len(L.TRANSITIONS)]
@@ -334,6 +348,7 @@ def test_markdown_has_every_transition_row_in_order():
 
 
 def test_markdown_matrix_marks_ignored_cells_with_their_reasons():
+    """The state × trigger matrix holds each cell's rows or its ignored reason."""
     text = D.render_markdown(D.extract())
     header = next(l for l in text.splitlines() if l.startswith("| state \\ trigger |"))
     assert header.count("|") == len(L.TRIGGERS) + 2
@@ -356,6 +371,7 @@ def test_markdown_matrix_marks_ignored_cells_with_their_reasons():
 
 
 def test_markdown_names_the_fallback_rows():
+    """The rows that can never be rejected are listed, as found by brute force."""
     text = D.render_markdown(D.extract())
     section = text.split("## Rows the audit cannot see rejected", 1)[1]
     listed = re.findall(r"^- `(.*)`$", section, re.M)
@@ -365,6 +381,7 @@ def test_markdown_names_the_fallback_rows():
 # ----------------------------------------------------------------------------- the model
 
 def test_reachability_of_guarded_rows():
+    """Takeable and rejectable follow from the rows tried before, for every guard value."""
     edges = {e.id: e for e in D.extract(mini_declaration()).edges}
     # [g] then [!g]: the fallback can be taken but never rejected
     assert (edges["a--t[g]->b"].takeable, edges["a--t[g]->b"].rejectable) == (True, True)
@@ -378,6 +395,7 @@ def test_reachability_of_guarded_rows():
 
 
 def test_duplicate_row_ids_are_rejected():
+    """Two rows with one id are a ValueError naming the id."""
     decl = mini_declaration()
     decl["transitions"].append(dict(decl["transitions"][0]))
     with pytest.raises(ValueError, match=r"row ids must be unique .*repeated: a--t\[g\]->b"):
@@ -385,12 +403,14 @@ def test_duplicate_row_ids_are_rejected():
 
 
 def test_markdown_flags_rows_that_can_never_be_taken():
+    """A shadowed row is listed as one that can never be taken."""
     text = D.render_markdown(D.extract(mini_declaration()))
     section = text.split("## Rows that can never be taken", 1)[1]
     assert re.findall(r"^- `(.*)`$", section, re.M) == ["b--u[h]->b"]
 
 
 def test_a_declaration_without_fallbacks_says_so():
+    """With no fallback and no shadowed row the table says so."""
     decl = mini_declaration()
     decl["transitions"] = [t for t in decl["transitions"]
                            if t["id"] not in ("a--t[!g]->a", "b--u[h]->b")]
@@ -401,6 +421,7 @@ def test_a_declaration_without_fallbacks_says_so():
 
 
 def test_mini_declaration_renders_without_lifecycle_groups():
+    """A declaration without groups renders with no clusters or classes."""
     diagram = D.extract(mini_declaration())
     assert [s.group for s in diagram.states] == ["", ""]
     assert diagram.twins() == ()
@@ -416,6 +437,7 @@ def test_mini_declaration_renders_without_lifecycle_groups():
 
 
 def test_guard_text_and_label():
+    """Guards read with ∧ and ¬; an unguarded row is its trigger."""
     edge = next(e for e in D.extract().edges
                 if e.id == "continuing--turn_failed_retryable[retry_enabled,!has_retries_left]->exhausted")
     assert edge.guard_text == "retry_enabled ∧ ¬has_retries_left"
@@ -427,6 +449,7 @@ def test_guard_text_and_label():
 # ----------------------------------------------------------------------------- command
 
 def test_command_writes_and_checks(tmp_path, capsys):
+    """diagrams writes every file; --check exits 1 naming the stale ones."""
     out = tmp_path / "d"
     assert main(["diagrams", "--out", str(out)]) == 0
     assert files_in(out) == sorted(TEXT_FILES + SVG_FILES)
@@ -464,6 +487,7 @@ def test_command_draws_a_team_s_settings(tmp_path, capsys):
 
 
 def test_command_reports_an_unwritable_folder(tmp_path, capsys):
+    """An unwritable --out is a clear error, exit 2."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert main(["diagrams", "--no-svg", "--out", str(blocker / "sub")]) == 2
@@ -471,6 +495,7 @@ def test_command_reports_an_unwritable_folder(tmp_path, capsys):
 
 
 def test_readme_shows_the_generated_review_diagram():
+    """README carries the generated review Mermaid and links the pictures."""
     mermaid = (COMMITTED / "retry_lifecycle_review.mmd").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "```mermaid\n" + mermaid.rstrip("\n") + "\n```" in readme, (
@@ -588,6 +613,7 @@ def test_review_draws_group_rows_once_and_merges_parallel_edges():
 
 
 def test_every_declared_row_is_in_exactly_one_review_edge():
+    """Each declared row is on one review edge; group rows are drawn once."""
     diagram = D.extract()
     drawn = D.review_edges([D.DrawnRow(r) for r in diagram.rows])
     ids = [d.row.id for e in drawn for d in e.rows]
@@ -677,6 +703,7 @@ def test_legend_card_states_the_classification_families():
 
 
 def test_effect_text_falls_back_to_the_effect_name():
+    """An effect without words reads as its name with spaces."""
     diagram = D.extract(grouped_declaration(effects={}))
     assert diagram.effect_text("start") == "start"
     assert diagram.effect_text("end_failed") == "end failed"
@@ -793,6 +820,7 @@ def test_review_fits_a_wide_screen():
 
 
 def test_committed_review_svg_is_current():
+    """The committed review SVG draws the edges the declaration has today."""
     committed = (COMMITTED / "retry_lifecycle_review.svg").read_bytes()
     fresh = D.render_review_svg(D.extract())
     ids = lambda svg: sorted(g.get("id") for g in svg_edges(svg))  # noqa: E731
@@ -818,12 +846,14 @@ def test_review_mermaid_has_one_line_per_merged_edge():
 
 
 def test_declaration_json_is_the_declaration():
+    """retry_lifecycle.json is lifecycle.declaration() as JSON."""
     committed = json.loads((COMMITTED / "retry_lifecycle.json").read_text(encoding="utf-8"))
     assert committed == json.loads(json.dumps(L.declaration()))
     assert D.declaration_json().endswith("}\n")
 
 
 def test_fold_rows_groups_rows_every_member_has_alike():
+    """An old declaration's per-state rows fold into its groups' rows."""
     decl = grouped_declaration()
     legacy = {k: v for k, v in decl.items() if k not in ("rows", "groups")}
     legacy["transitions"] = [{k: v for k, v in t.items() if k != "row"} for t in decl["transitions"]]
@@ -839,6 +869,7 @@ def test_fold_rows_groups_rows_every_member_has_alike():
 
 
 def test_markdown_lists_every_effect_in_words():
+    """The Effects section lists every effect in the declaration's words."""
     diagram = D.extract()
     text = D.render_markdown(diagram)
     section = text.split("## Effects", 1)[1].split("\n## ", 1)[0]

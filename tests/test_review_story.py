@@ -4,6 +4,10 @@ then one line of coverage; --table prints the full table."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+
+import pytest
 
 from fsm.__main__ import main
 from fsm.core import lifecycle as L
@@ -106,3 +110,23 @@ def test_the_audit_needs_a_trace_or_an_event_log(capsys):
     """No TRACE and no --events is a clear error."""
     assert main(["audit"]) == 2
     assert "give a TRACE" in capsys.readouterr().err
+
+
+@pytest.mark.subprocess
+def test_the_demo_s_trace_tells_its_story_in_a_screen(tmp_path, capsys):
+    """`python -m fsm demo` then `python -m fsm audit build/demo/trace.jsonl`: the path first
+    (a 529, a 503, then success), the coverage line after it, under 40 lines."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"retry": {"baseDelayMs": 20, "provider": {"maxRetries": 0}}}))
+    proc = subprocess.run([sys.executable, "-m", "fsm", "demo", "--out", str(tmp_path / "out"),
+                           "--settings", str(settings)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    trace = tmp_path / "out" / "trace.jsonl"
+    assert main(["audit", str(trace)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) <= 40
+    assert lines[0].startswith(f"the path taken in {trace}: ")
+    path = [l.split()[1:4] for l in lines[2:] if l.strip()[:1].isdigit()]
+    assert path[0] == ["idle", "→", "backing_off"] and path[-1] == ["continuing", "→", "succeeded"]
+    assert [l for l in lines if l.startswith("coverage of ")] == [lines[-2]]

@@ -336,15 +336,12 @@ def load_ref(ref: str, cwd: Path | str = ".") -> dict:
 # A revision's declaration module: fsm/core/lifecycle.py since the layer folders, fsm/lifecycle.py
 # before them.
 _ASK = ("import importlib, json, os, sys, fsm\n"
-        "here = os.path.dirname(os.path.abspath(fsm.__file__))\n"
-        "name = ('fsm.core.lifecycle' if os.path.isfile(os.path.join(here, 'core', 'lifecycle.py'))\n"
-        "        else 'fsm.lifecycle')\n"
+        "here = os.path.dirname(fsm.__file__)\n"
+        "name = 'fsm.core.lifecycle' if os.path.isfile(os.path.join(here, 'core', 'lifecycle.py')) "
+        "else 'fsm.lifecycle'\n"
         "L = importlib.import_module(name)\n"
-        "sys.stdout.write(json.dumps({'file': os.path.abspath(L.__file__), "
+        "sys.stdout.write(json.dumps({'file': fsm.__file__, 'lifecycle': L.__file__, "
         "'declaration': L.declaration()}))")
-"""Asks an exported revision for its declaration. The module is chosen by the files present
-(an editable install's finder could otherwise answer ``fsm.core.lifecycle`` from another
-checkout); the answer names the file it came from, which must be inside the export."""
 
 
 def _declaration_from_source(ref: str, root: Path) -> dict:
@@ -367,8 +364,8 @@ def _declaration_from_source(ref: str, root: Path) -> dict:
             answer = json.loads(done.stdout.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             answer = None
-        inside = answer and str(answer["file"]).startswith(os.path.realpath(tmp))
-        if done.returncode or not inside:
+        if (done.returncode or not answer or not str(answer["file"]).startswith(tmp)
+                or not str(answer["lifecycle"]).startswith(tmp)):
             tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["?"]
             raise DiffError(f"--diff-ref {ref}: {JSON_PATH} is not in that revision and its "
                             f"lifecycle module did not give a declaration ({tail[0]})")

@@ -16,7 +16,7 @@ from fsm.host.session import AgentSession
 from fsm.review import events as E
 from fsm.testing import FakeClock, ScriptedProvider, error, ok
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL = ROOT / "tests" / "data" / "events" / "original"
 PI_EXPECTED = ROOT / "tests" / "conformance" / "expected"
 UNAVAILABLE = "503 Service Unavailable"

@@ -18,6 +18,7 @@ from fsm.testing import FakeClock, ScriptedProvider, error, ok
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL = ROOT / "tests" / "data" / "events" / "original"
+OURS = ROOT / "tests" / "data" / "events" / "ours"
 PI_EXPECTED = ROOT / "tests" / "conformance" / "expected"
 UNAVAILABLE = "503 Service Unavailable"
 AUTH = "401 Incorrect API key provided"
@@ -59,6 +60,16 @@ def test_pi_s_conformance_events_in_the_repository():
 
 
 # ----------------------------------------------------------------------------- ours
+
+def test_our_recorded_rpc_traces_are_clean():
+    """The oracle harness's traces of our RPC server, in the scenarios where the original broke
+    an invariant and in ordinary ones: no violation; the refusal at rest is counted."""
+    found = {p.stem: E.check_file(p) for p in sorted(OURS.glob("*.json"))}
+    assert {"disable_during_backoff", "fatal_after_retry", "max_retries_zero"} <= set(found)
+    assert {name: kinds(r) for name, r in found.items() if not r.ok} == {}
+    assert found["disable_during_backoff"].chains == found["fatal_after_retry"].chains == 1
+    assert found["max_retries_zero"].refusals == 1 and found["two_chains"].chains == 2
+
 
 async def run_session(tmp_path: Path, name: str, script, steps=None, **settings) -> Path:
     """Run one prompt of an AgentSession on a fake clock; write its events, each stamped

@@ -39,7 +39,7 @@ from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
 from fsm.host.kernel import HostKernel, ZoneResolver, default_zone
 
-__all__ = ["Chain", "RETRY_OWNER"]
+__all__ = ["Chain", "RETRY_OWNER", "http_error_message"]
 
 RETRY_OWNER: ContextVar[object | None] = ContextVar("fsm_retry_owner", default=None)
 """Set while an fsm host (the runner, a transport) owns a call: one retry owner per call — a
@@ -65,6 +65,23 @@ def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettin
         return RetrySettings.from_json({"retry": inner})
     raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                     f"{{'maxRetries': 5}}, got {type(settings).__name__}")
+
+
+def http_error_message(exc: BaseException) -> AssistantMessage:
+    """How an exception reads for the brain: an ``httpx``/``httpx2`` ``HTTPStatusError``
+    (``response.raise_for_status()``, as in pydantic-ai's tenacity transports) by its response's
+    status, body and hint headers; anything else by
+    :func:`fsm.providers.sdk_errors.error_message` (the SDKs' and transports' errors)."""
+    from fsm.providers import sdk_errors
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if type(exc).__name__ == "HTTPStatusError" and isinstance(status, int) and status >= 400:
+        try:
+            body: Any = response.text
+        except Exception:  # a body not read (a stream): the status and headers still speak
+            body = None
+        return sdk_errors.status_error_facts(status, body, response.headers).to_message()
+    return sdk_errors.error_message(exc)
 
 
 class Chain:
@@ -109,9 +126,7 @@ class Chain:
         self.provider = provider or "default"
         self.model = model or "default"
         self._key = key
-        if to_message is None:
-            from fsm.providers.sdk_errors import error_message as to_message
-        self.to_message = to_message
+        self.to_message = to_message or http_error_message
         self.context_window = context_window
         self.brain = RetryBrain(self.settings, random=random)
         self.kernel = HostKernel(self.brain, emit=self._emit, clock=clock,

@@ -84,6 +84,22 @@ def http_error_message(exc: BaseException) -> AssistantMessage:
     return sdk_errors.error_message(exc)
 
 
+_LOOP: Any = None
+
+
+def coordinator_loop() -> Any:
+    """The process's background event loop on which synchronous hosts talk to a coordinator
+    (one daemon thread, started on first use)."""
+    global _LOOP
+    if _LOOP is None:
+        import asyncio
+        import threading
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="fsm-coordinator", daemon=True).start()
+        _LOOP = loop
+    return _LOOP
+
+
 class Chain:
     """The brain's answers for one call whose attempts the host runs.
 
@@ -107,7 +123,7 @@ class Chain:
     """
 
     __slots__ = ("settings", "on_event", "brain", "kernel", "calls", "exc", "message", "cls",
-                 "end", "delay_ms", "_timer", "_key", "provider", "model", "to_message",
+                 "end", "delay_ms", "_timer", "_key", "_loop", "provider", "model", "to_message",
                  "context_window")
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
@@ -119,8 +135,6 @@ class Chain:
                  zone: ZoneResolver | None = default_zone, sync: bool = False) -> None:
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
-        if sync and coordinator is not None:
-            raise TypeError("a coordinator is async: a synchronous chain shares nothing")
         self.settings = _settings(settings)
         self.on_event = on_event
         self.provider = provider or "default"
@@ -129,9 +143,12 @@ class Chain:
         self.to_message = to_message or http_error_message
         self.context_window = context_window
         self.brain = RetryBrain(self.settings, random=random)
+        # A synchronous host with a coordinator speaks to it through a background event loop
+        # (the coordinators are asyncio objects): the sync coordinator facade.
+        self._loop = coordinator_loop() if sync and coordinator is not None else None
         self.kernel = HostKernel(self.brain, emit=self._emit, clock=clock,
-                                 coordinator=None if sync else coordinator, key=self.coord_key,
-                                 zone=zone, use_coordinator=not sync)
+                                 coordinator=coordinator, key=self.coord_key, zone=zone,
+                                 use_coordinator=not sync or self._loop is not None)
         self.calls = 0
         self.exc: BaseException | None = None
         self.message: AssistantMessage | None = None
@@ -175,7 +192,11 @@ class Chain:
 
     def failed_sync(self, exc: BaseException | None = None, *,
                     message: AssistantMessage | None = None) -> int | None:
-        """:meth:`failed` for a host without an event loop (no coordinator is asked)."""
+        """:meth:`failed` for a host without an event loop. With a coordinator the facts are
+        gathered on the coordinator's background loop (bounded as for every host); without
+        one, no coordinator is asked."""
+        if self._loop is not None:
+            return self._on_loop(self.failed(exc, message=message))
         msg, cls = self.judge(exc, message=message)
         return self._decide(msg, cls, self.kernel.local_facts())
 
@@ -183,16 +204,28 @@ class Chain:
         """The attempt succeeded: a running chain ends ``success: true`` (the budget is
         credited, the end event emitted)."""
         self.calls += 1
-        self._decide(_OK, Classification("none", "ok"), self.kernel.local_facts())
+        self._step(lambda: self._decide(_OK, Classification("none", "ok"), self.kernel.local_facts()))
 
     def backoff_elapsed(self) -> None:
         """The backoff the last :meth:`failed` asked for is over; the next attempt goes out."""
-        self._perform(self.brain.backoff_elapsed(self._timer))
+        self._step(lambda: self._perform(self.brain.backoff_elapsed(self._timer)))
 
     def cancel(self) -> None:
         """The caller gave up (a cancelled task, ``KeyboardInterrupt``): a running chain ends
         ``cancelled`` and its end event is emitted; nothing happens at rest."""
-        self._perform(self.brain.prompt_cancelled())
+        self._step(lambda: self._perform(self.brain.prompt_cancelled()))
+
+    def _step(self, fn: Callable[[], Any]) -> Any:
+        if self._loop is None:
+            return fn()
+
+        async def run() -> Any:
+            return fn()
+        return self._on_loop(run())
+
+    def _on_loop(self, coro: Any) -> Any:
+        import asyncio
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def error(self) -> BaseException:
         """What the caller should see after :meth:`failed` answered None (docs/policy.md §10):

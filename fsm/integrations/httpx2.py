@@ -107,7 +107,7 @@ class _Base:
 
     def _chain(self, request: Any, *, sync: bool) -> Chain:
         url = request.url
-        return Chain(self.settings, sync=sync, coordinator=None if sync else self.coordinator,
+        return Chain(self.settings, sync=sync, coordinator=self.coordinator,
                      provider=provider_id(self.provider, url.host, url.port),
                      model=_model(request), **self._chain_options)
 
@@ -201,17 +201,18 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
 class RetryTransport(_Base, httpx2.BaseTransport):
     """The synchronous twin of :class:`AsyncRetryTransport` (``httpx2.Client(transport=...)``).
 
-    A synchronous host has no event loop to ask a coordinator on: retry hints and the budget
-    apply per chain only (``coordinator`` is refused). ``sleep`` waits the backoff (default
+    A ``coordinator`` (the fleet's shared cooldowns and budget) is spoken to through the
+    process's background event loop (the sync facade of :func:`fsm.host.chain.coordinator_loop`);
+    without one, hints and the budget apply per chain. ``sleep`` waits the backoff (default
     ``time.sleep``; a ``KeyboardInterrupt`` while waiting ends the chain ``cancelled``).
     """
 
     def __init__(self, wrapped: Any = None, *, settings: RetrySettings | Mapping[str, Any] | None = None,
-                 on_event: Callable[[Event], Any] | None = None, provider: str | None = None,
-                 sleep: Callable[[float], Any] | None = None, clock: Any = None,
-                 random: Callable[[], float] | None = None) -> None:
-        super().__init__(wrapped or httpx2.HTTPTransport(), settings, on_event, None, provider,
-                         clock, random)
+                 on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
+                 provider: str | None = None, sleep: Callable[[float], Any] | None = None,
+                 clock: Any = None, random: Callable[[], float] | None = None) -> None:
+        super().__init__(wrapped or httpx2.HTTPTransport(), settings, on_event, coordinator,
+                         provider, clock, random)
         self.sleep = sleep or getattr(clock, "sleep", None) or time.sleep
 
     def handle_request(self, request: Any) -> Any:

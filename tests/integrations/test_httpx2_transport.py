@@ -189,3 +189,22 @@ async def test_a_call_already_owned_by_an_fsm_host_passes_through():
         assert result == "ok"
         assert len(srv.chat_requests) == 2
     assert {who for who, _ in events} == {"runner"}
+
+
+def test_sync_transports_share_a_cooldown_through_the_coordinator_facade():
+    """Two sync transports on one coordinator: a retry hint one learned delays the other's retry
+    (the coordinator is asynchronous; the sync facade speaks to it on a background loop)."""
+    from fsm.fleet import InProcessCoordinator
+    coordinator = InProcessCoordinator()
+    hinted = {"status": 429, "headers": {"retry-after-ms": "400"},
+              "json": {"error": {"type": "rate_limit_error", "message": "Rate limit reached"}}}
+    settings = {**FAST, "retryHints": "honor", "maxHintWaitMs": 5000}
+    first, second = [], []
+    with FaultServer([hinted, {}, OVERLOADED]) as srv:
+        for events in (first, second):
+            transport = RetryTransport(settings=settings, coordinator=coordinator, sleep=lambda s: None,
+                                       on_event=lambda e, events=events: events.append(dict(e)))
+            with httpx2.Client(transport=transport) as http:
+                assert http.post(srv.base_url + "/chat/completions", json={"model": "m"}).status_code == 200
+    assert first[0]["delaySource"] == "hint"
+    assert second[0]["delaySource"] == "cooldown" and second[0]["delayMs"] > FAST["maxDelayMs"]

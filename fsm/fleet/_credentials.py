@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from fsm.host.credentials import DEFAULT_BLOCK_MS, _validate_credentials
 from fsm.fleet._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
-from fsm.fleet._redis import DEFAULT_PREFIX, KeySpace, RedisCoordinator, SCRIPTS, check_url, client_options, safe_reason
-from fsm.fleet._types import credential_id, wall_ms
+from fsm.fleet._redis import (DEFAULT_PREFIX, SCRIPTS, KeySpace, RedisCoordinator, check_url, client_options,
+                              limited_from_replies, queue_limited_read, safe_reason)
+from fsm.fleet._types import MAX_LEFT_MS, credential_id, wall_ms
 
 
 def load_credentials(path: str | Path) -> dict[str, list[str]]:
@@ -170,12 +171,14 @@ class RedisCredentialStore:
 
     def _sync_limited(self, provider: str, now: int) -> dict[str, int]:
         merged = self.coordinator.fallback.limited_credentials_sync(provider, now)
-        ok, rows = self._sync_remote(lambda c: c.zrangebyscore(
-            self._sync_keys.limited(provider), f"({now}", "+inf", withscores=True))
-        if ok:
-            for member, score in rows:
-                cred = member.decode() if isinstance(member, bytes) else member
-                merged[cred] = max(int(score), merged.get(cred, 0))
+        def read(client: Any) -> Any:
+            pipe = client.pipeline(transaction=False)
+            queue_limited_read(pipe, self._sync_keys.limited(provider))
+            return pipe.execute(raise_on_error=False)
+        ok, replies = self._sync_remote(read)
+        if ok:  # the server's answer is time left (its own clock): an end on this one's
+            for cred, left in limited_from_replies(replies).items():
+                merged[cred] = max(now + left, merged.get(cred, 0))
         return merged
 
     def api_key(self, provider: str, session_id: str) -> str | None:
@@ -194,7 +197,7 @@ class RedisCredentialStore:
         cred, until = credential_id(used), self._until(now, retry_after_ms)
         self.coordinator.fallback.mark_credential_limited_sync(provider, cred, until, now)
         self._sync_remote(lambda c: self._sync_mark(keys=[self._sync_keys.limited(provider)],
-                                                    args=[cred, until, now]))
+                                                    args=[MAX_LEFT_MS, "", cred, max(0, until - now)]))
         return self._switch(provider, session_id, used, self._sync_limited(provider, now))
 
     def blocked_until(self, provider: str) -> dict[str, int]:

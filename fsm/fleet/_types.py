@@ -88,6 +88,12 @@ class CoordinatorError(Exception):
     """
 
 
+class CoordinatorKeyError(CoordinatorError):
+    """The server answered, but not with what one key's step should give (a reply of the
+    wrong shape, a script error on one key's data): that key is answered locally; the
+    coordinator is not down (no ``coordinator_unavailable`` event)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """The answer of one atomic coordinator step before a request goes out (:meth:`Coordinator.admit`).

@@ -45,6 +45,7 @@ def test_credential_id_is_a_short_hash_never_the_key():
 
 
 def test_coord_key_rejects_empty_parts():
+    """An empty provider, model or credential is refused, naming the field."""
     with pytest.raises(ValueError, match="CoordKey.model"):
         CoordKey("p", "")
     assert CoordKey("p", "m").credential == DEFAULT_CREDENTIAL
@@ -59,6 +60,7 @@ def test_the_budget_settings_are_the_retry_settings_own():
 
 
 async def test_a_tiny_ratio_still_gives_back_a_thousandth():
+    """A ratio below 0.001 still credits one thousandth of a token."""
     c = InProcessCoordinator()
     budget = BudgetSettings(max_tokens=2, token_ratio=0.0001)
     c.take_retry_token_sync(KEY, budget)
@@ -77,6 +79,7 @@ async def test_budget_starts_full_and_allows_while_above_half(coord):
 
 
 async def test_budget_never_goes_below_zero_and_recovers_by_ratio(coord):
+    """The count stops at 0, refills by tokenRatio per success, and is capped at maxTokens."""
     budget = BudgetSettings(max_tokens=4, token_ratio=0.5)
     answers = [await coord.take_retry_token(KEY, budget) for _ in range(10)]
     assert answers == [True] + [False] * 9
@@ -103,6 +106,7 @@ async def test_budget_ratio_is_exact_in_thousandths(coord):
 
 
 async def test_returned_token_undoes_a_take_and_is_capped(coord):
+    """A returned token undoes its take, never beyond maxTokens."""
     budget = BudgetSettings(max_tokens=2)
     assert await coord.take_retry_token(KEY, budget) is False  # 1 is not above 1
     await coord.return_retry_token(KEY, budget)
@@ -112,6 +116,7 @@ async def test_returned_token_undoes_a_take_and_is_capped(coord):
 
 
 async def test_buckets_are_per_key(coord):
+    """Each (provider, model, credential) has its own bucket."""
     budget = BudgetSettings(max_tokens=2)
     await coord.take_retry_token(KEY, budget)
     assert await tokens(coord, OTHER, budget) == 2
@@ -119,12 +124,14 @@ async def test_buckets_are_per_key(coord):
 
 
 async def test_a_smaller_max_caps_a_bigger_bucket(coord):
+    """A bucket read with a smaller maxTokens is capped to it."""
     await coord.take_retry_token(KEY, BudgetSettings(max_tokens=100))
     assert await coord.take_retry_token(KEY, BudgetSettings(max_tokens=4)) is True  # 3 > 2
     assert await tokens(coord, KEY, BudgetSettings(max_tokens=4)) == 3
 
 
 async def test_idle_bucket_is_full_again():
+    """A bucket unused for bucket_idle_ms on the coordinator's clock is full again."""
     clock = [0.0]
     c = InProcessCoordinator(bucket_idle_ms=1000, monotonic_ms=lambda: clock[0])
     budget = BudgetSettings(max_tokens=2)
@@ -212,6 +219,7 @@ async def test_redis_keys_do_not_collide_on_colons(redis_server, prefix):  # noq
 
 
 def test_prefix_and_url_are_checked():
+    """Colons inside names cannot make two keys share a Redis key."""
     with pytest.raises(ValueError, match="prefix"):
         RedisCoordinator.from_url("redis://127.0.0.1:1/0", prefix="a b")
     with pytest.raises(ValueError, match=r"redis://HOST:PORT/DB, got 'http://u:\*\*\*@h'"):
@@ -251,6 +259,7 @@ async def test_in_process_marks_expire_on_the_hosts_clock():
 
 
 def test_coordinator_protocol_and_the_default():
+    """Both coordinators satisfy the protocol; the default is one per process."""
     assert isinstance(InProcessCoordinator(), Coordinator)
     assert isinstance(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), Coordinator)
     assert default_coordinator() is default_coordinator()
@@ -260,6 +269,7 @@ def test_coordinator_protocol_and_the_default():
 
 
 async def test_in_process_sweeps_dead_entries():
+    """Expired cooldowns and idle buckets are swept once the tables grow."""
     c = InProcessCoordinator()
     for i in range(1100):
         await c.learn_cooldown(CoordKey("p", f"m{i}"), NOW + 1, NOW)
@@ -288,6 +298,7 @@ async def test_many_concurrent_calls_share_a_few_connections(redis_server, prefi
 
 
 def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
+    """The test server names a missing or failing redis-server."""
     from fsm.fleet import server
     with pytest.raises(RuntimeError, match="redis-server exited with 1"):
         server.RedisServer(binary="false").start()
@@ -306,5 +317,6 @@ async def test_warm_up_loads_the_scripts_and_opens_connections(redis_server, pre
 
 
 def test_max_connections_is_checked():
+    """warm_up loads every script into the server."""
     with pytest.raises(ValueError, match="max_connections"):
         RedisCoordinator.from_url("redis://127.0.0.1:1/0", max_connections=0)

@@ -31,7 +31,7 @@ and two additions of this project:
 
 - a **floor** ``min_rate`` (botocore's bucket has one of 0.5 requests/s, ``_MIN_RATE``): the
   fleet keeps probing at that rate, so that the end of an outage is seen, as Linkerd's retry
-  budget keeps ``minRetriesPerSecond`` (https://linkerd.io/2/reference/retries/);
+  budget keeps ``minRetriesPerSecond`` (https://linkerd.io/2/reference/service-profiles/);
 - after ``forget_after_ms`` without a throttle the pacer lets go (the state is as new).
 
 Units: times in ms (``float`` inside, any origin: the caller's clock), rates in requests per

@@ -100,7 +100,7 @@ class BudgetSettings:
       the floor's slots; docs/fleet.md "Budget in wait mode").
     - ``min_retries_per_second``: the fleet-wide floor of retries per second the budget
       always lets through, 0..1000 (default 0: none), as Linkerd's retry budget's
-      ``minRetriesPerSecond`` (https://linkerd.io/2/reference/retries/).
+      ``minRetriesPerSecond`` (https://linkerd.io/2/reference/service-profiles/).
 
     Each failed attempt takes one token; a retry is allowed only while the count after the
     take is above ``max_tokens / 2`` (or when a floor slot is free). Raises

@@ -56,6 +56,7 @@ BUCKET_TTL_MS = 7 * 86_400_000
 # Shared by every script: ARGV[1] is MAX_LEFT_MS, ARGV[2] the time ('' = the server's TIME;
 # tests give one to compare the arithmetic with fsm.core.pacing).
 _LUA_COMMON = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end -- TIME, then writes (Redis < 7)
 local MAXLEFT = tonumber(ARGV[1])
 local function num(v)
   if type(v) ~= 'string' and type(v) ~= 'number' then return nil end

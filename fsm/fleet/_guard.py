@@ -126,6 +126,9 @@ class GuardedCoordinator:
       The budget is the remote's while it answers, ``fallback``'s while it does not; the
       fallback's bucket continues from the last count the remote gave, so an outage of Redis
       during a provider's outage does not give every process a full bucket of retries.
+    - An :meth:`admit` whose answer comes after nobody waits for it (its deadline passed, or
+      the caller was cancelled: an abort or a cancel while Redis answers) gives back the
+      budget token it took, so an aborted retry never leaks a token.
     - A key whose data in the remote is bad (the remote raises
       :class:`~fsm.fleet.CoordinatorKeyError`) is answered from ``fallback`` for that call
       only; the remote stays "available" (no event). Nothing the remote answers is copied
@@ -163,6 +166,7 @@ class GuardedCoordinator:
         self.fallback = fallback if fallback is not None else InProcessCoordinator(clock=clock)
         self.breaker = Breaker(probe_interval_s=probe_interval_s, on_event=on_event,
                                monotonic=monotonic)
+        self._background: set[asyncio.Task] = set()  # late give-backs still running
 
     def __repr__(self) -> str:
         return f"GuardedCoordinator({self.inner!r}, timeout_s={self.timeout_s})"
@@ -177,9 +181,14 @@ class GuardedCoordinator:
         return self.breaker.subscribe(listener)
 
     async def _remote(self, call: Callable[[], Awaitable[Any]],
-                      timeout_s: float | None = None) -> tuple[bool, Any]:
+                      timeout_s: float | None = None,
+                      on_late: Callable[[Any], None] | None = None) -> tuple[bool, Any]:
         """``(True, answer)`` from the remote, or ``(False, None)`` when it is down, slow or
         failing (the breaker hears of it).
+
+        ``on_late(answer)`` is called with the answer of a call that completes after nobody
+        waits for it any more (its deadline passed, or the caller was cancelled: an abort):
+        :meth:`admit` gives back the token such an answer took.
 
         The call runs as its own task. At the deadline a call that is mid-command (in the
         inner's ``in_flight``) is left to finish in the background rather than cancelled:
@@ -227,6 +236,8 @@ class GuardedCoordinator:
             if not task.done() and in_flight is not None and task not in in_flight:
                 sent = False
                 task.cancel()  # still waiting for its turn: it sent nothing
+            elif not task.done() and on_late is not None:
+                task.add_done_callback(lambda t: self._late(t, on_late))
         if not task.done():
             if sent:  # a call that never got its turn says this process is busy, not Redis down
                 self.breaker.failed(f"no answer within {timeout * 1000:g} ms")
@@ -246,6 +257,29 @@ class GuardedCoordinator:
             return False, None
         self.breaker.succeeded()
         return True, task.result()
+
+    def _late(self, task: "asyncio.Task[Any]", on_late: Callable[[Any], None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        try:
+            on_late(task.result())
+        except Exception:  # a late answer's clean-up must never reach anyone
+            log.debug("late coordinator answer not handled", exc_info=True)
+
+    def _give_back_late(self, key: CoordKey, budget: BudgetSettings | None) -> Callable[[Any], None]:
+        """For :meth:`admit`: a late answer that took a token (nobody will send its retry)
+        gives the token back, in the background."""
+        def give_back(answer: Any) -> None:
+            taken = (answer.token_taken if isinstance(answer, Admission)
+                     else answer[1] is True if isinstance(answer, tuple) and len(answer) == 2
+                     else answer is True)  # before v3: (left, allowed) or allowed
+            if budget is None or not taken:
+                return
+            task = asyncio.get_running_loop().create_task(self.inner.return_retry_token(key, budget))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            task.add_done_callback(_forget)
+        return give_back
 
     async def ping(self) -> bool:
         """Try the remote now (even while down); True when it answered in time."""
@@ -282,7 +316,8 @@ class GuardedCoordinator:
                     floor_slot_due: bool = False, max_wait_ms: int | None = None) -> Admission:
         ok, answer = await self._remote(lambda: self.inner.admit(
             key, retry=retry, budget=budget, pacing=pacing, earliest_ms=earliest_ms,
-            floor_slot_due=floor_slot_due, max_wait_ms=max_wait_ms))
+            floor_slot_due=floor_slot_due, max_wait_ms=max_wait_ms),
+            on_late=self._give_back_late(key, budget if retry else None))
         if not ok or not isinstance(answer, Admission):
             return await self.fallback.admit(key, retry=retry, budget=budget, pacing=pacing,
                                              earliest_ms=earliest_ms, floor_slot_due=floor_slot_due,
@@ -360,7 +395,8 @@ class GuardedCoordinator:
             self.fallback.set_tokens_milli(key, budget, milli)
 
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
-        ok, allowed = await self._remote(lambda: self.inner.take_retry_token(key, budget))
+        ok, allowed = await self._remote(lambda: self.inner.take_retry_token(key, budget),
+                                         on_late=self._give_back_late(key, budget))
         if not ok:
             return self.fallback.take_retry_token_sync(key, budget)
         self._mirror(key, budget)
@@ -368,7 +404,8 @@ class GuardedCoordinator:
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
-        ok, answer = await self._remote(lambda: self.inner.before_decision(key, now_ms, budget))
+        ok, answer = await self._remote(lambda: self.inner.before_decision(key, now_ms, budget),
+                                        on_late=self._give_back_late(key, budget))
         if not ok:
             return self.fallback.before_decision_sync(key, now_ms, budget)
         if budget is not None:

@@ -233,6 +233,25 @@ async def test_a_machine_with_a_skewed_clock_learns_a_30s_hint_as_30s(redis_serv
     await honest.aclose()
 
 
+def test_credential_stores_on_skewed_clocks_agree_on_a_marks_time_left(redis_server, prefix):  # noqa: F811
+    """A store whose machine is ten days ahead marks a key for 30 s: a store on an honest
+    machine sees 30 s left, and skips the key."""
+    from fsm.fleet import RedisCredentialStore, credential_id
+    keys = {"openai": ["sk-one", "sk-two"]}
+    now = 1_800_000_000_000
+    ahead = RedisCredentialStore(keys, url=redis_server.url, prefix=prefix,
+                                 clock=lambda: now + 10 * 86_400_000)
+    honest = RedisCredentialStore(keys, url=redis_server.url, prefix=prefix, clock=lambda: now)
+    try:
+        assert ahead.mark_usage_limit_reached("openai", "s", 30_000) is True
+        until = honest.blocked_until("openai")[credential_id("sk-one")]
+        assert now + 29_000 < until <= now + 30_000
+        assert honest.api_key("openai", "t") == "sk-two"
+    finally:
+        ahead.close()
+        honest.close()
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(skews=st.lists(st.integers(-400 * 86_400_000, 400 * 86_400_000), min_size=2, max_size=4),
        hint=st.integers(1, 600_000))

@@ -213,3 +213,19 @@ async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_se
     assert float(stored[b"fill"]) == pytest.approx(state.fill, rel=1e-12) or not state.on
     assert float(stored[b"tat"]) == pytest.approx(state.tat_ms, rel=1e-12) or not state.on
     await c.aclose()
+
+
+async def test_callers_of_both_protocols_share_one_table_without_mixing_clocks():
+    """While the session still calls the protocol before v3 (with its own epoch ``now_ms``),
+    a v3 caller on the same coordinator sees the same time left, and vice versa: only
+    durations cross."""
+    clock = Clock(5_000.0)  # a monotonic clock, nowhere near the epoch
+    c = InProcessCoordinator(clock=clock)
+    epoch = 1_800_000_000_000
+    await c.learn_cooldown(KEY, epoch + 30_000, epoch)              # before v3, epoch frame
+    assert (await c.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms == 30_000
+    await c.mark_credential_limited("p", "c1", 20_000)               # v3
+    assert await c.limited_credentials("p", epoch) == {"c1": epoch + 20_000}
+    clock.now += 10_000
+    assert await c.cooldown_left_ms(KEY, epoch + 10_000) == 20_000
+    assert await c.limited_credentials("p") == {"c1": 10_000}

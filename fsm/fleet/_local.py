@@ -248,9 +248,8 @@ class InProcessCoordinator:
 
     async def learn_cooldown(self, key: CoordKey, duration_ms: int,
                              now_ms: int | None = None) -> None:
-        if now_ms is not None:  # before v3: (key, until_ms, now_ms) in the caller's clock
-            self.learn_cooldown_at(key, check_ms("until_ms", duration_ms) - check_ms("now_ms", now_ms),
-                                   now_ms)
+        if now_ms is not None:  # before v3: (key, until_ms, now_ms): its duration
+            self.learn_cooldown_sync(key, duration_ms, now_ms)
             return
         self.learn_cooldown_at(key, duration_ms, self.now_ms())
 
@@ -266,15 +265,13 @@ class InProcessCoordinator:
     async def mark_credential_limited(self, provider: str, credential: str, duration_ms: int,
                                       now_ms: int | None = None) -> None:
         if now_ms is not None:  # before v3: (provider, credential, until_ms, now_ms)
-            self.mark_credential_limited_at(provider, credential,
-                                            check_ms("until_ms", duration_ms) - check_ms("now_ms", now_ms),
-                                            now_ms)
+            self.mark_credential_limited_sync(provider, credential, duration_ms, now_ms)
             return
         self.mark_credential_limited_at(provider, credential, duration_ms, self.now_ms())
 
     async def limited_credentials(self, provider: str, now_ms: int | None = None) -> dict[str, int]:
         if now_ms is not None:  # before v3: id -> end in the caller's clock
-            return {c: now_ms + left for c, left in self.limited_credentials_at(provider, now_ms).items()}
+            return self.limited_credentials_sync(provider, now_ms)
         return self.limited_credentials_at(provider, self.now_ms())
 
     async def mark_fallback(self, key: CoordKey, duration_ms: int) -> None:
@@ -287,15 +284,20 @@ class InProcessCoordinator:
         """Nothing to release (kept for the protocol)."""
 
     # -- before v3 (thin wrappers while the session and runner call them) ------------------
+    # Before v3 a caller passed its own ``now_ms`` (epoch, or a test's fake time). Only the
+    # differences ``until_ms - now_ms`` are used: everything is stored and read on this
+    # coordinator's own clock, so callers of both protocols (or on clocks that disagree)
+    # share one table without mixing two clocks.
     def cooldown_left_sync(self, key: CoordKey, now_ms: int) -> int:
-        return self.cooldown_left_at(key, now_ms)
+        check_ms("now_ms", now_ms)
+        return self.cooldown_left_at(key, self.now_ms())
 
     def learn_cooldown_sync(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
         until_ms = check_ms("until_ms", until_ms)
-        self.learn_cooldown_at(key, until_ms - now_ms, now_ms)
+        self.learn_cooldown_at(key, until_ms - check_ms("now_ms", now_ms), self.now_ms())
 
     async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
-        return self.cooldown_left_at(key, now_ms)
+        return self.cooldown_left_sync(key, now_ms)
 
     def take_retry_token_sync(self, key: CoordKey, budget: BudgetSettings) -> bool:
         with self._lock:
@@ -306,7 +308,7 @@ class InProcessCoordinator:
 
     def before_decision_sync(self, key: CoordKey, now_ms: int,
                              budget: BudgetSettings | None) -> tuple[int, bool | None]:
-        left = self.cooldown_left_at(key, now_ms)
+        left = self.cooldown_left_sync(key, now_ms)
         return left, (None if budget is None else self.take_retry_token_sync(key, budget))
 
     async def before_decision(self, key: CoordKey, now_ms: int,
@@ -319,10 +321,12 @@ class InProcessCoordinator:
     def mark_credential_limited_sync(self, provider: str, credential: str, until_ms: int,
                                      now_ms: int) -> None:
         until_ms = check_ms("until_ms", until_ms)
-        self.mark_credential_limited_at(provider, credential, until_ms - now_ms, now_ms)
+        self.mark_credential_limited_at(provider, credential, until_ms - check_ms("now_ms", now_ms),
+                                        self.now_ms())
 
     def limited_credentials_sync(self, provider: str, now_ms: int) -> dict[str, int]:
-        return {c: now_ms + left for c, left in self.limited_credentials_at(provider, now_ms).items()}
+        check_ms("now_ms", now_ms)
+        return {c: now_ms + left for c, left in self.limited_credentials_at(provider, self.now_ms()).items()}
 
 
 _default: InProcessCoordinator | None = None

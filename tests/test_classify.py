@@ -16,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsm.core import classify as C
+from fsm.core.classify import decide as D
+from fsm.core.classify import scanner as S
 from fsm.core.classify import (
     INWORD_RULES,
     OVERFLOW_RULES,
@@ -425,8 +427,8 @@ def test_rule_rows_are_well_formed():
         # a word-start alternative must begin with a literal: the scan's first-character
         # filter and the one-alternative-per-position trie depend on it
         if not rule.anywhere:
-            for alt in C._alternatives(rule.pattern):
-                assert alt[:1] > "\x7f" or C._literal_prefix(alt.lstrip("^")), (rule.id, alt)
+            for alt in S.alternatives(rule.pattern):
+                assert alt[:1] > "\x7f" or S.literal_prefix(alt.lstrip("^")), (rule.id, alt)
         assert rule.family and re.fullmatch(r"[a-z0-9_]+", rule.family)
         assert len(rule.source) > 10
         compiled = re.compile(rule.pattern)
@@ -548,7 +550,7 @@ def _reference_regexes(rules):
     """Each rule as one plain regex with the same word-start semantics as the compiled scan."""
     out = []
     for rule in rules:
-        alts = C._alternatives(rule.pattern)
+        alts = S.alternatives(rule.pattern)
         parts = []
         for alt in alts:
             if alt.startswith("^"):
@@ -615,7 +617,7 @@ def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
     usage_limit = (any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
                    or "perday" in t or "perhour" in t)
     hint = parse_normalized_hint_ms(t, now_ms=now_ms)
-    if yielding is not None and (retryable is None or (hint is None and not C._names_a_quota_window(t))):
+    if yielding is not None and (retryable is None or (hint is None and not D._names_a_quota_window(t))):
         return Classification("fatal", yielding.id)
     if retryable is None:
         return Classification("fatal", "fatal.unmatched")
@@ -658,8 +660,8 @@ def test_compiled_scan_agrees_with_the_reference_on_mixed_texts(text, input_toke
 @given(_texts)
 def test_needles_are_necessary_for_the_429_guard(text):
     t = " " + normalize_text(text)
-    if C._subset(frozenset({C._G})).regex.search(t) is not None:
-        assert any(needle in t for needle in C._GUARD_NEEDLES)
+    if D._subset(frozenset({D._G})).regex.search(t) is not None:
+        assert any(needle in t for needle in D._GUARD_NEEDLES)
 
 
 def test_very_many_matches_take_the_staged_path_with_the_same_decisions():
@@ -766,7 +768,7 @@ def test_a_voided_anchored_overflow_goes_on_to_the_next_steps():
 def test_patterns_with_capturing_groups_are_refused():
     bad = C.Rule("overflow.bad", "context_overflow", "(prompt) too long", "test")
     with pytest.raises(ValueError, match="capturing groups"):
-        C._compile([(C._OVERFLOW, bad)], frozenset())
+        S.compile_rules([(S.OVERFLOW, bad)], frozenset())
 
 
 # --- regressions ------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from email.utils import parsedate_to_datetime
 from functools import lru_cache
 
 __all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "HeaderHint", "header_hint",
-           "should_retry_header", "normalize_text", "parse_hint_at", "parse_normalized_hint_ms", "parse_retry_hint_ms"]
+           "should_retry_header", "normalize_text", "padded_normal_form", "parse_hint_at", "parse_normalized_hint_ms", "parse_retry_hint_ms"]
 
 MAX_HINT_MS = 7 * 24 * 3600 * 1000
 """Hints longer than this (7 days, in ms) are treated as absurd and ignored."""
@@ -70,15 +70,16 @@ def normalize_text(text: str) -> str:
     error); every run of whitespace (newlines included: terminals wrap error texts) collapsed
     to one space; leading and trailing space stripped. Linear in the length of ``text``.
     """
-    return _normalize(text)[1:]
+    return padded_normal_form(text)[1:]
 
 
 # ASCII whitespace other than the space itself (str.split()'s set), mapped to spaces.
 _ASCII_WS = str.maketrans({c: " " for c in "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"})
 
 
-def _normalize(text: str) -> str:
-    """" " + :func:`normalize_text` (the classifier scans it with a leading space)."""
+def padded_normal_form(text: str) -> str:
+    """" " + :func:`normalize_text`: the classifier scans the normal form with a leading space, so
+    that its first word starts after a non-word character too."""
     t = text.lower()
     if "\\" in t:
         t = t.replace("\\n", " ").replace("\\r", " ").replace("\\t", " ")

@@ -30,6 +30,7 @@ from fsm.core.classify import (
     classify_message,
 )
 from fsm.core.hints import MAX_HINT_MS, WORD_CHARS, normalize_text, parse_normalized_hint_ms
+from fsm.commands.classify import zone_resolver
 from fsm.core.messages import AssistantMessage, Usage
 
 DATA = Path(__file__).parent / "data"
@@ -46,8 +47,13 @@ KINDS = {"retryable", "context_overflow", "fatal", "none"}
 CORPUS_NOW_MS = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1000
 
 
+# The host's zone resolver (the shell's zoneinfo): named zones known, zone-less times UTC.
+ZONE = zone_resolver()
+
+
 def _ms(dt: datetime) -> float:
-    return dt.timestamp() * 1000
+    """Epoch ms of ``dt``; a naive ``dt`` is UTC (never the machine's zone)."""
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp() * 1000
 
 
 # Corpus rows whose hint is absolute (a clock time, a date, an epoch): the corpus files them as
@@ -61,7 +67,7 @@ ABSOLUTE_HINTS: dict[str, tuple[float, int]] = {
     # "reset at 9am (America/Chicago)", asked at 8:30 there
     "claude-usage-limit-reset-at-9am-tz": (
         _ms(datetime(2026, 1, 10, 8, 30, tzinfo=ZoneInfo("America/Chicago"))), 1_800_000),
-    # "try again at Jul 5th, 2026 8:19 PM" (no zone: local time), asked 19 minutes before
+    # "try again at Jul 5th, 2026 8:19 PM" (no zone: UTC), asked 19 minutes before
     "codex-usage-limit-try-again-at-en": (_ms(datetime(2026, 7, 5, 20, 0)), 19 * 60_000),
 }
 USAGE_LIMIT_ROWS = {
@@ -80,18 +86,17 @@ PREFIX = {"retryable": "retryable.", "context_overflow": "overflow.", "fatal": "
 # --- every corpus row -----------------------------------------------------------------------
 
 def row_now_ms(row: dict) -> float:
-    """A row's clock: its ``now`` (ISO 8601; without an offset, the local time, as the message
-    prints it), else the corpus's fixed clock."""
+    """A row's clock: its ``now`` (ISO 8601; without an offset, UTC, as a zone-less time in the
+    message is read), else the corpus's fixed clock."""
     if "now" not in row:
         return CORPUS_NOW_MS
-    when = datetime.fromisoformat(row["now"])
-    return (when if when.tzinfo else when.astimezone()).timestamp() * 1000
+    return _ms(datetime.fromisoformat(row["now"]))
 
 
 @pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
 def test_corpus_row(row):
     now_ms, absolute = ABSOLUTE_HINTS.get(row["id"], (row_now_ms(row), None))
-    result = classify("error", row["message"], now_ms=now_ms)
+    result = classify("error", row["message"], now_ms=now_ms, zone=ZONE)
     assert result.kind == row["expected"], (result, row["notes"])
     assert result.rule.startswith(PREFIX[result.kind])
     assert result.usage_limit == row.get("usage_limit", row["id"] in USAGE_LIMIT_ROWS)
@@ -393,7 +398,7 @@ def test_d3_traps_are_not_server_errors(message):
 @pytest.mark.parametrize("message, usage_limit, hint", [
     ("You've hit your usage limit. Try again in 3 hours.", True, 10_800_000),
     ('{"type":"usage_limit_reached","resets_in_seconds":60}', True, 60_000),
-    ("5-hour limit reached ∙ resets 3pm", True, 3_600_000),  # 3pm local, asked at 2pm local
+    ("5-hour limit reached ∙ resets 3pm", True, 3_600_000),  # 3pm UTC (no zone), asked at 2pm UTC
     ("Weekly limit reached", True, None),
     ("Rate limit reached for gpt-4 in organization org-x. Please try again in 20s.", False, 20_000),
     ("503 Service Unavailable (retry-after: 5)", False, 5_000),

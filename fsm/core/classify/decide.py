@@ -34,9 +34,8 @@ nothing here reads a clock or the machine's time zone.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import tzinfo
 from typing import Literal
 
 from fsm.core.classify.rules import (
@@ -55,6 +54,7 @@ from fsm.core.classify.rules import (
 from fsm.core.classify.scanner import HINT, OVERFLOW, PERMANENT, RETRYABLE, Anywhere, Matcher
 from fsm.core.hints import (
     HINT_TRIGGERS,
+    ZoneResolver,
     header_hint,
     padded_normal_form,
     parse_hint_at,
@@ -84,7 +84,7 @@ class Classification:
     ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"``.
     ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage limits";
     only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
-    milliseconds (0 … 7 days), only for ``retryable``; ``None`` when the message has none.
+    milliseconds (0 … 400 days, :data:`fsm.core.hints.MAX_HINT_MS`), only for ``retryable``; ``None`` when the message has none.
     """
 
     kind: Kind
@@ -170,6 +170,9 @@ _STATUS_TAIL = 8192  # characters of a long text's tail where its innermost stat
 _ANYWHERE_RETRYABLE = Anywhere(RETRYABLE_RULES + INWORD_RULES)
 _ANYWHERE_PERMANENT = Anywhere(PERMANENT_RULES)
 
+_Clock = tuple["float | None", "ZoneResolver | None"]
+"""The host's ``(now_ms, zone)``: epoch ms of its clock (None: unknown) and its zone resolver."""
+
 _NOT_ERROR = Classification("none", "stop_reason.not_error")
 _NO_MESSAGE = Classification("fatal", "error.no_message")
 _SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
@@ -194,7 +197,8 @@ def _names_a_429(t: str) -> bool:
 
 
 def classify(stop_reason: str, error_message: str | None, usage: Usage | None = None,
-             context_window: int = 0, *, now_ms: float | None = None) -> Classification:
+             context_window: int = 0, *, now_ms: float | None = None,
+             zone: ZoneResolver | None = None) -> Classification:
     """Classify how a turn ended from its text alone (``docs/policy.md §2``; the order is in
     the module docstring). For a message that also carries structured facts (HTTP status,
     error type/code, headers) use :func:`classify_facts` or :func:`classify_message`.
@@ -203,8 +207,11 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
     (anything but ``"error"`` gives ``none``). ``error_message``: the provider's error text as
     the SDK reported it, or ``None``; read whole, before any clipping. ``usage``: token counts
     of the failed message (for silent overflow). ``context_window``: the model's context window
-    in tokens; 0 (or less) disables the silent-overflow check. ``now_ms``: wall clock in epoch
-    ms for absolute retry hints (default: now).
+    in tokens; 0 (or less) disables the silent-overflow check. ``now_ms``: the host's clock in
+    epoch ms, against which absolute retry hints (an HTTP date, an epoch, "resets 3pm") are
+    resolved; None: absolute hints give no hint (the classifier reads no clock). ``zone``: the
+    host's :data:`fsm.core.hints.ZoneResolver` (None: named zones are unknown and a time without
+    a zone is UTC).
 
     Returns a :class:`Classification`; never raises for a ``str`` message of any size (linear
     time: a few µs for a provider's message, tens of ms for a megabyte).
@@ -213,6 +220,7 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
         return _NOT_ERROR
     if not error_message or error_message.isspace():
         return _NO_MESSAGE
+    clock: _Clock = (now_ms, zone)
     t = padded_normal_form(error_message)  # " " + the normal form
     silent = (usage is not None and context_window > 0
               and usage.input + usage.cache_read > context_window)
@@ -224,7 +232,7 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
         start = _ALL.at_start(t)
         if start is not None:
             if start[0] == OVERFLOW:
-                return _overflow(t, start[1], silent, now_ms)
+                return _overflow(t, start[1], silent, clock)
             if start[1].id in _STATUS_IDS:
                 status = start[1]
             else:  # pragma: no cover - the anchored permanent rules are status markers
@@ -240,7 +248,7 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
             elif is_status:
                 status = rule
         elif tag == OVERFLOW:
-            return _overflow(t, rule, silent, now_ms, m.start() + 1, permanent, retryable,
+            return _overflow(t, rule, silent, clock, m.start() + 1, permanent, retryable,
                              usage_limit, status)
         elif is_status:
             status = rule
@@ -248,22 +256,22 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
             permanent, yielding = rule, yields
         count += 1
         if count > _MAX_MATCHES:
-            return _continue(t, m.start() + 1, silent, permanent, retryable, usage_limit, now_ms,
+            return _continue(t, m.start() + 1, silent, permanent, retryable, usage_limit, clock,
                              status=status)
         if trigger:
             triggers.append(m.start() + 1)  # type: ignore[union-attr]
     if silent:
-        return _overflow(t, None, silent, now_ms, len(t), permanent, retryable, usage_limit, status)
+        return _overflow(t, None, silent, clock, len(t), permanent, retryable, usage_limit, status)
     if (permanent is None and retryable is not None and not triggers and t.isascii()
             and (status is None or status.id[0] == "r")):
         # the common case, without a hint
         return _RESULT[retryable.id, usage_limit or _INWORD_USAGE[0] in t or _INWORD_USAGE[1] in t]
     if not t.isascii():
         triggers = None  # trigger words inside such scripts have no word start: search all
-    return _decide(t, permanent, retryable, usage_limit, triggers, now_ms, status)
+    return _decide(t, permanent, retryable, usage_limit, triggers, clock, status)
 
 
-def _overflow(t: str, rule: Rule | None, silent: bool, now_ms: float | None, pos: int = 1,
+def _overflow(t: str, rule: Rule | None, silent: bool, clock: _Clock, pos: int = 1,
               permanent: Rule | None = None, retryable: Rule | None = None,
               usage_limit: bool = False, status: Rule | None = None) -> Classification:
     """Step 3 found an overflow rule (``rule``, at ``pos``) or a silent overflow: it decides
@@ -272,13 +280,13 @@ def _overflow(t: str, rule: Rule | None, silent: bool, now_ms: float | None, pos
     if (rule is not None and rule.id in _BEATS_429) or not _names_a_429(t):
         return _SILENT_OVERFLOW if rule is None else _RESULT[rule.id, False]
     if rule is None:  # a silent overflow voided: the text was scanned to the end already
-        return _continue(t, len(t), False, permanent, retryable, usage_limit, now_ms, status=status)
-    return _continue(t, pos, False, permanent, retryable, usage_limit, now_ms,
+        return _continue(t, len(t), False, permanent, retryable, usage_limit, clock, status=status)
+    return _continue(t, pos, False, permanent, retryable, usage_limit, clock,
                      overflow_done=True, status=status)
 
 
 def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable: Rule | None,
-              usage_limit: bool, now_ms: float | None, *, overflow_done: bool = False,
+              usage_limit: bool, clock: _Clock, *, overflow_done: bool = False,
               status: Rule | None = None) -> Classification:
     """The rest of :func:`classify` from ``t[pos:]``, for texts with very many matches (or an
     overflow voided by a 429): one search per open question, each resuming where the last one
@@ -322,7 +330,7 @@ def _continue(t: str, pos: int, silent: bool, permanent: Rule | None, retryable:
     if silent and not _names_a_429(t):
         return _SILENT_OVERFLOW
     status = _last_status(t, start_pos, status)
-    return _decide(t, permanent, retryable, usage_limit, None, now_ms, status)
+    return _decide(t, permanent, retryable, usage_limit, None, clock, status)
 
 
 def _last_status(t: str, pos: int, status: Rule | None) -> Rule | None:
@@ -337,7 +345,7 @@ def _last_status(t: str, pos: int, status: Rule | None) -> Rule | None:
 
 
 def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit: bool,
-            triggers: list[int] | None, now_ms: float | None, status: Rule | None = None
+            triggers: list[int] | None, clock: _Clock, status: Rule | None = None
             ) -> Classification:
     """Steps 4-6 once no overflow applies. ``status``: the innermost status marker;
     ``triggers``: hint trigger positions, or ``None`` to look for them in the whole text."""
@@ -353,7 +361,7 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
         if retryable is not None:
             triggers = None
     if permanent is not None:  # it stands down for a retry hint or a quota window
-        hint = parse_normalized_hint_ms(t, now_ms=now_ms)
+        hint = parse_normalized_hint_ms(t, now_ms=clock[0], zone=clock[1])
         if retryable is None or (hint is None and not _names_a_quota_window(t)):
             return _RESULT[permanent.id, False]
     if retryable is None:
@@ -362,9 +370,9 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
         usage_limit = True
     if hint is None:
         if triggers is None:
-            hint = parse_normalized_hint_ms(t, now_ms=now_ms)
+            hint = parse_normalized_hint_ms(t, now_ms=clock[0], zone=clock[1])
         elif triggers:
-            hint = parse_hint_at(t, triggers, now_ms=now_ms)
+            hint = parse_hint_at(t, triggers, now_ms=clock[0], zone=clock[1])
         if hint is None:
             return _RESULT[retryable.id, usage_limit]
     return Classification("retryable", retryable.id, usage_limit, hint)
@@ -421,7 +429,7 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
                    context_window: int = 0, *, status: int | None = None,
                    error_type: str | None = None, error_code: str | None = None,
                    headers: Mapping[str, str] | None = None,
-                   now_ms: float | None = None) -> Classification:
+                   now_ms: float | None = None, zone: ZoneResolver | None = None) -> Classification:
     """Classify a turn's end from its structured facts first, then its text.
 
     ``status``: the HTTP status of the failed response; ``error_type`` / ``error_code``: the
@@ -442,9 +450,10 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
     if stop_reason != "error":
         return _NOT_ERROR
     if status is None and error_type is None and error_code is None and not headers:
-        return classify(stop_reason, error_message, usage, context_window, now_ms=now_ms)
+        return classify(stop_reason, error_message, usage, context_window, now_ms=now_ms, zone=zone)
+    clock: _Clock = (now_ms, zone)
     text = error_message if error_message and not error_message.isspace() else ""
-    tr = classify(stop_reason, text or None, usage, context_window, now_ms=now_ms)
+    tr = classify(stop_reason, text or None, usage, context_window, now_ms=now_ms, zone=zone)
     if tr.rule == "error.no_message":
         tr = _UNMATCHED
     codes = [(f"code_{c}", c) for c in (error_code,) if isinstance(c, str) and c]
@@ -461,7 +470,7 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
     if tr.kind == "context_overflow":
         if status != 429 or tr.rule in _BEATS_429:
             return tr
-        tr = classify(stop_reason, "429 " + text, now_ms=now_ms)  # a 429 is rate limiting
+        tr = classify(stop_reason, "429 " + text, now_ms=now_ms, zone=zone)  # a 429 is rate limiting
     # 2. permanent conditions, any source
     for name, verdict, _ in typed:
         if verdict is not None and verdict[0] == "permanent":
@@ -475,7 +484,7 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
         return tr
     # 3. the server's own verdict: worth retrying
     if verdict_header is True:
-        return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, now_ms)
+        return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, clock)
     # 4. the body's typed code/type (a numeric code is an inner status)
     for name, verdict, value in typed:
         if verdict is None and name.startswith("code_") and _STATUS_DIGITS.fullmatch(value):
@@ -488,7 +497,7 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
         kind, family, _ = verdict
         if kind == "fatal":
             return Classification("fatal", f"structured.{name}")
-        return _retryable(f"structured.{name}", family in _RATE_FAMILIES, tr, text, headers, now_ms,
+        return _retryable(f"structured.{name}", family in _RATE_FAMILIES, tr, text, headers, clock,
                           usage_limit=kind == "usage_limit")
     # 5. the innermost status the text names (inside a wrapper), 6. the outer status
     found = _text_status(padded_normal_form(text)) if text else None
@@ -497,42 +506,43 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
         rule_id = f"structured.status_{status}" if number is not None and number == status else rule.id
         if rule.id[0] == "f":
             return Classification("fatal", rule_id)
-        return _retryable(rule_id, rule.family == "rate_limit", tr, text, headers, now_ms)
+        return _retryable(rule_id, rule.family == "rate_limit", tr, text, headers, clock)
     # a usage limit the body states is the provider's own verdict on the account, inner to a
     # wrapper's status (LiteLLM maps Anthropic's usage-limit 400 to BadRequestError)
     if tr.kind == "retryable" and tr.usage_limit:
-        return _retryable(tr.rule, True, tr, text, headers, now_ms)
+        return _retryable(tr.rule, True, tr, text, headers, clock)
     if outer == "fatal":
         return Classification("fatal", f"structured.status_{status}")
     if outer == "retryable":
-        return _retryable(f"structured.status_{status}", status == 429, tr, text, headers, now_ms)
+        return _retryable(f"structured.status_{status}", status == 429, tr, text, headers, clock)
     # 7. the text families
     if tr.kind == "retryable":
-        return _retryable(tr.rule, _family(tr.rule) in _RATE_FAMILIES, tr, text, headers, now_ms)
+        return _retryable(tr.rule, _family(tr.rule) in _RATE_FAMILIES, tr, text, headers, clock)
     return tr
 
 
 def _retryable(rule_id: str, rate_limited: bool, tr: Classification, text: str,
-               headers: Mapping[str, str] | None, now_ms: float | None, *,
+               headers: Mapping[str, str] | None, clock: _Clock, *,
                usage_limit: bool = False) -> Classification:
     """A retryable verdict with the usage-limit flag of the facts or the text, and the hint of
     the headers, else of the text."""
     usage_limit = usage_limit or (tr.kind == "retryable" and tr.usage_limit)
     rate_limited = rate_limited or usage_limit or (tr.kind == "retryable" and _family(tr.rule) in _RATE_FAMILIES)
-    found = header_hint(headers, rate_limited=rate_limited, now_ms=now_ms)
+    found = header_hint(headers, rate_limited=rate_limited, now_ms=clock[0], zone=clock[1])
     if found is not None:
         hint: int | None = found.ms
     elif tr.kind == "retryable":
         hint = tr.retry_hint_ms
     else:
-        hint = parse_retry_hint_ms(text, now_ms=now_ms) if text else None
+        hint = parse_retry_hint_ms(text, now_ms=clock[0], zone=clock[1]) if text else None
     return Classification("retryable", rule_id, usage_limit, hint)
 
 
 def classify_message(message: AssistantMessage, context_window: int = 0, *,
-                     now_ms: float | None = None) -> Classification:
+                     now_ms: float | None = None, zone: ZoneResolver | None = None) -> Classification:
     """:func:`classify_facts` applied to an assistant message: its stop reason, error message,
     usage and structured facts (``status``, ``error_type``, ``error_code``, ``headers``)."""
     return classify_facts(message.stop_reason, message.error_message, message.usage, context_window,
                           status=message.status, error_type=message.error_type,
-                          error_code=message.error_code, headers=message.headers, now_ms=now_ms)
+                          error_code=message.error_code, headers=message.headers, now_ms=now_ms,
+                          zone=zone)

@@ -434,16 +434,16 @@ def test_rule_rows_are_well_formed():
         if not rule.anywhere:
             for alt in S.alternatives(rule.pattern):
                 assert alt[:1] > "\x7f" or S.literal_prefix(alt.lstrip("^")), (rule.id, alt)
-        assert rule.family and re.fullmatch(r"[a-z0-9_]+", rule.family)
+        assert rule.family in C.FAMILIES and rule.family not in ("none", "other"), rule.id
         assert len(rule.source) > 10
         compiled = re.compile(rule.pattern)
         assert compiled.groups == 0, f"{rule.id}: use (?:...), not capturing groups"
         unescaped = re.sub(r"\\.", "", rule.pattern)
         assert unescaped == unescaped.lower(), f"{rule.id}: patterns match lower-case text"
     assert {rule.family for rule in USAGE_LIMIT_RULES} == {"usage_limit"}
-    assert {rule.family for rule in OVERFLOW_RULES} <= {"context_overflow", "request_size"}
+    assert {rule.family for rule in OVERFLOW_RULES} == {"overflow"}
     families = {rule.family for rule in RETRYABLE_RULES}
-    assert {"overloaded", "rate_limit", "server_5xx", "network", "retry_delay"} <= families
+    assert {"overloaded", "rate_limit", "server_error", "network", "retry_later", "stalled", "timeout"} <= families
 
 
 RULE_EXAMPLES = {
@@ -510,6 +510,8 @@ RULE_EXAMPLES = {
     "retryable.stream_finish_error": "The provider ended the stream with finish_reason: error",
     "retryable.terminated": "TypeError: terminated",
     "retryable.timeout": "Request timed out.",
+    "retryable.stream_stalled": "stream stalled: no response within 30 s",
+    "retryable.attempt_timeout": "attempt timed out after 120 s",
     "retryable.retry_delay": "Please retry after 30 seconds",
     # the v2 families
     "overflow.request_above_limit": "Error code: 429 - Request too large for gpt-4o in organization "
@@ -590,7 +592,12 @@ def _leftmost(table, t, keep=lambda rule: True):
 
 
 def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
-    """docs/policy.md §2 applied rule by rule, with no compilation tricks."""
+    """docs/policy.md §2 applied rule by rule, with no compilation tricks (the family refined by
+    the text as the classifier does)."""
+    return D._refine(_reference_verdict(stop_reason, message, usage, window, now_ms), message)
+
+
+def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
     if stop_reason != "error":
         return Classification("none", "stop_reason.not_error")
     if not message or message.isspace():
@@ -804,3 +811,55 @@ def test_classification_reads_the_whole_text_before_any_clipping():
     # the verdict at the end of a long body (past the 8 KB kept in events) still decides
     body = "x " * 10_000 + "Your credit balance is too low"
     assert classify("error", "503 " + body).rule == "fatal.credit_balance"
+
+
+# --- families (docs/classification.md "Families") ---------------------------------------------
+
+@pytest.mark.parametrize("result, family", [
+    (lambda: classify("error", "529 Overloaded"), "overloaded"),
+    (lambda: classify("error", '{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'),
+     "overloaded"),
+    (lambda: classify("error", "503 The engine is currently overloaded, please try again later"), "overloaded"),
+    (lambda: C.classify_facts("error", "Service Unavailable", status=503), "server_error"),
+    (lambda: C.classify_facts("error", "The server is overloaded", status=503), "overloaded"),
+    (lambda: C.classify_facts("error", "x", status=529), "overloaded"),
+    (lambda: C.classify_facts("error", "x", error_type="overloaded_error", status=400), "overloaded"),
+    (lambda: classify("error", "429 Too Many Requests"), "rate_limit"),
+    (lambda: classify("error", "Claude AI usage limit reached"), "usage_limit"),
+    (lambda: classify("error", "502 Bad Gateway"), "server_error"),
+    (lambda: classify("error", "read ECONNRESET"), "network"),
+    (lambda: classify("error", "stream stalled: no data for 60 s"), "stalled"),
+    (lambda: classify("error", "attempt timed out after 120 s"), "timeout"),
+    (lambda: classify("error", "prompt is too long: 250000 tokens > 200000 maximum"), "overflow"),
+    (lambda: classify("error", "Your credit balance is too low"), "billing"),
+    (lambda: classify("error", "401 invalid x-api-key"), "auth"),
+    (lambda: classify("error", "400 Bad Request: messages.0.content is required"), "invalid_request"),
+    (lambda: classify("error", "something odd happened"), "other"),
+    (lambda: classify("stop", None), "none"),
+])
+def test_family_of_a_verdict(result, family):
+    """Each verdict carries its family; 529, overloaded_error and 'overloaded' text are overloaded."""
+    assert result().family == family
+
+
+def test_family_outside_the_closed_set_is_refused():
+    """A Classification built by hand with an unknown family raises, naming it."""
+    with pytest.raises(ValueError, match="'bogus'"):
+        Classification("retryable", "x", family="bogus")
+    assert Classification("retryable", "retryable.status_429").family == "rate_limit"
+    assert Classification("retryable", "structured.status_529").family == "overloaded"
+    assert Classification("fatal", "structured.code_insufficient_quota").family == "billing"
+
+
+@pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
+def test_corpus_row_family_is_in_the_closed_set(row):
+    """Every corpus verdict has a family of the set, consistent with its kind."""
+    result = classify("error", row["message"], now_ms=CORPUS_NOW_MS, zone=ZONE)
+    assert result.family in C.FAMILIES
+    if result.kind == "context_overflow":
+        assert result.family == "overflow"
+    if result.usage_limit:
+        assert result.family == "usage_limit"
+    if result.kind == "retryable":
+        assert result.family in ("overloaded", "rate_limit", "usage_limit", "server_error", "network",
+                                 "stalled", "timeout", "retry_later")

@@ -5,6 +5,7 @@ One message (``-`` reads it from standard input)::
     python -m fsm classify "Error: 429 {...rate_limit_error...} (retry-after: 30)"
     kind:        retryable
     rule:        retryable.status_429
+    family:      rate_limit
     usage limit: no
     retry hint:  30000 ms (30s)
 
@@ -19,7 +20,7 @@ Each input line is an object with ``message`` (a string, or null for an error wi
 decided before the text: ``status`` (HTTP status, an integer), ``errorType`` and
 ``errorCode`` (the provider's error type and code, strings) and ``headers`` (an object of
 response headers, e.g. ``{"retry-after": "20"}``). It is written back on one line with
-``kind``, ``rule``, ``usageLimit`` and ``retryHintMs`` added. Empty lines are skipped. A line that is not
+``kind``, ``rule``, ``family``, ``usageLimit`` and ``retryHintMs`` added. Empty lines are skipped. A line that is not
 valid UTF-8 or JSON, not an object, or has a field of the wrong type is reported on standard
 error with its line number, and the other lines are still processed; the exit status is then 1.
 
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from datetime import tzinfo
 from typing import Any, BinaryIO
 
-HELP = "classify provider error messages: kind, deciding rule, usage limit, retry hint"
+HELP = "classify provider error messages: kind, deciding rule, family, usage limit, retry hint"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         f"{result.retry_hint_ms} ms ({_human(result.retry_hint_ms)})")
     print(f"kind:        {result.kind}")
     print(f"rule:        {result.rule}")
+    print(f"family:      {result.family}")
     print(f"usage limit: {'yes' if result.usage_limit else 'no'}")
     print(f"retry hint:  {hint}")
     return 0
@@ -137,7 +139,7 @@ def zone_resolver(local: tzinfo | None = None) -> Callable[[str], tzinfo | None]
 
 
 def _fields(result: Any) -> dict[str, Any]:
-    return {"kind": result.kind, "rule": result.rule, "usageLimit": result.usage_limit,
+    return {"kind": result.kind, "rule": result.rule, "family": result.family, "usageLimit": result.usage_limit,
             "retryHintMs": result.retry_hint_ms}
 
 

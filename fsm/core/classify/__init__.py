@@ -23,9 +23,11 @@ from fsm.core.classify.decide import (
     classify,
     classify_facts,
     classify_message,
+    family_of,
 )
 from fsm.core.classify.rules import (
     ERROR_CODES,
+    FAMILIES,
     FATAL_STATUSES,
     INWORD_RULES,
     OVERFLOW_RULES,
@@ -40,6 +42,7 @@ from fsm.core.classify.rules import (
 __all__ = [
     "Classification",
     "ERROR_CODES",
+    "FAMILIES",
     "FATAL_STATUSES",
     "INWORD_RULES",
     "KINDS",
@@ -54,4 +57,5 @@ __all__ = [
     "classify",
     "classify_facts",
     "classify_message",
+    "family_of",
 ]

@@ -48,8 +48,11 @@ from fsm.core.classify.rules import (
     RETRYABLE_STATUSES,
     STATUS_RULES,
     USAGE_LIMIT_RULES,
+    FAMILIES,
     YIELDS_TO_HINT,
     Rule,
+    family_of_rule,
+    family_of_status,
 )
 from fsm.core.classify.scanner import HINT, OVERFLOW, PERMANENT, RETRYABLE, Anywhere, Matcher
 from fsm.core.hints import (
@@ -64,7 +67,8 @@ from fsm.core.hints import (
 )
 from fsm.core.messages import AssistantMessage, Usage
 
-__all__ = ["KINDS", "Classification", "Kind", "classify", "classify_facts", "classify_message"]
+__all__ = ["FAMILIES", "KINDS", "Classification", "Kind", "classify", "classify_facts", "classify_message",
+           "family_of"]
 
 Kind = Literal["retryable", "context_overflow", "fatal", "none"]
 KINDS: tuple[str, ...] = ("retryable", "context_overflow", "fatal", "none")
@@ -84,13 +88,68 @@ class Classification:
     ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"``.
     ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage limits";
     only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
-    milliseconds (0 … 400 days, :data:`fsm.core.hints.MAX_HINT_MS`), only for ``retryable``; ``None`` when the message has none.
+    milliseconds (0 … 400 days, :data:`fsm.core.hints.MAX_HINT_MS`), only for ``retryable``;
+    ``None`` when the message has none. ``family``: one of the closed set :data:`FAMILIES`
+    (``"overloaded"``, ``"rate_limit"``, ``"usage_limit"``, ``"server_error"``…); left out, it
+    is derived from ``rule``, ``kind`` and ``usage_limit``. Raises ``ValueError`` naming a
+    family outside the set.
     """
 
     kind: Kind
     rule: str
     usage_limit: bool = False
     retry_hint_ms: int | None = None
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.family:
+            object.__setattr__(self, "family", family_of(self.kind, self.rule, self.usage_limit))
+        elif self.family not in FAMILIES:
+            raise ValueError(f"Classification.family: unknown family {self.family!r}; "
+                             f"expected one of {', '.join(FAMILIES)}")
+
+
+def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
+    """The :data:`FAMILIES` value a verdict means by itself: ``kind``, the deciding ``rule`` id (a
+    table rule, a structured fact, a fixed step) and the usage-limit flag, which outranks the
+    rule's family (docs/policy.md §13.6)."""
+    if kind == "none":
+        return "none"
+    if kind == "context_overflow":
+        return "overflow"
+    if usage_limit:
+        return "usage_limit"
+    family = family_of_rule(rule)
+    if family is not None:
+        return family
+    if rule.startswith("structured."):
+        name = rule[len("structured."):]
+        for prefix in ("status_", "inner_status_"):
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                return family_of_status(int(name[len(prefix):]))
+        for prefix in ("code_", "type_"):
+            if name.startswith(prefix):
+                verdict = ERROR_CODES.get(name[len(prefix):])
+                if verdict is not None:
+                    return verdict[1]
+        if name == "x_should_retry_true":
+            return "server_error"
+        if name == "x_should_retry_false":
+            return "invalid_request"
+    return "server_error" if kind == "retryable" else "other"
+
+
+_REFINABLE = frozenset({"server_error", "retry_later", "network", "timeout"})
+
+
+def _refine(result: Classification, text: str | None) -> Classification:
+    """A retryable 5xx, gateway or "retry later" whose text says the provider is overloaded is
+    ``overloaded`` (OpenAI's "503 … The engine is currently overloaded"; docs/classification.md)."""
+    if (result.kind == "retryable" and result.family in _REFINABLE and text
+            and "overload" in text.lower()):
+        return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
+                              "overloaded")
+    return result
 
 
 _TRIGGER_RULE = Rule("hint.trigger", "hint", "|".join(re.escape(w) for w in HINT_TRIGGERS),
@@ -216,6 +275,13 @@ def classify(stop_reason: str, error_message: str | None, usage: Usage | None = 
     Returns a :class:`Classification`; never raises for a ``str`` message of any size (linear
     time: a few µs for a provider's message, tens of ms for a megabyte).
     """
+    return _refine(_classify_text(stop_reason, error_message, usage, context_window, now_ms, zone),
+                   error_message)
+
+
+def _classify_text(stop_reason: str, error_message: str | None, usage: Usage | None,
+                   context_window: int, now_ms: float | None, zone: ZoneResolver | None) -> Classification:
+    """:func:`classify` before the family is refined by the text."""
     if stop_reason != "error":
         return _NOT_ERROR
     if not error_message or error_message.isspace():
@@ -447,13 +513,24 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
     A retryable result's hint comes from the headers (reset headers only for rate and usage
     limits, :func:`fsm.core.hints.header_hint`), else from the text.
     """
+    return _refine(_classify_facts(stop_reason, error_message, usage, context_window, status=status, error_type=error_type,
+                           error_code=error_code, headers=headers, now_ms=now_ms, zone=zone),
+                   error_message)
+
+
+def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | None = None,
+                   context_window: int = 0, *, status: int | None = None,
+                   error_type: str | None = None, error_code: str | None = None,
+                   headers: Mapping[str, str] | None = None,
+                   now_ms: float | None = None, zone: ZoneResolver | None = None) -> Classification:
+    """:func:`classify_facts` before the family is refined by the text."""
     if stop_reason != "error":
         return _NOT_ERROR
     if status is None and error_type is None and error_code is None and not headers:
-        return classify(stop_reason, error_message, usage, context_window, now_ms=now_ms, zone=zone)
+        return _classify_text(stop_reason, error_message, usage, context_window, now_ms, zone)
     clock: _Clock = (now_ms, zone)
     text = error_message if error_message and not error_message.isspace() else ""
-    tr = classify(stop_reason, text or None, usage, context_window, now_ms=now_ms, zone=zone)
+    tr = _classify_text(stop_reason, text or None, usage, context_window, now_ms, zone)
     if tr.rule == "error.no_message":
         tr = _UNMATCHED
     codes = [(f"code_{c}", c) for c in (error_code,) if isinstance(c, str) and c]
@@ -470,7 +547,7 @@ def classify_facts(stop_reason: str, error_message: str | None, usage: Usage | N
     if tr.kind == "context_overflow":
         if status != 429 or tr.rule in _BEATS_429:
             return tr
-        tr = classify(stop_reason, "429 " + text, now_ms=now_ms, zone=zone)  # a 429 is rate limiting
+        tr = _classify_text(stop_reason, "429 " + text, None, 0, now_ms, zone)  # a 429 is rate limiting
     # 2. permanent conditions, any source
     for name, verdict, _ in typed:
         if verdict is not None and verdict[0] == "permanent":

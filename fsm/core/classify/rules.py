@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ERROR_CODES",
+    "FAMILIES",
     "FATAL_STATUSES",
     "INWORD_RULES",
     "OVERFLOW_RULES",
@@ -45,7 +46,25 @@ __all__ = [
     "STATUS_RULES",
     "USAGE_LIMIT_RULES",
     "YIELDS_TO_HINT",
+    "family_of_rule",
+    "family_of_status",
 ]
+
+FAMILIES: tuple[str, ...] = (
+    "overloaded", "rate_limit", "usage_limit", "server_error", "network", "stalled", "timeout",
+    "retry_later", "overflow", "billing", "auth", "invalid_request", "not_found", "content_policy",
+    "region", "configuration", "resources", "other", "none",
+)
+"""The closed set of failure families (:attr:`fsm.core.classify.Classification.family`, the
+``family`` of every :class:`Rule`; docs/classification.md "Families" says what each covers).
+Retryable: ``overloaded`` (the provider is at capacity: 529, ``overloaded_error``,
+"overloaded"), ``rate_limit``, ``usage_limit`` (a plan's or quota's window), ``server_error``
+(5xx, a gateway that could not relay), ``network`` (the connection failed or dropped),
+``stalled`` (the stream went silent), ``timeout`` (a request or attempt timed out),
+``retry_later`` (the provider only says to retry). Overflow: ``overflow``. Fatal:
+``billing``, ``auth``, ``invalid_request``, ``not_found``, ``content_policy``, ``region``,
+``configuration`` (TLS trust, a host name that was never set), ``resources`` (a local runtime
+cannot hold the model), ``other`` (nothing more specific: no rule matched). ``none``: the turn did not fail."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +73,8 @@ class Rule:
 
     ``id``: stable, dotted, prefixed by the outcome (``overflow.``, ``fatal.``, ``retryable.``),
     e.g. ``"retryable.overloaded"``; reported as :attr:`Classification.rule`. ``family``: the
-    group of conditions it belongs to (``"overloaded"``, ``"rate_limit"``, ``"server_5xx"``,
-    ``"network"``, ``"context_overflow"``, ``"billing"``…). ``pattern``: regex source text,
+    group of conditions it belongs to, one of :data:`FAMILIES` (``"overloaded"``,
+    ``"rate_limit"``, ``"server_error"``, ``"network"``, ``"overflow"``, ``"billing"``…). ``pattern``: regex source text,
     matched against the normal form of the message (see the module docstring). ``source``:
     where the rule comes from (a provider's documentation, a public bug, a policy item such as
     D1/D2/D3, corpus row ids).
@@ -99,15 +118,15 @@ _CLIENT_4XX = r"4(?:0[0-7]|1[0-2]|1[4-8]|2[1-46-8]|31|51)(?![0-9])"
 # Step 3: context overflow (handed to compaction, never retried)
 
 OVERFLOW_RULES: tuple[Rule, ...] = (
-    Rule("overflow.prompt_too_long", "context_overflow",
+    Rule("overflow.prompt_too_long", "overflow",
          r"prompt (?:\([0-9,]{1,12} tokens?\) )?(?:is )?too long",
          "Anthropic 'prompt is too long: N tokens > M maximum'; Fireworks; pi-mono overflow.ts; "
          "corpus anthropic-400-prompt-too-long-json"),
-    Rule("overflow.input_too_long", "context_overflow",
+    Rule("overflow.input_too_long", "overflow",
          r"input (?:prompt )?(?:\([0-9,]{1,12} tokens?\) )?(?:is )?too long",
          "Amazon Bedrock 'Input is too long for requested model' (ValidationException); "
          "corpus bedrock-*-input-too-long"),
-    Rule("overflow.exceeds_context", "context_overflow",
+    Rule("overflow.exceeds_context", "overflow",
          r"exceed(?:s|ed|ing)? (?:(?:the|this|your|its|a|model's|model|available|maximum|max|allowed"
          r"|configured) ){0,3}"
          r"context(?: |_|-)?(?:window|length|size|limit)",
@@ -115,93 +134,93 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          "'input length and max_tokens exceed context limit' and 413 'Request size exceeds model "
          "context window'; llama.cpp 'exceeds the available context size'; Ollama 'input length "
          "exceeds the context length'; docs/policy.md §2"),
-    Rule("overflow.context_window_exceeds", "context_overflow",
+    Rule("overflow.context_window_exceeds", "overflow",
          r"context (?:window|length|size) (?:exceeds?|exceeded|overflow)",
          "MiniMax 'context window exceeds limit'; pi-mono overflow.ts"),
-    Rule("overflow.max_context_length", "context_overflow",
+    Rule("overflow.max_context_length", "overflow",
          r"maximum context length (?:is |of )?\d|too large for model with \d",
          "OpenAI/Azure/DeepSeek/vLLM/OpenRouter \"This model's maximum context length is N "
          "tokens\"; Mistral 'too large for model with N maximum context length'; docs/policy.md §2"),
-    Rule("overflow.token_count_exceeds", "context_overflow",
+    Rule("overflow.token_count_exceeds", "overflow",
          r"token count (?:of )?(?:\(?[0-9,]{1,12}\)? )?exceeds? (?:the )?(?:max|limit)",
          "Gemini/Vertex 'The input token count (N) exceeds the maximum number of tokens allowed'; "
          "GitHub Copilot 'prompt token count of N exceeds the limit of M'; docs/policy.md §2"),
-    Rule("overflow.input_tokens_exceed", "context_overflow",
+    Rule("overflow.input_tokens_exceed", "overflow",
          r"(?:input|prompt) tokens? (?:count )?exceed(?:s|ed)? (?:the )?(?:configured |maximum "
          r"|max )?(?:limit|context)",
          "OpenAI Codex 'Input tokens exceed the configured limit of N tokens'"),
-    Rule("overflow.length_exceeds", "context_overflow",
+    Rule("overflow.length_exceeds", "overflow",
          r"(?:input|prompt) length (?:exceeds?|exceeded) (?:the )?(?:max|limit|context)"
          r"|exceeds? (?:the )?max(?:imum)? (?:allowed )?(?:input|prompt|sequence) length",
          "AI21/Cohere/Ollama 'prompt length exceeds maximum', 'exceeds the maximum input length'"),
-    Rule("overflow.longer_than_context", "context_overflow",
+    Rule("overflow.longer_than_context", "overflow",
          r"(?:greater|larger|longer) than (?:the )?(?:max(?:imum)? )?(?:context (?:length|size"
          r"|window)|model'?s? context length|maximum model length)",
          "LM Studio 'greater than the context length'; llama.cpp 'larger than the max context "
          "size'; vLLM 'is longer than the maximum model length'; docs/policy.md §2"),
-    Rule("overflow.context_length_exceeded", "context_overflow",
+    Rule("overflow.context_length_exceeded", "overflow",
          r"context[_ ]length[_ ]exceeded|model_context_window_exceeded|context_window_exceeded"
          r"|exceed_context_size_error"
          r"|model_max_prompt_tokens_exceeded|max_prompt_tokens_exceeded|prompt_too_long",
          "OpenAI code context_length_exceeded; llama.cpp type exceed_context_size_error; "
          "Copilot code model_max_prompt_tokens_exceeded; docs/policy.md §2; pi-mono overflow.ts"),
-    Rule("overflow.lm_studio", "context_overflow",
+    Rule("overflow.lm_studio", "overflow",
          r"keep the first [0-9,]{1,12} tokens when context(?: the)? overflows|context length of only \d"
          r"|reached context length of \d|mid-generation context overflow",
          "LM Studio 'Trying to keep the first N tokens when context the overflows', 'loaded with "
          "context length of only N tokens', 'Reached context length of N tokens'"),
-    Rule("overflow.reduce_length", "context_overflow",
+    Rule("overflow.reduce_length", "overflow",
          r"reduce the length of the (?:messages|prompt|input)",
          "Groq/OpenAI 'Please reduce the length of the messages'; pi-mono overflow.ts"),
-    Rule("overflow.maximum_prompt_length", "context_overflow",
+    Rule("overflow.maximum_prompt_length", "overflow",
          r"maximum prompt length is \d",
          "xAI \"This model's maximum prompt length is N but the request contains M tokens\""),
-    Rule("overflow.token_limit", "context_overflow",
+    Rule("overflow.token_limit", "overflow",
          r"exceed(?:s|ed)? (?:the )?(?:model'?s? |model )?(?:max(?:imum)? )?token limit"
          r"|token limit exceeded(?! per)|(?:input|prompt) token limit",
          "Kimi 'exceeded model token limit'; VS Code LM API 'Message exceeds token limit'; "
          "docs/policy.md §2 'token limit exceeded'"),
-    Rule("overflow.too_many_tokens", "context_overflow",
+    Rule("overflow.too_many_tokens", "overflow",
          r"too many (?:input |prompt )?tokens(?![,.:]? (?:please wait|per |processed|in the last))",
          "docs/policy.md §2 'too many tokens' (Cohere 'too many tokens: total number of tokens in the "
          "prompt cannot exceed'); not Bedrock/Cerebras throttling ('Too many tokens, please "
          "wait', 'per day', 'processed'; corpus bedrock-*, cerebras-tpm-too-many-tokens)"),
-    Rule("overflow.tgi_inputs", "context_overflow",
+    Rule("overflow.tgi_inputs", "overflow",
          r"`inputs` (?:must have less than [0-9,]{1,12} tokens|tokens \+ `max_new_tokens` must be <=)",
          "Hugging Face TGI / Together 'Input validation error: `inputs` must have less than N "
          "tokens'; corpus tgi-*"),
-    Rule("overflow.qwen_input_length_range", "context_overflow",
+    Rule("overflow.qwen_input_length_range", "overflow",
          r"range of input length should be",
          "Alibaba DashScope (Qwen) 'Range of input length should be [1, N]'"),
-    Rule("overflow.request_above_limit", "request_size",
+    Rule("overflow.request_above_limit", "overflow",
          r"request too large for|must be reduced in order to run successfully"
          r"|(?:request|input|prompt) (?:is |was )?(?:larger|bigger|greater) than (?:the |your |this )?"
          r"(?:per[ -]minute |rate |token |tpm )*limit",
          "docs/policy.md §2 v2: one request larger than a per-minute token limit can never succeed "
          "as it is, even inside a 429 (OpenAI/Groq 'Request too large for <model> … on tokens per "
          "min (TPM): Limit N, Requested M … must be reduced in order to run successfully')"),
-    Rule("overflow.request_too_large", "request_size",
+    Rule("overflow.request_too_large", "overflow",
          r"request_too_large|request (?:entity |body |payload )?too large|payload too large"
          r"|request (?:size )?exceeds the maximum (?:allowed )?size|payload size exceeds the limit"
          r"|string_above_max_length",
          "Anthropic 413 request_too_large (32 MB); Groq 413 'Request too large for model'; "
          "GitHub Models 'Request body too large'; Gemini 'Request payload size exceeds the "
          "limit'. Byte limits, but shrinking the history is the only fix (corpus notes)"),
-    Rule("overflow.bedrock_body_length", "request_size",
+    Rule("overflow.bedrock_body_length", "overflow",
          r"'body' failed to satisfy constraint: member must have length",
          "Bedrock InvokeModel 25 MB body limit; corpus bedrock-validation-body-25000000"),
-    Rule("overflow.max_input_length", "context_overflow",
+    Rule("overflow.max_input_length", "overflow",
          r"(?:longer|larger|greater) than (?:the |this |its )?(?:model'?s? )?max(?:imum)? "
          r"(?:allowed )?(?:input|prompt|sequence|model) length"
          r"|max(?:imum)? (?:allowed )?(?:input|prompt) length (?:is |of )?\d",
          "an input longer than the model's maximum input length (vLLM/TGI/embedding servers "
          "'is longer than the maximum input length', 'maximum input length of N tokens')"),
-    Rule("overflow.cannot_truncate", "context_overflow",
+    Rule("overflow.cannot_truncate", "overflow",
          r"(?:cannot|can't|could not|couldn't|unable to|failed to) (?:be )?truncat(?:e|ed)"
          r"|truncation (?:failed|is not possible|impossible)",
          "a prompt that cannot be truncated to fit the context (local runtimes that refuse to "
          "drop the system prompt or the last message): shrinking the history is the fix"),
-    Rule("overflow.status_no_body", "context_overflow",
+    Rule("overflow.status_no_body", "overflow",
          r"^4(?:00|13) ?(?:status code)? ?\(no body\)",
          "Cerebras/Mistral bare '400 status code (no body)' / '413 (no body)' at the start of "
          "the message; docs/policy.md §2; pi-mono overflow.ts"),
@@ -242,7 +261,7 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "xAI 'reached its monthly spending limit' (corpus xai-*); OpenAI "
          "billing_hard_limit_reached / billing_not_active; Copilot 'exceeded your premium "
          "request allowance', 402 'You have no quota'"),
-    Rule("fatal.should_not_retry", "server_verdict",
+    Rule("fatal.should_not_retry", "invalid_request",
          r"x-should-retry: ?false",
          "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
          "APIs), as fsm.providers.sdk_errors appends it to an error text"),
@@ -293,7 +312,7 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          r"|not available in your (?:country|region)|unsupported[_ ]region",
          "OpenAI 403 unsupported_country_region_territory; Gemini 400 FAILED_PRECONDITION 'User "
          "location is not supported'"),
-    Rule("fatal.tls_certificate", "tls_config",
+    Rule("fatal.tls_certificate", "configuration",
          r"certificate[_ ]verify[_ ]failed|self[- _]signed[_ ]cert"
          r"|unable to (?:get|verify) (?:the )?(?:local )?(?:issuer |first )?certificate"
          r"|unable_to_verify_leaf_signature|unable_to_get_issuer_cert|cert_has_expired"
@@ -310,7 +329,7 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          r"|code[\"']: ?[\"']content_filter",
          "Azure content_filter / 'content management policy' (its 'Please modify your prompt "
          "and retry' is not a retry); OpenAI content_policy_violation, invalid_prompt"),
-    Rule("fatal.model_not_found", "model_not_found",
+    Rule("fatal.model_not_found", "not_found",
          r"model_not_found|not_found_error|does not exist or you do not have access"
          r"|model [\"'`][^\"'`]{1,100}[\"'`] (?:not found|does not exist|is not supported)"
          r"|try pulling it first|model (?:has been )?decommissioned|model_decommissioned|unknown model",
@@ -335,7 +354,7 @@ INWORD_RULES: tuple[Rule, ...] = (
          "quota ids with the window inside a longer word (Gemini "
          "'GenerateRequestsPerDayPerProjectPerModel-FreeTier'): a usage limit; the usage-limit "
          "flag looks for them in the whole text", anywhere=True),
-    Rule("retryable.inword_timeout", "network",
+    Rule("retryable.inword_timeout", "timeout",
          r"timeout(?:error|exception)|timedout",
          "class names such as 'APITimeoutError', 'UpstreamTimeoutException'", anywhere=True),
 )
@@ -346,21 +365,21 @@ INWORD_RULES: tuple[Rule, ...] = (
 # is a 404); permanent conditions (step 4) and overflow (step 3) still come first.
 
 STATUS_RULES: tuple[Rule, ...] = (
-    Rule("fatal.client_status", "client_4xx",
+    Rule("fatal.client_status", "invalid_request",
          r"(?:status(?:[ _]?code)?|http(?:/[0-9.]{1,3})?|error(?:[ _]?code)?|code)"
          r"[:= \"'\\(\[]{0,4}" + _CLIENT_4XX,
          "an explicit 4xx status (400-407, 410-418 but 413, 421-428 but 425, 431, 451) is not "
          "transient even inside a 'Server Error:' or 'InternalServerError' wrapper; corpus "
          "openai-401-server-error-prefix, hermes-openrouter-401-attempt-1-of-3"),
-    Rule("fatal.client_status_phrase", "client_4xx",
+    Rule("fatal.client_status_phrase", "invalid_request",
          r"400 bad request|401 unauthorized|403 forbidden|404 not found|405 method not allowed"
          r"|406 not acceptable|410 gone|415 unsupported media type|422 unprocessable (?:entity|content)",
          "HTTP reason phrases of permanent 4xx statuses (RFC 9110 §15.5)"),
-    Rule("fatal.client_status_leading", "client_4xx",
+    Rule("fatal.client_status_leading", "invalid_request",
          r"^" + _CLIENT_4XX,
          "a message that starts with a permanent 4xx status (Node SDK '404 The model …', "
          "'401 Incorrect API key provided')"),
-    Rule("fatal.not_found", "client_4xx",
+    Rule("fatal.not_found", "not_found",
          r"not[ _]found(?<!host not found)(?<!host not_found)",
          "a bare 'Not Found' (the reason phrase of 404) inside a gateway's 502 or a wrapper: the "
          "innermost verdict is a missing route or model; not DNS 'host not found'"),
@@ -370,13 +389,13 @@ STATUS_RULES: tuple[Rule, ...] = (
     Rule("retryable.status_429", "rate_limit",
          _status("429"),
          "HTTP 429 Too Many Requests (RFC 6585); base families (docs/policy.md §2); D3"),
-    Rule("retryable.status_5xx", "server_5xx",
+    Rule("retryable.status_5xx", "server_error",
          _status("5(?:0[0234]|2[0-4])"),
          "the base 500/502/503/504 and Cloudflare 520-524; D3 standalone numbers"),
-    Rule("retryable.status_408", "network",
+    Rule("retryable.status_408", "timeout",
          _status("408"),
          "HTTP 408 Request Timeout"),
-    Rule("retryable.typed_transient", "server_5xx",
+    Rule("retryable.typed_transient", "server_error",
          r"serviceunavailableexception|internalserverexception|modelnotreadyexception"
          r"|modeltimeoutexception|modelstreamerrorexception|throttlingexception"
          r"|overloaded_error|rate_limit_error|rate_limit_exceeded",
@@ -384,7 +403,7 @@ STATUS_RULES: tuple[Rule, ...] = (
          "serviceUnavailableException/ThrottlingException, Anthropic overloaded_error/"
          "rate_limit_error, OpenAI rate_limit_exceeded): like a status, the innermost decides, "
          "so a 400 event-stream frame whose exception type is transient is retried"),
-    Rule("retryable.should_retry", "server_verdict",
+    Rule("retryable.should_retry", "server_error",
          r"x-should-retry: ?true",
          "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
          "APIs), as fsm.providers.sdk_errors appends it to an error text"),
@@ -466,7 +485,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "Chinese gateways (one-api/new-api, Copilot zh-CN): 'requests too frequent', 'rate "
          "limit', 'busy', 'load saturated', 'try again later'"),
     # HTTP-like server classes and their names
-    Rule("retryable.gateway_relay", "server_5xx",
+    Rule("retryable.gateway_relay", "server_error",
          r"(?:could not|couldn't|unable to|failed to|cannot|can't) (?:relay|forward|proxy|reach|contact)"
          r" (?:the |your |this )?(?:request |message |call )?(?:to )?(?:the )?(?:upstream|backend"
          r"|origin|provider|model server)"
@@ -478,7 +497,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "a gateway or router that could not relay the request upstream (LiteLLM/one-api/new-api "
          "'failed to forward request', OpenRouter 'Provider returned error', envoy/nginx "
          "'upstream error'); a permanent condition or a 4xx inside still decides"),
-    Rule("retryable.service_unavailable", "server_5xx",
+    Rule("retryable.service_unavailable", "server_error",
          r"service[ _]?(?:is )?(?:temporarily )?unavailable|temporarily unavailable"
          r"|temporarily unable to process|(?:is|are) (?:currently )?unable to (?:process|handle|serve)"
          r" (?:your|the|this) request"
@@ -487,7 +506,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|origin (?:is )?unreachable|no healthy upstream",
          "base families (docs/policy.md §2); Bedrock ServiceUnavailableException; Google status UNAVAILABLE; gRPC "
          "StatusCode.UNAVAILABLE; nginx/Cloudflare 502/504 pages; envoy"),
-    Rule("retryable.server_error", "server_5xx",
+    Rule("retryable.server_error", "server_error",
          r"server[ _]?error|internal[ _]?(?:server[ _]?)?(?:error|exception)|server had an error"
          r"|status\\?[\"']?:? ?\\?[\"']?internal\b",
          "the base family 'server error' / 'internal error'; D3 server_error / internal_error "
@@ -564,7 +583,15 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|empty reply from server|stream ended before",
          "a stream or request that ended without an answer: HTTP/2 'request did not get a "
          "response', curl 'Empty reply from server', 'stream ended before message_stop'"),
-    Rule("retryable.timeout", "network",
+    Rule("retryable.stream_stalled", "stalled",
+         r"stream (?:has )?stalled|stalled (?:stream|response)|stream (?:went|was|is) (?:silent|idle)"
+         r"|no (?:data|tokens?|chunks?|bytes) (?:received )?(?:for|in) (?:the last )?\d",
+         "docs/policy.md §13.1: the stall watchdog's own texts 'stream stalled: no response "
+         "within 30 s' / 'stream stalled: no data for 60 s'; a stream that went silent"),
+    Rule("retryable.attempt_timeout", "timeout",
+         r"attempt (?:has )?timed out after|attempt timeout",
+         "the attempt timeout's own words (docs/policy.md §13.2): 'attempt timed out after 120 s'"),
+    Rule("retryable.timeout", "timeout",
          r"timed?[ _-]?out|deadline[ _]?exceeded|(?:read|connect|write|pool|headers|body|api|model)timeout",
          "D2 'timed out'; undici HeadersTimeoutError; httpx ReadTimeout; litellm Timeout "
          "/ APITimeoutError; gRPC/Google 504 DEADLINE_EXCEEDED; Bedrock ModelTimeoutException"),
@@ -574,7 +601,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "provider fails mid-generation; our provider reports it as 'The provider ended the "
          "stream with finish_reason: error'"),
     # the provider says when (or that) to retry
-    Rule("retryable.try_request_again", "retry_delay",
+    Rule("retryable.try_request_again", "retry_later",
          r"(?:please try|try) (?:your|the|this) request again(?! with| using)"
          r"|(?:please retry|retry) (?:your|the|this) request(?! with| using)"
          r"|you (?:can|may|should) retry(?! with| using)|try again (?:shortly|soon|momentarily"
@@ -582,7 +609,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "docs/policy.md §2 v2: provider text that asks to try the request again (OpenAI 'You can "
          "retry your request', Anthropic/Gemini 'An unexpected error occurred. Please try your "
          "request again', 'try again shortly')"),
-    Rule("retryable.retry_delay", "retry_delay",
+    Rule("retryable.retry_delay", "retry_later",
          r"retry[ _-]?delay|retry[ _-]?after(?:[ _-]?ms)?\\?[\"']?\s?[:=]|retry (?:in|after) \d"
          r"|try again (?:in|after) \d|please wait \d|try again later|retry later",
          "the base family 'retry delay' phrasing; Google RetryInfo retryDelay; retry-after headers; "
@@ -595,15 +622,15 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
 
 _ERROR_CODE_RULES: tuple[tuple[str, str, str, str], ...] = (
     # (code or type, kind, family, source)
-    ("context_length_exceeded", "context_overflow", "context_overflow", "OpenAI error.code"),
-    ("model_context_window_exceeded", "context_overflow", "context_overflow", "z.ai, Codex"),
-    ("context_window_exceeded", "context_overflow", "context_overflow", "Codex, routers"),
-    ("request_too_large", "context_overflow", "request_size", "Anthropic 413 error.type"),
-    ("string_above_max_length", "context_overflow", "request_size", "OpenAI error.code"),
-    ("prompt_too_long", "context_overflow", "context_overflow", "routers"),
-    ("max_prompt_tokens_exceeded", "context_overflow", "context_overflow", "GitHub Copilot"),
-    ("model_max_prompt_tokens_exceeded", "context_overflow", "context_overflow", "GitHub Copilot"),
-    ("exceed_context_size_error", "context_overflow", "context_overflow", "llama.cpp error.type"),
+    ("context_length_exceeded", "context_overflow", "overflow", "OpenAI error.code"),
+    ("model_context_window_exceeded", "context_overflow", "overflow", "z.ai, Codex"),
+    ("context_window_exceeded", "context_overflow", "overflow", "Codex, routers"),
+    ("request_too_large", "context_overflow", "overflow", "Anthropic 413 error.type"),
+    ("string_above_max_length", "context_overflow", "overflow", "OpenAI error.code"),
+    ("prompt_too_long", "context_overflow", "overflow", "routers"),
+    ("max_prompt_tokens_exceeded", "context_overflow", "overflow", "GitHub Copilot"),
+    ("model_max_prompt_tokens_exceeded", "context_overflow", "overflow", "GitHub Copilot"),
+    ("exceed_context_size_error", "context_overflow", "overflow", "llama.cpp error.type"),
     ("insufficient_quota", "permanent", "billing", "OpenAI 429 error.code/type (D1)"),
     ("billing_hard_limit_reached", "permanent", "billing", "OpenAI error.code"),
     ("billing_not_active", "permanent", "billing", "OpenAI error.code"),
@@ -621,34 +648,34 @@ _ERROR_CODE_RULES: tuple[tuple[str, str, str, str], ...] = (
     ("too_many_requests", "retryable", "rate_limit", "routers, Azure"),
     ("resource_exhausted", "retryable", "rate_limit", "Google status RESOURCE_EXHAUSTED"),
     ("throttlingexception", "retryable", "rate_limit", "Bedrock ThrottlingException"),
-    ("serviceunavailableexception", "retryable", "server_5xx", "Bedrock ServiceUnavailableException"),
-    ("internalserverexception", "retryable", "server_5xx", "Bedrock InternalServerException"),
+    ("serviceunavailableexception", "retryable", "server_error", "Bedrock ServiceUnavailableException"),
+    ("internalserverexception", "retryable", "server_error", "Bedrock InternalServerException"),
     ("modelnotreadyexception", "retryable", "overloaded", "Bedrock ModelNotReadyException"),
-    ("modeltimeoutexception", "retryable", "network", "Bedrock ModelTimeoutException"),
+    ("modeltimeoutexception", "retryable", "timeout", "Bedrock ModelTimeoutException"),
     ("modelstreamerrorexception", "retryable", "network", "Bedrock ModelStreamErrorException"),
     ("accessdeniedexception", "fatal", "auth", "Bedrock AccessDeniedException"),
     ("usage_limit_reached", "usage_limit", "usage_limit", "Codex/ChatGPT plans"),
     ("usage_limit_exceeded", "usage_limit", "usage_limit", "subscription plans"),
     ("limit_reached", "usage_limit", "usage_limit", "subscription plans"),
-    ("api_error", "retryable", "server_5xx", "Anthropic 500 error.type"),
-    ("server_error", "retryable", "server_5xx", "OpenAI error.type (D3)"),
-    ("internal_error", "retryable", "server_5xx", "Google status INTERNAL, routers"),
-    ("internal_server_error", "retryable", "server_5xx", "routers"),
-    ("service_unavailable", "retryable", "server_5xx", "OpenAI error.code"),
-    ("unavailable", "retryable", "server_5xx", "Google status UNAVAILABLE"),
-    ("bad_gateway", "retryable", "server_5xx", "gateways"),
-    ("gateway_timeout", "retryable", "network", "gateways"),
-    ("timeout", "retryable", "network", "OpenAI error.type"),
-    ("timeout_error", "retryable", "network", "Anthropic 504 error.type"),
-    ("request_timeout", "retryable", "network", "routers"),
-    ("deadline_exceeded", "retryable", "network", "Google status DEADLINE_EXCEEDED"),
+    ("api_error", "retryable", "server_error", "Anthropic 500 error.type"),
+    ("server_error", "retryable", "server_error", "OpenAI error.type (D3)"),
+    ("internal_error", "retryable", "server_error", "Google status INTERNAL, routers"),
+    ("internal_server_error", "retryable", "server_error", "routers"),
+    ("service_unavailable", "retryable", "server_error", "OpenAI error.code"),
+    ("unavailable", "retryable", "server_error", "Google status UNAVAILABLE"),
+    ("bad_gateway", "retryable", "server_error", "gateways"),
+    ("gateway_timeout", "retryable", "timeout", "gateways"),
+    ("timeout", "retryable", "timeout", "OpenAI error.type"),
+    ("timeout_error", "retryable", "timeout", "Anthropic 504 error.type"),
+    ("request_timeout", "retryable", "timeout", "routers"),
+    ("deadline_exceeded", "retryable", "timeout", "Google status DEADLINE_EXCEEDED"),
     ("authentication_error", "fatal", "auth", "Anthropic 401 error.type"),
     ("permission_error", "fatal", "auth", "Anthropic 403 error.type"),
     ("invalid_api_key", "fatal", "auth", "OpenAI 401 error.code"),
     ("permission_denied", "fatal", "auth", "Google status PERMISSION_DENIED"),
     ("unauthenticated", "fatal", "auth", "Google status UNAUTHENTICATED"),
-    ("not_found_error", "fatal", "model_not_found", "Anthropic 404 error.type"),
-    ("model_not_found", "fatal", "model_not_found", "OpenAI 404 error.code"),
+    ("not_found_error", "fatal", "not_found", "Anthropic 404 error.type"),
+    ("model_not_found", "fatal", "not_found", "OpenAI 404 error.code"),
     ("unsupported_country_region_territory", "fatal", "region", "OpenAI 403 error.code"),
     ("content_policy_violation", "fatal", "content_policy", "OpenAI error.code"),
     ("invalid_prompt", "fatal", "content_policy", "OpenAI error.code"),
@@ -666,3 +693,27 @@ RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 520, 521, 522
 FATAL_STATUSES = frozenset(n for n in range(400, 500) if re.fullmatch(_CLIENT_4XX, str(n)))
 """4xx statuses that are never worth retrying as such (the text rule ``fatal.client_status``)."""
 # 402 is a billing condition; 413 means the request is too large: both outrank the others.
+
+
+_FAMILY_OF_RULE = {rule.id: rule.family for table in (OVERFLOW_RULES, PERMANENT_RULES, STATUS_RULES,
+                                                     USAGE_LIMIT_RULES, RETRYABLE_RULES, INWORD_RULES)
+                   for rule in table}
+
+
+def family_of_rule(rule_id: str) -> str | None:
+    """The family of the table rule ``rule_id``, or None when no table has it."""
+    return _FAMILY_OF_RULE.get(rule_id)
+
+
+def family_of_status(status: int) -> str:
+    """The family an HTTP status means by itself (RFC 9110 §15; 529 is Anthropic's overloaded):
+    ``overloaded``, ``rate_limit``, ``timeout`` (408), ``billing`` (402), ``overflow`` (413),
+    ``auth`` (401, 403), ``not_found`` (404), ``invalid_request`` (other 4xx), ``retry_later``
+    (425), ``server_error`` (5xx), else ``other``."""
+    special = {529: "overloaded", 429: "rate_limit", 408: "timeout", 402: "billing", 413: "overflow",
+               401: "auth", 403: "auth", 404: "not_found", 425: "retry_later"}
+    if status in special:
+        return special[status]
+    if 400 <= status < 500:
+        return "invalid_request"
+    return "server_error" if 500 <= status < 600 else "other"

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from fsm.core import classify as C
 from fsm.core.classify import decide as D
+from fsm.core.classify.rules import YIELDS_TO_HINT
 from fsm.core.classify import scanner as S
 from fsm.core.classify import (
     INWORD_RULES,
@@ -512,6 +513,17 @@ RULE_EXAMPLES = {
     "retryable.timeout": "Request timed out.",
     "retryable.stream_stalled": "stream stalled: no response within 30 s",
     "retryable.attempt_timeout": "attempt timed out after 120 s",
+    "overflow.length_validation": "Input length (160062 tokens) exceeds the maximum allowed length (59862 tokens).",
+    "overflow.context_size_exceeded": "500 Internal Server Error: context size has been exceeded",
+    "fatal.quota_value_zero": "Quota exceeded for metric: free_tier_requests, quota_limit_value: '0'",
+    "fatal.host_undefined": "request to http://undefined/v1/messages failed, reason: getaddrinfo ENOTFOUND undefined",
+    "fatal.route_not_found": "502 Bad Gateway: <pre>Cannot POST /v1/chat/completions</pre>",
+    "retryable.gateway_no_response": '400 {"error":[{"code":2005,"message":"Failed to get response from provider"}]}',
+    "retryable.free_quota_window": "402 Payment Required: daily free quota used up, come back in 3h47m",
+    "retryable.request_failed_retry": "The request failed, please retry.",
+    "retryable.try_again_i18n": "Error interno. Por favor, inténtalo de nuevo en 30 segundos.",
+    "retryable.rate_limit_i18n": "Demasiadas solicitudes",
+    "retryable.overloaded_i18n": "Le serveur est surchargé",
     "retryable.retry_delay": "Please retry after 30 seconds",
     # the v2 families
     "overflow.request_above_limit": "Error code: 429 - Request too large for gpt-4o in organization "
@@ -553,8 +565,9 @@ def test_rule_example_is_decided_by_its_rule(rule_id, message):
 _BOUND = re.compile(f"[^{WORD_CHARS}]")
 
 
-def _reference_regexes(rules):
-    """Each rule as one plain regex with the same word-start semantics as the compiled scan."""
+def _reference_regexes(rules, word_start_only=False):
+    """Each rule as one plain regex with the same word-start semantics as the compiled scan
+    (``word_start_only``: without the alternatives looked for anywhere)."""
     out = []
     for rule in rules:
         alts = S.alternatives(rule.pattern)
@@ -563,10 +576,12 @@ def _reference_regexes(rules):
             if alt.startswith("^"):
                 parts.append(r"\A (?:" + alt[1:] + ")")
             elif alt[:1] > "\x7f" or rule.anywhere:
-                parts.append(f"(?:{alt})")
+                if not word_start_only:
+                    parts.append(f"(?:{alt})")
             else:
                 parts.append(f"(?<=[^{WORD_CHARS}])(?:{alt})")
-        out.append((rule, re.compile("|".join(parts))))
+        if parts:
+            out.append((rule, re.compile("|".join(parts))))
     return out
 
 
@@ -574,6 +589,9 @@ _REF_OVERFLOW = _reference_regexes(OVERFLOW_RULES)
 _REF_PERMANENT = _reference_regexes(PERMANENT_RULES)
 _REF_RETRYABLE = _reference_regexes(tuple(r for r in STATUS_RULES if r.id.startswith("retryable."))
                                     + RETRYABLE_RULES + USAGE_LIMIT_RULES)
+_REF_RETRYABLE_WORD_START = _reference_regexes(
+    tuple(r for r in STATUS_RULES if r.id.startswith("retryable.")) + RETRYABLE_RULES + USAGE_LIMIT_RULES,
+    word_start_only=True)
 _REF_STATUS = _reference_regexes(STATUS_RULES)
 _REF_ANYWHERE = _reference_regexes(INWORD_RULES)
 _GUARD_IDS = {"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"}
@@ -611,7 +629,7 @@ def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
         return Classification("context_overflow", above[0].id)  # even inside a 429
     if (overflow or silent) and not guard:
         return Classification("context_overflow", overflow.id if overflow else "overflow.silent_usage")
-    strict = _leftmost(_REF_PERMANENT, t, lambda r: r.id != "fatal.exceeded_current_quota")
+    strict = _leftmost(_REF_PERMANENT, t, lambda r: r.id not in YIELDS_TO_HINT)
     if strict is not None:
         return Classification("fatal", strict.id)
     # the innermost (last) status marker decides over the families
@@ -623,13 +641,15 @@ def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
     if last is not None and last[1].id.startswith("fatal."):
         return Classification("fatal", last[1].id)
     yielding = _leftmost(_REF_PERMANENT, t)
-    retryable = _leftmost(_REF_RETRYABLE, t, lambda r: r.id != "retryable.cn_rate_limit")
+    retryable = _leftmost(_REF_RETRYABLE_WORD_START, t)
     if retryable is None:
         retryable = _leftmost(_REF_RETRYABLE, t) or _leftmost(_REF_ANYWHERE, t)
     usage_limit = (any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
                    or "perday" in t or "perhour" in t)
     hint = parse_normalized_hint_ms(t, now_ms=now_ms)
     if yielding is not None and (retryable is None or (hint is None and not D._names_a_quota_window(t))):
+        return Classification("fatal", yielding.id)
+    if yielding is not None and yielding.id == "fatal.payment_required" and not usage_limit:
         return Classification("fatal", yielding.id)
     if retryable is None:
         return Classification("fatal", "fatal.unmatched")

@@ -125,8 +125,8 @@ def padded_normal_form(text: str) -> str:
 _NUM = r"(\d{1,15}(?:\.\d{1,9})?)(?![\de]|\.\d)"
 _SEP = r"\\{0,3}[\"']?\s?[:=]\s?\\{0,3}[\"']?"  # `: `, `=`, `": "` and `\": \"` (escaped JSON)
 _UNIT = (r"(?:milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h"
-         r"|days?|d|weeks?|w)(?![a-z])")
-_DURATION = (rf"\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}"
+         r"|days?|d|weeks?|w|months?|mos?|years?|yrs?)(?![a-z])")
+_DURATION = (rf"(?:\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}|(?:an?|one) (?:hour|minute|second|day|week|month)(?![a-z]))"
              rf"(?:(?:,? and |, | )?\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}){{0,5}}")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?) ?([a-z]+)", re.ASCII)
 _UNIT_MS = {
@@ -136,7 +136,39 @@ _UNIT_MS = {
     "h": 3_600_000, "hr": 3_600_000, "hrs": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
     "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
     "w": 604_800_000, "week": 604_800_000, "weeks": 604_800_000,
+    "mo": 2_592_000_000, "mos": 2_592_000_000, "month": 2_592_000_000, "months": 2_592_000_000,
+    "y": 31_536_000_000, "yr": 31_536_000_000, "yrs": 31_536_000_000, "year": 31_536_000_000,
+    "years": 31_536_000_000,
 }
+# Durations in the providers' other languages (docs/policy.md §13.6): Spanish, French, German,
+# Portuguese words, and the Chinese, Japanese and Korean units that follow a number.
+_I18N_UNIT_MS = {
+    "segundo": 1000, "segundos": 1000, "seg": 1000, "seconde": 1000, "secondes": 1000,
+    "sekunde": 1000, "sekunden": 1000, "sek": 1000,
+    "minuto": 60_000, "minutos": 60_000, "minute": 60_000, "minutes": 60_000, "minuten": 60_000,
+    "min": 60_000,
+    "hora": 3_600_000, "horas": 3_600_000, "heure": 3_600_000, "heures": 3_600_000,
+    "stunde": 3_600_000, "stunden": 3_600_000, "std": 3_600_000,
+    "día": 86_400_000, "días": 86_400_000, "dia": 86_400_000, "dias": 86_400_000,
+    "jour": 86_400_000, "jours": 86_400_000, "tag": 86_400_000, "tage": 86_400_000,
+    "tagen": 86_400_000,
+    "semana": 604_800_000, "semanas": 604_800_000, "semaine": 604_800_000, "semaines": 604_800_000,
+    "woche": 604_800_000, "wochen": 604_800_000,
+    "秒": 1000, "秒钟": 1000, "秒鐘": 1000, "초": 1000,
+    "分": 60_000, "分钟": 60_000, "分鐘": 60_000, "분": 60_000,
+    "小时": 3_600_000, "小時": 3_600_000, "个小时": 3_600_000, "個小時": 3_600_000,
+    "時間": 3_600_000, "시간": 3_600_000,
+    "天": 86_400_000, "日": 86_400_000, "일": 86_400_000,
+}
+_I18N_WORD_UNIT = (r"(?:segundos?|seg|secondes?|sekunden?|sek|minutos?|minutes?|minuten?|min|horas?"
+                   r"|heures?|stunden?|std|d[íi]as?|jours?|tagen?|tag|semanas?|semaines?|wochen?)(?![a-zà-ÿ])")
+_I18N_DURATION = (rf"\d{{1,9}}(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}"
+                  rf"(?:(?:,? (?:y|et|und|e) |, | )\d{{1,9}}(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}){{0,3}}")
+_I18N_DURATION_PART = re.compile(r"(\d+(?:[.,]\d+)?) ?([a-zà-ÿ]+|[^\x00-\x7f]{1,3})")
+# Chinese, Japanese, Korean: "30秒后重试", "5分钟后再试", "30秒後に再試行", "30초 후에 다시 시도":
+# a number and a unit, followed by "after".
+_CJK_UNIT = r"(?:秒钟|秒鐘|秒|分钟|分鐘|分|个小时|個小時|小时|小時|時間|天|日|초|분|시간|일)"
+_CJK_RE = re.compile(rf"((?:\d{{1,9}}(?:\.\d{{1,3}})? ?{_CJK_UNIT} ?){{1,4}})(?:之后|以后|以後|后|後|후|뒤)")
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _HTTP_DATE = (r"((?:mon|tue|wed|thu|fri|sat|sun)[a-z]{0,6}, \d{1,2}[ -][a-z]{3}[ -]\d{2,4}"
               r" \d{2}:\d{2}:\d{2} (?:gmt|utc|[+-]\d{4}))")
@@ -169,19 +201,27 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("ratelimit_reset", rf"ratelimit-reset(?:-[a-z-]{{1,30}})?{_SEP}(?:{_ISO}|({_DURATION})|{_NUM})"),
     ("ratelimit_reset_iso", rf"ratelimit-[a-z-]{{1,30}}-reset{_SEP}{_ISO}"),
     ("estimated_time", rf"estimated_time{_SEP}{_NUM}"),
-    ("phrase", rf"(?:retry|try again|wait|reset|resets"
+    ("phrase", rf"(?:retry|try again|wait|reset|resets|refresh(?:es|ed)?|renew(?:s|ed)?|come back"
                rf"|available again|available|等待)"
                rf"(?: in| after| for)?:? ?(?:about |approximately |approx\. |~)?({_DURATION})"),
     ("epoch_pipe", r"limit reached\|(\d{10,13})(?!\d)"),
     ("resets_at", rf"resets?[-_]at{_SEP}(\d{{10,13}})(?![\d.])"),
-    ("absolute", rf"(?:try again|retry|resets?|available again|available|regain access)"
+    ("phrase_i18n", rf"(?:r[ée]essay|essayez|int[ée]nt[ae]|vuelv|reint[ée]nt|tente|tentar|aguarde|espere"
+                    rf"|versuch|warte|attendez|patientez)"
+                    rf"[^.;!?]{{0,40}}?(?:(?:en|dans|em|in|nach|após|apos|después de|despues de|tras"
+                    rf"|pendant|durante|por|für) )?({_I18N_DURATION})"),
+    ("absolute", rf"(?:try again|retry|resets?|refresh(?:es|ed)?|come back|available again|available"
+                 rf"|regain access)"
                  rf"(?: at| on| after)? {_ABS_START}"),
 )
 _PRIORITY = {name: i for i, (name, _) in enumerate(_KINDS)}
 _HINT_RE = re.compile("|".join(f"(?:{pattern})(?P<{name}>)" for name, pattern in _KINDS), re.ASCII)
 HINT_TRIGGERS: tuple[str, ...] = (
     "retry", "try again", "wait", "reset", "ratelimit", "estimated_time",
-    "available", "等待", "limit reached|", "regain access")
+    "available", "等待", "limit reached|", "regain access", "refresh", "renew", "come back",
+    "réessay", "reessay", "essayez", "inténta", "inténte", "intenta", "intente", "vuelv",
+    "reintént", "reintent", "tente", "tentar", "aguarde", "espere", "versuch", "warte",
+    "attendez", "patientez")
 """Every hint starts with one of these words (in the normal form); the classifier finds them
 during its own scan and passes their positions to :func:`parse_hint_at`."""
 _MAX_PER_TRIGGER = 256
@@ -249,6 +289,11 @@ def parse_hint_at(t: str, positions: list[int], *, now_ms: float | None = None,
         if m is not None:
             kind = m.lastgroup
             candidates.append((_PRIORITY[kind], i, kind, m))  # type: ignore[index]
+    if not t.isascii():
+        for count, m in enumerate(_CJK_RE.finditer(t)):
+            if count >= _MAX_PER_TRIGGER:
+                break
+            candidates.append((_PRIORITY["phrase_i18n"], m.start(), "phrase_cjk", m))
     if not candidates:
         return None
     if len(candidates) > 1:
@@ -287,8 +332,20 @@ def _round(ms: float) -> int | None:
 
 def _duration_ms(text: str) -> int | None:
     total = 0.0
+    if text[:1].isalpha():  # "an hour", "a minute", "one day"
+        text = "1 " + text.split(" ", 1)[1]
     for number, unit in _DURATION_PART.findall(text):
         total += float(number) * _UNIT_MS[unit]
+    return _round(total)
+
+
+def _i18n_duration_ms(text: str) -> int | None:
+    total = 0.0
+    for number, unit in _I18N_DURATION_PART.findall(text):
+        size = _I18N_UNIT_MS.get(unit)
+        if size is None:
+            return None
+        total += float(number.replace(",", ".")) * size
     return _round(total)
 
 
@@ -332,6 +389,8 @@ def _value(kind: str, m: re.Match[str], t: str, when: _When) -> int | None:
         return _iso_ms(groups[0], when)
     if kind == "phrase":
         return _duration_ms(groups[0])
+    if kind in ("phrase_i18n", "phrase_cjk"):
+        return _i18n_duration_ms(groups[0])
     if kind in ("epoch_pipe", "resets_at"):
         return _epoch_ms(float(groups[0]), when)
     return _absolute_ms(t, m.end(), when)

@@ -139,6 +139,10 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
     return "server_error" if kind == "retryable" else "other"
 
 
+_USAGE_WINDOW_ONLY = frozenset({"fatal.payment_required"})
+"""Yielding permanent rules that stand down only for a usage window (a 402 whose text is a free
+or periodic quota with a stated reset), not for any retryable text with a hint."""
+
 _REFINABLE = frozenset({"server_error", "retry_later", "network", "timeout"})
 
 
@@ -430,6 +434,9 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
         hint = parse_normalized_hint_ms(t, now_ms=clock[0], zone=clock[1])
         if retryable is None or (hint is None and not _names_a_quota_window(t)):
             return _RESULT[permanent.id, False]
+        if permanent.id in _USAGE_WINDOW_ONLY and not (usage_limit or _INWORD_USAGE[0] in t
+                                                      or _INWORD_USAGE[1] in t):
+            return _RESULT[permanent.id, False]
     if retryable is None:
         return _UNMATCHED
     if not usage_limit and (_INWORD_USAGE[0] in t or _INWORD_USAGE[1] in t):
@@ -552,7 +559,10 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
     for name, verdict, _ in typed:
         if verdict is not None and verdict[0] == "permanent":
             return Classification("fatal", f"structured.{name}")
-    if outer == "permanent":
+    if outer == "permanent" and not (tr.kind == "retryable" and tr.usage_limit
+                                     and tr.retry_hint_ms is not None):
+        # a 402 stands down only for a usage window with a stated reset ("free quota used …
+        # resets at 16:00 UTC"), as its text rule does
         return Classification("fatal", f"structured.status_{status}")
     verdict_header = should_retry_header(headers)
     if verdict_header is False:  # the server's own verdict: not worth retrying

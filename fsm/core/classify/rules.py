@@ -112,7 +112,7 @@ def _status(numbers: str) -> str:
 
 # 4xx statuses that are never worth retrying as such (408 timeout, 409, 413 size, 425, 429
 # and 499 are left out on purpose).
-_CLIENT_4XX = r"4(?:0[0-7]|1[0-2]|1[4-8]|2[1-46-8]|31|51)(?![0-9])"
+_CLIENT_4XX = r"4(?:0[013-7]|1[0-2]|1[4-8]|2[1-46-8]|31|51)(?![0-9])"
 
 # --------------------------------------------------------------------------------------------
 # Step 3: context overflow (handed to compaction, never retried)
@@ -220,6 +220,32 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          r"|truncation (?:failed|is not possible|impossible)",
          "a prompt that cannot be truncated to fit the context (local runtimes that refuse to "
          "drop the system prompt or the last message): shrinking the history is the fix"),
+    Rule("overflow.length_validation", "overflow",
+         r"(?:input|prompt) (?:\([^()]{0,40}\) )?(?:length |tokens? )?(?:\([^()]{0,40}\) )?(?:is |are )?"
+         r"(?:exceeds?|exceeded|exceeding) (?:the |its )?max(?:imum)? (?:allowed |permitted |supported )?"
+         r"(?:length|size|tokens|context)"
+         r"|too long to fit into the model|too long to fit in (?:the |its )?context"
+         r"|must be (?:less|smaller|lower|fewer) than (?:or equal to )?(?:the )?max_(?:seq|sequence|model|input"
+         r"|num_tokens|position)(?:_len(?:gth)?|_embeddings)?"
+         r"|(?:message|messages|context|conversation|input|prompt|request) length (?:\([^()]{0,40}\) )?"
+         r"(?:exceeds?|exceeded|over) (?:the )?(?:limit|max)"
+         r"|maxlength(?: of| is|:|=)? ?\d|string too long\. expected a string with maximum length"
+         r"|(?:longer|larger|greater) than (?:the )?(?:api'?s? )?maximum string length",
+         "an input longer than the model's or the API's limit, in the words of local servers and "
+         "relays: SGLang 'Input length (N tokens) exceeds the maximum allowed length (M tokens)' "
+         "(https://github.com/sgl-project/sglang/issues/4048); vLLM 'The prompt (total length N) "
+         "is too long to fit into the model (context length M)' "
+         "(https://github.com/vllm-project/vllm/issues/12165); TensorRT-LLM 'must be less than "
+         "max_seq_len'; relays' 'message length exceeds limit'; JSON-schema 'maxLength' "
+         "validation; OpenAI 'string too long. Expected a string with maximum length N'"),
+    Rule("overflow.context_size_exceeded", "overflow",
+         r"context (?:size|length|window) (?:has been |was |is )?(?:exceeded|overflowed|exhausted)"
+         r"|(?:exceeded|exceeds|exceeding|out of) (?:the )?(?:kv[ -]?cache|context) (?:size|slots?|space)"
+         r"|(?:longer|larger|greater) than (?:the )?model\\?'s context length",
+         "a local server's 'context size exceeded' / 'context size has been exceeded' (llama.cpp "
+         "server, LM Studio; even inside an HTTP 500: an overflow marker outranks the status, "
+         "docs/policy.md §8b.8); SGLang 'longer than the model\\'s context length' with the quote "
+         "escaped in JSON (https://github.com/QwenLM/Qwen3/issues/1321)"),
     Rule("overflow.status_no_body", "overflow",
          r"^4(?:00|13) ?(?:status code)? ?\(no body\)",
          "Cerebras/Mistral bare '400 status code (no body)' / '413 (no body)' at the start of "
@@ -274,6 +300,21 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "D1 'quotas whose limit is 0': Gemini 'Quota exceeded for metric: …, limit: 0'; "
          "OpenAI 'Limit 0, Used 0, Requested N' (a model the tier does not include); Google "
          "QuotaFailure quotaValue '0'. A real limit ('limit: 1000000') stays a transient quota"),
+    Rule("fatal.quota_value_zero", "billing",
+         r"quota_limit_value\\?[\"']?:? ?\\?[\"']?0(?![0-9.])|0 of 0 (?:used|requests?|tokens?|credits?)"
+         r"|limit_value\\?[\"']?:? ?\\?[\"']?0(?![0-9.])",
+         "D1 'quotas whose limit is 0' in the other spellings of a zero limit: Google "
+         "QuotaFailure metadata quota_limit_value '0' (a model the free tier does not include), "
+         "a plan page's '0 of 0 used'. A real limit ('quota_limit_value': '250') stays transient"),
+    Rule("fatal.host_undefined", "configuration",
+         r"enotfound (?:[a-z0-9._:-]{0,80}?undefined|null(?![a-z0-9.-]))"
+         r"|eai_again (?:[a-z0-9._:-]{0,80}?undefined|null(?![a-z0-9.-]))"
+         r"|(?:could not resolve host|no such host|unknown host|lookup):? (?:[a-z0-9._:-]{0,80}?undefined"
+         r"|null(?![a-z0-9.-]))",
+         "a DNS failure for a host name that contains 'undefined' (or is 'null'): a base URL or "
+         "an environment variable that was never set, as JavaScript turns it into text "
+         "('getaddrinfo ENOTFOUND undefined'); the same request fails until the configuration "
+         "is fixed, unlike an outage"),
     Rule("fatal.model_load_failed", "resources",
          r"(?:failed|unable) to load (?:the )?model|(?:could not|couldn't|cannot|can't) load (?:the )?model"
          r"|error loading model|try a different model",
@@ -383,6 +424,19 @@ STATUS_RULES: tuple[Rule, ...] = (
          r"not[ _]found(?<!host not found)(?<!host not_found)",
          "a bare 'Not Found' (the reason phrase of 404) inside a gateway's 502 or a wrapper: the "
          "innermost verdict is a missing route or model; not DNS 'host not found'"),
+    Rule("fatal.route_not_found", "not_found",
+         r"cannot (?:post|get|put|patch|delete) /|no route (?:matched|found) (?:with|for)"
+         r"|(?:route|endpoint|path) (?:\S{1,80} )?(?:not found|does not exist)",
+         "a gateway's 502 or 404 whose body is the upstream's 'Cannot POST /v1/…' page (Express) "
+         "or a router's 'no Route matched' (Kong): the route does not exist, and retrying the "
+         "same URL cannot help (a base URL with a wrong path)"),
+    Rule("retryable.gateway_no_response", "server_error",
+         r"failed to get (?:a )?response from (?:the )?(?:upstream|provider|backend|model|origin)"
+         r"|(?:no|empty) response from (?:the )?(?:upstream|provider|backend|origin)",
+         "a gateway that got no answer from the provider: Cloudflare AI Gateway code 2005 'Failed "
+         "to get response from provider', sent inside an HTTP 400 "
+         "(https://github.com/cloudflare/ai/issues/436): like a status, the innermost decides, so "
+         "the wrapper's 400 does not make it fatal"),
     Rule("retryable.status_529", "overloaded",
          _status("529"),
          "Anthropic 529 Overloaded; D2"),
@@ -409,9 +463,10 @@ STATUS_RULES: tuple[Rule, ...] = (
          "APIs), as fsm.providers.sdk_errors appends it to an error text"),
 )
 
-# Rules that stand down when the message also carries a retry hint and no other permanent
-# rule matches.
-YIELDS_TO_HINT: frozenset[str] = frozenset({"fatal.exceeded_current_quota"})
+# Rules that stand down when the message also carries a retry hint (or names a quota window)
+# and no other permanent rule matches; a 402 stands down only for a usage window
+# (decide.py: "free quota used … resets at 16:00 UTC").
+YIELDS_TO_HINT: frozenset[str] = frozenset({"fatal.exceeded_current_quota", "fatal.payment_required"})
 
 # --------------------------------------------------------------------------------------------
 # Step 5: retryable families
@@ -432,6 +487,15 @@ USAGE_LIMIT_RULES: tuple[Rule, ...] = (
          r"limit",
          "Claude Code / Codex \"You've hit your limit · resets 3pm (Europe/Berlin)\", \"You've "
          "hit your usage limit\": a subscription window; the hint comes from the reset time"),
+    Rule("retryable.free_quota_window", "usage_limit",
+         r"(?:free|daily|weekly|monthly|hourly|trial|plan) (?:tier )?(?:quota|usage|allowance|request quota"
+         r"|message limit|messages) (?:has been |have been |is |was |are )?(?:used up|used|exhausted"
+         r"|exceeded|reached|depleted|consumed)"
+         r"|come back (?:in|at|after|on|tomorrow)",
+         "a free or periodic quota used up until a stated reset (a relay's 402 'free quota used "
+         "… resets at <time> UTC', a chat app's 'come back in 3h47m'): a usage window with a "
+         "hint, not billing exhaustion; a 402 or billing wording next to it stands down when the "
+         "reset time is given"),
     Rule("retryable.quota_window", "usage_limit",
          r"(?:requests?|tokens?|calls?) per (?:day|hour)\b|per[ _-](?:day|hour)\b|free-models-per-day"
          r"|rp[dh](?![a-z0-9_])|tp[dh](?![a-z0-9_])|daily[ _-]?(?:quota|limit|request limit"
@@ -451,6 +515,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"(?:no|insufficient|out of|over|at|lack of) capacity|capacity (?:exceeded|exhausted"
          r"|unavailable|constraints?|limits? reached)"
          r"|model_capacity_exhausted|capacity_exhausted|capacity_exceeded|experiencing high demand"
+         r"|exhausted (?:your |the |its |all )?(?:available )?capacity"
          r"|high demand|server (?:is )?(?:too )?busy"
          r"|too busy|maximum pending requests|(?:model|engine) is (?:currently )?(?:loading"
          r"|warming up|not ready)"
@@ -493,7 +558,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"(?:error|failed|failure)"
          r"|upstream (?:request |call |connection )?(?:error|failure|failed|unavailable|returned an? "
          r"error|service unavailable|provider (?:error|failed))|error from (?:the )?upstream"
-         r"|provider returned error",
+         r"|provider returned error|failed to get (?:a )?response from",
          "a gateway or router that could not relay the request upstream (LiteLLM/one-api/new-api "
          "'failed to forward request', OpenRouter 'Provider returned error', envoy/nginx "
          "'upstream error'); a permanent condition or a 4xx inside still decides"),
@@ -520,10 +585,11 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|connect ?error|connect call failed|apiconnectionerror|clientconnectorerror"
          r"|network[ _-]?error|network (?:is )?(?:unreachable|down|unavailable)|err_network"
          r"|network request failed"
-         r"|err_connection_",
+         r"|err_connection_|transport ?error|transporterror",
          "the base family 'connection error'; D2 connection reset/refused/closed; OpenAI and "
          "Anthropic SDK APIConnectionError 'Connection error.'; httpx ConnectError; asyncio "
-         "'Connect call failed'; aiohttp ClientConnectorError"),
+         "'Connect call failed'; aiohttp ClientConnectorError; Elixir Mint/Req 'transport error: "
+         "closed' (Mint.TransportError, a dropped connection)"),
     Rule("retryable.errno", "network",
          r"e(?:connreset|connrefused|connaborted|timedout|pipe|hostunreach|netunreach|netdown"
          r"|notfound|ai_again)\b"
@@ -609,6 +675,48 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "docs/policy.md §2 v2: provider text that asks to try the request again (OpenAI 'You can "
          "retry your request', Anthropic/Gemini 'An unexpected error occurred. Please try your "
          "request again', 'try again shortly')"),
+    Rule("retryable.request_failed_retry", "retry_later",
+         r"(?:request|call) (?:has )?failed[,.;:]? (?:please )?(?:retry|try again)",
+         "docs/policy.md §13.6: text saying the request failed and may be retried ('The request "
+         "failed, please retry')"),
+    Rule("retryable.try_again_i18n", "retry_later",
+         # Spanish
+         r"(?:vuelve|vuelva|volver) a intentar(?:lo)?|int[ée]nt(?:alo|elo|a|e) (?:de nuevo|nuevamente"
+         r"|m[áa]s tarde|otra vez)|intente (?:de nuevo|nuevamente|m[áa]s tarde|otra vez)"
+         r"|reint[ée]nt(?:alo|elo|ar|e)"
+         # French
+         r"|r[ée]essay(?:ez|er|e)|essayez (?:de nouveau|plus tard|à nouveau)"
+         # German
+         r"|versuchen sie es [^.;!?]{0,40}?erneut|(?:sp[äa]ter |bitte |es )erneut (?:versuchen|probieren)"
+         r"|versuche es [^.;!?]{0,30}?(?:erneut|nochmal|noch einmal)|erneut versuchen"
+         # Portuguese
+         r"|tente (?:novamente|de novo|mais tarde|outra vez)|tentar novamente"
+         # Japanese, Chinese, Korean (looked for anywhere)
+         r"|再試行|もう一度お試し|再度お試し|後でお試し|しばらくしてから|時間をおいて"
+         r"|重试|重新尝试|再试一次|请稍后|稍後再試|稍后再试"
+         r"|다시 시도|재시도|잠시 후",
+         "docs/policy.md §13.6: 'try again' / 'retry' is retryable in any language the providers "
+         "write it in: Spanish 'inténtalo de nuevo', French 'réessayez', German 'versuchen Sie es "
+         "später erneut', Portuguese 'tente novamente', Japanese '再試行' / 'もう一度お試しください', "
+         "Chinese '请重试' / '稍后再试', Korean '다시 시도해 주세요' (localized gateways and "
+         "console front ends)"),
+    Rule("retryable.rate_limit_i18n", "rate_limit",
+         r"demasiadas (?:solicitudes|peticiones|consultas)|l[íi]mite de (?:velocidad|tasa|solicitudes"
+         r"|peticiones|frecuencia)"
+         r"|trop de (?:requêtes|requetes|demandes)|limite de (?:débit|debit|taux|requêtes|requetes|fréquence)"
+         r"|zu viele (?:anfragen|anforderungen|requests)|ratenlimit|anfragelimit"
+         r"|muitas (?:solicitações|solicitacoes|requisições|requisicoes|requests)|limite de (?:taxa"
+         r"|requisições|requisicoes|solicitações)"
+         r"|レート制限|リクエストが多すぎ|リクエスト数(?:の)?上限|リクエスト制限"
+         r"|요청이 너무 많|속도 제한|요청 한도|사용량 한도",
+         "rate-limit wording in the providers' and gateways' other languages (Spanish, French, "
+         "German, Portuguese, Japanese, Korean; Chinese in retryable.cn_rate_limit): 'too many "
+         "requests', 'rate limit'"),
+    Rule("retryable.overloaded_i18n", "overloaded",
+         r"sobrecargad[oa]|surcharg[ée]e?|überlastet|uberlastet|ueberlastet|sobrecarregad[oa]"
+         r"|過負荷|混雑|混み合|サーバーが(?:ビジー|混雑)|服务器繁忙|系统繁忙|负载过高|服務繁忙"
+         r"|과부하|혼잡|서버가 바쁩",
+         "'overloaded' / 'busy' in Spanish, French, German, Portuguese, Japanese, Chinese, Korean"),
     Rule("retryable.retry_delay", "retry_later",
          r"retry[ _-]?delay|retry[ _-]?after(?:[ _-]?ms)?\\?[\"']?\s?[:=]|retry (?:in|after) \d"
          r"|try again (?:in|after) \d|please wait \d|try again later|retry later",

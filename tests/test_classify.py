@@ -630,6 +630,12 @@ def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
     if (overflow or silent) and not guard:
         return Classification("context_overflow", overflow.id if overflow else "overflow.silent_usage")
     strict = _leftmost(_REF_PERMANENT, t, lambda r: r.id not in YIELDS_TO_HINT)
+    if strict is not None and strict.id in D._USAGE_WINDOW_ONLY:
+        retryable = _leftmost(_REF_RETRYABLE_WORD_START, t) or _leftmost(_REF_RETRYABLE, t)
+        usage = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
+        hint = parse_normalized_hint_ms(t, now_ms=now_ms)
+        if usage and retryable is not None and hint is not None:
+            return Classification("retryable", retryable.id, True, hint)
     if strict is not None:
         return Classification("fatal", strict.id)
     # the innermost (last) status marker decides over the families
@@ -648,8 +654,6 @@ def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
                    or "perday" in t or "perhour" in t)
     hint = parse_normalized_hint_ms(t, now_ms=now_ms)
     if yielding is not None and (retryable is None or (hint is None and not D._names_a_quota_window(t))):
-        return Classification("fatal", yielding.id)
-    if yielding is not None and yielding.id == "fatal.payment_required" and not usage_limit:
         return Classification("fatal", yielding.id)
     if retryable is None:
         return Classification("fatal", "fatal.unmatched")

@@ -139,9 +139,13 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
     return "server_error" if kind == "retryable" else "other"
 
 
-_USAGE_WINDOW_ONLY = frozenset({"fatal.payment_required"})
-"""Yielding permanent rules that stand down only for a usage window (a 402 whose text is a free
-or periodic quota with a stated reset), not for any retryable text with a hint."""
+_USAGE_WINDOW_ONLY = frozenset({"fatal.payment_required", "fatal.insufficient_quota"})
+"""Permanent rules that stand down only for a usage window with a stated reset (a 402 or an
+insufficient_quota type whose text is a free or periodic quota that resets at a given time),
+never for other retryable text with a hint (OpenAI's billing 429 stays fatal)."""
+
+_WINDOW_CODES = frozenset({"insufficient_quota", "payment_required"})
+"""Typed permanent codes that stand down for a usage window with a stated reset."""
 
 _REFINABLE = frozenset({"server_error", "retry_later", "network", "timeout"})
 
@@ -422,6 +426,15 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
     if (permanent is None or permanent.id in YIELDS_TO_HINT) and not t.isascii():
         permanent = _ANYWHERE_PERMANENT.search(t) or permanent
     hint = None
+    if permanent is not None and permanent.id in _USAGE_WINDOW_ONLY:
+        # a 402 / insufficient_quota that is a free or periodic quota with a stated reset
+        # ("Free quota used (30 requests / 5h). Resets at 10:00 UTC") is a usage window
+        if not (usage_limit and retryable is not None):
+            return _RESULT[permanent.id, False]
+        hint = parse_normalized_hint_ms(t, now_ms=clock[0], zone=clock[1])
+        if hint is None:
+            return _RESULT[permanent.id, False]
+        return Classification("retryable", retryable.id, True, hint)
     if permanent is not None and permanent.id not in YIELDS_TO_HINT:
         return _RESULT[permanent.id, False]
     if status is not None and status.id[0] == "f":
@@ -433,9 +446,6 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
     if permanent is not None:  # it stands down for a retry hint or a quota window
         hint = parse_normalized_hint_ms(t, now_ms=clock[0], zone=clock[1])
         if retryable is None or (hint is None and not _names_a_quota_window(t)):
-            return _RESULT[permanent.id, False]
-        if permanent.id in _USAGE_WINDOW_ONLY and not (usage_limit or _INWORD_USAGE[0] in t
-                                                      or _INWORD_USAGE[1] in t):
             return _RESULT[permanent.id, False]
     if retryable is None:
         return _UNMATCHED
@@ -556,13 +566,13 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
             return tr
         tr = _classify_text(stop_reason, "429 " + text, None, 0, now_ms, zone)  # a 429 is rate limiting
     # 2. permanent conditions, any source
-    for name, verdict, _ in typed:
-        if verdict is not None and verdict[0] == "permanent":
+    # a 402 or an insufficient_quota type stands down only for a usage window with a stated
+    # reset ("Free quota used (30 requests / 5h). Resets at 10:00 UTC"), as its text rule does
+    window = tr.kind == "retryable" and tr.usage_limit and tr.retry_hint_ms is not None
+    for name, verdict, value in typed:
+        if verdict is not None and verdict[0] == "permanent" and not (window and value.lower() in _WINDOW_CODES):
             return Classification("fatal", f"structured.{name}")
-    if outer == "permanent" and not (tr.kind == "retryable" and tr.usage_limit
-                                     and tr.retry_hint_ms is not None):
-        # a 402 stands down only for a usage window with a stated reset ("free quota used …
-        # resets at 16:00 UTC"), as its text rule does
+    if outer == "permanent" and not window:
         return Classification("fatal", f"structured.status_{status}")
     verdict_header = should_retry_header(headers)
     if verdict_header is False:  # the server's own verdict: not worth retrying

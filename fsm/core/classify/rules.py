@@ -166,7 +166,8 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          "Copilot code model_max_prompt_tokens_exceeded; docs/policy.md §2; pi-mono overflow.ts"),
     Rule("overflow.lm_studio", "overflow",
          r"keep the first [0-9,]{1,12} tokens when context(?: the)? overflows|context length of only \d"
-         r"|reached context length of \d|mid-generation context overflow",
+         r"|reached context length of \d|mid-generation context overflow"
+         r"|load the model with a larger context length|context length of only \d",
          "LM Studio 'Trying to keep the first N tokens when context the overflows', 'loaded with "
          "context length of only N tokens', 'Reached context length of N tokens'"),
     Rule("overflow.reduce_length", "overflow",
@@ -240,7 +241,7 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          "validation; OpenAI 'string too long. Expected a string with maximum length N'"),
     Rule("overflow.context_size_exceeded", "overflow",
          r"context (?:size|length|window) (?:has been |was |is )?(?:exceeded|overflowed|exhausted)"
-         r"|(?:exceeded|exceeds|exceeding|out of) (?:the )?(?:kv[ -]?cache|context) (?:size|slots?|space)"
+         r"|(?:exceeded|exceeds|exceeding|out of) (?:the )?kv[ -]?cache (?:size|slots?|space)"
          r"|(?:longer|larger|greater) than (?:the )?model\\?'s context length",
          "a local server's 'context size exceeded' / 'context size has been exceeded' (llama.cpp "
          "server, LM Studio; even inside an HTTP 500: an overflow marker outranks the status, "
@@ -268,7 +269,9 @@ PERMANENT_RULES: tuple[Rule, ...] = (
     Rule("fatal.credit_balance", "billing",
          r"credit balance (?:is )?too low|insufficient (?:account )?(?:credits?|balance|funds)"
          r"|(?:purchase|buy|requires?) more credits|can only afford|used all (?:available |your )?credits"
-         r"|out of credits|no credits (?:left|remaining)|credits? (?:have been |has been |are "
+         r"|out of credits|no credits (?:left|remaining)|exceeded (?:your |the )?(?:monthly |included |free "
+         r"|daily )*credits"
+         r"|credits? (?:have been |has been |are "
          r"|is )?(?:exhausted|depleted)"
          r"|arrearage|in arrears|overdue (?:payment|balance|bill)|balance (?:is )?(?:insufficient"
          r"|not enough|exhausted|depleted|negative)|recharge|not in good standing",
@@ -301,7 +304,8 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "OpenAI 'Limit 0, Used 0, Requested N' (a model the tier does not include); Google "
          "QuotaFailure quotaValue '0'. A real limit ('limit: 1000000') stays a transient quota"),
     Rule("fatal.quota_value_zero", "billing",
-         r"quota_limit_value\\?[\"']?:? ?\\?[\"']?0(?![0-9.])|0 of 0 (?:used|requests?|tokens?|credits?)"
+         r"quota_limit_value\\?[\"']?:? ?\\?[\"']?0(?![0-9.])|0/0 (?:used|requests?|tokens?|credits?)|0 of 0 (?:used|requests?|tokens?|credits?)"
+         r"|(?:doesn't|does not) have a free (?:quota )?tier"
          r"|limit_value\\?[\"']?:? ?\\?[\"']?0(?![0-9.])",
          "D1 'quotas whose limit is 0' in the other spellings of a zero limit: Google "
          "QuotaFailure metadata quota_limit_value '0' (a model the free tier does not include), "
@@ -350,7 +354,8 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "Vertex PERMISSION_DENIED; OpenRouter 401 'No cookie auth credentials found'"),
     Rule("fatal.region_unsupported", "region",
          r"unsupported_country|country, region,? or territory not supported|user location is not supported"
-         r"|not available in your (?:country|region)|unsupported[_ ]region",
+         r"|not available in your (?:country|region)|unsupported[_ ]region"
+         r"|(?:doesn't|does not|don't|do not) serve your (?:region|country)",
          "OpenAI 403 unsupported_country_region_territory; Gemini 400 FAILED_PRECONDITION 'User "
          "location is not supported'"),
     Rule("fatal.tls_certificate", "configuration",
@@ -464,9 +469,9 @@ STATUS_RULES: tuple[Rule, ...] = (
 )
 
 # Rules that stand down when the message also carries a retry hint (or names a quota window)
-# and no other permanent rule matches; a 402 stands down only for a usage window
-# (decide.py: "free quota used … resets at 16:00 UTC").
-YIELDS_TO_HINT: frozenset[str] = frozenset({"fatal.exceeded_current_quota", "fatal.payment_required"})
+# and no other permanent rule matches. (A 402 or insufficient_quota stands down only for a usage
+# window with a stated reset: decide.py, USAGE_WINDOW_ONLY.)
+YIELDS_TO_HINT: frozenset[str] = frozenset({"fatal.exceeded_current_quota"})
 
 # --------------------------------------------------------------------------------------------
 # Step 5: retryable families
@@ -491,11 +496,13 @@ USAGE_LIMIT_RULES: tuple[Rule, ...] = (
          r"(?:free|daily|weekly|monthly|hourly|trial|plan) (?:tier )?(?:quota|usage|allowance|request quota"
          r"|message limit|messages) (?:has been |have been |is |was |are )?(?:used up|used|exhausted"
          r"|exceeded|reached|depleted|consumed)"
-         r"|come back (?:in|at|after|on|tomorrow)",
+         r"|come back (?:in|at|after|on|tomorrow)"
+         r"|(?:you'?re|you are) out of (?:[a-z0-9-]{1,20} ){0,2}(?:messages|requests|prompts)",
          "a free or periodic quota used up until a stated reset (a relay's 402 'free quota used "
          "… resets at <time> UTC', a chat app's 'come back in 3h47m'): a usage window with a "
          "hint, not billing exhaustion; a 402 or billing wording next to it stands down when the "
-         "reset time is given"),
+         "reset time is given (https://github.com/Gitlawb/openclaude/issues/1554); Codex 'You're "
+         "out of Codex messages … resets on <date>' (https://github.com/openai/codex/issues/26197)"),
     Rule("retryable.quota_window", "usage_limit",
          r"(?:requests?|tokens?|calls?) per (?:day|hour)\b|per[ _-](?:day|hour)\b|free-models-per-day"
          r"|rp[dh](?![a-z0-9_])|tp[dh](?![a-z0-9_])|daily[ _-]?(?:quota|limit|request limit"
@@ -631,7 +638,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "RemoteProtocolError 'incomplete chunked read'; requests ChunkedEncodingError; "
          "aiohttp ClientPayloadError; ssl UNEXPECTED_EOF_WHILE_READING"),
     Rule("retryable.terminated", "network",
-         r"terminated(?<!been terminated)(?<!was terminated)(?<!is terminated)",
+         r"terminated(?<!been terminated)(?<!was terminated)(?<!is terminated)(?<!process has terminated)",
          "D2 'terminated' (undici 'TypeError: terminated' when the body stream dies); "
          "not 'account has been terminated'"),
     Rule("retryable.websocket", "network",
@@ -714,7 +721,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "requests', 'rate limit'"),
     Rule("retryable.overloaded_i18n", "overloaded",
          r"sobrecargad[oa]|surcharg[ée]e?|überlastet|uberlastet|ueberlastet|sobrecarregad[oa]"
-         r"|過負荷|混雑|混み合|サーバーが(?:ビジー|混雑)|服务器繁忙|系统繁忙|负载过高|服務繁忙"
+         r"|過負荷|混雑|混み合|サーバーが(?:ビジー|混雑)|服务器繁忙|系统繁忙|负载过高|服務繁忙|访问量过大|訪問量過大"
          r"|과부하|혼잡|서버가 바쁩",
          "'overloaded' / 'busy' in Spanish, French, German, Portuguese, Japanese, Chinese, Korean"),
     Rule("retryable.retry_delay", "retry_later",

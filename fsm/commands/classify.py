@@ -114,25 +114,17 @@ def run(args: argparse.Namespace) -> int:
 
 def zoneinfo_zone(name: str) -> tzinfo | None:
     """The IANA zone named ``name`` in any case (``america/santiago``) from this machine's zone
-    database (:mod:`zoneinfo`), or None when unknown or empty."""
-    from zoneinfo import ZoneInfo, available_timezones
+    database, or None when unknown or empty: the host kernel's resolver
+    (:func:`fsm.host.kernel.default_zone`)."""
+    from fsm.host.kernel import default_zone
 
-    if not name or not name.isascii() or len(name) > 64:
-        return None
-    try:
-        return ZoneInfo("/".join(part.title() for part in name.split("/")))
-    except (ValueError, OSError, KeyError):
-        pass
-    wanted = name.lower()
-    for key in available_timezones():
-        if key.lower() == wanted:
-            return ZoneInfo(key)
-    return None
+    return default_zone(name)
 
 
 def zone_resolver(local: tzinfo | None = None) -> Callable[[str], tzinfo | None]:
-    """A :data:`fsm.core.hints.ZoneResolver` for a shell: named zones from :func:`zoneinfo_zone`,
-    and ``local`` (None: UTC) for times printed without a zone (the name ``""``)."""
+    """A :data:`fsm.core.hints.ZoneResolver` for a shell: named zones from :func:`zoneinfo_zone`
+    (the kernel's resolver), and ``local`` (None: UTC) for times printed without a zone (the
+    name ``""``)."""
     def resolve(name: str) -> tzinfo | None:
         return local if name == "" else zoneinfo_zone(name)
     return resolve

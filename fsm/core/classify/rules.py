@@ -24,7 +24,7 @@ their step matched.
 To add a provider's phrasing: add a row to the right table (a new family if needed, listed in
 :data:`fsm.core.classify.FAMILIES`) with its public source, add the message to a
 ``tests/data/provider-errors*.jsonl`` corpus file or to the unit tests of that family, and run
-``pytest tests/test_classify.py``. A rule must describe a family of messages, not copy one;
+``pytest tests/core/test_classify.py``. A rule must describe a family of messages, not copy one;
 docs/classification.md lists the families.
 """
 

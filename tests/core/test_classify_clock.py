@@ -15,7 +15,7 @@ from fsm.core.hints import header_hint
 
 NOW_MS = datetime(2026, 6, 14, 12, 0, tzinfo=timezone.utc).timestamp() * 1000
 ZONE = zone_resolver()
-CORE = Path(__file__).resolve().parents[1] / "fsm" / "core"
+CORE = Path(__file__).resolve().parents[2] / "fsm" / "core"
 
 # Absolute hints of every kind the classifier resolves against the host's clock.
 ABSOLUTE_MESSAGES = [

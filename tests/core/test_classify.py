@@ -634,7 +634,7 @@ def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
         retryable = _leftmost(_REF_RETRYABLE_WORD_START, t) or _leftmost(_REF_RETRYABLE, t)
         usage = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
         hint = parse_normalized_hint_ms(t, now_ms=now_ms)
-        if usage and retryable is not None and hint is not None:
+        if usage and retryable is not None and (hint is not None or D._states_a_reset(t)):
             return Classification("retryable", retryable.id, True, hint)
     if strict is not None:
         return Classification("fatal", strict.id)
@@ -887,3 +887,16 @@ def test_corpus_row_family_is_in_the_closed_set(row):
     if result.kind == "retryable":
         assert result.family in ("overloaded", "rate_limit", "usage_limit", "server_error", "network",
                                  "stalled", "timeout", "retry_later")
+
+
+def test_a_free_window_with_a_stated_reset_is_a_usage_limit_even_without_a_clock():
+    """A 402 / insufficient_quota free window with a reset stays retryable without now_ms; billing stays fatal."""
+    message = ('API Error: 402 {"error":{"message":"Free quota used (30 requests / 5h). Resets at '
+               '10:00 UTC.","type":"insufficient_quota","code":"free_quota_exceeded"}}')
+    for result in (classify("error", message),
+                   C.classify_facts("error", message, status=402, error_type="insufficient_quota")):
+        assert (result.kind, result.usage_limit, result.family) == ("retryable", True, "usage_limit")
+        assert result.retry_hint_ms is None
+    assert classify("error", message, now_ms=_ms(datetime(2026, 6, 6, 8, 0))).retry_hint_ms == 7_200_000
+    assert classify("error", '402 {"type":"insufficient_quota"} please retry in 5s').kind == "fatal"
+    assert C.classify_facts("error", "usage limit reached", status=402).kind == "fatal"

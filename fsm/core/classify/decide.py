@@ -144,6 +144,16 @@ _USAGE_WINDOW_ONLY = frozenset({"fatal.payment_required", "fatal.insufficient_qu
 insufficient_quota type whose text is a free or periodic quota that resets at a given time),
 never for other retryable text with a hint (OpenAI's billing 429 stays fatal)."""
 
+_RESET_STATED_RE = re.compile(r"(?:resets?|reset|renews?|refreshes) (?:at|on|in|after) \d"
+                              r"|(?:come back|try again) (?:at|in|after|on) \d", re.ASCII)
+
+
+def _states_a_reset(t: str) -> bool:
+    """Whether the normal form ``t`` states when a window resets (a time or a duration), even
+    one this host cannot resolve (no clock, unknown zone): the kind must not hang on the clock."""
+    return _RESET_STATED_RE.search(t) is not None
+
+
 _WINDOW_CODES = frozenset({"insufficient_quota", "payment_required"})
 """Typed permanent codes that stand down for a usage window with a stated reset."""
 
@@ -432,7 +442,7 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
         if not (usage_limit and retryable is not None):
             return _RESULT[permanent.id, False]
         hint = parse_normalized_hint_ms(t, now_ms=clock[0], zone=clock[1])
-        if hint is None:
+        if hint is None and not _states_a_reset(t):
             return _RESULT[permanent.id, False]
         return Classification("retryable", retryable.id, True, hint)
     if permanent is not None and permanent.id not in YIELDS_TO_HINT:
@@ -568,7 +578,8 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
     # 2. permanent conditions, any source
     # a 402 or an insufficient_quota type stands down only for a usage window with a stated
     # reset ("Free quota used (30 requests / 5h). Resets at 10:00 UTC"), as its text rule does
-    window = tr.kind == "retryable" and tr.usage_limit and tr.retry_hint_ms is not None
+    window = (tr.kind == "retryable" and tr.usage_limit
+              and (tr.retry_hint_ms is not None or _states_a_reset(padded_normal_form(text))))
     for name, verdict, value in typed:
         if verdict is not None and verdict[0] == "permanent" and not (window and value.lower() in _WINDOW_CODES):
             return Classification("fatal", f"structured.{name}")
@@ -592,6 +603,8 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
         if verdict is None:
             continue
         kind, family, _ = verdict
+        if kind == "permanent":  # stood down above for a usage window: the text decides
+            continue
         if kind == "fatal":
             return Classification("fatal", f"structured.{name}")
         return _retryable(f"structured.{name}", family in _RATE_FAMILIES, tr, text, headers, clock,

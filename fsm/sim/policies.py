@@ -134,7 +134,7 @@ class BrainPolicy:
             self.coords: list[Any] | None = None
         else:
             count = 1 if coordinators == "fleet" else PROCESSES
-            self.coords = [InProcessCoordinator(monotonic_ms=clock) for _ in range(count)]
+            self.coords = [InProcessCoordinator(clock=clock) for _ in range(count)]
 
     def coordinator(self, session: int) -> Any:
         if self.coords is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import uuid
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = [
-    "StartupError", "load_host_options",
+    "StartupError", "configure_logging", "load_host_options", "register_configured_secrets",
     "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_coordinator",
     "load_credentials", "load_settings", "open_session", "session_path",
 ]
@@ -129,6 +130,34 @@ def load_coordinator(url: str | None):  # -> Coordinator | None
     return coordinator_from_url(url)
 
 
+def configure_logging(level: int | str, fmt: str, *, stream: Any = None) -> None:
+    """Send log records of ``level`` and above to ``stream`` (default stderr) in ``fmt``, as
+    ``logging.basicConfig`` does (a root logger that has handlers already keeps them), and put
+    every handler of the root logger behind the scrubbing layer
+    (:class:`fsm.core.redact.ScrubbingFilter`: registered secrets and key shapes become
+    ``[redacted]``, DEBUG's header dumps included, each record clipped to 64 KiB)."""
+    from fsm.core.redact import ScrubbingFilter
+    logging.basicConfig(stream=sys.stderr if stream is None else stream, level=level, format=fmt)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, ScrubbingFilter) for f in handler.filters):
+            handler.addFilter(ScrubbingFilter())
+
+
+def register_configured_secrets(args: argparse.Namespace,
+                                environ: Any = None) -> None:
+    """Add what a command was configured with to the process's secrets
+    (:data:`fsm.core.redact.SECRETS`), so that no output shows them: ``--api-key``, the
+    provider's key variables, the credentials inside ``--base-url`` / ``OPENAI_BASE_URL`` and
+    ``--redis`` (``user:password@``, ``?password=``, ``?key=``...)."""
+    from fsm.core.redact import register_secret, register_url
+    environ = os.environ if environ is None else environ
+    register_secret(getattr(args, "api_key", None), environ.get("OPENAI_API_KEY"),
+                    environ.get("ANTHROPIC_API_KEY"))
+    for url in (getattr(args, "base_url", None), environ.get("OPENAI_BASE_URL"),
+                environ.get("ANTHROPIC_BASE_URL"), getattr(args, "redis", None)):
+        register_url(url)
+
+
 class StartupError(ValueError):
     """A command-line option a host cannot start with; ``str()`` is the message to print."""
 
@@ -142,6 +171,7 @@ def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any,
     """
     from fsm.core.settings import SettingsError
     from fsm.core.text import ApiKeyError, check_configured_api_key
+    register_configured_secrets(args)
     try:  # a key that cannot go into a header would leak into every error text
         check_configured_api_key(args.api_key)
     except ApiKeyError as exc:

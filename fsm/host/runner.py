@@ -54,6 +54,8 @@ from fsm.core.brain import RetryBrain, TurnFacts
 from fsm.core.classify import Classification, classify_message
 from fsm.core.events import AutoRetryEnd, CoordinatorRestored, CoordinatorUnavailable, Event
 from fsm.core.messages import AssistantMessage
+from fsm.core.redact import register_secret, request_secrets
+from fsm.core.text import safe_error_text, safe_message
 from fsm.host import session as _session
 from fsm.core.settings import RetrySettings
 
@@ -78,6 +80,18 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
     LookupError, AttributeError, TypeError, NameError, AssertionError, ArithmeticError,
     NotImplementedError, ImportError, SyntaxError)
 """Exception classes that mean a bug in the caller's code: fatal whatever their text."""
+
+
+def _client_secrets(fn: Any) -> tuple[str, ...]:
+    """The API key of the SDK client a bound method belongs to (``client.chat.completions
+    .create``: the resource's ``_client.api_key``), else ``()``. Never raises."""
+    try:
+        owner = getattr(fn, "__self__", None)
+        client = getattr(owner, "_client", None) or owner
+        key = getattr(client, "api_key", None)
+    except Exception:
+        return ()
+    return (key,) if isinstance(key, str) and key else ()
 
 
 def _is_sdk_error(exc: BaseException) -> bool:
@@ -185,8 +199,20 @@ class _Call:
         else:
             cls = classify_message(message, runner.context_window)
         if cls.kind != "none":
+            # What events, RetryChainError and logs may show: credentials of any shape the
+            # call was made with scrubbed, the text clipped as the session clips it.
+            message = safe_message(message, self.secrets(exc))
             self.message, self.cls = message, cls
         return message, cls
+
+    def secrets(self, exc: BaseException | None) -> tuple[str, ...]:
+        """The runner's ``secrets``, the key of the callable's SDK client and the
+        credentials the failed request carried (its headers and URL), all registered with
+        the process's scrubbing layer (:mod:`fsm.core.redact`)."""
+        found = request_secrets(exc) + _client_secrets(self.fn)
+        if found:
+            register_secret(*found)
+        return self.runner.secrets + found
 
     def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts | None) -> None:
         self.perform(self.brain.turn_ended(message, self.runner.context_window,
@@ -295,13 +321,17 @@ class RetryRunner:
         context_window: the model's context window in tokens, for the silent-overflow rule.
         to_message: ``to_message(exc) -> AssistantMessage``: how an exception reads (default:
             :func:`fsm.providers.sdk_errors.error_message`, the one mapping of SDK and transport errors).
+        secrets: credentials that no event, log or :class:`RetryChainError` may show, of any
+            shape (the callable's SDK client key and the credentials a failed request carried
+            are found without being listed; ``sk-…`` keys and bearer tokens always are).
     """
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
                  on_event: EventListener | None = None, coordinator: Any = None, key: Any = None,
                  clock: Any = None, sleep: Callable[[float], Any] | None = None,
                  random: Callable[[], float] = _random.random, context_window: int = 0,
-                 to_message: Callable[[BaseException], AssistantMessage] | None = None) -> None:
+                 to_message: Callable[[BaseException], AssistantMessage] | None = None,
+                 secrets: Any = ()) -> None:
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
         if sleep is not None and not callable(sleep):
@@ -317,6 +347,10 @@ class RetryRunner:
         self.random = random
         self.context_window = context_window
         self.to_message = to_message or _sdk.error_message
+        if isinstance(secrets, str):
+            secrets = (secrets,)
+        self.secrets: tuple[str, ...] = tuple(v for v in secrets if isinstance(v, str) and v)
+        register_secret(*self.secrets)
 
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:
@@ -394,7 +428,8 @@ class RetryRunner:
             log.warning("coordinator did not answer in time: deciding on local state")
             return TurnFacts(now_ms=now)
         except Exception as exc:  # a coordinator must not break the chain: local state
-            log.warning("coordinator failed: %s: %s", type(exc).__name__, exc)
+            log.warning("coordinator failed: %s", safe_error_text(f"{type(exc).__name__}: {exc}",
+                                                                  self.secrets, 1024))
             return TurnFacts(now_ms=now)
         return TurnFacts(now_ms=now, cooldown_ms=int(left or 0) if honor else 0,
                          budget_allows=ok is not False, budget_taken=ok is not None)

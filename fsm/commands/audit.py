@@ -50,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from fsm.review import audit
     from fsm.review.diagrams import DiagramError, write_file
 
+    from fsm.commands.common import check_input_file
+    try:
+        for path in args.traces:  # a FIFO or /dev/zero is refused at once
+            check_input_file(path, what="trace")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         report = audit.audit_files(args.traces)
     except (audit.TraceError, audit.AllForeignError) as exc:

@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+import support
+
 from fsm.core import brain as B
 from fsm.core import lifecycle as L
 from fsm.core.brain import RetryBrain, TurnFacts
@@ -46,7 +48,7 @@ PATCH = textwrap.dedent(r'''
 def test_an_overlapping_row_is_refused_at_import_so_diagrams_cannot_draw_it(tmp_path):
     """``python -m fsm diagrams`` over a table with an overlapping row fails and draws nothing."""
     out = tmp_path / "drawn"
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    env = support.env()
     done = subprocess.run([sys.executable, "-c", PATCH, str(out)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0

@@ -41,7 +41,7 @@ from fsm.core.text import ApiKeyError, check_api_key
 
 __all__ = ["DEFAULT_BLOCK_MS", "DEFAULT_TIMEOUT_S", "IDLE_GRACE_MS", "KEY_TIMEOUT_S", "CredentialFileError",
            "CredentialLockTimeout", "CredentialStore", "CredentialStoreError",
-           "InMemoryCredentialStore", "JsonFileCredentialStore"]
+           "InMemoryCredentialStore", "JsonFileCredentialStore", "validate_credentials"]
 
 DEFAULT_BLOCK_MS = 60_000
 """How long a credential is blocked when the provider gave no hint (ms)."""
@@ -160,7 +160,9 @@ def _limited(state: Mapping[str, Any], now_ms: int) -> int:
     return sum(1 for until in state.get("blockedUntil", {}).values() if until > now_ms)
 
 
-def _validate_credentials(credentials: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+def validate_credentials(credentials: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``{provider: [key, ...]}`` checked and copied (a key listed twice counts once). Raises
+    ``TypeError`` / ``ValueError`` naming the provider or the entry (never a key's text)."""
     if not isinstance(credentials, Mapping):
         raise TypeError(f"credentials must map provider -> list of keys, got {type(credentials).__name__}")
     out: dict[str, list[str]] = {}
@@ -223,7 +225,7 @@ class InMemoryCredentialStore(_AsyncMethods):
 
     def __init__(self, credentials: Mapping[str, Sequence[str]], *,
                  clock: Callable[[], float] = _wall_ms) -> None:
-        self._keys = _validate_credentials(credentials)
+        self._keys = validate_credentials(credentials)
         self._state: dict[str, dict[str, Any]] = {p: {} for p in self._keys}
         self._clock = clock
         self._lock = threading.Lock()
@@ -310,7 +312,7 @@ class JsonFileCredentialStore(_AsyncMethods):
         self._counts: dict[str, int] = {}  # keys per provider, as of the last read of the file
         self._clock = clock
         self.lock_timeout_s = lock_timeout_s
-        given = _validate_credentials(credentials or {})
+        given = validate_credentials(credentials or {})
         with self._locked() as tx:
             providers = tx.data["providers"]
             for provider, keys in given.items():

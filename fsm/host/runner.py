@@ -32,9 +32,13 @@ Exceptions, in this order (docs/policy.md §10):
 - a chain (or a refusal at rest) that ends without success — every case where an
   ``auto_retry_end`` with ``success: false`` was emitted: :class:`RetryChainError` with
   ``end_reason``, ``attempts``, ``classification`` and the last exception as ``__cause__``;
-- cancelling the task that awaits the call (or ``KeyboardInterrupt`` in :meth:`run_sync`)
-  during a chain: the chain ends ``cancelled``, its end event is emitted, and the
-  cancellation propagates.
+- cancelling the task that awaits the call, or any other ``BaseException`` during a chain
+  (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit`` when the awaiting coroutine is
+  closed, the caller's own): the chain ends ``cancelled``, its end event is emitted, and the
+  exception propagates;
+- a callable that returns no awaitable (:meth:`run`: a generator, None) or an awaitable
+  (:meth:`run_sync`): a ``TypeError`` saying so, raised as it is on the first call and as
+  the ``__cause__`` of a ``RetryChainError`` (``fatal``) when a chain runs.
 """
 
 from __future__ import annotations
@@ -349,13 +353,18 @@ class RetryRunner:
                     pending, result, exc = _RAISED, None, failure
                 if pending is not _RAISED:
                     if type(pending) is not _COROUTINE and not inspect.isawaitable(pending):
-                        raise TypeError(f"{_name(fn)} returned {type(pending).__name__}, not an "
-                                        "awaitable: use fsm.retrying_sync (RetryRunner.run_sync) "
-                                        "for a synchronous callable")
-                    try:
-                        result, exc = await pending, None
-                    except Exception as failure:
-                        result, exc = None, failure
+                        _close(pending)
+                        # The caller's mistake: a fatal failure of this attempt, so that a
+                        # chain already running ends (RetryChainError from this TypeError); a
+                        # first call raises it as it is.
+                        result, exc = None, TypeError(
+                            f"{_name(fn)} returned {type(pending).__name__}, not an awaitable: use "
+                            "fsm.retrying_sync (RetryRunner.run_sync) for a synchronous callable")
+                    else:
+                        try:
+                            result, exc = await pending, None
+                        except Exception as failure:
+                            result, exc = None, failure
                 kernel = call.kernel
                 now = kernel.now_ms()
                 message, cls = call.judge(result, exc, now)
@@ -368,8 +377,12 @@ class RetryRunner:
                     return call.outcome(result, cls)
                 await self._wait(call.delay)
                 call.perform(call.brain.backoff_elapsed(call.timer))
-        except asyncio.CancelledError:
-            call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
+        except BaseException:
+            # Cancellation, KeyboardInterrupt, SystemExit, GeneratorExit (the awaiting
+            # coroutine closed) or any BaseException at any await: the chain that runs ends
+            # ``cancelled`` (its auto_retry_end is emitted, synchronously: no await here), then
+            # the exception goes on. Ignored by the brain when no chain runs.
+            _end_chain(call)
             raise
         finally:
             call.close()
@@ -404,10 +417,9 @@ class RetryRunner:
                 except Exception as failure:
                     result, exc = None, failure
                 if inspect.isawaitable(result):
-                    if inspect.iscoroutine(result):
-                        result.close()  # never awaited: no "was never awaited" warning
-                    raise TypeError(f"{_name(fn)} returned an awaitable: use fsm.retrying "
-                                    "(RetryRunner.run) for an async callable")
+                    _close(result)  # never awaited: no "was never awaited" warning
+                    result, exc = None, TypeError(f"{_name(fn)} returned an awaitable: use "
+                                                  "fsm.retrying (RetryRunner.run) for an async callable")
                 now = call.kernel.now_ms()
                 message, cls = call.judge(result, exc, now)
                 call.decide(message, cls, call.kernel.local_facts(now_ms=now))
@@ -415,8 +427,8 @@ class RetryRunner:
                     return call.outcome(result, cls)
                 sleep(call.delay / 1000)
                 call.perform(call.brain.backoff_elapsed(call.timer))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            call.perform(call.brain.prompt_cancelled())
+        except BaseException:  # KeyboardInterrupt, SystemExit, ...: the chain ends first
+            _end_chain(call)
             raise
 
     # -------------------------------------------------------------- decorator
@@ -432,6 +444,24 @@ class RetryRunner:
         def run_blocking(*args: Any, **kwargs: Any) -> Any:
             return self.run_sync(fn, *args, **kwargs)
         return run_blocking
+
+
+def _end_chain(call: _Call) -> None:
+    """End the running chain (``cancelled``), if any, whatever stops the run; an exception
+    raised while its end is emitted (a listener's BaseException) does not hide the first."""
+    try:
+        call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
+    except BaseException:  # noqa: BLE001 - the exception that stopped the run goes on
+        log.exception("ending the retry chain failed")
+
+
+def _close(value: Any) -> None:
+    """Close a coroutine or generator the runner will not run (no "never awaited" warning)."""
+    if inspect.iscoroutine(value) or inspect.isgenerator(value):
+        try:
+            value.close()
+        except Exception:  # noqa: BLE001 - its own clean-up failing is not the caller's error
+            pass
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -62,6 +62,7 @@ from fsm.core.messages import AssistantMessage
 from fsm.core.redact import register_secret, request_secrets
 from fsm.core.text import safe_message
 from fsm.core.settings import RetrySettings
+from fsm.host.chain import RETRY_OWNER
 from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "retrying", "retrying_sync",
@@ -344,6 +345,7 @@ class RetryRunner:
         """``await fn(*args, **kwargs)`` under the brain; returns its result or raises as the
         module docstring says."""
         call = _Call(self, fn, kwargs)
+        owner = RETRY_OWNER.set(call)  # a retrying transport under this call passes through
         try:
             while True:
                 call.calls += 1
@@ -385,6 +387,7 @@ class RetryRunner:
             _end_chain(call)
             raise
         finally:
+            RETRY_OWNER.reset(owner)
             call.close()
 
     async def _wait(self, delay_ms: int) -> None:

@@ -304,6 +304,17 @@ def redact_url(url: str) -> str:
     return re.sub(r"([?&;])([^=&;#\s]+)=([^&;#\s]*)", param, out)
 
 
+def _attr(obj: Any, name: str) -> Any:
+    """``obj.name``, or None when it is missing or its property raises (``httpx`` errors raise
+    ``RuntimeError`` for a ``request`` that was never set)."""
+    if obj is None:
+        return None
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - a foreign object's property
+        return None
+
+
 def request_secrets(exc: BaseException | None) -> tuple[str, ...]:
     """The credentials an exception's request carried: the values of its ``authorization``
     (the token after the scheme too), ``x-api-key``, ``api-key``, ``x-goog-api-key`` and
@@ -314,8 +325,7 @@ def request_secrets(exc: BaseException | None) -> tuple[str, ...]:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen and len(seen) < 16:
         seen.add(id(exc))
-        for request in (getattr(exc, "request", None),
-                        getattr(getattr(exc, "response", None), "request", None)):
+        for request in (_attr(exc, "request"), _attr(_attr(exc, "response"), "request")):
             if request is None:
                 continue
             try:

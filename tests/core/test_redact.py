@@ -305,6 +305,7 @@ def test_request_secrets_reads_the_headers_and_url_of_sdk_errors():
         client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
     assert KEYS[1] in request_secrets(info.value)
     assert request_secrets(ValueError("x")) == ()
+    assert request_secrets(httpx2.ConnectError("refused")) == ()  # .request raises RuntimeError
 
 
 def test_the_registry_forgets_the_oldest_past_its_bound():

@@ -359,8 +359,10 @@ class KeySpace:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``: safe for errors and logs."""
-    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """``url`` with its password and credential parameters (``?password=``) replaced by
+    ``***``: safe for errors and logs (:func:`fsm.core.redact.redact_url`)."""
+    from fsm.core.redact import redact_url as redact
+    return redact(url)
 
 
 def check_url(url: Any) -> str:
@@ -373,14 +375,14 @@ def check_url(url: Any) -> str:
 
 def safe_reason(exc: BaseException, url: str | None = None) -> str:
     """A short description of ``exc`` for an event: the server's URL, the error's class and
-    message, clipped, with the URL's password (if any) removed."""
+    message, clipped, with every credential of the URL (``user:password@``, ``?password=``)
+    and every registered secret removed (:mod:`fsm.core.redact`)."""
+    from fsm.core.redact import scrub_secrets, url_secrets
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = text[:4096]
     if url:
-        password = urllib.parse.urlsplit(url).password
-        if password:
-            text = text.replace(password, "***")
         text = f"{redact_url(url)}: {text}"
-    return text[:300]
+    return scrub_secrets(text, url_secrets(url))[:300]
 
 
 def client_options(socket_timeout_s: float, *, asyncio: bool = True) -> dict[str, Any]:

@@ -135,6 +135,7 @@ ORDER = (
     "runner_ratio_vs_stamina", "runner_recorded_us",
     "transport_us", "httpx2_transport_us", "transport_ratio_vs_httpx2",
 )
+ORDER += tuple(name for name in TARGETS if name.startswith("sim_") and name not in ORDER)
 
 
 def unit_of(name: str) -> str:

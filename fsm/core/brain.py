@@ -700,7 +700,8 @@ class RetryBrain:
         p.plan = None
         p.source = p.state
         try:
-            _fire_compiled(p, trigger, p.recs + _context_recorders())
+            recs = p.recs
+            _fire_compiled(p, trigger, recs + _context_recorders() if recs else _context_recorders())
         finally:
             p.actions = []
             p.plan = None

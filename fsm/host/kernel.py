@@ -116,13 +116,6 @@ def describe_error(exc: BaseException) -> str:
     return safe_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
-try:  # the classifier takes the host's zone resolver once its hints do (docs/classification.md)
-    import inspect as _inspect
-    _CLASSIFY_TAKES_ZONE = "zone" in _inspect.signature(classify_message).parameters
-except (TypeError, ValueError):  # pragma: no cover - a builtin cannot be introspected
-    _CLASSIFY_TAKES_ZONE = False
-
-
 class HostKernel:
     """What one host does around one :class:`~fsm.core.brain.RetryBrain`.
 
@@ -187,9 +180,7 @@ class HostKernel:
         """Classify ``message`` against the host's time (``now_ms``; default :meth:`now_ms`)
         and zone resolver (docs/policy.md §2; absolute hints are measured from that time)."""
         now = self.now_ms() if now_ms is None else now_ms
-        if _CLASSIFY_TAKES_ZONE:
-            return classify_message(message, context_window, now_ms=now, zone=self.zone)
-        return classify_message(message, context_window, now_ms=now)
+        return classify_message(message, context_window, now_ms=now, zone=self.zone)
 
     def needs_world(self, cls: Classification) -> bool:
         """True when the facts for ``cls`` need an await (the credential store or the

@@ -355,6 +355,7 @@ class JsonFileCredentialStore(_AsyncMethods):
             raise CredentialFileError(f"credential store {self.path}: cannot open its lock "
                                       f"{lock_path.name}: {exc.strerror or exc}") from None
         try:
+            self._match_owner(fd)
             self._lock(fd, deadline)
             self._remove_stale_temporaries()
             tx = _Tx({})
@@ -365,6 +366,27 @@ class JsonFileCredentialStore(_AsyncMethods):
             self._counts = {p: len(set(e["keys"])) for p, e in tx.data["providers"].items()}  # a key listed twice counts once
         finally:
             os.close(fd)  # releases the lock
+
+    def _match_owner(self, fd: int) -> None:
+        """Give a lock file this process created the owner, group and permission bits of the
+        store file (else of its folder): a lock left by a process run as root on a user's
+        store would otherwise be root's, mode 0600, and the user could never take it again.
+        Only a process that may change owners (root) changes them; never fails the call."""
+        try:
+            lock = os.fstat(fd)
+            if lock.st_uid != os.geteuid():
+                return  # not ours: someone else's lock is left as it is
+            try:
+                ref = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                ref = os.stat(self.path.parent)
+            if os.geteuid() == 0 and (lock.st_uid, lock.st_gid) != (ref.st_uid, ref.st_gid):
+                os.fchown(fd, ref.st_uid, ref.st_gid)
+            mode = stat.S_IMODE(ref.st_mode) & 0o666 if stat.S_ISREG(ref.st_mode) else 0o600
+            if mode and stat.S_IMODE(lock.st_mode) != mode | stat.S_IRUSR | stat.S_IWUSR:
+                os.fchmod(fd, mode | stat.S_IRUSR | stat.S_IWUSR)
+        except OSError:
+            pass
 
     def _remove_stale_temporaries(self) -> None:
         # Called with the lock held: only a writer holding it creates temporary files, so any

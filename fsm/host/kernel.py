@@ -449,7 +449,7 @@ def _coord_in_process(clock: Any) -> Any:
     from fsm.fleet import InProcessCoordinator
     if clock is None or getattr(clock, "time_ms", None) is None:
         return InProcessCoordinator()
-    return InProcessCoordinator(monotonic_ms=clock.time_ms)
+    return InProcessCoordinator(clock=clock.time_ms)
 
 
 async def _coord_read(coordinator: Any, key: Any, now_ms: int,

@@ -33,7 +33,6 @@ them *before* handing the turn's end over, and does what the actions ask *after*
 
 from __future__ import annotations
 
-import inspect
 import random as _random
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
@@ -182,8 +181,6 @@ _TRIGGER_BY_KIND = {
     "none": L.TURN_SUCCEEDED,
 }
 _DEFAULT_SETTINGS = RetrySettings()
-# The classifier takes the host's zone resolver once its hints do (docs/classification.md).
-_CLASSIFY_TAKES_ZONE = "zone" in inspect.signature(classify_message).parameters
 
 
 # ---------------------------------------------------------------------------- words
@@ -648,9 +645,7 @@ class RetryBrain:
             cls = classification
         else:
             f = facts or _NO_FACTS
-            cls = (classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
-                   if _CLASSIFY_TAKES_ZONE else
-                   classify_message(message, context_window, now_ms=f.now_ms))
+            cls = classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
         trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p = self._p
         p.message, p.cls, p.facts = message, cls, facts or _NO_FACTS
@@ -700,7 +695,8 @@ class RetryBrain:
         p.plan = None
         p.source = p.state
         try:
-            _fire_compiled(p, trigger, p.recs + _context_recorders())
+            recs = p.recs
+            _fire_compiled(p, trigger, recs + _context_recorders() if recs else _context_recorders())
         finally:
             p.actions = []
             p.plan = None

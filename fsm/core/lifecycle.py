@@ -486,9 +486,9 @@ _CONTEXT_RECORDERS: contextvars.ContextVar[tuple[Recorder, ...]] = contextvars.C
     "fsm_lifecycle_recorders", default=())
 
 
-def context_recorders() -> tuple[Recorder, ...]:
-    """The recorders of the current context (what a machine firing here reports to)."""
-    return _CONTEXT_RECORDERS.get()
+context_recorders: Callable[[], tuple[Recorder, ...]] = _CONTEXT_RECORDERS.get
+"""``context_recorders()``: the recorders of the current context (what a machine firing here
+reports to)."""
 
 
 @contextlib.contextmanager

@@ -80,6 +80,7 @@ HOST_LOOP_ACTIONS: tuple[type, ...] = (
 them to the host, in order. (``AbortAttempt`` joins them when it is declared.)"""
 
 _WRITES = (B.RecordCooldown, B.ReturnRetryToken, B.CreditRetryBudget)
+_EMIT = B.Emit
 
 
 @functools.lru_cache(maxsize=256)
@@ -113,13 +114,6 @@ def describe_error(exc: BaseException) -> str:
     except Exception:  # an exception whose __str__ raises: its class name is all we have
         text = ""
     return safe_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-
-
-try:  # the classifier takes the host's zone resolver once its hints do (docs/classification.md)
-    import inspect as _inspect
-    _CLASSIFY_TAKES_ZONE = "zone" in _inspect.signature(classify_message).parameters
-except (TypeError, ValueError):  # pragma: no cover - a builtin cannot be introspected
-    _CLASSIFY_TAKES_ZONE = False
 
 
 class HostKernel:
@@ -166,7 +160,7 @@ class HostKernel:
         self.scrub = scrub
         self.use_coordinator = use_coordinator
         self._unsubscribe: Callable[[], None] | None = None
-        self._writes: set[asyncio.Task] = set()
+        self._writes: set[asyncio.Task] | None = None  # created with the first write
         self._token_from: Any = None  # the coordinator that gave this decision's budget token
         if coordinator is not None:
             self._subscribe()
@@ -186,9 +180,7 @@ class HostKernel:
         """Classify ``message`` against the host's time (``now_ms``; default :meth:`now_ms`)
         and zone resolver (docs/policy.md §2; absolute hints are measured from that time)."""
         now = self.now_ms() if now_ms is None else now_ms
-        if _CLASSIFY_TAKES_ZONE:
-            return classify_message(message, context_window, now_ms=now, zone=self.zone)
-        return classify_message(message, context_window, now_ms=now)
+        return classify_message(message, context_window, now_ms=now, zone=self.zone)
 
     def needs_world(self, cls: Classification) -> bool:
         """True when the facts for ``cls`` need an await (the credential store or the
@@ -201,6 +193,19 @@ class HostKernel:
         if cls.usage_limit and self.credentials is not None:
             return True
         return self.use_coordinator and (settings.honors_hints or settings.budget is not None)
+
+    def quick_facts(self, cls: Classification, *, now_ms: int | None = None,
+                    output_streamed: bool = False) -> TurnFacts | None:
+        """The facts for ``cls`` when they need no await (:meth:`local_facts`), or None when the
+        world must be asked (:meth:`gather`): one call on a host's common path."""
+        if cls.kind == "retryable":
+            settings = self.brain.settings
+            if settings.enabled and ((cls.usage_limit and self.credentials is not None)
+                                     or (self.use_coordinator and (settings.honors_hints
+                                                                   or settings.budget is not None))):
+                return None  # as needs_world says
+        return TurnFacts(now_ms=self.now_ms() if now_ms is None else now_ms,
+                         output_streamed=output_streamed, zone=self.zone)
 
     def local_facts(self, *, now_ms: int | None = None, output_streamed: bool = False) -> TurnFacts:
         """The facts that need no await: the time, whether output was streamed, the zone."""
@@ -325,18 +330,21 @@ class HostKernel:
                                            facts=facts), host)
 
     # ------------------------------------------------------------------ 3. the actions
-    def perform(self, actions: list[B.Action], host: Callable[[B.Action], Any]) -> None:
+    def perform(self, actions: list[B.Action], host: Callable[[B.Action], Any],
+                wanted: tuple[type, ...] | None = None) -> None:
         """Carry out ``actions`` in order: ``Emit`` → ``emit``; a coordinator write → a
         background task (none without a coordinator in use); every other action →
-        ``host(action)`` at its place in the order."""
+        ``host(action)`` at its place in the order (only the types in ``wanted``, when given:
+        a host with no use for the others)."""
+        emit = self.emit
         for action in actions:
             kind = type(action)
-            if kind is B.Emit:
-                self.emit(action.event)
+            if kind is _EMIT:
+                emit(action.event)
             elif kind in _WRITES:
                 if self.use_coordinator:
                     self._write(action)
-            else:
+            elif wanted is None or kind in wanted:
                 host(action)
 
     def _write(self, action: B.Action) -> None:
@@ -359,6 +367,8 @@ class HostKernel:
         else:
             coro = _coord_credit(coordinator, self.key(), settings.budget)
         task = asyncio.get_running_loop().create_task(_bounded_write(coro))
+        if self._writes is None:
+            self._writes = set()
         self._writes.add(task)
         _IN_FLIGHT.add(task)  # kept alive after the host that asked for it is gone
         task.add_done_callback(self._writes.discard)
@@ -439,7 +449,7 @@ def _coord_in_process(clock: Any) -> Any:
     from fsm.fleet import InProcessCoordinator
     if clock is None or getattr(clock, "time_ms", None) is None:
         return InProcessCoordinator()
-    return InProcessCoordinator(monotonic_ms=clock.time_ms)
+    return InProcessCoordinator(clock=clock.time_ms)
 
 
 async def _coord_read(coordinator: Any, key: Any, now_ms: int,

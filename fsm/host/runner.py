@@ -56,7 +56,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
 from fsm.core.brain import RetryBrain, TurnFacts
-from fsm.core.classify import Classification
+from fsm.core.classify import Classification, classify_message
 from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.redact import register_secret, request_secrets
@@ -74,6 +74,8 @@ T = TypeVar("T")
 EventListener = Callable[[Event], Any]
 
 _OK = AssistantMessage("stop", timestamp_ms=0)
+_OK_CLS = classify_message(_OK)  # what a returned value classifies as, once
+_BACKOFF = (B.StartBackoff,)  # the one action of the host's loop the runner carries out
 _RAISED = object()  # the callable raised before returning an awaitable
 _COROUTINE = types.CoroutineType
 
@@ -160,20 +162,21 @@ def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str
     return module.split(".")[0] or "runner", model if isinstance(model, str) and model else "default"
 
 
-class _Call:
-    """The state of one run: its brain and kernel, the last failure, the pending end. Private."""
+class _Call(HostKernel):
+    """One run: its brain and the host kernel around it (the call *is* the kernel: one object
+    per call), the last failure, the pending end. Private."""
 
-    __slots__ = ("runner", "brain", "kernel", "calls", "exc", "message", "cls", "end", "delay",
-                 "timer", "key", "fn", "kwargs")
+    __slots__ = ("runner", "calls", "exc", "message", "cls", "end", "delay", "timer",
+                 "cached_key", "fn", "kwargs")
 
     def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
                  sync: bool = False) -> None:
-        self.runner = runner
-        self.brain = brain = RetryBrain(runner.settings, random=runner.random)
         # a sync run has no loop: no coordinator (docs/embedding.md)
-        self.kernel = HostKernel(brain, emit=self.emit, clock=runner.clock,
-                                 coordinator=None if sync else runner.coordinator,
-                                 key=self.coord_key, zone=runner.zone, use_coordinator=not sync)
+        HostKernel.__init__(self, RetryBrain(runner.settings, random=runner.random),
+                            emit=self.on_event, clock=runner.clock,
+                            coordinator=None if sync else runner.coordinator,
+                            key=self.coord_key, zone=runner.zone, use_coordinator=not sync)
+        self.runner = runner
         self.calls = 0
         self.exc: BaseException | None = None
         self.message: AssistantMessage | None = None
@@ -181,13 +184,15 @@ class _Call:
         self.end: AutoRetryEnd | None = None
         self.delay: int | None = None
         self.timer = 0
-        self.key: Any = None
+        self.cached_key: Any = None
         self.fn = fn
         self.kwargs = kwargs
 
     # -------------------------------------------------------------- an attempt ended
-    def judge(self, result: Any, exc: BaseException | None,
-              now_ms: int | None) -> tuple[AssistantMessage, Classification]:
+    def judge(self, result: Any, exc: BaseException | None
+              ) -> tuple[AssistantMessage, Classification, int | None]:
+        """The attempt's message, its classification and the host's time (None for a plain
+        success, which needs no time)."""
         runner = self.runner
         if exc is not None:
             self.exc = exc
@@ -195,19 +200,20 @@ class _Call:
         elif isinstance(result, AssistantMessage):
             message = result
         else:
-            message = _OK
+            return _OK, _OK_CLS, None  # a returned value: a success, whatever it is
+        now = self.now_ms()
         if exc is not None and isinstance(exc, PROGRAMMING_ERRORS) and not _is_sdk_error(exc):
             # A bug in the caller's code is never transient, whatever its text says
             # (KeyError("overloaded") is not an overload).
             cls = Classification("fatal", "runner.programming_error")
         else:
-            cls = self.kernel.classify(message, runner.context_window, now_ms)
+            cls = self.classify(message, runner.context_window, now)
         if cls.kind != "none":
             # What events, RetryChainError and logs may show: credentials of any shape the
             # call was made with scrubbed, the text clipped as the session clips it.
             message = safe_message(message, self.secrets(exc))
             self.message, self.cls = message, cls
-        return message, cls
+        return message, cls, now
 
     def secrets(self, exc: BaseException | None) -> tuple[str, ...]:
         """The runner's ``secrets``, the key of the callable's SDK client and the
@@ -220,22 +226,24 @@ class _Call:
 
     def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts | None) -> None:
         self.delay = None
-        self.kernel.turn_ended(message, self.runner.context_window, cls, facts, self.host)
+        self.perform(self.brain.turn_ended(message, self.runner.context_window,
+                                           classification=cls, facts=facts),
+                     self.host, _BACKOFF)
 
-    def perform(self, actions: list[B.Action]) -> None:
+    def carry_out(self, actions: list[B.Action]) -> None:
         self.delay = None
-        self.kernel.perform(actions, self.host)
+        self.perform(actions, self.host, _BACKOFF)
 
-    def emit(self, event: Event) -> None:
+    def on_event(self, event: Event) -> None:
         if type(event) is AutoRetryEnd:
             self.end = event
         self.runner._emit(event)
 
-    def host(self, action: B.Action) -> None:
-        if type(action) is B.StartBackoff:
-            self.delay, self.timer = action.delay_ms, action.timer_id
-        # EmitTurnEnd, DropFailedMessage, CheckCompaction, CancelBackoff, ContinueTurn,
-        # PromptMayReturn: the runner has no turn events, no context and one loop.
+    def host(self, action: B.StartBackoff) -> None:
+        # Only StartBackoff is handed here (EmitTurnEnd, DropFailedMessage, CheckCompaction,
+        # CancelBackoff, ContinueTurn, PromptMayReturn: the runner has no turn events, no
+        # context and one loop).
+        self.delay, self.timer = action.delay_ms, action.timer_id
 
     # -------------------------------------------------------------- the end
     def outcome(self, result: Any, cls: Classification) -> Any:
@@ -257,16 +265,13 @@ class _Call:
                               self.message) from self.exc
 
     def coord_key(self) -> Any:
-        if self.key is None:
+        if self.cached_key is None:
             key = self.runner.key
             if key is None:
                 from fsm.fleet import CoordKey
                 key = CoordKey(*_default_key(self.fn, self.kwargs))
-            self.key = key
-        return self.key
-
-    def close(self) -> None:
-        self.kernel.close()
+            self.cached_key = key
+        return self.cached_key
 
 
 class RetryRunner:
@@ -367,18 +372,16 @@ class RetryRunner:
                             result, exc = await pending, None
                         except Exception as failure:
                             result, exc = None, failure
-                kernel = call.kernel
-                now = kernel.now_ms()
-                message, cls = call.judge(result, exc, now)
-                if kernel.needs_world(cls):
-                    facts = await kernel.gather(cls, now_ms=now)
+                message, cls, now = call.judge(result, exc)
+                if cls.kind == "none":  # a success: the brain needs no fact of the world
+                    facts = None
                 else:  # nothing to ask the coordinator: no await on the common path
-                    facts = kernel.local_facts(now_ms=now)
+                    facts = call.quick_facts(cls, now_ms=now) or await call.gather(cls, now_ms=now)
                 call.decide(message, cls, facts)
                 if call.delay is None:
                     return call.outcome(result, cls)
                 await self._wait(call.delay)
-                call.perform(call.brain.backoff_elapsed(call.timer))
+                call.carry_out(call.brain.backoff_elapsed(call.timer))
         except BaseException:
             # Cancellation, KeyboardInterrupt, SystemExit, GeneratorExit (the awaiting
             # coroutine closed) or any BaseException at any await: the chain that runs ends
@@ -423,13 +426,13 @@ class RetryRunner:
                     _close(result)  # never awaited: no "was never awaited" warning
                     result, exc = None, TypeError(f"{_name(fn)} returned an awaitable: use "
                                                   "fsm.retrying (RetryRunner.run) for an async callable")
-                now = call.kernel.now_ms()
-                message, cls = call.judge(result, exc, now)
-                call.decide(message, cls, call.kernel.local_facts(now_ms=now))
+                message, cls, now = call.judge(result, exc)
+                call.decide(message, cls, None if cls.kind == "none"
+                            else call.local_facts(now_ms=now))
                 if call.delay is None:
                     return call.outcome(result, cls)
                 sleep(call.delay / 1000)
-                call.perform(call.brain.backoff_elapsed(call.timer))
+                call.carry_out(call.brain.backoff_elapsed(call.timer))
         except BaseException:  # KeyboardInterrupt, SystemExit, ...: the chain ends first
             _end_chain(call)
             raise
@@ -453,7 +456,7 @@ def _end_chain(call: _Call) -> None:
     """End the running chain (``cancelled``), if any, whatever stops the run; an exception
     raised while its end is emitted (a listener's BaseException) does not hide the first."""
     try:
-        call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
+        call.carry_out(call.brain.prompt_cancelled())  # ignored when no chain runs
     except BaseException:  # noqa: BLE001 - the exception that stopped the run goes on
         log.exception("ending the retry chain failed")
 

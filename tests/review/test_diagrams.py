@@ -666,7 +666,7 @@ def test_refusal_cascades_are_one_line_and_the_guard_order_is_listed_once():
         text = " ".join(edges[edge].split())
         assert text.count("refused: the first failing guard → endReason") == 1, edge
         assert "¬has_retries_left" not in text and "¬budget_allows" not in text, edge
-        assert "/ emit auto_retry_end (endReason); the prompt may return" in text, edge
+        assert "/ turn ends; auto_retry_end (endReason); compaction; prompt done" in text, edge
     legend = source[source.index("<b>guard order</b>"):]
     plain = re.sub(r"<[^>]+>", " ", legend[:legend.index("</table>")]).replace("&#160;", " ")
     positions = [plain.index(f" {g} ") for g in order]

@@ -10,7 +10,7 @@ from fsm._moved import install as _install_moved_paths
 
 _install_moved_paths()
 
-__version__ = "0.1.0"
+from fsm._version import __version__
 
 _BRAIN = ("RetryBrain", "TurnFacts", "Action", "EmitTurnEnd", "Emit", "DropFailedMessage",
           "StartBackoff", "CancelBackoff", "ContinueTurn", "CheckCompaction", "RecordCooldown",

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from fsm._extras import require
 from fsm.core import lifecycle as L
 
 NAME = "retry_lifecycle"
@@ -362,7 +363,7 @@ def extract(decl: Mapping | None = None) -> Diagram:
 
 def _dot_text(text: str) -> str:
     # Free text (docs, specs) must not be read as a DOT escape or an HTML label.
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     return graphviz.nohtml(text.replace("\\", "\\\\"))
 
@@ -414,7 +415,7 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     mark counts as not covered; ``summary`` (lines joined by ``"; "``) heads the legend, which
     explains the three.
     """
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     colours = {t: _PALETTE[i % len(_PALETTE)] for i, (t, _) in enumerate(diagram.triggers)}
     g = graphviz.Digraph(diagram.name)
@@ -483,7 +484,7 @@ def render_svg(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
 def svg_of(graph) -> bytes:
     """Lay out a :class:`graphviz.Digraph` with ``dot`` into SVG bytes; see :func:`render_svg`
     for the errors."""
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     try:
         return graph.pipe(format="svg")
@@ -759,7 +760,7 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
     row in its status colour with its counts, each edge as its rows' status, ``summary``
     (lines joined by ``"; "``) heading a legend of the three statuses.
     """
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
     g = graphviz.Digraph(REVIEW)

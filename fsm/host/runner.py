@@ -130,12 +130,7 @@ class ContextOverflowError(Exception):
 
 
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings | None:
-    if settings is None or isinstance(settings, RetrySettings):
-        return settings
-    if isinstance(settings, Mapping):
-        return RetrySettings.from_json({"retry": settings})
-    raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
-                    f"{{'maxRetries': 5}}, got {type(settings).__name__}")
+    return RetrySettings.coerce(settings)  # {"retry": {...}} or the inner object, camelCase
 
 
 def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:

@@ -54,7 +54,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from fsm.core.hints import (
     HINT_TRIGGERS,
@@ -771,7 +771,7 @@ class _Trie:
         node.ends.append((rank, rest, owner))
 
     def emit(self, owners: list[int]) -> str:
-        parts: list[tuple[int, int, str | tuple[str, _Trie] | tuple[str, int]]] = []
+        parts: list[tuple[int, int, tuple[str, _Trie] | tuple[str, int]]] = []
         for order, (unit, child) in enumerate(self.children.items()):
             parts.append((child.rank, order, (unit, child)))
         for order, (rank, rest, owner) in enumerate(self.ends, len(parts)):
@@ -793,7 +793,8 @@ def _char_filter(trie: _Trie) -> str:
     Conservative where an alternative's second character is not a literal."""
     if trie.ends:  # pragma: no cover - every table alternative starts with a literal
         return ""
-    firsts, seconds = set(), set()
+    firsts: set[str] = set()
+    seconds: set[str] = set()
     for unit, child in trie.children.items():
         firsts.add(unit[-1])
         seconds.update(u[-1] for u in child.children)
@@ -890,7 +891,7 @@ _O, _PS, _PY, _R, _U, _G, _ST = ("overflow", "strict_permanent", "yielding_perma
 
 
 def _category_rules(category: str) -> list[tuple[int, Rule]]:
-    keep = {
+    keep: Callable[[int, Rule], bool] = {
         _O: lambda tag, rule: tag == _OVERFLOW,
         _PS: lambda tag, rule: (tag == _PERMANENT and rule.id not in _YIELDS_TO_HINT
                                 and rule.id not in _STATUS_IDS),
@@ -1000,7 +1001,7 @@ _SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
 _UNMATCHED = Classification("fatal", "fatal.unmatched")
 _RESULT: dict[tuple[str, bool], Classification] = {}
 for _tag, _rule in _TAGGED[:-1] + [(_RETRYABLE, r) for r in INWORD_RULES]:
-    _RESULT[_rule.id, False] = Classification(  # type: ignore[arg-type]
+    _RESULT[_rule.id, False] = Classification(
         ("context_overflow", "fatal", "retryable")[_tag], _rule.id)
     _RESULT[_rule.id, True] = Classification("retryable", _rule.id, True)
 

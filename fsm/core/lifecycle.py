@@ -24,9 +24,10 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from transitions import Machine, Transition
+from transitions.core import EventData
 
 __all__ = [
     "IDLE", "BACKING_OFF", "CONTINUING", "SUCCEEDED", "EXHAUSTED", "CANCELLED",
@@ -307,6 +308,7 @@ def _expand(rows: tuple[DeclaredRow, ...]) -> tuple[tuple[Row, ...], tuple[Ignor
             if d.ignored:
                 ignored.append(Ignored(state, d.trigger, d.spec, d.id))
             else:
+                assert d.dest is not None  # validated: only an ignored line has no dest
                 transitions.append(Row(state, d.trigger, d.dest, d.guards, d.effect, d.spec, d.id))
     return tuple(transitions), tuple(ignored)
 
@@ -377,7 +379,7 @@ def cells() -> Iterator[tuple[str, str]]:
             yield s, t
 
 
-def declaration() -> dict:
+def declaration() -> dict[str, Any]:
     """The declaration as plain JSON-able data (what diagrams, the diff and the audit read).
 
     Keys: ``states``, ``initial``, ``groups``, ``triggers``, ``guards`` and ``effects`` (name
@@ -446,7 +448,7 @@ class TransitionRecord(NamedTuple):
     outcome: str
     version: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"row": self.row, "source": self.source, "trigger": self.trigger,
                 "dest": self.dest, "guards": {g: ok for g, ok in self.guards},
                 "outcome": self.outcome, "version": self.version}
@@ -478,27 +480,28 @@ class _RecordingTransition(Transition):
     row_id = ""
     ignored = False
 
-    def _eval_conditions(self, event_data):
+    def _eval_conditions(self, event_data: EventData) -> bool:
         if not self.recording:
             return super()._eval_conditions(event_data)
         outcomes: list[tuple[str, bool]] = []
         passed = True
         for cond in self.conditions:
             passed = cond.check(event_data)
-            outcomes.append((cond.func if cond.target else "!" + cond.func, passed))
+            name = cond.func if isinstance(cond.func, str) else getattr(cond.func, "__name__", "?")
+            outcomes.append((name if cond.target else "!" + name, passed))
             if not passed:
                 break
-        event_data.guard_outcomes = tuple(outcomes)
+        event_data.guard_outcomes = tuple(outcomes)  # type: ignore[attr-defined]  # read by execute()
         return passed
 
-    def execute(self, event_data):  # type: ignore[override]
+    def execute(self, event_data: EventData) -> bool:
         ok = super().execute(event_data)
         if self.recording:
             outcome = ("ignored" if self.ignored else "taken") if ok else "rejected"
             self._report(event_data, getattr(event_data, "guard_outcomes", ()), outcome)
         return ok
 
-    def _report(self, event_data, outcomes: tuple, outcome: str) -> None:
+    def _report(self, event_data: EventData, outcomes: tuple[tuple[str, bool], ...], outcome: str) -> None:
         record = TransitionRecord(self.row_id, self.source, event_data.event.name, self.dest,
                                   outcomes, outcome, VERSION)
         owner = getattr(event_data.model, "owner", event_data.model)  # the brain, not its model
@@ -525,13 +528,17 @@ def build_machine(model: type | None = None) -> Machine:
                                 auto_transitions=False, ignore_invalid_triggers=False,
                                 send_event=False)
     for row in TRANSITIONS:
-        machine.add_transition(row.trigger, row.source, row.dest, conditions=row.conditions or None,
-                               unless=row.unless or None, after=row.effect)
+        conditions: list[str | Callable[..., bool | None]] = list(row.conditions)
+        unless: list[str | Callable[..., bool | None]] = list(row.unless)
+        machine.add_transition(row.trigger, row.source, row.dest, conditions=conditions or None,
+                               unless=unless or None, after=row.effect)
         tr = machine.events[row.trigger].transitions[row.source][-1]
+        assert isinstance(tr, _RecordingTransition)
         tr.row_id = row.id
     for ig in IGNORED:
         machine.add_transition(ig.trigger, ig.source, None)
         tr = machine.events[ig.trigger].transitions[ig.source][-1]
+        assert isinstance(tr, _RecordingTransition)
         tr.row_id = ig.id
         tr.ignored = True
     return machine

@@ -152,7 +152,7 @@ def _check_int(key: str, value: Any, lo: int, hi: int) -> int:
             raise SettingsError(key, value, f"an integer from {lo} to {hi}")
     if not lo <= value <= hi:
         raise SettingsError(key, value, f"an integer from {lo} to {hi}")
-    return value
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,10 +431,11 @@ def _parse_int(text: str) -> int | _HugeInt:
     return int(text) if digits <= _MAX_INT_DIGITS else _HugeInt(digits)
 
 
-class _Object(dict):
+class _Object(dict[str, Any]):
     """A JSON object that remembers the keys it was given more than once."""
 
     __slots__ = ("duplicates",)
+    duplicates: list[str]
 
 
 def _object_pairs(pairs: list[tuple[str, Any]]) -> _Object:

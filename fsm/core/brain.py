@@ -33,9 +33,10 @@ them *before* handing the turn's end over, and does what the actions ask *after*
 
 from __future__ import annotations
 
+import inspect
 import random as _random
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timezone, tzinfo
 from typing import Any, Callable, Union
 
 from transitions import MachineError
@@ -70,6 +71,9 @@ class TurnFacts:
     - ``budget_taken``: the host took a budget token for this failure (given back when the
       retry is not sent for another reason).
     - ``note``: a remark for the ``auto_retry_start`` event (e.g. a store that failed).
+    - ``zone``: the host's time-zone resolver, ``zone(name) -> tzinfo | None`` (an IANA name
+      such as ``"America/Santiago"``), used when the brain classifies the message itself; None
+      = a reset time in a named zone is unknown (``docs/classification.md``).
     """
 
     now_ms: int | None = None
@@ -80,6 +84,7 @@ class TurnFacts:
     budget_allows: bool = True
     budget_taken: bool = False
     note: str | None = None
+    zone: Callable[[str], tzinfo | None] | None = None
 
 
 _NO_FACTS = TurnFacts()
@@ -177,6 +182,8 @@ _TRIGGER_BY_KIND = {
     "none": L.TURN_SUCCEEDED,
 }
 _DEFAULT_SETTINGS = RetrySettings()
+# The classifier takes the host's zone resolver once its hints do (docs/classification.md).
+_CLASSIFY_TAKES_ZONE = "zone" in inspect.signature(classify_message).parameters
 
 
 # ---------------------------------------------------------------------------- words
@@ -586,10 +593,18 @@ class RetryBrain:
         """A turn ended with ``message``; ``context_window`` in tokens (0 = unknown).
 
         The message is classified with :func:`fsm.core.classify.classify_message` unless
-        ``classification`` is given; ``facts`` are what the host gathered before (§8b.2).
-        Call this before any ``await`` once the facts are in (§8.1).
+        ``classification`` is given, against the host's ``facts.now_ms`` and ``facts.zone``
+        (never the machine's clock or zone); ``facts`` are what the host gathered before
+        (§8b.2). Call this before any ``await`` once the facts are in (§8.1).
         """
-        cls = classification if classification is not None else classify_message(message, context_window)
+        if classification is not None:
+            cls = classification
+        else:
+            f = facts or _NO_FACTS
+            loose: Callable[..., Classification] = classify_message  # zone= only where it exists
+            cls = (loose(message, context_window, now_ms=f.now_ms, zone=f.zone)
+                   if _CLASSIFY_TAKES_ZONE else
+                   classify_message(message, context_window, now_ms=f.now_ms))
         trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p = self._p
         p.message, p.cls, p.facts = message, cls, facts or _NO_FACTS

@@ -102,18 +102,3 @@ def test_the_runner_accepts_the_originals_keys_and_lists_them():
     assert len(caught) == 1
     assert runner.settings.max_retries == 1 and runner.settings.ignored_keys == ("retry.provider",)
 
-
-def test_get_state_lists_the_originals_ignored_keys_and_keeps_them_after_a_toggle():
-    """get_state names the original's keys that were ignored (ignoredSettings), also after the
-    live set_auto_retry toggle."""
-    from fsm.host.session import AgentSession
-    from fsm.rpc.dispatch import session_state
-    from fsm.testing import ScriptedProvider
-
-    with pytest.warns(UserWarning, match="retry.provider"):
-        settings = RetrySettings.from_json({"retry": {"maxRetries": 2, "provider": {"maxRetries": 0}}})
-    session = AgentSession(ScriptedProvider(), settings=settings)
-    assert session_state(session)["ignoredSettings"] == ["retry.provider"]
-    session.set_auto_retry_enabled(False)
-    assert session_state(session)["ignoredSettings"] == ["retry.provider"]
-    assert session_state(AgentSession(ScriptedProvider()))["ignoredSettings"] == []

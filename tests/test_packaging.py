@@ -61,3 +61,20 @@ def test_py_typed_and_changelog():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["fsm"]
     assert f"## {fsm.__version__}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_set_up_says_what_it_installs_before_installing():
+    """Every install in the Makefile is announced (what and why) on the line before, and none is
+    silenced (no -qq, no output thrown away)."""
+    text = (ROOT / "Makefile").read_text()
+    assert "-qq" not in text and "install -y -q " not in text
+    lines = text.splitlines()
+    installs = [i for i, line in enumerate(lines)
+                if "$(call system_install" in line or "pip install" in line or "$(UV) sync" in line]
+    assert len(installs) >= 5
+    for i in installs:
+        said = next(lines[j] for j in range(i - 1, -1, -1) if "echo" in lines[j])
+        assert '"installing ' in said and ":" in said.split('"installing ', 1)[1], said
+    for line in lines:
+        if "install" in line and ">/dev/null" in line:
+            assert "command -v" in line, line  # only the "is it there?" checks are quiet

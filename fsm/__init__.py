@@ -5,6 +5,8 @@ The lifecycle is declared once (:mod:`fsm.core.lifecycle`), errors are classifie
 :class:`AgentSession`. The names below are imported on first use, so ``import fsm`` is cheap.
 """
 
+from typing import TYPE_CHECKING
+
 from fsm._lazy import lazy_exports
 from fsm._moved import install as _install_moved_paths
 
@@ -42,3 +44,35 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports("fsm", _EXPORTS)
+
+if TYPE_CHECKING:  # type checkers see the real names (py.typed); at run time: on first use
+    # "X as X": an explicit re-export (PEP 484), as __all__ is computed
+    from fsm.core.brain import (Action as Action, CancelBackoff as CancelBackoff,
+                                CheckCompaction as CheckCompaction, ContinueTurn as ContinueTurn,
+                                CreditRetryBudget as CreditRetryBudget,
+                                DropFailedMessage as DropFailedMessage, Emit as Emit,
+                                EmitTurnEnd as EmitTurnEnd, PromptMayReturn as PromptMayReturn,
+                                RecordCooldown as RecordCooldown, RetryBrain as RetryBrain,
+                                ReturnRetryToken as ReturnRetryToken, StartBackoff as StartBackoff,
+                                TurnFacts as TurnFacts)
+    from fsm.core.classify import (Classification as Classification, classify as classify,
+                                   classify_message as classify_message)
+    from fsm.core.events import (AgentEnd as AgentEnd, AgentStart as AgentStart,
+                                 AutoRetryEnd as AutoRetryEnd, AutoRetryStart as AutoRetryStart,
+                                 CANCELLED_TEXT as CANCELLED_TEXT,
+                                 CoordinatorRestored as CoordinatorRestored,
+                                 CoordinatorUnavailable as CoordinatorUnavailable, Event as Event,
+                                 ExtensionError as ExtensionError, MessageEnd as MessageEnd,
+                                 MessageStart as MessageStart, MessageUpdate as MessageUpdate,
+                                 QueueUpdate as QueueUpdate, TurnEnd as TurnEnd,
+                                 TurnStart as TurnStart)
+    from fsm.core.messages import (AssistantMessage as AssistantMessage, Usage as Usage,
+                                   UserMessage as UserMessage)
+    from fsm.core.protocols import (CredentialStore as CredentialStore, Provider as Provider)
+    from fsm.core.settings import (BudgetSettings as BudgetSettings, RetrySettings as RetrySettings,
+                                   SettingsError as SettingsError)
+    from fsm.host.runner import (ContextOverflowError as ContextOverflowError, retry as retry,
+                                 RetryChainError as RetryChainError, retrying as retrying,
+                                 retrying_sync as retrying_sync, RetryRunner as RetryRunner)
+    from fsm.host.session import (AgentSession as AgentSession,
+                                  SessionBusyError as SessionBusyError)

@@ -78,3 +78,15 @@ def test_set_up_says_what_it_installs_before_installing():
     for line in lines:
         if "install" in line and ">/dev/null" in line:
             assert "command -v" in line, line  # only the "is it there?" checks are quiet
+
+
+def test_type_checkers_see_every_top_level_name():
+    """Each lazily imported top-level name is also imported under TYPE_CHECKING, so that a user's
+    type checker sees its real type (not Any) through py.typed."""
+    import ast
+    tree = ast.parse((ROOT / "fsm" / "__init__.py").read_text())
+    guarded = next(node for node in tree.body if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING")
+    seen = {(node.module, alias.name) for node in guarded.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names if alias.asname == alias.name}  # "X as X": re-exported
+    assert seen == {(module, name) for name, module in fsm._EXPORTS.items()}

@@ -68,6 +68,12 @@ CASES = [
     ("tui", "prompt_toolkit", lambda: _import("fsm.tui.app"), ("fsm.tui.app",)),
     ("diagrams", "graphviz", _diagrams, ()),
     ("otel", "opentelemetry", lambda: _import("fsm.integrations.otel"), ("fsm.integrations.otel",)),
+    ("httpx2", "httpx2", lambda: _import("fsm.integrations.httpx2"), ("fsm.integrations.httpx2",)),
+    ("tenacity", "tenacity", lambda: _import("fsm.integrations.tenacity"), ("fsm.integrations.tenacity",)),
+    ("langchain", "langchain", lambda: _import("fsm.integrations.langchain"),
+     ("fsm.integrations.langchain",)),
+    ("pydantic-ai", "pydantic_ai", lambda: _import("fsm.integrations.pydantic_ai"),
+     ("fsm.integrations.pydantic_ai",)),
 ]
 
 

@@ -59,6 +59,7 @@ from fsm.core.classify import Classification
 from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
+from fsm.host.chain import RETRY_OWNER
 from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "retrying", "retrying_sync",
@@ -316,6 +317,7 @@ class RetryRunner:
         """``await fn(*args, **kwargs)`` under the brain; returns its result or raises as the
         module docstring says."""
         call = _Call(self, fn, kwargs)
+        owner = RETRY_OWNER.set(call)  # a retrying transport under this call passes through
         try:
             while True:
                 call.calls += 1
@@ -348,6 +350,7 @@ class RetryRunner:
             call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
             raise
         finally:
+            RETRY_OWNER.reset(owner)
             call.close()
 
     async def _wait(self, delay_ms: int) -> None:

@@ -14,63 +14,80 @@ _install_moved_paths()
 
 from fsm._version import __version__
 
-_BRAIN = ("RetryBrain", "TurnFacts", "Action", "EmitTurnEnd", "Emit", "DropFailedMessage",
-          "StartBackoff", "CancelBackoff", "ContinueTurn", "CheckCompaction", "RecordCooldown",
-          "ReturnRetryToken", "CreditRetryBudget", "PromptMayReturn")
-_EVENTS = ("Event", "AutoRetryStart", "AutoRetryEnd", "AgentStart", "TurnStart", "TurnEnd",
-           "MessageStart", "MessageUpdate", "MessageEnd", "AgentEnd", "QueueUpdate",
-           "ExtensionError", "CoordinatorUnavailable", "CoordinatorRestored", "CANCELLED_TEXT")
-
 _EXPORTS = {
-    **{name: "fsm.core.brain" for name in _BRAIN},
-    **{name: "fsm.core.events" for name in _EVENTS},
-    "Provider": "fsm.core.protocols",
-    "CredentialStore": "fsm.core.protocols",
-    "BudgetSettings": "fsm.core.settings",
+    # Run anyone's call under the brain (docs/embedding.md).
+    **{name: "fsm.host.runner" for name in ("retrying", "retrying_sync", "retry", "RetryRunner",
+                                            "RetryChainError", "ContextOverflowError")},
+    # Settings (docs/policy.md §1).
     "RetrySettings": "fsm.core.settings",
+    "BudgetSettings": "fsm.core.settings",
     "SettingsError": "fsm.core.settings",
-    "Classification": "fsm.core.classify",
-    "classify": "fsm.core.classify",
-    "classify_message": "fsm.core.classify",
+    # An agent session with a provider.
+    "AgentSession": "fsm.host.session",
+    "SessionBusyError": "fsm.host.session",
+    # A host of one's own: the brain, the kernel around it, what they read and say.
+    "RetryBrain": "fsm.core.brain",
+    "TurnFacts": "fsm.core.brain",
+    "HostKernel": "fsm.host.kernel",
     "AssistantMessage": "fsm.core.messages",
     "UserMessage": "fsm.core.messages",
     "Usage": "fsm.core.messages",
-    "AgentSession": "fsm.host.session",
-    "SessionBusyError": "fsm.host.session",
-    **{name: "fsm.host.runner" for name in ("retrying", "retrying_sync", "retry", "RetryRunner",
-                                       "RetryChainError", "ContextOverflowError")},
+    "Classification": "fsm.core.classify",
+    "classify_message": "fsm.core.classify",
+    "Provider": "fsm.core.protocols",
+    "CredentialStore": "fsm.core.protocols",
+    "Event": "fsm.core.events",
+    "AutoRetryStart": "fsm.core.events",
+    "AutoRetryEnd": "fsm.core.events",
+    "CANCELLED_TEXT": "fsm.core.events",
 }
+"""The top-level names: what a host needs (docs/architecture.md). Everything else lives in its
+documented module: the brain's actions in :mod:`fsm.core.brain`, every event in
+:mod:`fsm.core.events`, the classifier in :mod:`fsm.core.classify`."""
+
+_FORMER = {
+    **{name: "fsm.core.brain" for name in (
+        "Action", "EmitTurnEnd", "Emit", "DropFailedMessage", "StartBackoff", "CancelBackoff",
+        "ContinueTurn", "CheckCompaction", "RecordCooldown", "ReturnRetryToken",
+        "CreditRetryBudget", "PromptMayReturn")},
+    **{name: "fsm.core.events" for name in (
+        "AgentStart", "TurnStart", "TurnEnd", "MessageStart", "MessageUpdate", "MessageEnd",
+        "AgentEnd", "QueueUpdate", "ExtensionError", "CoordinatorUnavailable",
+        "CoordinatorRestored")},
+    "classify": "fsm.core.classify",
+}
+"""Names that were top-level before the surface was made small: still resolved, with a
+``DeprecationWarning`` naming the module to import them from."""
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports("fsm", _EXPORTS)
+_lazy_getattr, __dir__ = lazy_exports("fsm", _EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _FORMER.get(name)
+    if module is not None:
+        import importlib
+        import warnings
+        warnings.warn(f"fsm.{name} is no longer a top-level name: import it from {module}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), name)
+    return _lazy_getattr(name)
+
 
 if TYPE_CHECKING:  # type checkers see the real names (py.typed); at run time: on first use
     # "X as X": an explicit re-export (PEP 484), as __all__ is computed
-    from fsm.core.brain import (Action as Action, CancelBackoff as CancelBackoff,
-                                CheckCompaction as CheckCompaction, ContinueTurn as ContinueTurn,
-                                CreditRetryBudget as CreditRetryBudget,
-                                DropFailedMessage as DropFailedMessage, Emit as Emit,
-                                EmitTurnEnd as EmitTurnEnd, PromptMayReturn as PromptMayReturn,
-                                RecordCooldown as RecordCooldown, RetryBrain as RetryBrain,
-                                ReturnRetryToken as ReturnRetryToken, StartBackoff as StartBackoff,
-                                TurnFacts as TurnFacts)
-    from fsm.core.classify import (Classification as Classification, classify as classify,
+    from fsm.core.brain import (RetryBrain as RetryBrain, TurnFacts as TurnFacts)
+    from fsm.core.classify import (Classification as Classification,
                                    classify_message as classify_message)
-    from fsm.core.events import (AgentEnd as AgentEnd, AgentStart as AgentStart,
-                                 AutoRetryEnd as AutoRetryEnd, AutoRetryStart as AutoRetryStart,
-                                 CANCELLED_TEXT as CANCELLED_TEXT,
-                                 CoordinatorRestored as CoordinatorRestored,
-                                 CoordinatorUnavailable as CoordinatorUnavailable, Event as Event,
-                                 ExtensionError as ExtensionError, MessageEnd as MessageEnd,
-                                 MessageStart as MessageStart, MessageUpdate as MessageUpdate,
-                                 QueueUpdate as QueueUpdate, TurnEnd as TurnEnd,
-                                 TurnStart as TurnStart)
+    from fsm.core.events import (AutoRetryEnd as AutoRetryEnd, AutoRetryStart as AutoRetryStart,
+                                 CANCELLED_TEXT as CANCELLED_TEXT, Event as Event)
     from fsm.core.messages import (AssistantMessage as AssistantMessage, Usage as Usage,
                                    UserMessage as UserMessage)
     from fsm.core.protocols import (CredentialStore as CredentialStore, Provider as Provider)
     from fsm.core.settings import (BudgetSettings as BudgetSettings, RetrySettings as RetrySettings,
                                    SettingsError as SettingsError)
+    from fsm.host.kernel import (HostKernel as HostKernel)
     from fsm.host.runner import (ContextOverflowError as ContextOverflowError, retry as retry,
                                  RetryChainError as RetryChainError, retrying as retrying,
                                  retrying_sync as retrying_sync, RetryRunner as RetryRunner)

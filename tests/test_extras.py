@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -96,16 +97,30 @@ def test_missing_redis_for_the_credential_store(monkeypatch):
         _redis_credentials()
 
 
-def test_core_imports_without_any_extra(monkeypatch):
-    """The brain, the runner and the session import with every optional package hidden."""
-    for package in ("openai", "anthropic", "redis", "prompt_toolkit", "graphviz", "opentelemetry",
-                    "httpx", "httpx2", "tenacity"):
-        _hide(monkeypatch, package)
-    for name in [n for n in sys.modules if n == "fsm" or n.startswith("fsm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    fsm = importlib.import_module("fsm")
-    assert fsm.RetryBrain().settings.max_retries == 3
-    assert callable(fsm.retrying) and callable(fsm.AgentSession)
+def test_core_imports_without_any_extra():
+    """The brain, the runner and the session import and run with every optional package hidden
+    (in a fresh interpreter, so that no module of this process is imported twice)."""
+    import subprocess
+    code = textwrap.dedent("""
+        import sys
+        HIDDEN = ("openai", "anthropic", "redis", "prompt_toolkit", "graphviz", "opentelemetry",
+                  "httpx", "httpx2", "tenacity", "langchain", "pydantic_ai")
+        class NotInstalled:
+            def find_spec(self, fullname, path=None, target=None):
+                top = fullname.split(".")[0]
+                if top in HIDDEN:
+                    raise ModuleNotFoundError(f"No module named {top!r}", name=top)
+        sys.meta_path.insert(0, NotInstalled())
+        import fsm
+        assert fsm.RetryBrain().settings.max_retries == 3
+        assert callable(fsm.retrying) and callable(fsm.AgentSession)
+        assert fsm.retrying_sync(lambda: "ok") == "ok"
+        print("core ok", sorted(m for m in sys.modules if m.split(".")[0] in HIDDEN))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "core ok []"
 
 
 def test_a_broken_install_keeps_its_own_error(monkeypatch):

@@ -50,6 +50,7 @@ from typing import Any
 from fsm.core.classify import ERROR_CODES
 from fsm.core.hints import header_hint
 from fsm.core.messages import AssistantMessage, Usage
+from fsm.core.text import clip_text, safe_error_text
 
 __all__ = [
     "BODY_LIMIT",
@@ -160,7 +161,7 @@ def _error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFac
         head = TIMEOUT_TEXT if "TimeoutException" in transport else CONNECTION_TEXT
         causes = _cause_chain(exc, include_self=True)
         return ErrorFacts(_mask(f"{head} ({'; '.join(causes)})"))
-    text = str(exc)
+    text = clip_text(str(exc))  # before any copy: the text may be 100 MB
     head = f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
     causes = _cause_chain(exc)
     return ErrorFacts(_mask(head + (f" ({'; '.join(causes)})" if causes else "")))
@@ -340,8 +341,11 @@ def _hint_suffix(headers: Mapping[str, str] | None, status: int | None, error_ty
 
 
 def _mask(text: str) -> str:
-    """Bearer tokens and ``sk-…`` keys replaced by ``***`` (an SDK error can echo a header)."""
-    return _SECRET.sub(lambda m: (m.group(1) or "") + "***", text)
+    """``text`` through the scrubbing layer and clipped to 8 KB
+    (:func:`fsm.core.text.safe_error_text`: a 100 MB exception text costs microseconds, not
+    seconds), then the remaining bearer tokens and ``sk-…`` keys replaced by ``***`` (an SDK
+    error can echo a header)."""
+    return _SECRET.sub(lambda m: (m.group(1) or "") + "***", safe_error_text(text))
 
 
 def _cause_chain(exc: BaseException, *, include_self: bool = False) -> list[str]:
@@ -352,7 +356,7 @@ def _cause_chain(exc: BaseException, *, include_self: bool = False) -> list[str]
     and the root cause (``ConnectionRefusedError``…) is the part worth reading.
     """
     parts: list[str] = []
-    seen = set() if include_self else {str(exc)}
+    seen = set() if include_self else {clip_text(str(exc), 1024)}
     first: BaseException | None = None
     pending: list[BaseException | None] = [exc] if include_self else [exc.__cause__ or exc.__context__]
     visited = set() if include_self else {id(exc)}
@@ -364,7 +368,7 @@ def _cause_chain(exc: BaseException, *, include_self: bool = False) -> list[str]
         if isinstance(cause, asyncio.CancelledError):
             # anyio's timeouts are cancel scopes; their text only names a scope's address.
             continue
-        first, text = first or cause, str(cause)
+        first, text = first or cause, clip_text(str(cause), 1024)
         if isinstance(cause, BaseExceptionGroup):
             pending = list(cause.exceptions) + pending
         elif text and text not in seen:

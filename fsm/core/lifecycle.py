@@ -32,9 +32,10 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from transitions import Machine, Transition
+from transitions.core import EventData
 
 __all__ = [
     "IDLE", "BACKING_OFF", "CONTINUING", "SUCCEEDED", "EXHAUSTED", "CANCELLED",
@@ -332,6 +333,7 @@ def _expand(rows: tuple[DeclaredRow, ...]) -> tuple[tuple[Row, ...], tuple[Ignor
             if d.ignored:
                 ignored.append(Ignored(state, d.trigger, d.spec, d.id))
             else:
+                assert d.dest is not None  # validated: only an ignored line has no dest
                 transitions.append(Row(state, d.trigger, d.dest, d.guards, d.effect, d.spec, d.id))
     return tuple(transitions), tuple(ignored)
 
@@ -402,7 +404,7 @@ def cells() -> Iterator[tuple[str, str]]:
             yield s, t
 
 
-def declaration() -> dict:
+def declaration() -> dict[str, Any]:
     """The declaration as plain JSON-able data (what diagrams, the diff and the audit read).
 
     Keys: ``states``, ``initial``, ``groups``, ``triggers``, ``guards`` and ``effects`` (name
@@ -473,7 +475,7 @@ class TransitionRecord(NamedTuple):
     outcome: str
     version: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"row": self.row, "source": self.source, "trigger": self.trigger,
                 "dest": self.dest, "guards": {g: ok for g, ok in self.guards},
                 "outcome": self.outcome, "version": self.version}
@@ -532,18 +534,19 @@ class _RecordingTransition(Transition):
     row_id = ""
     ignored = False
 
-    def _eval_conditions(self, event_data):
+    def _eval_conditions(self, event_data: EventData) -> bool:
         outcomes: list[tuple[str, bool]] = []
         passed = True
         for cond in self.conditions:  # in the order the row writes them (build_machine)
             passed = cond.check(event_data)
-            outcomes.append((cond.func if cond.target else "!" + cond.func, passed))
+            name = cond.func if isinstance(cond.func, str) else getattr(cond.func, "__name__", "?")
+            outcomes.append((name if cond.target else "!" + name, passed))
             if not passed:
                 break
-        event_data.guard_outcomes = tuple(outcomes)
+        event_data.guard_outcomes = tuple(outcomes)  # type: ignore[attr-defined]  # read by execute()
         return passed
 
-    def execute(self, event_data):  # type: ignore[override]
+    def execute(self, event_data: EventData) -> bool:
         ok = super().execute(event_data)
         model = event_data.model
         owned = getattr(model, "recorders", None)
@@ -580,15 +583,19 @@ def build_machine(model: type | None = None,
                                 auto_transitions=False, ignore_invalid_triggers=False,
                                 send_event=False)
     for row in transitions:
-        machine.add_transition(row.trigger, row.source, row.dest, conditions=row.conditions or None,
-                               unless=row.unless or None, after=row.effect)
+        conditions: list[str | Callable[..., bool | None]] = list(row.conditions)
+        unless: list[str | Callable[..., bool | None]] = list(row.unless)
+        machine.add_transition(row.trigger, row.source, row.dest, conditions=conditions or None,
+                               unless=unless or None, after=row.effect)
         tr = machine.events[row.trigger].transitions[row.source][-1]
+        assert isinstance(tr, _RecordingTransition)
         tr.row_id = row.id
         written = {(g.lstrip("!"), not g.startswith("!")): i for i, g in enumerate(row.guards)}
-        tr.conditions.sort(key=lambda c: written[(c.func, c.target)])
+        tr.conditions.sort(key=lambda c: written[(str(c.func), c.target)])
     for ig in ignored:
         machine.add_transition(ig.trigger, ig.source, None)
         tr = machine.events[ig.trigger].transitions[ig.source][-1]
+        assert isinstance(tr, _RecordingTransition)
         tr.row_id = ig.id
         tr.ignored = True
     return machine

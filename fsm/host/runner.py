@@ -27,10 +27,13 @@ Exceptions, in this order (docs/policy.md §10):
 
 - a context overflow, first failure or inside a chain: :class:`ContextOverflowError` (the
   caller compacts and calls again);
-- a first failure that starts no chain (fatal, retry disabled): the caller's own exception,
-  re-raised unchanged (for a returned failed message: the message is returned);
-- a chain (or a refusal at rest) that ends without success — every case where an
-  ``auto_retry_end`` with ``success: false`` was emitted: :class:`RetryChainError` with
+- a first failure that starts no chain — fatal, retry disabled (``enabled: false``), or refused
+  at rest (``maxRetries: 0``, a guard refused on the first failure; its ``auto_retry_end``
+  with ``attempt: 0`` is emitted): the caller's own exception, re-raised (``except
+  openai.RateLimitError`` keeps working), with a ``__notes__`` line naming why it was not
+  retried (``retry-fsm: not retried (endReason: exhausted, attempt 0)``); for a returned
+  failed message, the message is returned;
+- a chain that started (attempt ≥ 1) and ends without success: :class:`RetryChainError` with
   ``end_reason``, ``attempts``, ``classification`` and the last exception as ``__cause__``;
 - cancelling the task that awaits the call, or any other ``BaseException`` during a chain
   (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit`` when the awaiting coroutine is
@@ -104,7 +107,8 @@ def _is_sdk_error(exc: BaseException) -> bool:
 
 
 class RetryChainError(Exception):
-    """A retry chain (or a policy refusal at rest) ended without success.
+    """A retry chain that started (attempt ≥ 1) ended without success. A refusal at rest
+    (attempt 0) re-raises the caller's own exception instead (see the module docstring).
 
     Attributes: ``end_reason`` (the ``auto_retry_end`` ``endReason``: ``exhausted``,
     ``fatal``, ``disabled``, ``hint_too_long``, ``deadline``, ``budget``, ``output_streamed``,
@@ -148,12 +152,7 @@ class ContextOverflowError(Exception):
 
 
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings | None:
-    if settings is None or isinstance(settings, RetrySettings):
-        return settings
-    if isinstance(settings, Mapping):
-        return RetrySettings.from_json({"retry": settings})
-    raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
-                    f"{{'maxRetries': 5}}, got {type(settings).__name__}")
+    return RetrySettings.coerce(settings)  # {"retry": {...}} or the inner object, camelCase
 
 
 def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
@@ -254,9 +253,19 @@ class _Call(HostKernel):
             if cls.kind == "context_overflow":
                 raise ContextOverflowError(None, 0, self.calls, cls, self.message) from self.exc
             if self.exc is not None:
+                if cls.kind == "retryable" and not self.brain.settings.enabled:
+                    self.exc.add_note("retry-fsm: not retried (retry.enabled is false)")
                 raise self.exc
             return result
         if end.success:
+            return result
+        if end.attempt == 0 and end.end_reason != "overflow":
+            # A refusal at rest (maxRetries 0, a guard refused on the first failure): no chain
+            # started, so the caller's own exception, as for retry disabled, with the end
+            # event's reason in its notes (docs/policy.md §10).
+            if self.exc is not None:
+                self.exc.add_note(f"retry-fsm: not retried (endReason: {end.end_reason}, attempt 0)")
+                raise self.exc
             return result
         if end.end_reason == "overflow":
             raise ContextOverflowError("overflow", end.attempt, self.calls, self.cls,
@@ -479,28 +488,45 @@ def _resolve(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
+RUNNER_OPTIONS: tuple[str, ...] = ("settings", "on_event", "coordinator", "key", "clock", "sleep",
+                                   "random", "context_window", "to_message")
+"""The keywords :func:`retrying` and :func:`retrying_sync` keep for the runner (never passed to
+the callable): :class:`RetryRunner`'s arguments."""
+
+
 async def retrying(fn: Callable[..., Awaitable[T]], /, *args: Any,
                    settings: RetrySettings | Mapping[str, Any] | None = None,
                    on_event: EventListener | None = None, coordinator: Any = None,
-                   clock: Any = None, **kwargs: Any) -> T:
+                   key: Any = None, clock: Any = None, sleep: Callable[[float], Any] | None = None,
+                   random: Callable[[], float] = _random.random, context_window: int = 0,
+                   to_message: Callable[[BaseException], AssistantMessage] | None = None,
+                   **kwargs: Any) -> T:
     """``await fn(*args, **kwargs)`` under the retry brain (see the module docstring).
 
-    ``settings``, ``on_event``, ``coordinator`` and ``clock`` are the runner's (as
-    :class:`RetryRunner`); every other keyword goes to ``fn``. For more options (``sleep``,
-    ``random``, ``key``, ``context_window``) or a callable that itself takes one of those four
-    names, build a :class:`RetryRunner` and call :meth:`RetryRunner.run`.
+    The keywords of :data:`RUNNER_OPTIONS` (``settings``, ``on_event``, ``coordinator``,
+    ``key``, ``clock``, ``sleep``, ``random``, ``context_window``, ``to_message``) are the
+    runner's, as :class:`RetryRunner` takes them, and never reach ``fn``; every other keyword
+    goes to ``fn``. For a callable that itself takes one of those names, build a
+    :class:`RetryRunner` and call :meth:`RetryRunner.run` (or pass a ``functools.partial``).
     """
-    return await RetryRunner(settings, on_event=on_event, coordinator=coordinator,
-                             clock=clock).run(fn, *args, **kwargs)
+    return await RetryRunner(settings, on_event=on_event, coordinator=coordinator, key=key,
+                             clock=clock, sleep=sleep, random=random, context_window=context_window,
+                             to_message=to_message).run(fn, *args, **kwargs)
 
 
 def retrying_sync(fn: Callable[..., T], /, *args: Any,
                   settings: RetrySettings | Mapping[str, Any] | None = None,
-                  on_event: EventListener | None = None,
-                  sleep: Callable[[float], Any] | None = None, **kwargs: Any) -> T:
+                  on_event: EventListener | None = None, key: Any = None, clock: Any = None,
+                  sleep: Callable[[float], Any] | None = None,
+                  random: Callable[[], float] = _random.random, context_window: int = 0,
+                  to_message: Callable[[BaseException], AssistantMessage] | None = None,
+                  **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` under the retry brain, for synchronous callables; backoffs
-    wait with ``sleep`` (default ``time.sleep``). As :func:`retrying` otherwise."""
-    return RetryRunner(settings, on_event=on_event, sleep=sleep).run_sync(fn, *args, **kwargs)
+    wait with ``sleep`` (default ``time.sleep``). The runner's keywords never reach ``fn``, as
+    for :func:`retrying` (a sync run takes no ``coordinator``)."""
+    return RetryRunner(settings, on_event=on_event, key=key, clock=clock, sleep=sleep,
+                       random=random, context_window=context_window,
+                       to_message=to_message).run_sync(fn, *args, **kwargs)
 
 
 def retry(fn: Callable[..., Any] | None = None, /, *,

@@ -109,6 +109,18 @@ class AgentSession:
         self.compaction_hook = compaction_hook
         self.clock: Clock = clock or LoopClock()
         self.brain = RetryBrain(settings) if random is None else RetryBrain(settings, random=random)
+        # docs/policy.md §13: the settings as given (providers resolved per chain), the live
+        # set_auto_retry override, the primary model and the fallback in use
+        self._given_settings = self.brain.settings
+        self._live_enabled: bool | None = None
+        self._primary_model: str = getattr(provider, "model", "") or ""
+        self._model_in_use: str | None = None  # a fallback model's entry, None = the primary
+        self._fallback_until_ms: int | None = None  # the primary's fallback mark (local)
+        self._watch: list[Any] = []  # the attempt timeout's timer
+        self._stall_timer: Any = None  # the first-token or the idle timer
+        self._timed_out: str | None = None  # why the watchdog stopped the attempt
+        self._deadline_timer: Any = None
+        self._deadline_abort: str | None = None  # the chain's deadline stopped this attempt
         self.messages: list[UserMessage | AssistantMessage] = []
         """The runtime context: what the next request sends (failed messages a retry replaces
         are dropped from it; the session log keeps them)."""
@@ -149,6 +161,7 @@ class AgentSession:
         Raises ``TypeError`` unless ``enabled`` is a bool."""
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be true or false, got {enabled!r}")
+        self._live_enabled = enabled  # overrides every settings source (docs/policy.md §13.4)
         self.brain.set_enabled(enabled)
 
     @property
@@ -182,6 +195,8 @@ class AgentSession:
         return {
             "sessionId": self.session_id,
             "model": getattr(self.provider, "model", ""),
+            "primaryModel": self._primary_model,
+            "fallbackModel": self._model_in_use,
             "isStreaming": self.is_streaming,
             "isRetrying": self.is_retrying,
             "retryAttempt": self.retry_attempt,
@@ -361,6 +376,8 @@ class AgentSession:
             if not new and (not self.messages or not isinstance(self.messages[-1], UserMessage)):
                 raise ContinueRejected("cannot continue: the runtime context does not end with "
                                        "a user message")
+            if not self.brain.is_retrying:
+                self._settle_model_and_settings()
             self._emit(E.AgentStart())
             self._emit(E.TurnStart())
             run: list[dict[str, Any]] = []
@@ -370,26 +387,24 @@ class AgentSession:
                 self._emit(E.MessageEnd(user.to_json()))
                 run.append(user.to_json())
             message = await self._complete()
-            if self._abort_turn and message.stop_reason != "aborted":
-                message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
-            cls = classify_message(message, self.context_window)  # reads the whole text
-            message = self._kept(message)
-            facts = await self._gather_facts(message, cls)
-            if self._abort_turn and message.stop_reason != "aborted":
-                message = self._aborted()
-                cls = classify_message(message, self.context_window)
-                facts = TurnFacts(now_ms=facts.now_ms)
-            self._last_turn_aborted = message.stop_reason == "aborted"
-            self._add(message)
-            run.append(message.to_json())
-            # The decision: before any listener hears of the turn's end (§8.1, §8b.2).
-            actions = self.brain.turn_ended(message, self.context_window, classification=cls,
-                                            facts=facts)
+            if self._deadline_abort is not None:
+                # The chain already ended `deadline` (docs/policy.md §13.2): this attempt's end
+                # is not a fact for the brain; its end events follow the chain's end.
+                message = self._kept(AssistantMessage("error", text=message.text,
+                                                      error_message=self._deadline_abort,
+                                                      model=self.provider.model))
+                self._add(message)
+                run.append(message.to_json())
+                actions = [B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")]
+            else:
+                message, actions = await self._decide(message, run)
         finally:
             self._turn_running = False
             self._abort_turn = False
+            self._deadline_abort = None
             self._partial = None
             self._turn_done.set()
+            self._unwatch()
         compaction = self._perform(actions, message=message, run=run)
         if compaction is not None and self.compaction_hook is not None:
             try:
@@ -397,6 +412,30 @@ class AgentSession:
             except Exception as exc:
                 log.warning("compaction hook failed: %s", exc)
         return message
+
+    async def _decide(self, message: AssistantMessage,
+                      run: list[dict[str, Any]]) -> tuple[AssistantMessage, list[B.Action]]:
+        """Gather the facts and hand the turn's end to the brain (§8.1, §8b.2)."""
+        if self._abort_turn and message.stop_reason != "aborted":
+            message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
+        cls = classify_message(message, self.context_window)  # reads the whole text
+        message = self._kept(message)
+        facts = await self._gather_facts(message, cls)
+        if self._deadline_abort is not None:  # the deadline passed while the facts came in
+            self._add(message)
+            run.append(message.to_json())
+            return message, [B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")]
+        if self._abort_turn and message.stop_reason != "aborted":
+            message = self._aborted()
+            cls = classify_message(message, self.context_window)
+            facts = TurnFacts(now_ms=facts.now_ms)
+        self._last_turn_aborted = message.stop_reason == "aborted"
+        self._add(message)
+        run.append(message.to_json())
+        # The decision: before any listener hears of the turn's end (§8.1, §8b.2).
+        actions = self.brain.turn_ended(message, self.context_window, classification=cls,
+                                        facts=facts)
+        return message, actions
 
     async def _complete(self) -> AssistantMessage:
         self._streamed = False
@@ -421,8 +460,12 @@ class AgentSession:
                          "timestamp": int(time.time() * 1000)}
         self._emit(E.MessageStart(dict(self._partial)))
         context = [m.to_openai() for m in self.messages]
+        if self._deadline_abort is not None:
+            return AssistantMessage("error", error_message=self._deadline_abort,
+                                    model=self.provider.model)
         self._stream_task = task = asyncio.ensure_future(
             self.provider.complete(context, on_text=self._on_text, api_key=api_key))
+        self._arm_watch()
         try:
             message = await task
         except asyncio.CancelledError:
@@ -430,7 +473,12 @@ class AgentSession:
             if me is not None and me.cancelling():
                 task.cancel()
                 raise
-            message = self._aborted()
+            if self._timed_out is not None and not self._abort_turn:
+                # A stall or an attempt timeout is a failure, not an abort (docs/policy.md §13.1).
+                message = AssistantMessage("error", error_message=self._timed_out,
+                                           model=self.provider.model)
+            else:
+                message = self._aborted()
         except Exception as exc:  # a provider must not raise; if one does, it is a failed turn
             log.warning("provider raised %s", _describe(exc))
             message = AssistantMessage("error", error_message=_describe(exc), model=self.provider.model)
@@ -464,12 +512,104 @@ class AgentSession:
     def _on_text_clean(self, delta: str) -> None:
         p = self._partial
         self._streamed = True
+        self._on_data()
         if not p["content"]:
             p["content"].append({"type": "text", "text": ""})
             self._emit(E.MessageUpdate(self._partial_json(), {"type": "text_start", "contentIndex": 0}))
         p["content"][0]["text"] += delta
         self._emit(E.MessageUpdate(self._partial_json(),
                                    {"type": "text_delta", "contentIndex": 0, "delta": delta}))
+
+    # ------------------------------------------------------------------ §13: watchdog, fallback
+    def _settle_model_and_settings(self) -> None:
+        """At rest, before a new turn: the model (the primary again once its fallback mark
+        expired, docs/policy.md §13.3) and the settings resolved for it (most specific
+        ``providers`` entry, §13.4; the live ``set_auto_retry`` over everything). A chain keeps
+        what was resolved at its start."""
+        now = self._now_ms()
+        if self._model_in_use is not None and (self._fallback_until_ms is None or now is None
+                                               or now >= self._fallback_until_ms):
+            self._use_model(None)
+        given = self._given_settings
+        resolved = given.for_provider(getattr(self.provider, "name", None),
+                                      getattr(self.provider, "model", None))
+        if self._live_enabled is not None and resolved.enabled != self._live_enabled:
+            resolved = resolved.with_enabled(self._live_enabled)
+        if resolved is not self.brain.settings:
+            self.brain.update_settings(resolved)
+
+    def update_settings(self, settings: RetrySettings) -> None:
+        """Replace the retry settings (taking effect at the next chain; the running one keeps
+        its own, docs/policy.md §13.4). Raises ``TypeError`` for anything but RetrySettings."""
+        if not isinstance(settings, RetrySettings):
+            raise TypeError(f"settings must be RetrySettings, got {type(settings).__name__}")
+        self._given_settings = settings
+        if not self.brain.is_retrying:
+            self._settle_model_and_settings()
+
+    def _use_model(self, entry: str | None) -> None:
+        """Send the next requests to fallback ``entry`` (``"model"`` or ``"provider/model"``;
+        the provider prefix is dropped when it names this provider), or the primary (None)."""
+        self._model_in_use = entry
+        model = self._primary_model
+        if entry is not None:
+            prefix, _, rest = entry.partition("/")
+            model = rest if rest and prefix == getattr(self.provider, "name", None) else entry
+        try:
+            self.provider.model = model
+        except AttributeError:  # a provider whose model cannot change: it keeps its own
+            log.warning("provider %r cannot switch models; fallback ignored", self.provider)
+
+    def _arm_watch(self) -> None:
+        """Start the attempt's timers: the attempt timeout and the first-token timer (or, with
+        only an idle timeout, the idle timer) (docs/policy.md §13.1, §13.2)."""
+        self._unwatch()
+        self._timed_out = None
+        s = self.brain.settings
+        if s.attempt_timeout_ms is not None:
+            self._watch.append(self.clock.call_later(
+                s.attempt_timeout_ms / 1000, self._stop_attempt,
+                f"attempt timed out after {_seconds(s.attempt_timeout_ms)}"))
+        if s.first_token_timeout_ms is not None:
+            self._stall_timer = self.clock.call_later(
+                s.first_token_timeout_ms / 1000, self._stop_attempt,
+                f"stream stalled: no response within {_seconds(s.first_token_timeout_ms)}")
+        elif s.idle_timeout_ms is not None:
+            self._on_data()
+
+    def _on_data(self) -> None:
+        """A content delta arrived: the first-token timer is done; the idle timer restarts."""
+        s = self.brain.settings
+        if not s.has_stall_watchdog or self._stream_task is None or self._timed_out is not None:
+            return
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        if s.idle_timeout_ms is not None:
+            self._stall_timer = self.clock.call_later(
+                s.idle_timeout_ms / 1000, self._stop_attempt,
+                f"stream stalled: no data for {_seconds(s.idle_timeout_ms)}")
+
+    def _unwatch(self) -> None:
+        for timer in self._watch:
+            timer.cancel()
+        self._watch = []
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stop_attempt(self, why: str) -> None:
+        """The watchdog fired: the running attempt ends as a failure with ``why``."""
+        task = self._stream_task
+        if task is None or task.done() or self._timed_out is not None:
+            return
+        self._timed_out = why
+        self._unwatch()
+        task.cancel()
+
+    def _on_deadline(self, chain_id: int) -> None:
+        self._deadline_timer = None
+        self._perform(self.brain.deadline_passed(chain_id))
 
     # ------------------------------------------------------------------ facts (before the decision)
     async def _store_call(self, name: str, *args: Any, timeout: float) -> Any:
@@ -490,8 +630,9 @@ class AgentSession:
         """What the brain needs from the world for this turn's end (§8b.2), each awaited with
         a timeout; on a timeout or an error the session decides on local state."""
         now = self._now_ms()
+        model = self._model_in_use or self._primary_model or None
         if cls.kind != "retryable" or not self.brain.settings.enabled:
-            return TurnFacts(now_ms=now, output_streamed=self._streamed)
+            return TurnFacts(now_ms=now, output_streamed=self._streamed, model=model)
         switched, count, note = False, 1, None
         if cls.usage_limit and self.credentials is not None:
             try:
@@ -523,7 +664,7 @@ class AgentSession:
                 log.warning("coordinator failed: %s", _describe(exc))
         return TurnFacts(now_ms=now, output_streamed=self._streamed, credential_switched=switched,
                          credential_count=count, note=note, cooldown_ms=cooldown,
-                         budget_allows=allowed, budget_taken=taken)
+                         budget_allows=allowed, budget_taken=taken, model=model)
 
     # ------------------------------------------------------------------ the coordinator (§9)
     def _coordinator(self) -> Any:
@@ -655,7 +796,25 @@ class AgentSession:
                 self._turn_done.clear()
                 self._wake_driver(action)
             elif isinstance(action, B.PromptMayReturn):
+                if self._deadline_timer is not None:
+                    self._deadline_timer.cancel()
+                    self._deadline_timer = None
                 self._wake_driver(action)
+            elif isinstance(action, B.ArmDeadline):
+                if self._deadline_timer is not None:
+                    self._deadline_timer.cancel()
+                self._deadline_timer = self.clock.call_later(action.delay_ms / 1000,
+                                                             self._on_deadline, action.chain_id)
+            elif isinstance(action, B.AbortAttempt):
+                self._deadline_abort = action.error
+                task = self._stream_task
+                if task is not None and not task.done():
+                    task.cancel()
+            elif isinstance(action, B.SwitchModel):
+                if self._model_in_use is None:  # leaving the primary: its fallback mark
+                    now = self._now_ms()
+                    self._fallback_until_ms = None if now is None else now + action.revert_ms
+                self._use_model(action.to_model)
             elif isinstance(action, B.CheckCompaction):
                 compaction = action
             elif isinstance(action, (B.RecordCooldown, B.ReturnRetryToken, B.CreditRetryBudget)):
@@ -710,6 +869,14 @@ async def _bounded(coro: Awaitable[Any], self_bounded: bool = False) -> None:
         await (coro if self_bounded else asyncio.wait_for(coro, COORDINATOR_TIMEOUT_S))
     except Exception as exc:  # a lost write only costs sharing, never the session
         log.warning("coordinator write failed: %s", _describe(exc))
+
+
+def _seconds(ms: int) -> str:
+    """A watchdog's limit in the words of docs/policy.md §13.1/§13.2: ``30 s``, ``1.5 s``,
+    ``120 s`` (always seconds, as the texts are matched by the classifier), ``800 ms``."""
+    if ms < 1000:
+        return f"{ms} ms"
+    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms / 1000:g} s"
 
 
 def _describe(exc: BaseException) -> str:

@@ -332,3 +332,63 @@ async def test_a_providers_entry_sets_the_chain_and_the_live_toggle_overrides_it
     session.set_auto_retry_enabled(False)
     await run(session, clock)
     assert len(provider.requests) == 3 and len(of(events, "auto_retry_start")) == 1
+
+
+# ------------------------------------------------------------------ the runner
+
+async def test_the_runner_bounds_each_attempt_and_retries_a_timed_out_one():
+    """attemptTimeoutMs in the runner: a hanging call fails as `attempt timed out` and is retried."""
+    from fsm.host.runner import RetryRunner
+    clock = FakeClock()
+    calls = []
+
+    async def call():
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.Event().wait()
+        return "done"
+    events = []
+    runner = RetryRunner({"attemptTimeoutMs": 5000, "baseDelayMs": 100}, clock=clock,
+                         on_event=events.append)
+    task = asyncio.ensure_future(runner.run(call))
+    await clock.advance(5.2)
+    assert await asyncio.wait_for(task, 1) == "done"
+    start = [dict(e) for e in events if e["type"] == "auto_retry_start"][0]
+    assert "attempt timed out after 5 s" in start["errorMessage"]
+    assert start["rule"] == "retryable.attempt_timeout"
+
+
+def test_stall_keys_given_to_the_runner_raise():
+    """The runner sees no stream: firstTokenTimeoutMs / idleTimeoutMs raise SettingsError."""
+    from fsm.host.runner import RetryRunner
+    with pytest.raises(SettingsError, match="retry.idleTimeoutMs"):
+        RetryRunner({"idleTimeoutMs": 1000})
+    with pytest.raises(SettingsError, match="retry.firstTokenTimeoutMs"):
+        RetryRunner(RetrySettings(first_token_timeout_ms=1000))
+
+
+async def test_the_runner_calls_with_the_fallback_model():
+    """fallbackModels in the runner: after two 529s the callable receives model=<fallback>;
+    the next call starts on it until the primary's mark expires."""
+    from fsm.host.runner import RetryRunner
+
+    class Overloaded(Exception):
+        status_code = 529
+
+    clock = FakeClock()
+    seen = []
+
+    async def call(model):
+        seen.append(model)
+        if model == "big" and len(seen) <= 2:
+            raise Overloaded("529 Overloaded")
+        return model
+    runner = RetryRunner({"fallbackModels": ["small"], "fallbackRevertMs": 60_000,
+                          "baseDelayMs": 100}, clock=clock)
+    task = asyncio.ensure_future(runner.run(call, model="big"))
+    await clock.advance(1)
+    assert await asyncio.wait_for(task, 1) == "small"
+    assert seen == ["big", "big", "small"]
+    assert await runner.run(call, model="big") == "small"
+    await clock.advance(61)
+    assert await runner.run(call, model="big") == "big"

@@ -55,9 +55,9 @@ from fsm.core.classify import Classification, classify_message
 from fsm.core.events import AutoRetryEnd, CoordinatorRestored, CoordinatorUnavailable, Event
 from fsm.core.messages import AssistantMessage
 from fsm.host import session as _session
-from fsm.core.settings import RetrySettings
+from fsm.core.settings import RetrySettings, SettingsError
 
-__all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "retrying", "retrying_sync",
+__all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut", "retrying", "retrying_sync",
            "retry", "COORDINATOR_TIMEOUT_S"]
 
 log = logging.getLogger("fsm.host.runner")
@@ -111,6 +111,11 @@ class RetryChainError(Exception):
         self.message = message
 
 
+class AttemptTimedOut(TimeoutError):
+    """An attempt ran longer than ``retry.attemptTimeoutMs`` (docs/policy.md §13.2): a
+    retryable failure (family ``timeout``), the ``__cause__`` of a chain that ends on it."""
+
+
 class ContextOverflowError(Exception):
     """The request is larger than the model's context: compact and call again (never retried).
 
@@ -130,10 +135,17 @@ class ContextOverflowError(Exception):
 
 
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings | None:
-    if settings is None or isinstance(settings, RetrySettings):
-        return settings
     if isinstance(settings, Mapping):
-        return RetrySettings.from_json({"retry": settings})
+        settings = RetrySettings.from_json({"retry": settings})
+    if settings is None or isinstance(settings, RetrySettings):
+        if settings is not None:
+            for key, value in (("firstTokenTimeoutMs", settings.first_token_timeout_ms),
+                               ("idleTimeoutMs", settings.idle_timeout_ms)):
+                if value is not None:  # docs/policy.md §13.1: the runner sees no stream
+                    raise SettingsError(key, value, "null in the runner, which sees no stream "
+                                        "(a stall watchdog needs the deltas; use "
+                                        "attemptTimeoutMs)")
+        return settings
     raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                     f"{{'maxRetries': 5}}, got {type(settings).__name__}")
 
@@ -148,7 +160,7 @@ class _Call:
     """The state of one run: its brain, the last failure, the pending end. Private."""
 
     __slots__ = ("runner", "brain", "calls", "exc", "message", "cls", "end", "delay", "timer",
-                 "key", "fn", "kwargs", "coordinator", "unsubscribe", "sync")
+                 "key", "fn", "kwargs", "coordinator", "unsubscribe", "sync", "model")
 
     def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
                  sync: bool = False) -> None:
@@ -167,6 +179,8 @@ class _Call:
         self.kwargs = kwargs
         self.coordinator: Any = None
         self.unsubscribe: Callable[[], None] | None = None
+        model = kwargs.get("model")
+        self.model: str | None = model if isinstance(model, str) else None  # the model in use
 
     # -------------------------------------------------------------- an attempt ended
     def judge(self, result: Any, exc: BaseException | None) -> tuple[AssistantMessage, Classification]:
@@ -206,8 +220,18 @@ class _Call:
             elif (kind is B.RecordCooldown or kind is B.ReturnRetryToken
                   or kind is B.CreditRetryBudget) and not self.sync:
                 self.runner._coordinator_write(self, action)
+            elif kind is B.SwitchModel:
+                # docs/policy.md §13.3: the next attempts call with model=<the fallback>
+                if self.runner._fallback is None or self.runner._fallback[0] is None:
+                    self.runner._fallback = (None, self.now_ms() + action.revert_ms)
+                self.model = action.to_model
+                self.kwargs = {**self.kwargs, "model": action.to_model}
+                self.runner._fallback = (action.to_model, self.runner._fallback[1])
             # EmitTurnEnd, DropFailedMessage, CheckCompaction, CancelBackoff, ContinueTurn,
             # PromptMayReturn: the runner has no turn events, no context and one loop.
+
+    def facts(self, **more: Any) -> TurnFacts:
+        return TurnFacts(now_ms=self.now_ms(), model=self.model, **more)
 
     def now_ms(self) -> int:
         clock = self.runner.clock
@@ -317,6 +341,7 @@ class RetryRunner:
         self.random = random
         self.context_window = context_window
         self.to_message = to_message or _sdk.error_message
+        self._fallback: tuple[str | None, int] | None = None  # (fallback in use, primary's mark)
 
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:
@@ -329,10 +354,12 @@ class RetryRunner:
     async def run(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """``await fn(*args, **kwargs)`` under the brain; returns its result or raises as the
         module docstring says."""
+        kwargs = self._model_for_new_call(kwargs)
         call = _Call(self, fn, kwargs)
         try:
             while True:
                 call.calls += 1
+                kwargs = call.kwargs
                 try:
                     pending = fn(*args, **kwargs)
                 except Exception as failure:
@@ -343,7 +370,7 @@ class RetryRunner:
                                         "awaitable: use fsm.retrying_sync (RetryRunner.run_sync) "
                                         "for a synchronous callable")
                     try:
-                        result, exc = await pending, None
+                        result, exc = await self._bounded(pending, call), None
                     except Exception as failure:
                         result, exc = None, failure
                 message, cls = call.judge(result, exc)
@@ -354,7 +381,7 @@ class RetryRunner:
                 elif cls.kind == "none":  # a success: the brain needs no fact of the world
                     facts = None
                 else:  # nothing to ask the coordinator: no await on the common path
-                    facts = TurnFacts(now_ms=call.now_ms())
+                    facts = call.facts()
                 call.decide(message, cls, facts)
                 if call.delay is None:
                     return call.outcome(result, cls)
@@ -365,6 +392,48 @@ class RetryRunner:
             raise
         finally:
             call.close()
+
+    def _model_for_new_call(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A new call starts on the fallback in use until the primary's mark expires
+        (``fallbackRevertMs``, docs/policy.md §13.3); only a call with ``model=`` is switched."""
+        mark = self._fallback
+        if mark is None or "model" not in kwargs:
+            return kwargs
+        entry, until = mark
+        now = self.clock.time_ms() if self.clock is not None else int(time.time() * 1000)
+        if entry is None or now >= until:
+            self._fallback = None
+            return kwargs
+        return {**kwargs, "model": entry}
+
+    async def _bounded(self, pending: Awaitable[Any], call: _Call) -> Any:
+        """Await one attempt, bounded by ``attemptTimeoutMs`` (docs/policy.md §13.2): a timed
+        out attempt raises ``TimeoutError("attempt timed out after N s")``, a retryable failure."""
+        limit = call.brain.settings.attempt_timeout_ms
+        if limit is None:
+            return await pending
+        task = asyncio.ensure_future(pending)
+        fired: list[bool] = []
+
+        def expire() -> None:
+            if not task.done():
+                fired.append(True)
+                task.cancel()
+        if self.clock is not None:
+            handle = self.clock.call_later(limit / 1000, expire)
+        else:
+            handle = asyncio.get_running_loop().call_later(limit / 1000, expire)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
+                raise AttemptTimedOut(f"attempt timed out after {_session._seconds(limit)}") from None
+            raise
+        finally:
+            handle.cancel()
+            if not task.done():
+                task.cancel()
 
     async def _wait(self, delay_ms: int) -> None:
         if self.sleep is not None:
@@ -392,12 +461,13 @@ class RetryRunner:
                 COORDINATOR_TIMEOUT_S)
         except asyncio.TimeoutError:
             log.warning("coordinator did not answer in time: deciding on local state")
-            return TurnFacts(now_ms=now)
+            return TurnFacts(now_ms=now, model=call.model)
         except Exception as exc:  # a coordinator must not break the chain: local state
             log.warning("coordinator failed: %s: %s", type(exc).__name__, exc)
-            return TurnFacts(now_ms=now)
+            return TurnFacts(now_ms=now, model=call.model)
         return TurnFacts(now_ms=now, cooldown_ms=int(left or 0) if honor else 0,
-                         budget_allows=ok is not False, budget_taken=ok is not None)
+                         budget_allows=ok is not False, budget_taken=ok is not None,
+                         model=call.model)
 
     def _coordinator_write(self, call: _Call, action: B.Action) -> None:
         """The write a decision asked for, off the critical path (§8b.2); async runs only."""
@@ -424,11 +494,16 @@ class RetryRunner:
         ``KeyboardInterrupt`` during a chain ends it ``cancelled`` and propagates."""
         if self.coordinator is not None:
             raise TypeError("a coordinator is async: use RetryRunner.run (or fsm.retrying) for it")
+        if self.settings is not None and self.settings.attempt_timeout_ms is not None:
+            raise TypeError("retry.attemptTimeoutMs needs an async call (a sync call cannot be "
+                            "stopped): use RetryRunner.run (or fsm.retrying)")
         sleep = self.sleep or time.sleep
+        kwargs = self._model_for_new_call(kwargs)
         call = _Call(self, fn, kwargs, sync=True)
         try:
             while True:
                 call.calls += 1
+                kwargs = call.kwargs
                 try:
                     result, exc = fn(*args, **kwargs), None
                 except Exception as failure:
@@ -439,7 +514,7 @@ class RetryRunner:
                     raise TypeError(f"{_name(fn)} returned an awaitable: use fsm.retrying "
                                     "(RetryRunner.run) for an async callable")
                 message, cls = call.judge(result, exc)
-                call.decide(message, cls, TurnFacts(now_ms=call.now_ms()))
+                call.decide(message, cls, call.facts())
                 if call.delay is None:
                     return call.outcome(result, cls)
                 sleep(call.delay / 1000)

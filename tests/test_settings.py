@@ -150,7 +150,7 @@ def test_only_regular_files_are_read(tmp_path, special):
 
 def test_a_settings_file_over_one_megabyte_is_refused(tmp_path):
     """Issue 14 item 6 (docs/policy.md §8b.10): the size cap is 1 MiB."""
-    from fsm.core.settings import MAX_SETTINGS_BYTES
+    from fsm.host.settings_file import MAX_SETTINGS_BYTES
     p = tmp_path / "s.json"
     pad = MAX_SETTINGS_BYTES - len('{"retry": {"maxRetries": 2}, "pad": ""}')
     p.write_text('{"retry": {"maxRetries": 2}, "pad": "' + "x" * pad + '"}')

@@ -39,9 +39,10 @@ them *before* handing the turn's end over, and does what the actions ask *after*
 
 from __future__ import annotations
 
+import inspect
 import random as _random
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timezone, tzinfo
 from typing import Callable, Union
 
 from transitions import MachineError
@@ -81,6 +82,9 @@ class TurnFacts:
       ``retry.fallbackModels``); None = the primary, unnamed (docs/policy.md §13.3).
     - ``budget_slot_ms``: the budget is in wait mode (docs/policy.md §14b.4) and refused: the
       ms until its next slot; None = a refusal ends the chain (``endReason: "budget"``).
+    - ``zone``: the host's time-zone resolver, ``zone(name) -> tzinfo | None`` (an IANA name
+      such as ``"America/Santiago"``), used when the brain classifies the message itself; None
+      = a reset time in a named zone is unknown (``docs/classification.md``).
     """
 
     now_ms: int | None = None
@@ -93,6 +97,7 @@ class TurnFacts:
     note: str | None = None
     model: str | None = None
     budget_slot_ms: int | None = None
+    zone: Callable[[str], tzinfo | None] | None = None
 
 
 _NO_FACTS = TurnFacts()
@@ -226,6 +231,8 @@ _TRIGGER_BY_KIND = {
     "none": L.TURN_SUCCEEDED,
 }
 _DEFAULT_SETTINGS = RetrySettings()
+# The classifier takes the host's zone resolver once its hints do (docs/classification.md).
+_CLASSIFY_TAKES_ZONE = "zone" in inspect.signature(classify_message).parameters
 
 
 # ---------------------------------------------------------------------------- words
@@ -245,6 +252,14 @@ def duration_text(ms: int) -> str:
         return f"{h} h {m} min" if m else f"{h} h"
     d, h = divmod(h, 24)
     return f"{d} d {h} h" if h else f"{d} d"
+
+
+def seconds_text(ms: int) -> str:
+    """A watchdog's limit in the words of docs/policy.md §13.1/§13.2, always in seconds (the
+    classifier matches these texts): ``30 s``, ``1.5 s``, ``120 s``; under a second ``800 ms``."""
+    if ms < 1000:
+        return f"{ms} ms"
+    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms / 1000:g} s"
 
 
 def _clock_text(epoch_ms: int, now_ms: int | None = None) -> str:
@@ -775,10 +790,17 @@ class RetryBrain:
         """A turn ended with ``message``; ``context_window`` in tokens (0 = unknown).
 
         The message is classified with :func:`fsm.core.classify.classify_message` unless
-        ``classification`` is given; ``facts`` are what the host gathered before (§8b.2).
-        Call this before any ``await`` once the facts are in (§8.1).
+        ``classification`` is given, against the host's ``facts.now_ms`` and ``facts.zone``
+        (never the machine's clock or zone); ``facts`` are what the host gathered before
+        (§8b.2). Call this before any ``await`` once the facts are in (§8.1).
         """
-        cls = classification if classification is not None else classify_message(message, context_window)
+        if classification is not None:
+            cls = classification
+        else:
+            f = facts or _NO_FACTS
+            cls = (classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
+                   if _CLASSIFY_TAKES_ZONE else
+                   classify_message(message, context_window, now_ms=f.now_ms))
         trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p = self._p
         p.message, p.cls, p.facts = message, cls, facts or _NO_FACTS

@@ -6,9 +6,8 @@ JSON field names follow the wire format of the RPC protocol (docs/policy.md §4)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 StopReason = Literal["stop", "length", "toolUse", "error", "aborted"]
@@ -57,7 +56,8 @@ class UserMessage:
     """A message typed by the user (or queued as a steer / follow-up)."""
 
     text: str
-    timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    timestamp_ms: int = 0
+    """When it was sent, epoch ms, from the host's clock (the core reads none; 0 = not stamped)."""
     role: str = "user"
 
     def to_json(self) -> dict[str, Any]:
@@ -93,7 +93,9 @@ class AssistantMessage:
     error_message: str | None = None
     usage: Usage | None = None
     model: str = ""
-    timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    timestamp_ms: int = 0
+    """When the answer started, epoch ms, from the host's clock (the core reads none; 0 = not
+    stamped: the host stamps it)."""
     role: str = "assistant"
     status: int | None = None
     error_type: str | None = None

@@ -1,9 +1,10 @@
 """Run anyone's model call under the retry brain (docs/policy.md §10; docs/embedding.md).
 
-The runner is one more host of the declared machine: each call of :meth:`RetryRunner.run`
-gets its own :class:`~fsm.core.brain.RetryBrain`, hands it every end of an attempt as a fact and
-carries out the actions it returns (events to ``on_event``, the backoff timer, the
-coordinator's writes). Decisions, events and their order are the brain's; its transitions are
+The runner is one more host of the declared machine, thin on the
+:class:`~fsm.host.kernel.HostKernel`: each call of :meth:`RetryRunner.run` gets its own
+:class:`~fsm.core.brain.RetryBrain` and kernel, which gathers the facts of every end of an
+attempt, hands it to the brain and carries out the actions it returns (events to
+``on_event``, the coordinator's writes); the runner runs the backoff. Decisions, events and their order are the brain's; its transitions are
 recorded and audited like the session's (a recorder receives the brain).
 
 Shorthands::
@@ -39,6 +40,7 @@ Exceptions, in this order (docs/policy.md §10):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
@@ -50,12 +52,12 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
-from fsm.core.brain import RetryBrain, TurnFacts
-from fsm.core.classify import Classification, classify_message
-from fsm.core.events import AutoRetryEnd, CoordinatorRestored, CoordinatorUnavailable, Event
+from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
+from fsm.core.classify import Classification
+from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
-from fsm.host import session as _session
 from fsm.core.settings import RetrySettings, SettingsError
+from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut", "retrying", "retrying_sync",
            "retry", "COORDINATOR_TIMEOUT_S"]
@@ -64,10 +66,6 @@ log = logging.getLogger("fsm.host.runner")
 
 T = TypeVar("T")
 EventListener = Callable[[Event], Any]
-
-COORDINATOR_TIMEOUT_S = _session.COORDINATOR_TIMEOUT_S
-"""How long the runner waits for one coordinator read or write before it decides on local
-state (docs/policy.md §8b.2): the session's bound."""
 
 _OK = AssistantMessage("stop", timestamp_ms=0)
 _RAISED = object()  # the callable raised before returning an awaitable
@@ -157,16 +155,19 @@ def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str
 
 
 class _Call:
-    """The state of one run: its brain, the last failure, the pending end. Private."""
+    """The state of one run: its brain and kernel, the last failure, the pending end. Private."""
 
-    __slots__ = ("runner", "brain", "calls", "exc", "message", "cls", "end", "delay", "timer",
-                 "key", "fn", "kwargs", "coordinator", "unsubscribe", "sync", "model")
+    __slots__ = ("runner", "brain", "kernel", "calls", "exc", "message", "cls", "end", "delay",
+                 "timer", "key", "fn", "kwargs", "model")
 
     def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
                  sync: bool = False) -> None:
         self.runner = runner
-        self.sync = sync  # a sync run has no loop: no coordinator (docs/embedding.md)
-        self.brain = RetryBrain(runner.settings, random=runner.random)
+        self.brain = brain = RetryBrain(runner.settings, random=runner.random)
+        # a sync run has no loop: no coordinator (docs/embedding.md)
+        self.kernel = HostKernel(brain, emit=self.emit, clock=runner.clock,
+                                 coordinator=None if sync else runner.coordinator,
+                                 key=self.coord_key, zone=runner.zone, use_coordinator=not sync)
         self.calls = 0
         self.exc: BaseException | None = None
         self.message: AssistantMessage | None = None
@@ -177,13 +178,12 @@ class _Call:
         self.key: Any = None
         self.fn = fn
         self.kwargs = kwargs
-        self.coordinator: Any = None
-        self.unsubscribe: Callable[[], None] | None = None
         model = kwargs.get("model")
         self.model: str | None = model if isinstance(model, str) else None  # the model in use
 
     # -------------------------------------------------------------- an attempt ended
-    def judge(self, result: Any, exc: BaseException | None) -> tuple[AssistantMessage, Classification]:
+    def judge(self, result: Any, exc: BaseException | None,
+              now_ms: int | None) -> tuple[AssistantMessage, Classification]:
         runner = self.runner
         if exc is not None:
             self.exc = exc
@@ -197,45 +197,41 @@ class _Call:
             # (KeyError("overloaded") is not an overload).
             cls = Classification("fatal", "runner.programming_error")
         else:
-            cls = classify_message(message, runner.context_window)
+            cls = self.kernel.classify(message, runner.context_window, now_ms)
         if cls.kind != "none":
             self.message, self.cls = message, cls
         return message, cls
 
     def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts | None) -> None:
-        self.perform(self.brain.turn_ended(message, self.runner.context_window,
-                                           classification=cls, facts=facts))
+        self.delay = None
+        if facts is not None and self.model is not None:
+            facts = dataclasses.replace(facts, model=self.model)
+        self.kernel.turn_ended(message, self.runner.context_window, cls, facts, self.host)
 
     def perform(self, actions: list[B.Action]) -> None:
         self.delay = None
-        for action in actions:
-            kind = type(action)
-            if kind is B.Emit:
-                event = action.event
-                if type(event) is AutoRetryEnd:
-                    self.end = event
-                self.runner._emit(event)
-            elif kind is B.StartBackoff:
-                self.delay, self.timer = action.delay_ms, action.timer_id
-            elif (kind is B.RecordCooldown or kind is B.ReturnRetryToken
-                  or kind is B.CreditRetryBudget) and not self.sync:
-                self.runner._coordinator_write(self, action)
-            elif kind is B.SwitchModel:
-                # docs/policy.md §13.3: the next attempts call with model=<the fallback>
-                if self.runner._fallback is None or self.runner._fallback[0] is None:
-                    self.runner._fallback = (None, self.now_ms() + action.revert_ms)
-                self.model = action.to_model
-                self.kwargs = {**self.kwargs, "model": action.to_model}
-                self.runner._fallback = (action.to_model, self.runner._fallback[1])
-            # EmitTurnEnd, DropFailedMessage, CheckCompaction, CancelBackoff, ContinueTurn,
-            # PromptMayReturn: the runner has no turn events, no context and one loop.
+        self.kernel.perform(actions, self.host)
 
-    def facts(self, **more: Any) -> TurnFacts:
-        return TurnFacts(now_ms=self.now_ms(), model=self.model, **more)
+    def emit(self, event: Event) -> None:
+        if type(event) is AutoRetryEnd:
+            self.end = event
+        self.runner._emit(event)
 
-    def now_ms(self) -> int:
-        clock = self.runner.clock
-        return clock.time_ms() if clock is not None else int(time.time() * 1000)
+    def host(self, action: B.Action) -> None:
+        if type(action) is B.StartBackoff:
+            self.delay, self.timer = action.delay_ms, action.timer_id
+        elif type(action) is B.SwitchModel:
+            # docs/policy.md §13.3: the next attempts call with model=<the fallback>; leaving
+            # the primary writes its (runner-wide) fallback mark
+            runner = self.runner
+            if runner._fallback is None or runner._fallback[0] is None:
+                now = self.kernel.now_ms() or 0
+                runner._fallback = (None, now + action.revert_ms)
+            self.model = action.to_model
+            self.kwargs = {**self.kwargs, "model": action.to_model}
+            runner._fallback = (action.to_model, runner._fallback[1])
+        # EmitTurnEnd, DropFailedMessage, CheckCompaction, CancelBackoff, ContinueTurn,
+        # PromptMayReturn: the runner has no turn events, no context and one loop.
 
     # -------------------------------------------------------------- the end
     def outcome(self, result: Any, cls: Classification) -> Any:
@@ -265,29 +261,8 @@ class _Call:
             self.key = key
         return self.key
 
-    def coord(self) -> Any:
-        """The coordinator of this call: the runner's, else the one every session and runner
-        on this event loop shares (as the session's); its availability events are forwarded
-        to ``on_event`` while the call runs."""
-        if self.coordinator is None:
-            self.coordinator = self.runner.coordinator or _session._loop_coordinator()
-            subscribe = getattr(self.coordinator, "subscribe", None)
-            if subscribe is not None and self.runner.on_event is not None:
-                self.unsubscribe = subscribe(self._coordinator_event)
-        return self.coordinator
-
-    def _coordinator_event(self, event: Any) -> None:
-        kind = event.get("type") if isinstance(event, Mapping) else getattr(event, "type", None)
-        if kind == "coordinator_unavailable":
-            reason = event.get("reason", "") if isinstance(event, Mapping) else event.reason
-            self.runner._emit(CoordinatorUnavailable(str(reason)))
-        elif kind == "coordinator_restored":
-            self.runner._emit(CoordinatorRestored())
-
     def close(self) -> None:
-        if self.unsubscribe is not None:
-            self.unsubscribe()
-            self.unsubscribe = None
+        self.kernel.close()
 
 
 class RetryRunner:
@@ -303,7 +278,8 @@ class RetryRunner:
             is logged, never breaks the chain.
         coordinator: the shared coordinator of docs/policy.md §9 (``before_decision``,
             ``learn_cooldown``, ``return_retry_token``, ``credit_success``), read before each
-            decision with a timeout of :data:`COORDINATOR_TIMEOUT_S`, written after it; None =
+            decision within :data:`COORDINATOR_TIMEOUT_S` (late = decided on local state, as
+            every host does: :mod:`fsm.host.kernel`), written after it; None =
             the in-process one every session and runner on the event loop shares, used only
             with ``retryHints: "honor"`` or a ``budget``. Its ``coordinator_unavailable`` /
             ``coordinator_restored`` events go to ``on_event`` while a call runs. Async runs
@@ -319,13 +295,16 @@ class RetryRunner:
         context_window: the model's context window in tokens, for the silent-overflow rule.
         to_message: ``to_message(exc) -> AssistantMessage``: how an exception reads (default:
             :func:`fsm.providers.sdk_errors.error_message`, the one mapping of SDK and transport errors).
+        zone: the time-zone resolver for reset times named in a zone
+            (:func:`fsm.host.kernel.default_zone`; None = named zones are unknown).
     """
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
                  on_event: EventListener | None = None, coordinator: Any = None, key: Any = None,
                  clock: Any = None, sleep: Callable[[float], Any] | None = None,
                  random: Callable[[], float] = _random.random, context_window: int = 0,
-                 to_message: Callable[[BaseException], AssistantMessage] | None = None) -> None:
+                 to_message: Callable[[BaseException], AssistantMessage] | None = None,
+                 zone: ZoneResolver | None = default_zone) -> None:
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
         if sleep is not None and not callable(sleep):
@@ -341,6 +320,7 @@ class RetryRunner:
         self.random = random
         self.context_window = context_window
         self.to_message = to_message or _sdk.error_message
+        self.zone = zone
         self._fallback: tuple[str | None, int] | None = None  # (fallback in use, primary's mark)
 
     def _emit(self, event: Event) -> None:
@@ -359,7 +339,7 @@ class RetryRunner:
         try:
             while True:
                 call.calls += 1
-                kwargs = call.kwargs
+                kwargs = call.kwargs  # a fallback model replaces model= (docs/policy.md §13.3)
                 try:
                     pending = fn(*args, **kwargs)
                 except Exception as failure:
@@ -373,15 +353,13 @@ class RetryRunner:
                         result, exc = await self._bounded(pending, call), None
                     except Exception as failure:
                         result, exc = None, failure
-                message, cls = call.judge(result, exc)
-                settings = call.brain.settings
-                if (cls.kind == "retryable" and settings.enabled
-                        and (settings.budget is not None or settings.honors_hints)):
-                    facts = await self._gather(call)
-                elif cls.kind == "none":  # a success: the brain needs no fact of the world
-                    facts = None
+                kernel = call.kernel
+                now = kernel.now_ms()
+                message, cls = call.judge(result, exc, now)
+                if kernel.needs_world(cls):
+                    facts = await kernel.gather(cls, now_ms=now)
                 else:  # nothing to ask the coordinator: no await on the common path
-                    facts = call.facts()
+                    facts = kernel.local_facts(now_ms=now)
                 call.decide(message, cls, facts)
                 if call.delay is None:
                     return call.outcome(result, cls)
@@ -400,7 +378,8 @@ class RetryRunner:
         if mark is None or "model" not in kwargs:
             return kwargs
         entry, until = mark
-        now = self.clock.time_ms() if self.clock is not None else int(time.time() * 1000)
+        clock = self.clock
+        now = clock.time_ms() if clock is not None and hasattr(clock, "time_ms") else int(time.time() * 1000)
         if entry is None or now >= until:
             self._fallback = None
             return kwargs
@@ -408,7 +387,7 @@ class RetryRunner:
 
     async def _bounded(self, pending: Awaitable[Any], call: _Call) -> Any:
         """Await one attempt, bounded by ``attemptTimeoutMs`` (docs/policy.md §13.2): a timed
-        out attempt raises ``TimeoutError("attempt timed out after N s")``, a retryable failure."""
+        out attempt raises :class:`AttemptTimedOut`, a retryable failure."""
         limit = call.brain.settings.attempt_timeout_ms
         if limit is None:
             return await pending
@@ -419,16 +398,14 @@ class RetryRunner:
             if not task.done():
                 fired.append(True)
                 task.cancel()
-        if self.clock is not None:
-            handle = self.clock.call_later(limit / 1000, expire)
-        else:
-            handle = asyncio.get_running_loop().call_later(limit / 1000, expire)
+        clock = self.clock if self.clock is not None else asyncio.get_running_loop()
+        handle = clock.call_later(limit / 1000, expire)
         try:
             return await task
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
-                raise AttemptTimedOut(f"attempt timed out after {_session._seconds(limit)}") from None
+                raise AttemptTimedOut(f"attempt timed out after {seconds_text(limit)}") from None
             raise
         finally:
             handle.cancel()
@@ -447,45 +424,6 @@ class RetryRunner:
                 handle.cancel()
         else:
             await asyncio.sleep(delay_ms / 1000)
-
-    async def _gather(self, call: _Call) -> TurnFacts:
-        """The coordinator's answer before the decision on a retryable failure with hints
-        honoured or a budget (docs/policy.md §8b.2), as the session gathers it; a slow or
-        failing coordinator leaves the local state."""
-        now = call.now_ms()
-        settings = call.brain.settings
-        honor = settings.honors_hints
-        try:
-            left, ok = await asyncio.wait_for(
-                call.coord().before_decision(call.coord_key(), now, settings.budget),
-                COORDINATOR_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            log.warning("coordinator did not answer in time: deciding on local state")
-            return TurnFacts(now_ms=now, model=call.model)
-        except Exception as exc:  # a coordinator must not break the chain: local state
-            log.warning("coordinator failed: %s: %s", type(exc).__name__, exc)
-            return TurnFacts(now_ms=now, model=call.model)
-        return TurnFacts(now_ms=now, cooldown_ms=int(left or 0) if honor else 0,
-                         budget_allows=ok is not False, budget_taken=ok is not None,
-                         model=call.model)
-
-    def _coordinator_write(self, call: _Call, action: B.Action) -> None:
-        """The write a decision asked for, off the critical path (§8b.2); async runs only."""
-        budget = call.brain.settings.budget
-        if type(action) is B.RecordCooldown:
-            if action.until_ms is None:
-                return
-            coro = call.coord().learn_cooldown(call.coord_key(), action.until_ms,
-                                               action.until_ms - action.wait_ms)
-        elif budget is None:
-            return
-        elif type(action) is B.ReturnRetryToken:
-            coro = call.coord().return_retry_token(call.coord_key(), budget)
-        else:
-            coro = call.coord().credit_success(call.coord_key(), budget)
-        task = asyncio.get_running_loop().create_task(_session._bounded(coro))
-        _PENDING.add(task)
-        task.add_done_callback(_PENDING.discard)
 
     # -------------------------------------------------------------- sync
     def run_sync(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -513,8 +451,9 @@ class RetryRunner:
                         result.close()  # never awaited: no "was never awaited" warning
                     raise TypeError(f"{_name(fn)} returned an awaitable: use fsm.retrying "
                                     "(RetryRunner.run) for an async callable")
-                message, cls = call.judge(result, exc)
-                call.decide(message, cls, call.facts())
+                now = call.kernel.now_ms()
+                message, cls = call.judge(result, exc, now)
+                call.decide(message, cls, call.kernel.local_facts(now_ms=now))
                 if call.delay is None:
                     return call.outcome(result, cls)
                 sleep(call.delay / 1000)
@@ -545,9 +484,6 @@ def _name(fn: Callable[..., Any]) -> str:
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-_PENDING: set[asyncio.Task] = set()  # the coordinator's writes in flight (kept alive)
 
 
 async def retrying(fn: Callable[..., Awaitable[T]], /, *args: Any,

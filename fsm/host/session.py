@@ -1,9 +1,12 @@
 """AgentSession: the asyncio shell that embeds the retry brain (docs/policy.md §3–5, §8).
 
-The session runs turns through a provider, gathers the facts the brain needs (the time,
-whether output was streamed, the credential store's answer, the shared coordinator's cooldown
-and budget — each awaited with a short timeout), hands the turn's end to its
-:class:`~fsm.core.brain.RetryBrain`, and carries out the actions the brain returns, in their order.
+The session runs turns through a provider and is a thin host on the
+:class:`~fsm.host.kernel.HostKernel`: the kernel gathers the facts the brain needs (the session's
+clock, the credential store's answer, the shared coordinator's cooldown and budget — each
+bounded), hands the turn's end to the session's :class:`~fsm.core.brain.RetryBrain`, and carries
+out the actions that concern the world (events, the coordinator's writes); the session carries
+out those of its own loop (the backoff timer, continuing the turn, the turn's end events), in
+the brain's order.
 Until the brain has decided, ``prompt()`` cannot return, no listener hears of the turn's end
 and ``abort()`` still aborts the turn (§8b.2). Time, cancellation and I/O all happen here;
 decisions all happen in the brain.
@@ -30,22 +33,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 import uuid
-import weakref
 from collections import deque
 from typing import Any, Awaitable, Callable, Iterable
 
 from fsm.core import brain as B
 from fsm.core import events as E
-from fsm.core.brain import RetryBrain, TurnFacts
-from fsm.core.classify import Classification, classify_message
-from fsm.host.clock import Clock, LoopClock
+from fsm.core.brain import RetryBrain, seconds_text
 from fsm.core.messages import AssistantMessage, UserMessage
 from fsm.core.protocols import CredentialStore, Provider
-from fsm.host.session_log import SessionLog
 from fsm.core.settings import RetrySettings
 from fsm.core.text import StreamJoiner, clean_text, safe_error_text
+from fsm.host.clock import Clock, LoopClock
+from fsm.host.kernel import KEY_TIMEOUT_S, STORE_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
+from fsm.host.kernel import describe_error as _describe
+from fsm.host.session_log import SessionLog
 
 __all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "Listener", "Extension",
            "CompactionHook", "STORE_TIMEOUT_S", "ABORTED_TEXT"]
@@ -58,12 +60,6 @@ CompactionHook = Callable[["AgentSession", AssistantMessage, str], Awaitable[Any
 
 STREAMING_BEHAVIORS = ("steer", "follow_up", "followUp")
 ABORTED_TEXT = "Request was aborted"
-STORE_TIMEOUT_S = 0.05
-"""How long the session waits for the credential store's usage-limit answer or the
-coordinator before it decides on local state (docs/policy.md §8b.2)."""
-KEY_TIMEOUT_S = 2.0
-"""How long a turn waits for the credential store to hand out its API key; after that the
-turn fails with an error saying so (the chain decides as for any failure)."""
 
 
 class SessionBusyError(RuntimeError):
@@ -86,26 +82,28 @@ class AgentSession:
         session_log: a :class:`~fsm.host.session_log.SessionLog`, or None for no persistence.
         credentials: a :class:`fsm.core.protocols.CredentialStore` for the usage-limit path.
         coordinator: the shared coordinator of docs/policy.md §9 (cooldowns, retry budget),
-            or None for none; reached before a decision with a timeout of
-            :data:`STORE_TIMEOUT_S`, never inside one.
+            or None for the in-process one shared on the event loop; reached before a
+            decision within :data:`fsm.host.kernel.COORDINATOR_TIMEOUT_S`, never inside one.
         compaction_hook: ``async hook(session, message, kind)`` consulted when retry does not
             take a turn (§3 "Boundary with compaction"); None = the error stands.
         clock: where the backoff timer lives and the time is read
-            (:class:`~fsm.host.clock.FakeClock` in tests).
+            (:class:`~fsm.host.clock.FakeClock` in tests); messages are stamped with it and
+            the in-process coordinator reads it.
         random: [0, 1) source for jitter.
+        zone: the time-zone resolver for reset times named in a zone
+            (:func:`fsm.host.kernel.default_zone`; None = named zones are unknown).
     """
 
     def __init__(self, provider: Provider, *, settings: RetrySettings | None = None,
                  context_window: int = 0, session_log: SessionLog | None = None,
                  credentials: CredentialStore | None = None, coordinator: Any = None,
                  compaction_hook: CompactionHook | None = None, clock: Clock | None = None,
-                 session_id: str | None = None, random: Callable[[], float] | None = None) -> None:
+                 session_id: str | None = None, random: Callable[[], float] | None = None,
+                 zone: ZoneResolver | None = default_zone) -> None:
         self.provider = provider
         self.session_id = session_id or uuid.uuid4().hex
         self.context_window = context_window
         self.session_log = session_log
-        self.credentials = credentials
-        self.coordinator = coordinator
         self.compaction_hook = compaction_hook
         self.clock: Clock = clock or LoopClock()
         self.brain = RetryBrain(settings) if random is None else RetryBrain(settings, random=random)
@@ -140,15 +138,25 @@ class AgentSession:
         self._turn_done.set()
         self._partial: dict[str, Any] | None = None  # the assistant message being streamed
         self._streamed = False
+        self._started = 0  # when the answer being streamed started (the session clock's ms)
         self._api_key: str | None = None
         configured = [k for k in (getattr(provider, "api_key", None), getattr(provider, "_api_key", None))
                       if isinstance(k, str) and k]
         self._configured_key: str | None = configured[0] if configured else None
         self._secrets: set[str] = set(configured)
         self._joiner = StreamJoiner()
-        self._writes: set[asyncio.Task] = set()  # the coordinator's writes after a decision
-        self._unsubscribe_coordinator: Callable[[], None] | None = None
-        self._subscribe_coordinator()
+        self._kernel = HostKernel(self.brain, emit=self._emit, clock=self.clock,
+                                  coordinator=coordinator, credentials=credentials,
+                                  key=self._coord_key, zone=zone, scrub=self._safe)
+
+    @property
+    def coordinator(self) -> Any:
+        """The coordinator given, or the in-process one once a decision needed it (else None)."""
+        return self._kernel.configured_coordinator
+
+    @property
+    def credentials(self) -> CredentialStore | None:
+        return self._kernel.credentials
 
     # ------------------------------------------------------------------ state
     @property
@@ -286,12 +294,12 @@ class AgentSession:
                 raise SessionBusyError(f"cannot prompt: {what}; pass streaming_behavior='steer' or "
                                        "'follow_up' to queue the message")
             behavior = "steer" if streaming_behavior == "steer" else "follow_up"
-            self._queue.append((UserMessage(text), behavior))
+            self._queue.append((UserMessage(text, self._stamp()), behavior))
             self._emit(self._queue_event())
             return
         owner = self._prompt_owner = object()
         try:
-            await self._run_turn([UserMessage(text)])
+            await self._run_turn([UserMessage(text, self._stamp())])
             while self._prompt_owner is owner:
                 await self._drive_chain()
                 # After a cancel or an abort the user asked to stop: queued messages wait for
@@ -361,7 +369,8 @@ class AgentSession:
         return safe_error_text(text, self._secrets)
 
     def _aborted(self) -> AssistantMessage:
-        return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model)
+        return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model,
+                                timestamp_ms=self._stamp())
 
     async def _run_turn(self, new: list[UserMessage]) -> AssistantMessage:
         """Run one turn and hand its final message to the brain. Raises ContinueRejected."""
@@ -415,20 +424,27 @@ class AgentSession:
 
     async def _decide(self, message: AssistantMessage,
                       run: list[dict[str, Any]]) -> tuple[AssistantMessage, list[B.Action]]:
-        """Gather the facts and hand the turn's end to the brain (§8.1, §8b.2)."""
+        """Gather the facts through the kernel and hand the turn's end to the brain (§8.1,
+        §8b.2); the facts name the model the attempt used (docs/policy.md §13.3)."""
+        if not message.timestamp_ms:  # the host stamps the answer with its clock
+            message = dataclasses.replace(message, timestamp_ms=self._started or self._stamp())
         if self._abort_turn and message.stop_reason != "aborted":
             message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
-        cls = classify_message(message, self.context_window)  # reads the whole text
+        kernel = self._kernel
+        now = kernel.now_ms()
+        cls = kernel.classify(message, self.context_window, now)  # reads the whole text
         message = self._kept(message)
-        facts = await self._gather_facts(message, cls)
+        facts = await kernel.gather(cls, now_ms=now, output_streamed=self._streamed,
+                                    provider=self.provider.name, session_id=self.session_id)
         if self._deadline_abort is not None:  # the deadline passed while the facts came in
             self._add(message)
             run.append(message.to_json())
             return message, [B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")]
         if self._abort_turn and message.stop_reason != "aborted":
             message = self._aborted()
-            cls = classify_message(message, self.context_window)
-            facts = TurnFacts(now_ms=facts.now_ms)
+            cls = kernel.classify(message, self.context_window, facts.now_ms)
+            facts = kernel.local_facts(now_ms=facts.now_ms)
+        facts = dataclasses.replace(facts, model=self._model_in_use or self._primary_model or None)
         self._last_turn_aborted = message.stop_reason == "aborted"
         self._add(message)
         run.append(message.to_json())
@@ -439,14 +455,15 @@ class AgentSession:
 
     async def _complete(self) -> AssistantMessage:
         self._streamed = False
+        self._started = 0
         self._joiner = StreamJoiner()
         if self._abort_turn:
             return self._aborted()
         api_key = None
         if self.credentials is not None:
             try:
-                api_key = await self._store_call("api_key", self.provider.name, self.session_id,
-                                                 timeout=KEY_TIMEOUT_S)
+                api_key = await self._kernel.ask_store("api_key", self.provider.name,
+                                                       self.session_id, timeout=KEY_TIMEOUT_S)
             except Exception as exc:  # a broken store fails the turn; it never picks a key for us
                 log.warning("credential store failed: %s", _describe(exc))
                 return AssistantMessage("error", error_message=f"credential store failed: "
@@ -457,7 +474,8 @@ class AgentSession:
         if api_key:
             self._secrets.add(api_key)
         self._partial = {"role": "assistant", "content": [], "model": self.provider.model,
-                         "timestamp": int(time.time() * 1000)}
+                         "timestamp": self._stamp()}
+        self._started = self._partial["timestamp"]
         self._emit(E.MessageStart(dict(self._partial)))
         context = [m.to_openai() for m in self.messages]
         if self._deadline_abort is not None:
@@ -526,7 +544,7 @@ class AgentSession:
         expired, docs/policy.md §13.3) and the settings resolved for it (most specific
         ``providers`` entry, §13.4; the live ``set_auto_retry`` over everything). A chain keeps
         what was resolved at its start."""
-        now = self._now_ms()
+        now = self._kernel.now_ms()
         if self._model_in_use is not None and (self._fallback_until_ms is None or now is None
                                                or now >= self._fallback_until_ms):
             self._use_model(None)
@@ -569,11 +587,11 @@ class AgentSession:
         if s.attempt_timeout_ms is not None:
             self._watch.append(self.clock.call_later(
                 s.attempt_timeout_ms / 1000, self._stop_attempt,
-                f"attempt timed out after {_seconds(s.attempt_timeout_ms)}"))
+                f"attempt timed out after {seconds_text(s.attempt_timeout_ms)}"))
         if s.first_token_timeout_ms is not None:
             self._stall_timer = self.clock.call_later(
                 s.first_token_timeout_ms / 1000, self._stop_attempt,
-                f"stream stalled: no response within {_seconds(s.first_token_timeout_ms)}")
+                f"stream stalled: no response within {seconds_text(s.first_token_timeout_ms)}")
         elif s.idle_timeout_ms is not None:
             self._on_data()
 
@@ -588,7 +606,7 @@ class AgentSession:
         if s.idle_timeout_ms is not None:
             self._stall_timer = self.clock.call_later(
                 s.idle_timeout_ms / 1000, self._stop_attempt,
-                f"stream stalled: no data for {_seconds(s.idle_timeout_ms)}")
+                f"stream stalled: no data for {seconds_text(s.idle_timeout_ms)}")
 
     def _unwatch(self) -> None:
         for timer in self._watch:
@@ -611,111 +629,18 @@ class AgentSession:
         self._deadline_timer = None
         self._perform(self.brain.deadline_passed(chain_id))
 
-    # ------------------------------------------------------------------ facts (before the decision)
-    async def _store_call(self, name: str, *args: Any, timeout: float) -> Any:
-        """Call the credential store's ``name`` off the loop (or its async ``a<name>``)."""
-        store = self.credentials
-        async_fn = getattr(store, "a" + name, None)
-        if async_fn is not None and asyncio.iscoroutinefunction(async_fn):
-            return await asyncio.wait_for(async_fn(*args), timeout)
-        if not getattr(store, "blocking", False):  # a store that does no I/O answers at once
-            return getattr(store, name)(*args)
-        return await asyncio.wait_for(asyncio.to_thread(getattr(store, name), *args), timeout)
-
-    def _now_ms(self) -> int | None:
-        time_ms = getattr(self.clock, "time_ms", None)
-        return time_ms() if time_ms is not None else None
-
-    async def _gather_facts(self, message: AssistantMessage, cls: Classification) -> TurnFacts:
-        """What the brain needs from the world for this turn's end (§8b.2), each awaited with
-        a timeout; on a timeout or an error the session decides on local state."""
-        now = self._now_ms()
-        model = self._model_in_use or self._primary_model or None
-        if cls.kind != "retryable" or not self.brain.settings.enabled:
-            return TurnFacts(now_ms=now, output_streamed=self._streamed, model=model)
-        switched, count, note = False, 1, None
-        if cls.usage_limit and self.credentials is not None:
-            try:
-                switched = bool(await self._store_call(
-                    "mark_usage_limit_reached", self.provider.name, self.session_id,
-                    cls.retry_hint_ms, timeout=STORE_TIMEOUT_S))
-                counter = getattr(self.credentials, "credential_count", None)
-                if counter is not None:
-                    count = max(1, int(counter(self.provider.name)))
-            except Exception as exc:  # a broken or slow store: the normal backoff, said so
-                note = self._safe(f"credential store failed: {_describe(exc)}; normal backoff")
-                log.warning("%s", note)
-        cooldown, allowed, taken = 0, True, False
-        settings = self.brain.settings
-        if settings.honors_hints or settings.budget is not None:
-            coordinator = self._coordinator()
-            try:
-                from fsm.fleet import wall_ms
-                read = coordinator.before_decision(
-                    self._coord_key(), now if now is not None else wall_ms(), settings.budget)
-                if not _self_bounded(coordinator):
-                    read = asyncio.wait_for(read, COORDINATOR_TIMEOUT_S)
-                left, ok = await read
-                cooldown = left if settings.honors_hints else 0
-                allowed, taken = ok is not False, ok is not None
-            except asyncio.TimeoutError:
-                log.warning("coordinator did not answer in time: deciding on local state")
-            except Exception as exc:  # a coordinator must not break the chain: local state
-                log.warning("coordinator failed: %s", _describe(exc))
-        return TurnFacts(now_ms=now, output_streamed=self._streamed, credential_switched=switched,
-                         credential_count=count, note=note, cooldown_ms=cooldown,
-                         budget_allows=allowed, budget_taken=taken, model=model)
-
-    # ------------------------------------------------------------------ the coordinator (§9)
-    def _coordinator(self) -> Any:
-        """The session's coordinator: the one given, or the one shared by every session on
-        this event loop (created on first use)."""
-        if self.coordinator is None:
-            self.coordinator = _loop_coordinator()
-            self._subscribe_coordinator()
-        return self.coordinator
-
+    # ------------------------------------------------------------------ the coordinator's key
     def _coord_key(self) -> Any:
+        """The coordinator's key of this session's requests: provider, model and the hash of
+        the API key in use (docs/fleet.md)."""
         from fsm.fleet import CoordKey, credential_id
         return CoordKey(self.provider.name or "provider", self.provider.model or "model",
                         credential_id(self._api_key or self._configured_key))
 
-    def _subscribe_coordinator(self) -> None:
-        subscribe = getattr(self.coordinator, "subscribe", None)
-        if subscribe is None or self._unsubscribe_coordinator is not None:
-            return
-
-        def on_event(event: Any) -> None:
-            kind = event.get("type") if isinstance(event, dict) else getattr(event, "type", None)
-            if kind == "coordinator_unavailable":
-                reason = event.get("reason", "") if isinstance(event, dict) else event.reason
-                self._emit(E.CoordinatorUnavailable(str(reason)))
-            elif kind == "coordinator_restored":
-                self._emit(E.CoordinatorRestored())
-        self._unsubscribe_coordinator = subscribe(on_event)
-
-    def _write_coordinator(self, action: B.Action) -> None:
-        """The coordinator's write a decision asked for, off the critical path (§8b.2)."""
-        settings = self.brain.settings
-        coordinator = self.coordinator if self.coordinator is not None else (
-            self._coordinator() if settings.honors_hints or settings.budget is not None else None)
-        if coordinator is None:
-            return
-        key = self._coord_key()
-        if isinstance(action, B.RecordCooldown):
-            if action.until_ms is None:
-                return
-            now = self._now_ms() or 0
-            coro = coordinator.learn_cooldown(key, action.until_ms, now)
-        elif settings.budget is None:
-            return
-        elif isinstance(action, B.ReturnRetryToken):
-            coro = coordinator.return_retry_token(key, settings.budget)
-        else:
-            coro = coordinator.credit_success(key, settings.budget)
-        task = asyncio.get_running_loop().create_task(_bounded(coro, _self_bounded(coordinator)))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+    def _stamp(self) -> int:
+        """The session clock's time for a message's timestamp (0 when the clock gives none)."""
+        now = self._kernel.now_ms()
+        return 0 if now is None else now
 
     # ------------------------------------------------------------------ the chain
     async def _drive_chain(self) -> None:
@@ -765,14 +690,14 @@ class AgentSession:
 
     def _perform(self, actions: Iterable[B.Action], *, message: AssistantMessage | None = None,
                  run: list[dict[str, Any]] | None = None) -> B.CheckCompaction | None:
-        """Carry out the brain's actions in order; returns a pending compaction check."""
-        compaction = None
-        for action in actions:
-            if isinstance(action, B.Emit):
-                self._emit(action.event)
-            elif isinstance(action, B.EmitTurnEnd):
+        """Carry out the brain's actions in order (the kernel does the world's, this loop its
+        own); returns a pending compaction check."""
+        compaction: list[B.CheckCompaction] = []
+
+        def host(action: B.Action) -> None:
+            if isinstance(action, B.EmitTurnEnd):
                 if message is None:
-                    continue
+                    return
                 if action.part == "message":
                     self._emit(E.MessageEnd(message.to_json()))
                 else:  # turn_end beside agent_end, as pi orders them
@@ -812,14 +737,14 @@ class AgentSession:
                     task.cancel()
             elif isinstance(action, B.SwitchModel):
                 if self._model_in_use is None:  # leaving the primary: its fallback mark
-                    now = self._now_ms()
+                    now = self._kernel.now_ms()
                     self._fallback_until_ms = None if now is None else now + action.revert_ms
                 self._use_model(action.to_model)
             elif isinstance(action, B.CheckCompaction):
-                compaction = action
-            elif isinstance(action, (B.RecordCooldown, B.ReturnRetryToken, B.CreditRetryBudget)):
-                self._write_coordinator(action)
-        return compaction
+                compaction.append(action)
+
+        self._kernel.perform(list(actions), host)
+        return compaction[-1] if compaction else None
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -830,60 +755,7 @@ class AgentSession:
         """Cancel any backoff, finish the coordinator's writes, wait for extensions, close the log."""
         if self.is_retrying:
             self.abort_retry()
-        if self._writes:
-            await asyncio.gather(*tuple(self._writes), return_exceptions=True)
-        if self._unsubscribe_coordinator is not None:
-            self._unsubscribe_coordinator()
-            self._unsubscribe_coordinator = None
+        await self._kernel.aclose()
         await self.drain_extensions()
         if self.session_log is not None:
             self.session_log.close()
-
-
-COORDINATOR_TIMEOUT_S = 0.1
-"""The session's own bound on one coordinator read (the guarded coordinator answers from its
-local fallback within 50 ms; this only guards a coordinator without that guard)."""
-
-_LOOP_COORDINATORS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
-
-
-def _loop_coordinator() -> Any:
-    """The in-process coordinator shared by every session on the running event loop."""
-    loop = asyncio.get_running_loop()
-    coordinator = _LOOP_COORDINATORS.get(loop)
-    if coordinator is None:
-        from fsm.fleet import InProcessCoordinator
-        coordinator = _LOOP_COORDINATORS[loop] = InProcessCoordinator()
-    return coordinator
-
-
-def _self_bounded(coordinator: Any) -> bool:
-    """A coordinator that bounds its own calls and never raises (the guarded one, the
-    in-process one): an outer timeout would only turn its late local answer, under load,
-    into "allowed" (docs/fleet.md, "How a session uses it")."""
-    return getattr(coordinator, "self_bounded", False) is True
-
-
-async def _bounded(coro: Awaitable[Any], self_bounded: bool = False) -> None:
-    try:
-        await (coro if self_bounded else asyncio.wait_for(coro, COORDINATOR_TIMEOUT_S))
-    except Exception as exc:  # a lost write only costs sharing, never the session
-        log.warning("coordinator write failed: %s", _describe(exc))
-
-
-def _seconds(ms: int) -> str:
-    """A watchdog's limit in the words of docs/policy.md §13.1/§13.2: ``30 s``, ``1.5 s``,
-    ``120 s`` (always seconds, as the texts are matched by the classifier), ``800 ms``."""
-    if ms < 1000:
-        return f"{ms} ms"
-    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms / 1000:g} s"
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: text`` of an exception, scrubbed of anything shaped like a credential and
-    clipped (it may reach an event, the context or a log)."""
-    try:
-        text = str(exc)
-    except Exception:  # an exception whose __str__ raises: its class name is all we have
-        text = ""
-    return safe_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

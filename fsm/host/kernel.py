@@ -1,0 +1,481 @@
+"""The host kernel: gather the facts, call the brain, carry out its actions — written once.
+
+Every host of the retry brain (:class:`~fsm.host.session.AgentSession`, the runner of
+:mod:`fsm.host.runner`, the integrations) does the same three things around a
+:class:`~fsm.core.brain.RetryBrain` (``docs/architecture.md``, "The host kernel"):
+
+1. **Gather the facts** before the brain decides (``docs/policy.md`` §8b.2): the host's clock
+   (:meth:`HostKernel.now_ms`), the credential store's answer on a usage limit, the
+   coordinator's cooldown and retry budget. Every coordinator read, whatever the coordinator,
+   is bounded by one rule: it has :data:`COORDINATOR_TIMEOUT_S` to answer. A read that does not
+   answer in time (or fails) counts as *unknown*: the decision is made on the local state (the
+   coordinator's own local fallback when it offers one, else the in-process coordinator this
+   host shares with its event loop), never on a blanket "allowed"; a budget token that the late
+   answer took is given back when it arrives.
+2. **Call the brain** with those facts (:meth:`HostKernel.turn_ended`; the message is classified
+   against the host's ``now_ms`` and time-zone resolver, :meth:`HostKernel.classify`).
+3. **Carry out the actions** that concern the world outside the host's loop, in the order the
+   brain returned them (:meth:`HostKernel.perform`): events to the host's ``emit``, the
+   coordinator's writes (a cooldown learned, a token given back, a success credited) as
+   background tasks bounded by :data:`WRITE_TIMEOUT_S`. The actions that belong to the host's
+   own loop (:data:`HOST_LOOP_ACTIONS`: the backoff timer, continuing the turn, the turn's end
+   events, dropping the failed message, the compaction check, "prompt may return") are handed
+   to the host's callback at their place in that order.
+
+Every coordinator call is in the adapter section at the end of this module
+(``_coord_*``): the coordinator protocol (``docs/fleet.md``) is spoken there and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import weakref
+from datetime import tzinfo
+from typing import Any, Awaitable, Callable
+
+from fsm.core import brain as B
+from fsm.core import events as E
+from fsm.core.brain import RetryBrain, TurnFacts
+from fsm.core.classify import Classification, classify_message
+from fsm.core.messages import AssistantMessage
+from fsm.core.text import safe_error_text
+from fsm.host.clock import LoopClock
+
+__all__ = ["HostKernel", "COORDINATOR_TIMEOUT_S", "WRITE_TIMEOUT_S", "STORE_TIMEOUT_S",
+           "KEY_TIMEOUT_S", "HOST_LOOP_ACTIONS", "ZoneResolver", "default_zone",
+           "loop_coordinator", "describe_error"]
+
+log = logging.getLogger("fsm.host.kernel")
+
+ZoneResolver = Callable[[str], "tzinfo | None"]
+"""``zone(name) -> tzinfo | None``: an IANA zone (``"America/Santiago"``) by name; None when
+unknown. The host passes one with the facts; the core itself knows no zone but UTC."""
+
+COORDINATOR_TIMEOUT_S = 0.1
+"""How long every host waits for one coordinator read before it decides on local state
+(``docs/policy.md`` §8b.2). The guarded coordinator answers from its own fallback well within
+it (50 ms); the bound only matters for a coordinator that does not bound itself or a loop so
+busy that the answer is late."""
+
+WRITE_TIMEOUT_S = 2.0
+"""How long a coordinator write (made after the decision, off the host's path) may take before
+it is given up and logged: above the guarded coordinator's own write deadline (1 s), so this
+bound only stops a coordinator that never answers."""
+
+STORE_TIMEOUT_S = 0.05
+"""How long a host waits for the credential store's usage-limit answer before it decides on
+local state (``docs/policy.md`` §8b.2)."""
+
+KEY_TIMEOUT_S = 2.0
+"""How long a turn waits for the credential store to hand out its API key; after that the turn
+fails with an error saying so (the chain decides as for any failure)."""
+
+HOST_LOOP_ACTIONS: tuple[type, ...] = (
+    B.StartBackoff, B.CancelBackoff, B.ContinueTurn, B.DropFailedMessage, B.EmitTurnEnd,
+    B.CheckCompaction, B.PromptMayReturn)
+"""The brain's actions that belong to the host's own loop; :meth:`HostKernel.perform` hands
+them to the host, in order. (``AbortAttempt`` joins them when it is declared.)"""
+
+_WRITES = (B.RecordCooldown, B.ReturnRetryToken, B.CreditRetryBudget)
+
+
+@functools.lru_cache(maxsize=256)
+def default_zone(name: str) -> tzinfo | None:
+    """The host's zone resolver: ``zoneinfo``'s zone named ``name`` (any case:
+    ``america/santiago``), or None when the system's zone database does not know it."""
+    from zoneinfo import ZoneInfo, available_timezones  # a shell may read the zone database
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ValueError, OSError, KeyError):
+        pass
+    for key in _zone_names():
+        if key.lower() == name.lower():
+            return ZoneInfo(key)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _zone_names() -> tuple[str, ...]:
+    from zoneinfo import available_timezones
+    return tuple(sorted(available_timezones()))
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: text`` of an exception, scrubbed of anything shaped like a credential and clipped
+    (it may reach an event, the context or a log)."""
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ raises: its class name is all we have
+        text = ""
+    return safe_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+try:  # the classifier takes the host's zone resolver once its hints do (docs/classification.md)
+    import inspect as _inspect
+    _CLASSIFY_TAKES_ZONE = "zone" in _inspect.signature(classify_message).parameters
+except (TypeError, ValueError):  # pragma: no cover - a builtin cannot be introspected
+    _CLASSIFY_TAKES_ZONE = False
+
+
+class HostKernel:
+    """What one host does around one :class:`~fsm.core.brain.RetryBrain`.
+
+    Args:
+        brain: the brain whose facts this kernel gathers and whose actions it carries out.
+        emit: ``emit(event)`` — the host's way to send a :mod:`fsm.core.events` event to its
+            listeners (called synchronously, in the brain's order; also hears the
+            coordinator's ``coordinator_unavailable`` / ``coordinator_restored``).
+        clock: the host's clock (``time_ms() -> int`` epoch ms); None = the wall clock.
+            A clock without ``time_ms`` gives no time (``now_ms`` None: no deadline, no
+            ``retryAt``).
+        coordinator: the shared coordinator (``docs/fleet.md``); None = the in-process one this
+            host shares with every host on its event loop and clock (:func:`loop_coordinator`),
+            created when first needed (hints honoured or a budget set).
+        credentials: a :class:`~fsm.core.protocols.CredentialStore` for the usage-limit path,
+            or None.
+        key: ``key() -> CoordKey``: the coordinator's key for the request that just failed
+            (asked only when the coordinator is used).
+        zone: the zone resolver passed to the classifier with the facts (default
+            :func:`default_zone`; None = named zones are unknown).
+        scrub: makes a text safe for an event (a host that knows its secrets passes its own).
+        use_coordinator: False for a host without an event loop (a synchronous run): no
+            coordinator is read or written.
+    """
+
+    __slots__ = ("brain", "emit", "clock", "_coordinator", "credentials", "key", "zone",
+                 "scrub", "use_coordinator", "_unsubscribe", "_writes", "_token_from",
+                 "__weakref__")
+
+    def __init__(self, brain: RetryBrain, *, emit: Callable[[E.Event], Any],
+                 clock: Any = None, coordinator: Any = None, credentials: Any = None,
+                 key: Callable[[], Any] | None = None, zone: ZoneResolver | None = default_zone,
+                 scrub: Callable[[str], str] = safe_error_text,
+                 use_coordinator: bool = True) -> None:
+        self.brain = brain
+        self.emit = emit
+        self.clock = clock
+        self._coordinator = coordinator
+        self.credentials = credentials
+        self.key = key
+        self.zone = zone
+        self.scrub = scrub
+        self.use_coordinator = use_coordinator
+        self._unsubscribe: Callable[[], None] | None = None
+        self._writes: set[asyncio.Task] = set()
+        self._token_from: Any = None  # the coordinator that gave this decision's budget token
+        if coordinator is not None:
+            self._subscribe()
+
+    # ------------------------------------------------------------------ the clock
+    def now_ms(self) -> int | None:
+        """The host's time in epoch ms, or None for a clock that gives none."""
+        clock = self.clock
+        if clock is None:
+            return time.time_ns() // 1_000_000
+        time_ms = getattr(clock, "time_ms", None)
+        return time_ms() if time_ms is not None else None
+
+    # ------------------------------------------------------------------ 1. the facts
+    def classify(self, message: AssistantMessage, context_window: int = 0,
+                 now_ms: int | None = None) -> Classification:
+        """Classify ``message`` against the host's time (``now_ms``; default :meth:`now_ms`)
+        and zone resolver (docs/policy.md §2; absolute hints are measured from that time)."""
+        now = self.now_ms() if now_ms is None else now_ms
+        if _CLASSIFY_TAKES_ZONE:
+            return classify_message(message, context_window, now_ms=now, zone=self.zone)
+        return classify_message(message, context_window, now_ms=now)
+
+    def needs_world(self, cls: Classification) -> bool:
+        """True when the facts for ``cls`` need an await (the credential store or the
+        coordinator is asked); False on the common path (a success, a fatal error)."""
+        if cls.kind != "retryable":
+            return False
+        settings = self.brain.settings
+        if not settings.enabled:
+            return False
+        if cls.usage_limit and self.credentials is not None:
+            return True
+        return self.use_coordinator and (settings.honors_hints or settings.budget is not None)
+
+    def local_facts(self, *, now_ms: int | None = None, output_streamed: bool = False) -> TurnFacts:
+        """The facts that need no await: the time, whether output was streamed, the zone."""
+        return TurnFacts(now_ms=self.now_ms() if now_ms is None else now_ms,
+                         output_streamed=output_streamed, zone=self.zone)
+
+    async def gather(self, cls: Classification, *, now_ms: int | None = None,
+                     output_streamed: bool = False, provider: str = "",
+                     session_id: str = "") -> TurnFacts:
+        """The facts the brain needs for a turn that ended as ``cls`` (docs/policy.md §8b.2):
+        the time, the credential store's answer on a usage limit (``provider`` and
+        ``session_id`` name the store's entry), the coordinator's cooldown and budget. Never
+        raises for a slow or failing store or coordinator: it decides on local state, says so
+        in a log line (and, for the store, in the ``auto_retry_start`` note)."""
+        now = self.now_ms() if now_ms is None else now_ms
+        self._token_from = None
+        if not self.needs_world(cls):
+            return TurnFacts(now_ms=now, output_streamed=output_streamed, zone=self.zone)
+        switched, count, note = False, 1, None
+        if cls.usage_limit and self.credentials is not None:
+            try:
+                switched = bool(await self.ask_store("mark_usage_limit_reached", provider, session_id,
+                                                     cls.retry_hint_ms, timeout=STORE_TIMEOUT_S))
+                counter = getattr(self.credentials, "credential_count", None)
+                if counter is not None:
+                    count = max(1, int(counter(provider)))
+            except Exception as exc:  # a broken or slow store: the normal backoff, said so
+                note = self.scrub(f"credential store failed: {describe_error(exc)}; normal backoff")
+                log.warning("%s", note)
+        cooldown, allowed, taken = 0, True, False
+        settings = self.brain.settings
+        if self.use_coordinator and (settings.honors_hints or settings.budget is not None):
+            left, ok = await self._read(now)
+            cooldown = left if settings.honors_hints else 0
+            allowed, taken = ok is not False, ok is not None
+        return TurnFacts(now_ms=now, output_streamed=output_streamed, credential_switched=switched,
+                         credential_count=count, note=note, cooldown_ms=cooldown,
+                         budget_allows=allowed, budget_taken=taken, zone=self.zone)
+
+    async def ask_store(self, name: str, *args: Any, timeout: float) -> Any:
+        """Call the credential store's ``name`` (its async ``a<name>`` when it has one; a
+        ``blocking`` store's sync call off the loop), bounded by ``timeout`` seconds. Raises
+        what the store raises, or ``TimeoutError``."""
+        store = self.credentials
+        async_fn = getattr(store, "a" + name, None)
+        if async_fn is not None and asyncio.iscoroutinefunction(async_fn):
+            return await asyncio.wait_for(async_fn(*args), timeout)
+        if not getattr(store, "blocking", False):  # a store that does no I/O answers at once
+            return getattr(store, name)(*args)
+        return await asyncio.wait_for(asyncio.to_thread(getattr(store, name), *args), timeout)
+
+    async def _read(self, now: int | None) -> tuple[int, bool | None]:
+        """``(cooldown left ms, budget answer or None)`` from the coordinator, bounded by
+        :data:`COORDINATOR_TIMEOUT_S`; unknown (late or failing) → the local state."""
+        coordinator = self.coordinator()
+        key = self.key()
+        budget = self.brain.settings.budget
+        when = now if now is not None else time.time_ns() // 1_000_000
+        local = _coord_at_once(coordinator)
+        if local is not None:  # no I/O: it answers at once, never late
+            self._token_from = coordinator
+            return _coord_read_local(local, key, when, budget)
+        task = asyncio.ensure_future(_coord_read(coordinator, key, when, budget))
+        try:
+            done, _ = await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
+        except BaseException:  # the host was cancelled while waiting: the late answer's token
+            task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
+            raise
+        if done and not task.cancelled() and task.exception() is None:
+            self._token_from = coordinator
+            return task.result()
+        if done:
+            exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+            log.warning("coordinator failed: %s; deciding on local state", describe_error(exc))
+        else:
+            log.warning("coordinator did not answer within %g ms: deciding on local state",
+                        COORDINATOR_TIMEOUT_S * 1000)
+            task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
+        local = _coord_local(coordinator, self._local_coordinator)
+        if local is None:  # pragma: no cover - the in-process coordinator always answers
+            return 0, None
+        self._token_from = local
+        return _coord_read_local(local, key, when, budget)
+
+    # ------------------------------------------------------------------ the coordinator
+    def coordinator(self) -> Any:
+        """The host's coordinator: the one given, or the in-process one it shares with the
+        hosts on its event loop and clock (created on first use; its events are forwarded)."""
+        if self._coordinator is None:
+            self._coordinator = self._local_coordinator()
+            self._subscribe()
+        return self._coordinator
+
+    @property
+    def configured_coordinator(self) -> Any:
+        """The coordinator given or already created, or None (nothing is created)."""
+        return self._coordinator
+
+    def _local_coordinator(self) -> Any:
+        return loop_coordinator(self.clock)
+
+    def _subscribe(self) -> None:
+        subscribe = getattr(self._coordinator, "subscribe", None)
+        if subscribe is None or self._unsubscribe is not None:
+            return
+        emit = weakref.WeakMethod(self._on_coordinator_event)
+        self._unsubscribe = subscribe(lambda event: (emit() or _ignore)(event))
+
+    def _on_coordinator_event(self, event: Any) -> None:
+        kind = event.get("type") if isinstance(event, dict) else getattr(event, "type", None)
+        if kind == "coordinator_unavailable":
+            reason = event.get("reason", "") if isinstance(event, dict) else event.reason
+            self.emit(E.CoordinatorUnavailable(str(reason)))
+        elif kind == "coordinator_restored":
+            self.emit(E.CoordinatorRestored())
+
+    # ------------------------------------------------------------------ 2. the brain
+    def turn_ended(self, message: AssistantMessage, context_window: int, cls: Classification,
+                   facts: TurnFacts | None, host: Callable[[B.Action], Any]) -> None:
+        """Hand the turn's end to the brain and carry out its actions (:meth:`perform`)."""
+        self.perform(self.brain.turn_ended(message, context_window, classification=cls,
+                                           facts=facts), host)
+
+    # ------------------------------------------------------------------ 3. the actions
+    def perform(self, actions: list[B.Action], host: Callable[[B.Action], Any]) -> None:
+        """Carry out ``actions`` in order: ``Emit`` → ``emit``; a coordinator write → a
+        background task (none without a coordinator in use); every other action →
+        ``host(action)`` at its place in the order."""
+        for action in actions:
+            kind = type(action)
+            if kind is B.Emit:
+                self.emit(action.event)
+            elif kind in _WRITES:
+                if self.use_coordinator:
+                    self._write(action)
+            else:
+                host(action)
+
+    def _write(self, action: B.Action) -> None:
+        """The coordinator's write a decision asked for, off the critical path (§8b.2)."""
+        settings = self.brain.settings
+        coordinator = self._coordinator
+        if coordinator is None:
+            if not (settings.honors_hints or settings.budget is not None):
+                return
+            coordinator = self.coordinator()
+        kind = type(action)
+        if kind is B.RecordCooldown:
+            if action.until_ms is None:
+                return
+            coro = _coord_learn_cooldown(coordinator, self.key(), action.wait_ms, action.until_ms)
+        elif settings.budget is None:
+            return
+        elif kind is B.ReturnRetryToken:
+            coro = _coord_return_token(self._token_from or coordinator, self.key(), settings.budget)
+        else:
+            coro = _coord_credit(coordinator, self.key(), settings.budget)
+        task = asyncio.get_running_loop().create_task(_bounded_write(coro))
+        self._writes.add(task)
+        _IN_FLIGHT.add(task)  # kept alive after the host that asked for it is gone
+        task.add_done_callback(self._writes.discard)
+        task.add_done_callback(_IN_FLIGHT.discard)
+
+    async def aclose(self) -> None:
+        """Finish the coordinator's writes in flight and stop forwarding its events."""
+        if self._writes:
+            await asyncio.gather(*tuple(self._writes), return_exceptions=True)
+        self.close()
+
+    def close(self) -> None:
+        """Stop forwarding the coordinator's events (writes in flight go on)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+
+def _ignore(event: Any) -> None:
+    """A coordinator event for a kernel that is gone."""
+
+
+async def _bounded_write(coro: Awaitable[Any]) -> None:
+    try:
+        await asyncio.wait_for(coro, WRITE_TIMEOUT_S)
+    except Exception as exc:  # a lost write only costs sharing, never the host
+        log.warning("coordinator write failed: %s", describe_error(exc))
+
+
+def _give_back_late(coordinator: Any, key: Any, budget: Any, task: asyncio.Future) -> None:
+    """A read answered after the host stopped waiting: a budget token it took is given back."""
+    if budget is None or task.cancelled() or task.exception() is not None:
+        return
+    _, allowed = task.result()
+    if allowed is not True:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # pragma: no cover - a done callback runs on the loop
+        return
+    write = loop.create_task(_bounded_write(_coord_return_token(coordinator, key, budget)))
+    _IN_FLIGHT.add(write)
+    write.add_done_callback(_IN_FLIGHT.discard)
+
+
+_IN_FLIGHT: set[asyncio.Task] = set()  # the coordinator's writes in flight (kept alive)
+
+
+# ---------------------------------------------------------------------------- the loop's coordinator
+
+_LOOP_COORDINATORS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, Any]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def loop_coordinator(clock: Any = None) -> Any:
+    """The in-process coordinator shared by every host on the running event loop that reads the
+    same clock: the loop's own (``LoopClock`` or None) or one given clock (a
+    :class:`~fsm.testing.FakeClock`). The coordinator is told that clock."""
+    loop = asyncio.get_running_loop()
+    shared = None if clock is None or type(clock) is LoopClock else clock
+    per_clock = _LOOP_COORDINATORS.get(loop)
+    if per_clock is None:
+        per_clock = _LOOP_COORDINATORS[loop] = {}
+    coordinator = per_clock.get(shared)
+    if coordinator is None:
+        coordinator = per_clock[shared] = _coord_in_process(shared)
+    return coordinator
+
+
+# ---------------------------------------------------------------------------- the adapter
+# Every call into a coordinator is made here, in the coordinator protocol of docs/fleet.md
+# (today: ``before_decision(key, now_ms, budget) -> (cooldown_left_ms, allowed | None)``,
+# ``learn_cooldown(key, until_ms, now_ms)``, ``return_retry_token(key, budget)``,
+# ``credit_success(key, budget)``). A change of protocol is a change of this section only.
+
+def _coord_in_process(clock: Any) -> Any:
+    """A new in-process coordinator reading ``clock`` (None = the machine's monotonic clock)."""
+    from fsm.fleet import InProcessCoordinator
+    if clock is None or getattr(clock, "time_ms", None) is None:
+        return InProcessCoordinator()
+    return InProcessCoordinator(monotonic_ms=clock.time_ms)
+
+
+async def _coord_read(coordinator: Any, key: Any, now_ms: int,
+                      budget: Any) -> tuple[int, bool | None]:
+    left, allowed = await coordinator.before_decision(key, now_ms, budget)
+    return int(left or 0), allowed
+
+
+def _coord_at_once(coordinator: Any) -> Any:
+    """``coordinator`` itself when it answers without I/O (the in-process one), else None."""
+    from fsm.fleet import InProcessCoordinator
+    return coordinator if type(coordinator) is InProcessCoordinator else None
+
+
+def _coord_local(coordinator: Any, default: Callable[[], Any]) -> Any:
+    """The coordinator that answers when ``coordinator`` is late: its own local fallback when
+    it keeps one (the guarded coordinator's mirror of the fleet), else ``default()``."""
+    fallback = getattr(coordinator, "fallback", None)
+    if fallback is not None and hasattr(fallback, "before_decision_sync"):
+        return fallback
+    local = default()
+    return local if hasattr(local, "before_decision_sync") else None
+
+
+def _coord_read_local(local: Any, key: Any, now_ms: int, budget: Any) -> tuple[int, bool | None]:
+    left, allowed = local.before_decision_sync(key, now_ms, budget)
+    return int(left or 0), allowed
+
+
+def _coord_learn_cooldown(coordinator: Any, key: Any, wait_ms: int, until_ms: int) -> Awaitable[Any]:
+    return coordinator.learn_cooldown(key, until_ms, until_ms - wait_ms)
+
+
+def _coord_return_token(coordinator: Any, key: Any, budget: Any) -> Awaitable[Any]:
+    return coordinator.return_retry_token(key, budget)
+
+
+def _coord_credit(coordinator: Any, key: Any, budget: Any) -> Awaitable[Any]:
+    return coordinator.credit_success(key, budget)

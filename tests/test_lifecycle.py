@@ -72,7 +72,7 @@ BASE = L.TABLE
                          if not ln.startswith("at_rest     + turn_succeeded")), "no declared outcome"),
     (lambda t: t + "\nidle + turn_succeeded / settle_turn = exhausted", "overlap"),
     (lambda t: t + "\nidle + retry_requested / (ignored)", "ignored twice"),
-    (lambda t: "\n".join(ln for ln in t.splitlines() if "!budget_allows] / end_budget" not in ln
+    (lambda t: "\n".join(ln for ln in t.splitlines() if "!budget_waits] / end_budget" not in ln
                          or not ln.startswith("continuing")), "no row passes"),
 ])
 def test_validate_rejects_broken_declarations(edit, message):

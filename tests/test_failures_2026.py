@@ -392,3 +392,16 @@ async def test_the_runner_calls_with_the_fallback_model():
     assert await runner.run(call, model="big") == "small"
     await clock.advance(61)
     assert await runner.run(call, model="big") == "big"
+
+
+def test_the_terminal_names_the_model_in_use():
+    """The status line follows retry_fallback and the model of the next assistant message."""
+    from fsm.tui.view import ChatView
+    view = ChatView(model="big")
+    lines = view.handle({"type": "retry_fallback", "from": "big", "to": "small",
+                       "reason": "overloaded", "chainId": 1})
+    assert view.status_text().startswith("small · ")
+    assert [l.text for l in lines] == ["Switching to small (overloaded on big)"]
+    view.handle({"type": "message_start", "message": {"role": "assistant", "model": "big",
+                                                    "content": []}})
+    assert view.status_text().startswith("big · ")

@@ -44,7 +44,7 @@ tables become one fast regex: the comment "Compiling the tables" below.
 
 To add a provider's phrasing: add a row to the right table (a new family if needed) with its
 source, add the message to a ``tests/data/provider-errors*.jsonl`` corpus file or to the unit
-tests of that family, and run ``pytest tests/test_classify.py``. A rule must describe a family
+tests of that family, and run ``pytest tests/core/test_classify.py``. A rule must describe a family
 of messages, not copy one; docs/classification.md lists the families.
 """
 

@@ -335,12 +335,13 @@ def load_ref(ref: str, cwd: Path | str = ".") -> dict:
 
 # A revision's declaration module: fsm/core/lifecycle.py since the layer folders, fsm/lifecycle.py
 # before them.
-_ASK = ("import importlib, json, sys, fsm\n"
-        "try:\n    L = importlib.import_module('fsm.core.lifecycle')\n"
-        "except ModuleNotFoundError as exc:\n"
-        "    if exc.name not in ('fsm.core', 'fsm.core.lifecycle'): raise\n"
-        "    L = importlib.import_module('fsm.lifecycle')\n"
-        "sys.stdout.write(json.dumps({'file': fsm.__file__, 'declaration': L.declaration()}))")
+_ASK = ("import importlib, json, os, sys, fsm\n"
+        "here = os.path.dirname(fsm.__file__)\n"
+        "name = 'fsm.core.lifecycle' if os.path.isfile(os.path.join(here, 'core', 'lifecycle.py')) "
+        "else 'fsm.lifecycle'\n"
+        "L = importlib.import_module(name)\n"
+        "sys.stdout.write(json.dumps({'file': fsm.__file__, 'lifecycle': L.__file__, "
+        "'declaration': L.declaration()}))")
 
 
 def _declaration_from_source(ref: str, root: Path) -> dict:
@@ -363,7 +364,8 @@ def _declaration_from_source(ref: str, root: Path) -> dict:
             answer = json.loads(done.stdout.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             answer = None
-        if done.returncode or not answer or not str(answer["file"]).startswith(tmp):
+        if (done.returncode or not answer or not str(answer["file"]).startswith(tmp)
+                or not str(answer["lifecycle"]).startswith(tmp)):
             tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["?"]
             raise DiffError(f"--diff-ref {ref}: {JSON_PATH} is not in that revision and its "
                             f"lifecycle module did not give a declaration ({tail[0]})")

@@ -25,7 +25,7 @@ NONE = Classification("none", "stop_reason.not_error")
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 ROW = {r.id: r for r in L.TRANSITIONS}
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_diagrams import fallback_rows  # noqa: E402
 
 FALLBACKS = fallback_rows()

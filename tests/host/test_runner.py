@@ -1,7 +1,7 @@
 """fsm.retrying / retrying_sync / retry / RetryRunner: the runner as a host of the brain.
 
 Plain callables and a fake clock (no network, no real waits); the real SDK clients against
-the fault server are in tests/test_runner_sdks.py. The exception rules are docs/policy.md §10.
+the fault server are in tests/host/test_runner_sdks.py. The exception rules are docs/policy.md §10.
 """
 
 import asyncio

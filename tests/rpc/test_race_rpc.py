@@ -14,7 +14,7 @@ and waits until idle again (``prompt()`` must never hang after a chain ends). Ch
 - the process keeps serving: it is alive, wrote nothing but protocol lines, and answers a
   last prompt with a success.
 
-Reproduce a failure, or try other random orders, with ``FSM_RACE_RNG=<n> pytest tests/test_race_rpc.py``
+Reproduce a failure, or try other random orders, with ``FSM_RACE_RNG=<n> pytest tests/rpc/test_race_rpc.py``
 (the default run uses one random sequence to stay within a few seconds).
 """
 

@@ -152,7 +152,7 @@ def test_a_new_trace_is_private(tmp_path):
 async def test_a_surrogate_pair_split_across_deltas_over_rpc_is_persisted_whole(tmp_path):
     """Issue 14 item 1 end to end: the turn ends, is persisted as valid UTF-8, keeps the emoji."""
     import sys
-    sys.path.insert(0, str(os.path.dirname(__file__)))
+    sys.path.insert(0, str(os.path.dirname(os.path.dirname(__file__))))
     from support import env
     from fsm.testing.fault_server import FaultServer
     from fsm.rpc import RpcClient

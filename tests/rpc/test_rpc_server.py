@@ -116,12 +116,6 @@ class RawServer:
 
 
 @pytest.fixture(scope="module")
-def provider():
-    with FaultServer([]) as fs:  # every request: a plain successful stream
-        yield fs
-
-
-@pytest.fixture(scope="module")
 def shared(provider, tmp_path_factory):
     """One idle server for the tests that leave it idle; stdout must stay protocol-only."""
     cwd = tmp_path_factory.mktemp("rpc")

@@ -30,7 +30,7 @@ from fsm.core.classify import (
 from fsm.core.hints import MAX_HINT_MS, WORD_CHARS, normalize_text, parse_normalized_hint_ms
 from fsm.core.messages import AssistantMessage, Usage
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 # every corpus file: provider-errors.jsonl and the later collections (provider-errors-v2.jsonl…)
 CORPUS_FILES = sorted(DATA.glob("provider-errors*.jsonl"))
 CORPUS = [json.loads(line) for path in CORPUS_FILES for line in path.read_text("utf-8").splitlines()

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 V2_PATH = DATA / "provider-errors-v2.jsonl"
 V1_PATH = DATA / "provider-errors.jsonl"
 

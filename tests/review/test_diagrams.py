@@ -19,7 +19,7 @@ from fsm.review import diagrams as D
 from fsm.core import lifecycle as L
 from fsm.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "diagrams"
 SVG_NS = "{http://www.w3.org/2000/svg}"
 

@@ -16,10 +16,10 @@ from fsm.review import diagrams_diff as DD
 from fsm.core import lifecycle as L
 from fsm.__main__ import main
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_diagrams import grouped_declaration, review_dot_edges  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def without(decl: dict, row_id: str) -> dict:

@@ -21,7 +21,7 @@ from fsm.__main__ import main
 from fsm.providers import FaultServer, validate_script
 from fsm.testing.fault_server import ENTRY_KEYS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
 
 

@@ -18,7 +18,7 @@ from fsm.core.messages import AssistantMessage, Usage
 from fsm.providers.sdk_errors import status_error_facts
 
 NOW_MS = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1000
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CORPUS = [json.loads(line) for path in sorted(DATA.glob("provider-errors*.jsonl"))
           for line in path.read_text("utf-8").splitlines() if line.strip()]
 

@@ -156,12 +156,6 @@ def test_a_surrogate_pair_is_fine_and_an_id_too_large_for_a_double_is_refused():
 
 # ---------------------------------------------------------------------------------- the process
 @pytest.fixture(scope="module")
-def provider():
-    with FaultServer([]) as fs:
-        yield fs
-
-
-@pytest.fixture(scope="module")
 def shared(provider, tmp_path_factory):
     server = Proc(["--base-url", provider.base_url, "--model", "m", "--no-session"],
                   tmp_path_factory.mktemp("adv-rpc"))

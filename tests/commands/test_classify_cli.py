@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.subprocess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fsm(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

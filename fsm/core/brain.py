@@ -80,7 +80,7 @@ class TurnFacts:
     - ``note``: a remark for the ``auto_retry_start`` event (e.g. a store that failed).
     - ``model``: the model the failed attempt used (``"model"`` or ``"provider/model"`` as in
       ``retry.fallbackModels``); None = the primary, unnamed (docs/policy.md §13.3).
-    - ``budget_slot_ms``: the budget is in wait mode (docs/policy.md §14b.4) and refused: the
+    - ``budget_slot_ms``: the budget is in wait mode (docs/policy.md §13.7) and refused: the
       ms until its next slot; None = a refusal ends the chain (``endReason: "budget"``).
     - ``zone``: the host's time-zone resolver, ``zone(name) -> tzinfo | None`` (an IANA name
       such as ``"America/Santiago"``), used when the brain classifies the message itself; None
@@ -222,7 +222,7 @@ Action = Union[EmitTurnEnd, Emit, DropFailedMessage, StartBackoff, CancelBackoff
                PromptMayReturn, SwitchModel, ArmDeadline, AbortAttempt]
 
 _MAX_USAGE_WAIT_MS = 7 * 86_400_000
-"""``waitForUsageReset`` without ``maxElapsedMs`` waits at most 7 days (docs/policy.md §14b.12)."""
+"""``waitForUsageReset`` without ``maxElapsedMs`` waits at most 7 days (docs/policy.md §13.5)."""
 
 _TRIGGER_BY_KIND = {
     "retryable": L.TURN_FAILED_RETRYABLE,
@@ -337,7 +337,7 @@ class _Policy:
         if not s.fallback_models or self._switched() or self.cls is None:
             return False
         if self._model_index() >= len(s.fallback_models):
-            return False  # after the last fallback, retries stay on it (§14b.9)
+            return False  # after the last fallback, retries stay on it (§13.3)
         if self.cls.family not in s.fallback_on:
             return False
         if self._fallback_count() + 1 >= s.fallback_after:
@@ -375,7 +375,7 @@ class _Policy:
         return self.fallback_count if self._in_chain() else 0
 
     def _count_failure(self) -> None:
-        """Count this failure toward ``fallbackAfter`` (§14b.9): a fallbackOn family in a row on
+        """Count this failure toward ``fallbackAfter`` (§13.3): a fallbackOn family in a row on
         the current model; another family resets; a credential switch does not count."""
         if self._switched():
             return
@@ -388,7 +388,7 @@ class _Policy:
                     and self.cls.usage_limit and not self._switched())
 
     def _reset_at(self) -> int | None:
-        """``resetAt``: now + the hint of a usage-limit failure (§14b.12), or None."""
+        """``resetAt``: now + the hint of a usage-limit failure (§13.5), or None."""
         cls, now = self.cls, self.facts.now_ms
         if cls is None or not cls.usage_limit or not cls.retry_hint_ms or now is None:
             return None
@@ -432,7 +432,7 @@ class _Policy:
         self._schedule()
 
     def _begin(self) -> None:
-        """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §14b.9)."""
+        """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §13.3)."""
         self.chain_id += 1
         self.attempt = 1
         self.model = self.facts.model
@@ -821,7 +821,7 @@ class RetryBrain:
         """The backoff timer ``timer_id`` fired; a stale id never continues.
 
         ``facts`` (optional): the budget's answer when the budget is in wait mode
-        (``budget_allows``, ``budget_slot_ms``; docs/policy.md §14b.4); a refusal waits for the
+        (``budget_allows``, ``budget_slot_ms``; docs/policy.md §13.7); a refusal waits for the
         next slot without a new ``auto_retry_start``.
         """
         p = self._p
@@ -843,7 +843,7 @@ class RetryBrain:
 
     def request_refused(self, wait_ms: int, *, usage_limit: bool = False,
                         now_ms: int | None = None) -> list[Action]:
-        """A first request was refused without sending (docs/policy.md §14b.6): every
+        """A first request was refused without sending (docs/policy.md §13.7): every
         credential cools down for ``wait_ms`` ms, beyond ``retry.maxHintWaitMs``. At rest the
         brain ends with one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}`` (with
         ``resetAt`` for a usage limit); ignored inside a chain. Raises ``ValueError`` for a

@@ -6,8 +6,8 @@ independently of ``fsm.core.lifecycle``: for a retryable failure the first faili
 hint_too_long, ``within_deadline`` → deadline, ``budget_allows`` → budget), except two guards
 that pass into a row of their own: ``fallback_due`` (after ``replay_safe``: a switch to the next
 fallback model at once, docs/policy.md §13.3) and ``budget_waits`` (a refused budget waits in
-``backing_off``, §14b.4). ``deadline_passed`` ends a chain ``deadline`` (aborting the attempt in
-flight); ``request_refused`` ends at rest with attempt 0 (§14b.6). Each case builds a
+``backing_off``, §13.7). ``deadline_passed`` ends a chain ``deadline`` (aborting the attempt in
+flight); ``request_refused`` ends at rest with attempt 0 (§13.7). Each case builds a
 brain in a state with the public :meth:`RetryBrain.in_state`, makes one guard fail through
 real settings and facts, fires one fact and checks the next state and the actions.
 """

@@ -100,7 +100,7 @@ class BrainMachine(RuleBasedStateMachine):
         else:
             if self.open_chain is None:
                 # Only a refusal at rest ends without a start: maxRetries = 0, a policy guard,
-                # or a first request refused without sending (§14b.6).
+                # or a first request refused without sending (§13.7).
                 assert event["attempt"] == 0 and event["success"] is False
                 assert event["endReason"] in ("exhausted", "output_streamed", "hint_too_long",
                                               "deadline", "budget")

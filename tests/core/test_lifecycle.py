@@ -37,7 +37,7 @@ def test_every_cell_is_a_transition_or_ignored_exactly_once():
 
 
 def test_refusals_follow_the_documented_guard_order():
-    """§8b.1, §14b.7: has_retries_left, replay_safe, (fallback_due), hint_within_wait,
+    """§8b.1, §3: has_retries_left, replay_safe, (fallback_due), hint_within_wait,
     within_deadline, budget_allows; a due fallback passes into its own row first."""
     order = ["has_retries_left", "replay_safe", "hint_within_wait", "within_deadline", "budget_allows"]
     for source in ("at_rest", "continuing"):

@@ -119,7 +119,7 @@ def test_the_defaults_keep_every_section_13_behaviour_off():
     assert s.fallback_on == ("overloaded", "usage_limit") and s.fallback_after == 2
 
 
-# ------------------------------------------------------------------ the brain's fallback count (§14b.9)
+# ------------------------------------------------------------------ the brain's fallback count (§13.3)
 
 def fail(brain, text, facts=None, hint=None):
     msg = AssistantMessage("error", error_message=text)
@@ -144,7 +144,7 @@ def test_another_family_resets_the_count_toward_fallback_after():
 
 
 def test_a_server_wait_beyond_max_hint_wait_switches_at_once():
-    """A 529 asking for 10 min (> maxHintWaitMs) reaches fallbackAfter at once (§14b.9)."""
+    """A 529 asking for 10 min (> maxHintWaitMs) reaches fallbackAfter at once (§13.3)."""
     brain = RetryBrain(RetrySettings(fallback_models=("backup",), fallback_after=3))
     actions = fail(brain, OVERLOADED, hint=600_000)
     assert any(isinstance(a, SwitchModel) for a in actions)
@@ -155,7 +155,7 @@ def test_a_server_wait_beyond_max_hint_wait_switches_at_once():
 
 
 def test_a_credential_switch_comes_before_fallback_and_does_not_count():
-    """Order: credential rotation, then fallback (§14b.9)."""
+    """Order: credential rotation, then fallback (§13.3)."""
     brain = RetryBrain(RetrySettings(fallback_models=("backup",), fallback_after=1,
                                      fallback_on=("usage_limit",)))
     facts = TurnFacts(now_ms=NOW, credential_switched=True, credential_count=2)

@@ -45,7 +45,8 @@ from fsm.core.protocols import CredentialStore, Provider
 from fsm.core.settings import RetrySettings
 from fsm.core.text import StreamJoiner, clean_text, safe_error_text
 from fsm.host.clock import Clock, LoopClock
-from fsm.host.kernel import KEY_TIMEOUT_S, STORE_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
+from fsm.host.kernel import (COORDINATOR_TIMEOUT_S, KEY_TIMEOUT_S, STORE_TIMEOUT_S, HostKernel,
+                             ZoneResolver, default_zone)
 from fsm.host.kernel import describe_error as _describe
 from fsm.host.session_log import SessionLog
 
@@ -119,6 +120,7 @@ class AgentSession:
         self._timed_out: str | None = None  # why the watchdog stopped the attempt
         self._deadline_timer: Any = None
         self._deadline_abort: str | None = None  # the chain's deadline stopped this attempt
+        self._mark_writes: set[asyncio.Task] = set()  # fallback marks being written
         self.messages: list[UserMessage | AssistantMessage] = []
         """The runtime context: what the next request sends (failed messages a retry replaces
         are dropped from it; the session log keeps them)."""
@@ -386,6 +388,7 @@ class AgentSession:
                 raise ContinueRejected("cannot continue: the runtime context does not end with "
                                        "a user message")
             if not self.brain.is_retrying:
+                await self._read_fallback_mark()
                 self._settle_model_and_settings()
             self._emit(E.AgentStart())
             self._emit(E.TurnStart())
@@ -555,6 +558,53 @@ class AgentSession:
             resolved = resolved.with_enabled(self._live_enabled)
         if resolved is not self.brain.settings:
             self.brain.update_settings(resolved)
+
+    def _shared_marks(self) -> Any:
+        """The configured coordinator when it keeps fallback marks (protocol v3), else None."""
+        coordinator = self._kernel.configured_coordinator
+        if coordinator is None or not hasattr(coordinator, "mark_fallback"):
+            return None
+        return coordinator
+
+    def _primary_key(self) -> Any:
+        from fsm.fleet import CoordKey, credential_id
+        return CoordKey(self.provider.name or "provider", self._primary_model or "model",
+                        credential_id(self._api_key or self._configured_key))
+
+    async def _read_fallback_mark(self) -> None:
+        """Before a new prompt: the primary's fallback mark another session wrote (docs/policy.md
+        §13.3, so the fleet reverts together); bounded like every coordinator read, and on a
+        late or failing answer the session keeps its own mark."""
+        models = self._given_settings.fallback_models
+        coordinator = self._shared_marks()
+        if not models or coordinator is None:
+            return
+        try:
+            left = await asyncio.wait_for(coordinator.fallback_left_ms(self._primary_key()),
+                                          COORDINATOR_TIMEOUT_S)
+        except Exception as exc:  # a late or broken coordinator: the local mark decides
+            log.warning("coordinator's fallback mark unknown: %s", _describe(exc))
+            return
+        now = self._kernel.now_ms()
+        if isinstance(left, int) and left > 0 and now is not None:
+            self._fallback_until_ms = max(self._fallback_until_ms or 0, now + left)
+            if self._model_in_use is None:
+                self._use_model(models[0])
+
+    def _write_fallback_mark(self, revert_ms: int) -> None:
+        coordinator = self._shared_marks()
+        if coordinator is None:
+            return
+
+        async def write() -> None:
+            try:
+                await asyncio.wait_for(coordinator.mark_fallback(self._primary_key(), revert_ms),
+                                       2.0)
+            except Exception as exc:  # a lost write only costs sharing
+                log.warning("coordinator's fallback mark not written: %s", _describe(exc))
+        task = asyncio.get_running_loop().create_task(write())
+        self._mark_writes.add(task)
+        task.add_done_callback(self._mark_writes.discard)
 
     def update_settings(self, settings: RetrySettings) -> None:
         """Replace the retry settings (taking effect at the next chain; the running one keeps
@@ -739,6 +789,7 @@ class AgentSession:
                 if self._model_in_use is None:  # leaving the primary: its fallback mark
                     now = self._kernel.now_ms()
                     self._fallback_until_ms = None if now is None else now + action.revert_ms
+                    self._write_fallback_mark(action.revert_ms)
                 self._use_model(action.to_model)
             elif isinstance(action, B.CheckCompaction):
                 compaction.append(action)

@@ -405,3 +405,35 @@ def test_the_terminal_names_the_model_in_use():
     view.handle({"type": "message_start", "message": {"role": "assistant", "model": "big",
                                                     "content": []}})
     assert view.status_text().startswith("big · ")
+
+
+class Marks:
+    """A coordinator that keeps fallback marks (protocol v3's two calls), in fake time."""
+
+    def __init__(self, clock):
+        self.clock, self.until = clock, {}
+
+    async def mark_fallback(self, key, duration_ms):
+        self.until[key.model] = self.clock.time_ms() + duration_ms
+
+    async def fallback_left_ms(self, key):
+        return max(0, self.until.get(key.model, 0) - self.clock.time_ms())
+
+
+async def test_sessions_sharing_a_coordinator_fall_back_and_revert_together():
+    """One session's switch marks the primary; another session's next prompt starts on the
+    fallback until the mark expires (docs/policy.md §13.3)."""
+    clock = FakeClock()
+    marks = Marks(clock)
+    settings = RetrySettings(fallback_models=("backup",), fallback_after=1, fallback_revert_ms=60_000)
+    first = ScriptedProvider([error(OVERLOADED), ok()])
+    second = ScriptedProvider([ok(), ok()])
+    a = AgentSession(first, settings=settings, clock=clock, coordinator=marks)
+    b = AgentSession(second, settings=settings, clock=clock, coordinator=marks)
+    await run(a, clock)
+    assert first.models == ["scripted-model", "backup"]
+    await run(b, clock)
+    assert second.models == ["backup"]
+    await clock.advance(61)
+    await run(b, clock)
+    assert second.models == ["backup", "scripted-model"]

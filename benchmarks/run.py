@@ -47,6 +47,7 @@ GROUPS: dict[str, dict] = {
     "fleet": {"full": {}, "quick": {"number": 200, "warmup": 20, "sessions": 50}, "timeout": 300},
     "stores": {"full": {}, "quick": {"sessions": 20_000, "calls": 5, "marks": 50}, "timeout": 120},
     "runner": {"full": {}, "quick": {"number": 200, "repeat": 3, "warmup": 20}, "timeout": 180},
+    "transport": {"full": {}, "quick": {"number": 30, "repeat": 3, "warmup": 5}, "timeout": 180},
 }
 
 # name: (comparison, limit, note)
@@ -66,6 +67,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "rpc_ready_ms": ("<=", 300, ""),
     "rpc_abort_retry_to_end_ms": ("<=", 1, ""),
     "runner_ratio_vs_tenacity": ("<=", 0.7, "CPU per retried call (one failure, then success)"),
+    "transport_ratio_vs_httpx2": ("<=", 1.1, "client CPU per loopback success, the retry "
+                                  "transport ÷ the bare httpx2 transport"),
     "rpc_unclean_exits": ("<=", 0, "the rpc process must exit with status 0 on EOF (check ours)"),
     "coordinator_decision_us_p99": ("<=", 50_000, "Redis on loopback, inside the shell's 50 ms "
                                     "coordinator timeout"),
@@ -105,6 +108,7 @@ ORDER = (
     "store_loop_lag_ms_locked",
     "runner_us", "tenacity_runner_us", "stamina_us", "runner_ratio_vs_tenacity",
     "runner_ratio_vs_stamina", "runner_recorded_us",
+    "transport_us", "httpx2_transport_us", "transport_ratio_vs_httpx2",
 )
 
 

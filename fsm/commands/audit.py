@@ -1,11 +1,19 @@
-"""``python -m fsm audit TRACE...``: transition coverage of the lifecycle from trace files.
+"""``python -m fsm audit TRACE...``: the story of a trace, and its transition coverage.
 
 A TRACE is a JSON-lines trace (``--trace``, :class:`fsm.review.audit.TraceWriter`) or a counts file,
-such as the pytest plugin's ``build/transition-coverage.json``.
+such as the pytest plugin's ``build/transition-coverage.json``. The text report tells the path
+each trace took first (:mod:`fsm.review.story`), then one line of coverage; ``--table`` prints
+the full coverage table instead (every item: a transition taken, a guarded transition seen
+rejected, an ignored cell seen ignored).
 
-Exit status: 0 when the coverage is at least ``--fail-under`` (or no threshold was given),
-1 when it is under it, 2 on bad input (a missing or malformed trace, only foreign traces, an
-SVG that cannot be rendered).
+``--events LOG`` (repeatable) checks an event log of any implementation against the machine's
+invariants (:mod:`fsm.review.events`: RPC stdout JSON lines, a session's events, a
+conformance trace, an OpenTelemetry export) and prints each violation with its line.
+
+Exit status: 0 when the coverage is at least ``--fail-under`` (or no threshold was given) and
+no event log breaks an invariant, 1 when the coverage is under it or a log has violations, 2
+on bad input (a missing or malformed trace or log, only foreign traces, an SVG that cannot be
+rendered).
 """
 
 from __future__ import annotations
@@ -13,7 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "report which declared transitions and ignored cells some traces covered"
+HELP = ("tell the path a trace took and its transition coverage; check event logs against "
+        "the machine (--events)")
 
 
 def _percent(text: str) -> float:
@@ -27,11 +36,17 @@ def _percent(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("traces", nargs="+", metavar="TRACE",
+    p.add_argument("traces", nargs="*", metavar="TRACE",
                    help="trace files (JSON lines) written by --trace or fsm.review.audit.TraceWriter, "
                         "or counts files (the pytest plugin's build/transition-coverage.json)")
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
-                   help="report format on standard output (default: text)")
+                   help="report format on standard output (default: text: the path taken, "
+                        "then one line of coverage)")
+    p.add_argument("--table", action="store_true",
+                   help="text: print the full coverage table (every item) instead of the path")
+    p.add_argument("--events", action="append", default=[], metavar="LOG",
+                   help="check an event log (RPC stdout, session events, a conformance trace, "
+                        "an OpenTelemetry export) against the machine's invariants; repeatable")
     p.add_argument("--svg", metavar="OUT", default=None,
                    help="also draw the review diagram into OUT, each declared row covered, "
                         "partly covered or not covered (red, dashed), with a legend")
@@ -50,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from fsm.review import audit
     from fsm.review.diagrams import DiagramError, write_file
 
+    if not args.traces and not args.events:
+        print("error: give a TRACE to audit or --events LOG to check (or both)", file=sys.stderr)
+        return 2
+    status = _events(args) if args.events else 0
+    if not args.traces:
+        return status
     try:
         report = audit.audit_files(args.traces)
     except (audit.TraceError, audit.AllForeignError) as exc:
@@ -59,7 +80,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: a trace line is JSON nested too deeply to be a trace record "
               f"(in {', '.join(args.traces)})", file=sys.stderr)
         return 2
-    sys.stdout.write(audit.FORMATS[args.format](report))
+    if args.format == "text" and not args.table:
+        from fsm.review.story import format_report
+
+        sys.stdout.write(format_report(report))
+    else:
+        sys.stdout.write(audit.FORMATS[args.format](report))
     for t in report.foreign:
         print(f"warning: {t.path} was recorded with another declaration (version {t.version}, "
               f"this one is {report.version}): its {t.records} records were not counted",
@@ -78,4 +104,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"FAIL: transition coverage {report.percent:.2f}% is under --fail-under "
               f"{args.fail_under:g}% ({len(report.uncovered)} items uncovered)", file=sys.stderr)
         return 1
-    return 0
+    return status
+
+
+def _events(args: argparse.Namespace) -> int:
+    """Check each ``--events`` log; 1 when one breaks an invariant, 2 when one is unreadable."""
+    import json
+
+    from fsm.review import events
+
+    try:
+        reports = [events.check_file(path) for path in args.events]
+    except events.EventLogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps({"events": [r.to_json() for r in reports]}, indent=2))
+    else:
+        sys.stdout.write(events.format_violations(reports))
+    return 0 if all(r.ok for r in reports) else 1

@@ -1,10 +1,11 @@
 """``python -m fsm diagrams``: write the lifecycle diagrams generated from the declaration.
 
 Writes into ``--out``: the review diagram ``retry_lifecycle_review.dot``, ``.mmd`` and
-``.svg``; the per-state diagram ``retry_lifecycle.dot``, ``.mmd``, ``.svg`` and its table
-``.md``; the declaration as ``retry_lifecycle.json``. Every file but the SVGs is byte-stable.
-``--check`` writes nothing and exits 1 when the committed text files differ from the
-declaration.
+``.svg`` (its legend card states the policy drawn: the default settings, or ``--settings
+FILE``, a team's settings file); one small diagram per state, ``states/<state>.dot`` and
+``.svg``; the table ``retry_lifecycle.md``; the declaration as ``retry_lifecycle.json``. Every
+file but the SVGs is byte-stable. ``--check`` writes nothing and exits 1 when the committed
+text files differ from the declaration (drawn with the default settings).
 
 ``--diff OLD.json`` / ``--diff-ref GIT_REF`` write the changes since that version instead:
 ``retry_lifecycle_diff.svg`` (the review diagram with the changes marked), ``.dot`` and
@@ -17,13 +18,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "write the lifecycle diagrams (review and per state; DOT, SVG, Mermaid, JSON) or a diff"
+HELP = "write the lifecycle diagrams (review and one per state; DOT, SVG, Mermaid, JSON) or a diff"
 DIFF_OUT = "build/diagrams-diff"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help=f"folder to write into (default: diagrams; with --diff: {DIFF_OUT})")
+    p.add_argument("--settings", metavar="FILE", default=None,
+                   help="draw the policy of this settings file ({\"retry\": {...}}) in the review "
+                        "diagram's legend card (default: the default settings)")
     p.add_argument("--no-svg", action="store_true",
                    help="skip the SVG (which needs Graphviz's dot program)")
     mode = p.add_mutually_exclusive_group()
@@ -43,6 +47,21 @@ def run(args: argparse.Namespace) -> int:
     if args.diff is not None or args.diff_ref is not None:
         return _diff(args)
     out = args.out or "diagrams"
+    settings, source = None, "the defaults"
+    if args.settings is not None:
+        if args.check:
+            print("error: --check compares the committed diagrams, drawn with the default "
+                  "settings; leave out --settings", file=sys.stderr)
+            return 2
+        from fsm.commands.common import load_settings
+        from fsm.core.settings import SettingsError
+
+        try:
+            settings = load_settings(args.settings, prog="fsm diagrams")
+        except (SettingsError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        source = f"settings file {args.settings}"
     if args.check:
         stale = diagrams.check(out)
         if stale:
@@ -53,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"diagrams in {out} match the declaration")
         return 0
     try:
-        for path in diagrams.write_all(out, svg=not args.no_svg):
+        for path in diagrams.write_all(out, svg=not args.no_svg, settings=settings,
+                                       source=source):
             print(f"wrote {path}")
     except diagrams.DiagramError as exc:
         print(f"error: {exc} (the text files were written; --no-svg skips the SVG)",

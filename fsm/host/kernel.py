@@ -46,7 +46,7 @@ from fsm.host.clock import LoopClock
 
 __all__ = ["HostKernel", "COORDINATOR_TIMEOUT_S", "WRITE_TIMEOUT_S", "STORE_TIMEOUT_S",
            "KEY_TIMEOUT_S", "HOST_LOOP_ACTIONS", "ZoneResolver", "default_zone",
-           "loop_coordinator", "describe_error"]
+           "loop_coordinator", "describe_error", "provider_id", "KNOWN_HOSTS"]
 
 log = logging.getLogger("fsm.host.kernel")
 
@@ -479,3 +479,39 @@ def _coord_return_token(coordinator: Any, key: Any, budget: Any) -> Awaitable[An
 
 def _coord_credit(coordinator: Any, key: Any, budget: Any) -> Awaitable[Any]:
     return coordinator.credit_success(key, budget)
+
+
+KNOWN_HOSTS: dict[str, str] = {
+    "api.openai.com": "openai",
+    "api.anthropic.com": "anthropic",
+    "generativelanguage.googleapis.com": "google",
+    "openrouter.ai": "openrouter",
+    "api.mistral.ai": "mistral",
+    "api.groq.com": "groq",
+    "api.deepseek.com": "deepseek",
+    "api.together.xyz": "together",
+    "api.fireworks.ai": "fireworks",
+    "api.x.ai": "xai",
+    "api.cohere.com": "cohere",
+    "api.moonshot.ai": "moonshot",
+    "api.minimax.io": "minimax",
+    "api.siliconflow.cn": "siliconflow",
+    "router.huggingface.co": "huggingface",
+}
+"""Host names of well-known providers → their provider id (``retry.providers`` keys, the
+coordinator key)."""
+
+
+def provider_id(name: str | None, host: str | None = None, port: int | None = None) -> str:
+    """The one provider id of a request (docs/policy.md §13, per-provider policy): an explicit
+    ``name`` first; then :data:`KNOWN_HOSTS` for ``host``; else ``host`` (with ``:port`` when
+    one is given); ``"default"`` when nothing is known."""
+    if name:
+        return name
+    if not host:
+        return "default"
+    host = host.lower().rstrip(".")
+    known = KNOWN_HOSTS.get(host)
+    if known is not None:
+        return known
+    return f"{host}:{port}" if port else host

@@ -57,6 +57,7 @@ from fsm.core.classify import Classification
 from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings, SettingsError
+from fsm.host.chain import RETRY_OWNER
 from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut", "retrying", "retrying_sync",
@@ -336,6 +337,7 @@ class RetryRunner:
         module docstring says."""
         kwargs = self._model_for_new_call(kwargs)
         call = _Call(self, fn, kwargs)
+        owner = RETRY_OWNER.set(call)  # a retrying transport under this call passes through
         try:
             while True:
                 call.calls += 1
@@ -369,6 +371,7 @@ class RetryRunner:
             call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
             raise
         finally:
+            RETRY_OWNER.reset(owner)
             call.close()
 
     def _model_for_new_call(self, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,9 @@ NONE = Classification("none", "stop_reason.not_error")
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 ROW = {r.id: r for r in L.TRANSITIONS}
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# test_diagrams sits beside this file; test_brain_matrix (the tour's cases) in tests/core
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from test_diagrams import fallback_rows  # noqa: E402
 
 FALLBACKS = fallback_rows()
@@ -441,8 +443,9 @@ def one_chain(tmp_path) -> Path:
     return path
 
 
-def test_audit_text_puts_the_summary_first_and_lists_every_row_once(one_chain, capsys):
-    assert main(["audit", str(one_chain)]) == 0
+def test_audit_table_puts_the_summary_first_and_lists_every_row_once(one_chain, capsys):
+    """--table: the coverage summary first, then every transition and ignored cell once."""
+    assert main(["audit", str(one_chain), "--table"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == f"transition coverage of retry_lifecycle: 3/{ITEMS} items ({pct(3)}%)"
@@ -505,9 +508,12 @@ def test_audit_fail_under(one_chain, full_trace, capsys):
     assert main(["audit", str(one_chain), "--fail-under", high]) == 1
     assert (f"FAIL: transition coverage {low}% is under --fail-under {float(high):g}% "
             f"({ITEMS - 3} items uncovered)") in capsys.readouterr().err
-    assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
+    assert main(["audit", str(full_trace), "--fail-under", "100", "--table"]) == 0
     assert capsys.readouterr().out.startswith(
         f"transition coverage of retry_lifecycle: {ITEMS}/{ITEMS} items (100.00%)\n")
+    assert main(["audit", str(full_trace), "--fail-under", "100"]) == 0
+    assert (f"coverage of retry_lifecycle: {ITEMS}/{ITEMS} items (100.00%)"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("value", ["101", "-1", "lots"])
@@ -531,6 +537,11 @@ def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
     old = write_trace(tmp_path / "old.jsonl", [rec(CHAIN[2], "taken", "0ld")], version="0ld")
     assert main(["audit", str(one_chain), str(old)]) == 0
     captured = capsys.readouterr()
+    assert (f"{old}: recorded with another declaration (version 0ld), not counted"
+            in captured.out)
+    assert f"warning: {old} was recorded with another declaration (version 0ld" in captured.err
+    assert main(["audit", str(one_chain), str(old), "--table"]) == 0
+    captured = capsys.readouterr()
     assert f"  {old}: version 0ld, 1 records" in captured.out
     assert captured.out.startswith(f"transition coverage of retry_lifecycle: 3/{ITEMS} items")
     assert f"warning: {old} was recorded with another declaration (version 0ld" in captured.err
@@ -541,14 +552,15 @@ def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
 
 
 def svg_edge_styles(path: Path) -> dict[str, tuple[bool, str]]:
-    """Edge id → (drawn dashed, stroke colour)."""
+    """Edge id → (drawn dashed, stroke colour); the review diagram draws an edge in two halves
+    around its label (``ID#from``, ``ID#to``), both styled alike: they count as one."""
     root = ET.parse(path).getroot()
     out = {}
     for g in root.iter(f"{SVG_NS}g"):
         if g.get("class") == "edge":
             paths = list(g.iter(f"{SVG_NS}path"))
-            out[g.get("id")] = (any(p.get("stroke-dasharray") for p in paths),
-                                paths[0].get("stroke"))
+            out[g.get("id").split("#")[0]] = (any(p.get("stroke-dasharray") for p in paths),
+                                              paths[0].get("stroke"))
     return out
 
 
@@ -585,6 +597,7 @@ def test_audit_svg_draws_declared_rows_by_status(one_chain, tmp_path):
     assert main(["audit", str(one_chain), "--svg", str(out)]) == 0
     styles = svg_edge_styles(out)
     chain = [("at_rest", L.BACKING_OFF), (L.BACKING_OFF, L.CONTINUING), (L.CONTINUING, L.SUCCEEDED)]
+    # (the at-rest rows are drawn from idle, the group's first member; their ids keep the group)
     for src, dst in chain:
         assert styles[f"{src}->{dst}"][0] is False, (src, dst)
     assert styles["at_rest->backing_off"][1] == styles["backing_off->continuing"][1]  # partly

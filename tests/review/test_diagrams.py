@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fsm.review import diagrams as D
+from fsm.review.diagrams import states as S
 from fsm.core import lifecycle as L
 from fsm.__main__ import main
 
@@ -89,13 +90,20 @@ def mini_declaration(**over) -> dict:
 
 # ----------------------------------------------------------------------------- drift, stability
 
-TEXT_FILES = ["retry_lifecycle.dot", "retry_lifecycle.json", "retry_lifecycle.md",
-              "retry_lifecycle.mmd", "retry_lifecycle_review.dot", "retry_lifecycle_review.mmd"]
+TEXT_FILES = sorted(["retry_lifecycle.json", "retry_lifecycle.md", "retry_lifecycle_review.dot",
+                     "retry_lifecycle_review.mmd"] + [f"states/{s}.dot" for s in L.STATES])
+SVG_FILES = sorted(["retry_lifecycle_review.svg"] + [f"states/{s}.svg" for s in L.STATES])
+
+
+def files_in(folder: Path) -> list[str]:
+    """The files under ``folder``, as sorted relative paths with ``/``."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
 def test_committed_diagrams_match_the_declaration(tmp_path):
+    """Every committed text file is what the declaration generates today."""
     D.write_all(tmp_path, svg=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == TEXT_FILES
+    assert files_in(tmp_path) == TEXT_FILES
     for name in TEXT_FILES:
         committed = COMMITTED / name
         assert committed.is_file(), f"{committed} is missing: run 'make diagrams' and commit it"
@@ -106,19 +114,21 @@ def test_committed_diagrams_match_the_declaration(tmp_path):
 
 @pytest.mark.subprocess
 def test_text_outputs_are_byte_stable_across_hash_seeds(tmp_path):
+    """Two runs under different hash seeds write the same bytes, and what render_all returns."""
     outputs = {}
     for seed in ("0", "4242"):
         out = tmp_path / seed
         env = dict(os.environ, PYTHONHASHSEED=seed)
         subprocess.run([sys.executable, "-m", "fsm", "diagrams", "--no-svg", "--out", str(out)],
                        check=True, cwd=ROOT, env=env, capture_output=True, timeout=120)
-        outputs[seed] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+        outputs[seed] = {name: (out / name).read_bytes() for name in files_in(out)}
     assert sorted(outputs["0"]) == TEXT_FILES
     assert outputs["0"] == outputs["4242"]
-    assert outputs["0"] == {k: v.encode() for k, v in D.render_all().items()}
+    assert outputs["0"] == {k: v.encode() for k, v in sorted(D.render_all().items())}
 
 
 def test_text_outputs_have_unix_endings_and_no_version_or_date():
+    """Text outputs end lines with \n, once at the end, and embed no version or date."""
     for name, text in D.render_all().items():
         assert "\r" not in text, name
         assert text.endswith("\n") and not text.endswith("\n\n"), name
@@ -130,6 +140,7 @@ def test_text_outputs_have_unix_endings_and_no_version_or_date():
 # ----------------------------------------------------------------------------- DOT
 
 def test_dot_has_one_edge_per_transition_labelled_with_its_guards():
+    """The per-state DOT has one edge per transition, labelled trigger [guards]."""
     edges = dot_edges(D.render_dot(D.extract()))
     by_id = Counter(attrs["id"] for _, _, attrs in edges)
     assert by_id == Counter([r.id for r in L.TRANSITIONS] + ["initial"])
@@ -143,12 +154,14 @@ def test_dot_has_one_edge_per_transition_labelled_with_its_guards():
 
 
 def test_dot_label_example_from_the_issue():
+    """A refusal at rest reads turn_failed_retryable [retry_enabled ∧ ¬has_retries_left]."""
     source = D.render_dot(D.extract())
     assert ('idle -> exhausted [label="turn_failed_retryable [retry_enabled ∧ ¬has_retries_left]"'
             in source)
 
 
 def test_ignored_cells_are_not_edges():
+    """Ignored cells are never drawn as edges."""
     edges = dot_edges(D.render_dot(D.extract()))
     drawn = {(t, attrs["label"].split(" ")[0]) for t, _, attrs in edges if attrs["id"] != "initial"}
     for ig in L.IGNORED:
@@ -157,6 +170,7 @@ def test_ignored_cells_are_not_edges():
 
 
 def test_dot_clusters_chain_states_and_notes_the_twin_states():
+    """The per-state DOT clusters the chain and ended states and names the twin states."""
     source = D.render_dot(D.extract())
     chain = re.search(r"subgraph cluster_in_chain \{(.*?)\n\t\}", source, re.S).group(1)
     ended = re.search(r"subgraph cluster_ended \{(.*?)\n\t\}", source, re.S).group(1)
@@ -166,10 +180,12 @@ def test_dot_clusters_chain_states_and_notes_the_twin_states():
 
 
 def test_real_declaration_twins_are_idle_and_the_ended_states():
+    """The ended states behave exactly as idle (the at-rest group)."""
     assert D.extract().twins() == ((L.IDLE,) + L.ENDED,)
 
 
 def test_free_text_cannot_break_dot_or_become_html(tmp_path):
+    """Docs with quotes, backslashes or tags stay plain text in DOT."""
     decl = mini_declaration()
     decl["transitions"][0]["spec"] = r'<b>bold</b> "quoted" back\slash'
     diagram = D.extract(decl)
@@ -188,23 +204,70 @@ def svg_edges(svg: bytes) -> list[ET.Element]:
     return [g for g in root.iter(f"{SVG_NS}g") if g.get("class") == "edge"]
 
 
-def test_svg_parses_and_has_one_edge_per_transition(tmp_path):
+def label_nodes(svg: bytes) -> dict[str, set[str]]:
+    """Label id → the declared row ids its tooltip names. The review diagram and the small
+    multiples draw each label as a node on its edge (ids ``SRC->DEST``, ``in0``, ``out1``);
+    a loop keeps its label on the edge itself (an edge group with no ``#`` in its id)."""
+    root = ET.fromstring(svg)
+    out = {}
+    for g in root.iter(f"{SVG_NS}g"):
+        gid = g.get("id", "")
+        node = g.get("class") == "node" and ("->" in gid or re.fullmatch(r"(in|out)\d+", gid))
+        loop = g.get("class") == "edge" and "#" not in gid and gid != "initial" and any(
+            True for _ in g.iter(f"{SVG_NS}text"))
+        if node or loop:
+            tips = [a.get("{http://www.w3.org/1999/xlink}title") for a in g.iter(f"{SVG_NS}a")]
+            tip = next((t for t in tips if t and "--" in t), "")
+            out[gid] = set(tip.split("; ")) if tip else set()
+    return out
+
+
+def test_svg_files_are_the_review_diagram_and_one_per_state(tmp_path):
+    """write_all writes the text files, then the review SVG and one small SVG per state."""
     written = D.write_all(tmp_path)
-    assert [p.name for p in written] == [
-        "retry_lifecycle.dot", "retry_lifecycle.mmd", "retry_lifecycle.md",
-        "retry_lifecycle_review.dot", "retry_lifecycle_review.mmd", "retry_lifecycle.json",
-        "retry_lifecycle.svg", "retry_lifecycle_review.svg"]
-    edges = svg_edges((tmp_path / "retry_lifecycle.svg").read_bytes())
-    assert Counter(g.get("id") for g in edges) == Counter([r.id for r in L.TRANSITIONS] + ["initial"])
+    names = [p.relative_to(tmp_path).as_posix() for p in written]
+    assert sorted(names) == sorted(TEXT_FILES + SVG_FILES)
+    assert names[-len(SVG_FILES):] == ["retry_lifecycle_review.svg"] + [
+        f"states/{s}.svg" for s in L.STATES]
 
 
-def test_committed_svg_is_valid_and_current():
-    edges = svg_edges((COMMITTED / "retry_lifecycle.svg").read_bytes())
-    assert sorted(g.get("id") for g in edges) == sorted([r.id for r in L.TRANSITIONS] + ["initial"]), (
-        "diagrams/retry_lifecycle.svg is stale: run 'make diagrams'")
+def test_each_small_multiple_shows_exactly_the_rows_into_and_out_of_its_state(tmp_path):
+    """Every declared row that starts from a state (or its group) or leads into it from
+    elsewhere is on that state's picture, and no other row is."""
+    diagram = D.extract()
+    groups = dict(diagram.groups)
+    for state in L.STATES:
+        svg = S.render_state_svg(diagram, state)
+        shown = set().union(*label_nodes(svg).values())
+        expected = {r.id for r in diagram.rows
+                    if state in groups.get(r.source, (r.source,))
+                    or r.dest == state and any(m != state for m in groups.get(r.source, (r.source,)))}
+        assert shown == expected, state
+        ignored = [i.trigger for i in diagram.ignored if i.source == state]
+        text = " ".join("".join(t.itertext()) for t in ET.fromstring(svg).iter(f"{SVG_NS}text"))
+        assert all(t in text for t in ignored), state
+
+
+def test_small_multiples_are_small():
+    """One picture per state stays under 1300 x 500 px (the per-state diagram they replace was
+    6,723 x 2,495)."""
+    diagram = D.extract()
+    for state in L.STATES:
+        width, height = svg_size_px(S.render_state_svg(diagram, state))
+        assert width <= 1300 and height <= 500, (state, width, height)
+
+
+def test_committed_svgs_are_valid_and_current():
+    """The committed SVGs parse and draw the rows the declaration has today."""
+    diagram = D.extract()
+    for state in L.STATES:
+        committed = (COMMITTED / "states" / f"{state}.svg").read_bytes()
+        assert label_nodes(committed) == label_nodes(S.render_state_svg(diagram, state)), (
+            f"diagrams/states/{state}.svg is stale: run 'make diagrams'")
 
 
 def test_coverage_marks_draw_three_statuses():
+    """The per-state coverage view draws covered, partly covered and not covered apart."""
     diagram = D.extract()
     first, second, partly = diagram.edges[0].id, diagram.edges[1].id, diagram.edges[3].id
     marks = {first: D.EdgeMark("covered", "taken 2"), second: D.EdgeMark("not covered", "never taken"),
@@ -224,16 +287,18 @@ def test_coverage_marks_draw_three_statuses():
 
 
 def test_missing_dot_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """Without Graphviz the text files are still written and the error says how to install it."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(D.DiagramError, match="Graphviz's 'dot' program was not found"):
         D.render_svg(D.extract())
     assert main(["diagrams", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "install Graphviz" in err and "--no-svg" in err
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == TEXT_FILES
+    assert files_in(tmp_path / "out") == TEXT_FILES
 
 
 def test_dot_failure_is_a_diagram_error(monkeypatch):
+    """A failing dot run is a DiagramError, not a traceback."""
     import graphviz
 
     def fail(*args, **kwargs):
@@ -247,6 +312,7 @@ def test_dot_failure_is_a_diagram_error(monkeypatch):
 # ----------------------------------------------------------------------------- Mermaid
 
 def test_mermaid_has_one_transition_line_per_row():
+    """The per-state Mermaid has one line per transition, classes for the groups."""
     text = D.render_mermaid(D.extract())
     assert text.startswith("---\ntitle: retry_lifecycle\n---\nstateDiagram-v2\n")
     lines = [l.strip() for l in text.splitlines() if "-->" in l]
@@ -257,6 +323,7 @@ def test_mermaid_has_one_transition_line_per_row():
 
 
 def test_mermaid_text_never_carries_a_second_colon_or_a_semicolon():
+    """Free text cannot end a Mermaid statement or label early."""
     decl = mini_declaration()
     diagram = D.extract(decl)
     diagram = D.Diagram(diagram.name, (D.State("a", "doc: with; #1", "", True),) + diagram.states[1:],
@@ -268,6 +335,7 @@ def test_mermaid_text_never_carries_a_second_colon_or_a_semicolon():
 # ----------------------------------------------------------------------------- Markdown
 
 def test_markdown_has_every_transition_row_in_order():
+    """The table lists every transition in declaration order with its citation."""
     text = D.render_markdown(D.extract())
     rows = [l for l in text.splitlines() if re.match(r"\| \d+ \| `", l)]
     transitions = rows[:len(L.TRANSITIONS)]
@@ -280,6 +348,7 @@ def test_markdown_has_every_transition_row_in_order():
 
 
 def test_markdown_matrix_marks_ignored_cells_with_their_reasons():
+    """The state × trigger matrix holds each cell's rows or its ignored reason."""
     text = D.render_markdown(D.extract())
     header = next(l for l in text.splitlines() if l.startswith("| state \\ trigger |"))
     assert header.count("|") == len(L.TRIGGERS) + 2
@@ -302,6 +371,7 @@ def test_markdown_matrix_marks_ignored_cells_with_their_reasons():
 
 
 def test_markdown_names_the_fallback_rows():
+    """The rows that can never be rejected are listed, as found by brute force."""
     text = D.render_markdown(D.extract())
     section = text.split("## Rows the audit cannot see rejected", 1)[1]
     listed = re.findall(r"^- `(.*)`$", section, re.M)
@@ -311,6 +381,7 @@ def test_markdown_names_the_fallback_rows():
 # ----------------------------------------------------------------------------- the model
 
 def test_reachability_of_guarded_rows():
+    """Takeable and rejectable follow from the rows tried before, for every guard value."""
     edges = {e.id: e for e in D.extract(mini_declaration()).edges}
     # [g] then [!g]: the fallback can be taken but never rejected
     assert (edges["a--t[g]->b"].takeable, edges["a--t[g]->b"].rejectable) == (True, True)
@@ -324,6 +395,7 @@ def test_reachability_of_guarded_rows():
 
 
 def test_duplicate_row_ids_are_rejected():
+    """Two rows with one id are a ValueError naming the id."""
     decl = mini_declaration()
     decl["transitions"].append(dict(decl["transitions"][0]))
     with pytest.raises(ValueError, match=r"row ids must be unique .*repeated: a--t\[g\]->b"):
@@ -331,12 +403,14 @@ def test_duplicate_row_ids_are_rejected():
 
 
 def test_markdown_flags_rows_that_can_never_be_taken():
+    """A shadowed row is listed as one that can never be taken."""
     text = D.render_markdown(D.extract(mini_declaration()))
     section = text.split("## Rows that can never be taken", 1)[1]
     assert re.findall(r"^- `(.*)`$", section, re.M) == ["b--u[h]->b"]
 
 
 def test_a_declaration_without_fallbacks_says_so():
+    """With no fallback and no shadowed row the table says so."""
     decl = mini_declaration()
     decl["transitions"] = [t for t in decl["transitions"]
                            if t["id"] not in ("a--t[!g]->a", "b--u[h]->b")]
@@ -347,6 +421,7 @@ def test_a_declaration_without_fallbacks_says_so():
 
 
 def test_mini_declaration_renders_without_lifecycle_groups():
+    """A declaration without groups renders with no clusters or classes."""
     diagram = D.extract(mini_declaration())
     assert [s.group for s in diagram.states] == ["", ""]
     assert diagram.twins() == ()
@@ -362,6 +437,7 @@ def test_mini_declaration_renders_without_lifecycle_groups():
 
 
 def test_guard_text_and_label():
+    """Guards read with ∧ and ¬; an unguarded row is its trigger."""
     edge = next(e for e in D.extract().edges
                 if e.id == "continuing--turn_failed_retryable[retry_enabled,!has_retries_left]->exhausted")
     assert edge.guard_text == "retry_enabled ∧ ¬has_retries_left"
@@ -373,20 +449,45 @@ def test_guard_text_and_label():
 # ----------------------------------------------------------------------------- command
 
 def test_command_writes_and_checks(tmp_path, capsys):
+    """diagrams writes every file; --check exits 1 naming the stale ones."""
     out = tmp_path / "d"
     assert main(["diagrams", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        TEXT_FILES + ["retry_lifecycle.svg", "retry_lifecycle_review.svg"])
+    assert files_in(out) == sorted(TEXT_FILES + SVG_FILES)
     assert "wrote" in capsys.readouterr().out
     assert main(["diagrams", "--check", "--out", str(out)]) == 0
-    (out / "retry_lifecycle.mmd").write_text("stale\n")
+    (out / "retry_lifecycle_review.mmd").write_text("stale\n")
     (out / "retry_lifecycle.md").unlink()
     assert main(["diagrams", "--check", "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "retry_lifecycle.mmd, retry_lifecycle.md" in err and "make diagrams" in err
+    assert "retry_lifecycle.md, retry_lifecycle_review.mmd" in err and "make diagrams" in err
+
+
+def test_command_draws_a_team_s_settings(tmp_path, capsys):
+    """--settings FILE puts that policy on the legend card; a bad file is a clear error."""
+    team = tmp_path / "settings.json"
+    team.write_text(json.dumps({"retry": {"maxRetries": 5, "baseDelayMs": 500, "maxDelayMs": 4000,
+                                          "retryHints": "honor", "afterOutput": "stop"}}))
+    out = tmp_path / "team"
+    assert main(["diagrams", "--no-svg", "--settings", str(team), "--out", str(out)]) == 0
+    dot = " ".join(re.sub(r"<[^>]+>", " ", (out / "retry_lifecycle_review.dot").read_text(
+        encoding="utf-8")).split())
+    assert f"the policy drawn: settings file {team}" in dot
+    assert "5 retries, 0.5 s doubling: 0.5 s, 1 s, 2 s, 4 s, 4 s (capped at 4 s, jitter none)" in dot
+    assert "replay_safe (afterOutput stop" in dot and "hint_within_wait (a wait over 60 s" in dot
+    default = " ".join(re.sub(r"<[^>]+>", " ", (COMMITTED / "retry_lifecycle_review.dot")
+                              .read_text(encoding="utf-8")).split())
+    assert "the policy drawn: the defaults" in default
+    assert "3 retries, 2 s doubling: 2 s, 4 s, 8 s (no cap, jitter none)" in default
+    assert "none of the optional guards" in default
+    team.write_text(json.dumps({"retry": {"maxRetries": -1}}))
+    capsys.readouterr()
+    assert main(["diagrams", "--no-svg", "--settings", str(team), "--out", str(out)]) == 2
+    assert "retry.maxRetries" in capsys.readouterr().err
+    assert main(["diagrams", "--check", "--settings", str(team)]) == 2
 
 
 def test_command_reports_an_unwritable_folder(tmp_path, capsys):
+    """An unwritable --out is a clear error, exit 2."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert main(["diagrams", "--no-svg", "--out", str(blocker / "sub")]) == 2
@@ -394,13 +495,14 @@ def test_command_reports_an_unwritable_folder(tmp_path, capsys):
 
 
 def test_readme_shows_the_generated_review_diagram():
+    """README carries the generated review Mermaid and links the pictures."""
     mermaid = (COMMITTED / "retry_lifecycle_review.mmd").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "```mermaid\n" + mermaid.rstrip("\n") + "\n```" in readme, (
         "README's Mermaid block differs from diagrams/retry_lifecycle_review.mmd: paste the "
         "generated one")
     assert "(diagrams/retry_lifecycle_review.svg)" in readme
-    assert "(diagrams/retry_lifecycle.svg)" in readme
+    assert "(diagrams/states/" in readme
 
 
 # ----------------------------------------------------------------------------- review diagram
@@ -442,43 +544,76 @@ def grouped_declaration(rows=None, effects=None) -> dict:
                 "report": "emits finished", "again": "emits retry; starts again"}}
 
 
+def _unquote(name: str) -> str:
+    return name[1:-1] if name.startswith('"') else name
+
+
+def _label_text(body: str) -> str:
+    label = re.search(r"label=<(.*)>(?= \w+=)", body)
+    text = re.sub(r"<[^>]+>", "\n", label.group(1)) if label else ""
+    text = "\n".join(t.strip() for t in text.split("\n") if t.strip())
+    return text.replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&")
+
+
+def _attrs(body: str) -> dict[str, str]:
+    rest = re.sub(r"label=<(.*)>(?= \w+=)", "", body)
+    return {k: v.strip('"') for k, v in re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s\]]+)', rest)}
+
+
 def review_dot_edges(source: str) -> list[tuple[str, str, dict[str, str], str]]:
-    """(tail, head, attributes, label text) of every edge of a review DOT text."""
-    edges = []
+    """(tail, head, attributes, label text) of every edge of a review DOT text. An edge is drawn
+    as ``tail -> "__label ID"`` and ``"__label ID" -> head``; the attributes are those of the
+    second half, with the label node's ``id``."""
+    labels, halves = {}, {}
     for line in source.splitlines():
-        m = re.match(r"\t(\S+) -> (\S+) \[(.*)\]$", line)
+        m = re.match(r'\t"__label (.+?)" \[(.*)\]$', line)
         if m:
-            body = m.group(3)
-            label = re.search(r"label=<(.*)>(?= \w+=)", body)
-            text = re.sub(r"<[^>]+>", "\n", label.group(1)) if label else ""
-            text = "\n".join(t.strip() for t in text.split("\n") if t.strip())
-            rest = re.sub(r"label=<(.*)>(?= \w+=)", "", body)
-            attrs = {k: v.strip('"') for k, v in
-                     re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s\]]+)', rest)}
-            edges.append((m.group(1), m.group(2), attrs, text.replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&")))
+            labels[m.group(1)] = _label_text(m.group(2))
+            continue
+        m = re.match(r'\t("[^"]+"|\S+) -> ("[^"]+"|\S+) \[(.*)\]$', line)
+        if m:
+            tail, head, body = _unquote(m.group(1)), _unquote(m.group(2)), m.group(3)
+            halves.setdefault(tail if tail.startswith("__label ") else head, []).append(
+                (tail, head, _attrs(body), _label_text(body)))
+    edges = []
+    for key, parts in halves.items():
+        if not key.startswith("__label "):
+            edges += [(t, h, a, text) for t, h, a, text in parts]
+            continue
+        (tail, _, first, _), (_, head, second, _) = sorted(parts, key=lambda p: p[0] == key)
+        assert first["id"].endswith("#from") and second["id"].endswith("#to")
+        edges.append((tail, head, dict(second, id=second["id"].removesuffix("#to")),
+                      labels[key[len("__label "):]]))
     return edges
 
 
 def test_review_draws_group_rows_once_and_merges_parallel_edges():
+    """A group's rows are one edge each, drawn from its first member; rows between the same two
+    nodes share one edge and its label; no node stands for the group."""
     diagram = D.extract(grouped_declaration())
     assert [(r.source, len(r.members)) for r in diagram.rows][:3] == [("rest", 2)] * 3
-    edges = review_dot_edges(D.render_review_dot(diagram))
+    source = D.render_review_dot(diagram)
+    edges = review_dot_edges(source)
     pairs = [(t, h) for t, h, _, _ in edges]
-    assert pairs == [("__initial", "calm"), ("rest", "busy"), ("rest", "calm"), ("busy", "done"),
+    assert pairs == [("__initial", "calm"), ("calm", "busy"), ("calm", "calm"), ("busy", "done"),
                      ("busy", "busy"), ("busy", "calm")]
     labels = {(t, h): text for t, h, _, text in edges}
     # two rows of rest -> calm, one edge, stacked; one effect run, written once in words
-    assert labels[("rest", "calm")].splitlines() == ["go", "[¬ready]", "stop", "/ does nothing"]
+    assert labels[("calm", "calm")].splitlines() == ["go", "[¬ready]", "stop", "/ does nothing"]
     assert labels[("busy", "done")].splitlines() == ["finish", "fail", "[¬ready]", "/ emits finished"]
-    assert labels[("rest", "busy")].splitlines() == ["go", "[ready]", "/ emits started; starts the work"]
-    # the group is a cluster holding its members and the node the group's rows start from
-    source = D.render_review_dot(diagram)
+    assert labels[("calm", "busy")].splitlines() == ["go", "[ready]", "/ emits started; starts the work"]
+    ids = {(t, h): a["id"] for t, h, a, _ in edges}
+    assert ids[("calm", "busy")] == "rest->busy" and ids[("calm", "calm")] == "rest->calm"
+    # the group is a cluster holding its members only; a row leaving it starts at its border
     cluster = re.search(r"subgraph cluster_rest \{(.*?)\n\t\}", source, re.S).group(1)
-    assert re.findall(r"^\t\t(\w+) \[", cluster, re.M) == ["rest", "calm", "done"]
-    assert 'label="any state rest"' in cluster
+    assert re.findall(r"^\t\t(\w+) \[", cluster, re.M) == ["calm", "done"]
+    assert "any state" not in source
+    assert re.search(r'calm -> "__label rest->busy" \[[^\]]*ltail=cluster_rest', source)
+    assert not re.search(r'calm -> "__label rest->calm" \[[^\]]*ltail', source)
 
 
 def test_every_declared_row_is_in_exactly_one_review_edge():
+    """Each declared row is on one review edge; group rows are drawn once."""
     diagram = D.extract()
     drawn = D.review_edges([D.DrawnRow(r) for r in diagram.rows])
     ids = [d.row.id for e in drawn for d in e.rows]
@@ -495,19 +630,81 @@ def test_every_declared_row_is_in_exactly_one_review_edge():
 
 
 def test_review_labels_say_what_each_row_does():
+    """Each row's trigger, guards and effect words are on its edge; a refusal cascade's rows
+    are one line "refused: the first failing guard → endReason"."""
     diagram = D.extract()
-    labels = {(t, h): " ".join(text.split()) for t, h, _, text
+    labels = {a["id"]: " ".join(text.split()) for _, _, a, text
               in review_dot_edges(D.render_review_dot(diagram))}
+    refused = {r.id: (c.source, r.dest) for c in D.cascades(diagram.rows) for _, r in c.refusals}
+    per_edge = {edge: sum(e == edge for e in refused.values()) for edge in refused.values()}
     for row in diagram.rows:
-        label = labels[(row.source, row.dest)]
+        label = labels[f"{row.source}->{row.dest}"]
         assert row.trigger in label.split(), row.id
+        if per_edge.get(refused.get(row.id), 0) >= 2:  # folded into the cascade's one line
+            assert "refused: the first failing guard → endReason" in label, row.id
+            assert D.guard_text(row.guards) not in label, row.id
+            continue
         if row.guards:
             assert " ".join(D.guard_text(row.guards).split()) in label, row.id
         if row.effect:
             assert "/ " + " ".join(diagram.effect_text(row.effect).split()) in label, row.id
 
 
+def test_refusal_cascades_are_one_line_and_the_guard_order_is_listed_once():
+    """The refusals of turn_failed_retryable read as one line per edge; the legend lists the
+    guard order once, each guard with the endReason its failure gives."""
+    diagram = D.extract()
+    found = D.cascades(diagram.rows)
+    assert [(c.source, c.trigger) for c in found] == [
+        ("at_rest", "turn_failed_retryable"), ("continuing", "turn_failed_retryable")]
+    order = list(found[0].order)
+    assert order == ["retry_enabled", "has_retries_left", "replay_safe", "hint_within_wait",
+                     "within_deadline", "budget_allows"]
+    source = D.render_review_dot(diagram)
+    edges = {a["id"]: text for _, _, a, text in review_dot_edges(source)}
+    for edge in ("at_rest->exhausted", "continuing->exhausted"):
+        text = " ".join(edges[edge].split())
+        assert text.count("refused: the first failing guard → endReason") == 1, edge
+        assert "¬has_retries_left" not in text and "¬budget_allows" not in text, edge
+        assert "/ emit auto_retry_end (endReason); the prompt may return" in text, edge
+    legend = source[source.index("<b>guard order</b>"):]
+    plain = re.sub(r"<[^>]+>", " ", legend[:legend.index("</table>")]).replace("&#160;", " ")
+    positions = [plain.index(f" {g} ") for g in order]
+    assert positions == sorted(positions) and all(plain.count(f" {g} ") == 1 for g in order)
+    for reason in ("exhausted", "output_streamed", "hint_too_long", "deadline", "budget",
+                   "disabled (continuing)"):
+        assert f"fails → {reason}" in " ".join(plain.split()) or reason in plain, reason
+
+
+def test_cascades_need_a_go_row_and_two_refusals():
+    """A cell with one refusal row is drawn row by row."""
+    rows = [D.DeclaredRow("a--t[g,h]->b", "a", "t", "b", ("g", "h"), None, ""),
+            D.DeclaredRow("a--t[!g]->c", "a", "t", "c", ("!g",), None, "")]
+    assert D.cascades(rows) == ()
+    rows.append(D.DeclaredRow("a--t[g,!h]->c", "a", "t", "c", ("g", "!h"), None, ""))
+    (c,) = D.cascades(rows)
+    assert c.order == ("g", "h") and [g for g, _ in c.refusals] == ["g", "h"]
+    assert c.refused_by("a--t[g,!h]->c") == "h" and c.refused_by("a--t[g,h]->b") is None
+
+
+def test_legend_card_states_the_classification_families():
+    """One line per outcome, naming the trigger it fires and its families."""
+    from fsm.review.diagrams.policy import policy_card
+
+    card = policy_card()
+    names = [n for n, _ in card.families]
+    assert names[:3] == ["retryable → turn_failed_retryable", "context overflow → turn_overflowed",
+                         "fatal → turn_failed_fatal"]
+    families = dict(card.families)
+    assert "rate limit" in families[names[0]] and "overloaded" in families[names[0]]
+    assert "billing" in families[names[2]] and families[names[2]].endswith("anything unmatched")
+    source = D.render_review_dot(D.extract())
+    for name, text in card.families:
+        assert D.dot.html_text(name) in source
+
+
 def test_effect_text_falls_back_to_the_effect_name():
+    """An effect without words reads as its name with spaces."""
     diagram = D.extract(grouped_declaration(effects={}))
     assert diagram.effect_text("start") == "start"
     assert diagram.effect_text("end_failed") == "end failed"
@@ -520,41 +717,111 @@ def svg_size_px(svg: bytes) -> tuple[float, float]:
 
 
 def label_boxes(svg: bytes) -> dict[str, tuple[float, float, float, float]]:
-    """Edge id → the box around its label's text (estimated from the text anchors)."""
-    root = ET.fromstring(svg)
+    """Label node id → its box (x0, y0, x1, y1) in SVG points: each label is a node of its own
+    whose box (drawn with a transparent stroke) holds its text."""
     boxes = {}
-    for g in root.iter(f"{SVG_NS}g"):
-        if g.get("class") != "edge":
+    for g in ET.fromstring(svg).iter(f"{SVG_NS}g"):
+        if g.get("class") != "node":
             continue
-        xs, ys = [], []
-        for t in g.iter(f"{SVG_NS}text"):
-            x, y, size = float(t.get("x")), float(t.get("y")), float(t.get("font-size"))
-            width = len("".join(t.itertext())) * size * 0.5
-            start = {"start": x, "middle": x - width / 2, "end": x - width}[t.get("text-anchor", "start")]
-            xs += [start, start + width]
-            ys += [y - size * 0.8, y + size * 0.2]
-        if xs:
-            boxes[g.get("id")] = (min(xs), min(ys), max(xs), max(ys))
+        for poly in g.iter(f"{SVG_NS}polygon"):
+            if poly.get("stroke") == "transparent":
+                xy = [tuple(map(float, p.split(","))) for p in poly.get("points").split()]
+                boxes[g.get("id")] = (min(x for x, _ in xy), min(y for _, y in xy),
+                                      max(x for x, _ in xy), max(y for _, y in xy))
     return boxes
 
 
-@pytest.mark.parametrize("decl", [None, "grouped"])
-def test_review_labels_never_overlap(decl):
-    diagram = D.extract(grouped_declaration() if decl else None)
-    boxes = label_boxes(D.render_review_svg(diagram))
-    assert len(boxes) == len(D.review_edges([D.DrawnRow(r) for r in diagram.rows]))
+def edge_points(svg: bytes, steps: int = 32) -> dict[str, list[tuple[float, float]]]:
+    """Edge id → points along its path (each cubic Bézier piece sampled ``steps`` times)."""
+    out = {}
+    for g in svg_edges(svg):
+        points = []
+        for path in g.iter(f"{SVG_NS}path"):
+            xy = [tuple(map(float, p.split(","))) for p in
+                  re.findall(r"-?[\d.]+,-?[\d.]+", path.get("d"))]
+            for i in range(0, len(xy) - 3, 3):
+                p0, p1, p2, p3 = xy[i:i + 4]
+                for k in range(steps + 1):
+                    u = k / steps
+                    w = ((1 - u) ** 3, 3 * (1 - u) ** 2 * u, 3 * (1 - u) * u ** 2, u ** 3)
+                    points.append((sum(c * p[0] for c, p in zip(w, (p0, p1, p2, p3))),
+                                   sum(c * p[1] for c, p in zip(w, (p0, p1, p2, p3)))))
+        out[g.get("id")] = points
+    return out
+
+
+def assert_labels_clear(svg: bytes) -> None:
+    """No two label boxes overlap and no edge runs through a label box (an edge's own two
+    halves end on its label's border)."""
+    boxes = label_boxes(svg)
+    assert set(boxes) == set(label_nodes(svg)), "every label is a node with a box"
     for (a, ba), (b, bb) in itertools.combinations(boxes.items(), 2):
         overlap = min(ba[2], bb[2]) - max(ba[0], bb[0]), min(ba[3], bb[3]) - max(ba[1], bb[1])
-        assert min(overlap) <= 1, f"the labels of {a} and {b} overlap"
+        assert min(overlap) <= 0, f"the labels of {a} and {b} overlap"
+    for edge, points in edge_points(svg).items():
+        for label, (x0, y0, x1, y1) in boxes.items():
+            if edge.startswith(f"{label}#"):
+                continue
+            hits = [(x, y) for x, y in points if x0 + 1 < x < x1 - 1 and y0 + 1 < y < y1 - 1]
+            assert not hits, f"edge {edge} runs through the label of {label} at {hits[0]}"
 
 
-def test_review_fits_a_laptop_screen():
-    """About 1600 x 1000 px at 96 dpi, for the machine as declared."""
-    width, height = svg_size_px(D.render_review_svg(D.extract()))
-    assert width <= 1650 and height <= 1050, (width, height)
+def failures_declaration() -> dict:
+    """The declaration with what the failures work adds (new triggers, a guard, rows), to check
+    the review diagram still reads: labels clear, one picture."""
+    decl = json.loads(json.dumps(L.declaration()))
+    decl["triggers"] += ["deadline_passed", "request_refused", "fallback_due"]
+    decl["guards"]["fallback_allowed"] = "a fallback model is configured and not yet used"
+    decl["effects"].update({"end_deadline_passed": "emit auto_retry_end (deadline); the prompt "
+                            "may return", "end_refused": "emit auto_retry_end (refused); the "
+                            "prompt may return", "switch_model": "switch to the fallback model; "
+                            "attempt + 1; start backoff"})
+    extra = [("backing_off", "deadline_passed", "exhausted", [], "end_deadline_passed"),
+             ("continuing", "deadline_passed", "exhausted", [], "end_deadline_passed"),
+             ("at_rest", "request_refused", "exhausted", [], "end_refused"),
+             ("continuing", "fallback_due", "backing_off", ["fallback_allowed"], "switch_model"),
+             ("continuing", "fallback_due", "exhausted", ["!fallback_allowed"], "end_exhausted"),
+             ("backing_off", "backoff_elapsed", "backing_off", ["!budget_allows"], None)]
+    groups = decl["groups"]
+    for source, trigger, dest, guards, effect in extra:
+        rid = f"{source}--{trigger}" + (f"[{','.join(guards)}]" if guards else "") + f"->{dest}"
+        decl["rows"].append({"id": rid, "source": source, "trigger": trigger, "dest": dest,
+                             "guards": guards, "effect": effect, "spec": "", "ignored": False})
+        for member in groups.get(source, [source]):
+            decl["transitions"].append({
+                "id": f"{member}--{trigger}" + (f"[{','.join(guards)}]" if guards else "")
+                      + f"->{dest}", "source": member, "trigger": trigger, "dest": dest,
+                "guards": guards, "effect": effect, "spec": "", "row": rid})
+    return decl
+
+
+@pytest.mark.parametrize("decl", [None, "grouped", "failures"])
+def test_review_labels_are_clear_of_each_other_and_of_edges(decl):
+    """Read from the SVG's geometry: labels never overlap and no edge crosses label text, for
+    the machine as declared, a small grouped one, and one with the failure triggers added."""
+    decl = {None: None, "grouped": grouped_declaration(), "failures": failures_declaration()}[decl]
+    diagram = D.extract(decl)
+    svg = D.render_review_svg(diagram)
+    assert len(label_boxes(svg)) == len(D.review_edges([D.DrawnRow(r) for r in diagram.rows]))
+    assert_labels_clear(svg)
+
+
+@pytest.mark.parametrize("state", L.STATES)
+def test_small_multiple_labels_are_clear(state):
+    """The same geometry check on each state's small diagram."""
+    assert_labels_clear(S.render_state_svg(D.extract(), state))
+
+
+def test_review_fits_a_wide_screen():
+    """The machine and its legend card fit about 1920 x 1200 px at 96 dpi, also with the
+    failure triggers added."""
+    for decl in (None, failures_declaration()):
+        width, height = svg_size_px(D.render_review_svg(D.extract(decl)))
+        assert width <= 1920 and height <= 1200, (width, height)
 
 
 def test_committed_review_svg_is_current():
+    """The committed review SVG draws the edges the declaration has today."""
     committed = (COMMITTED / "retry_lifecycle_review.svg").read_bytes()
     fresh = D.render_review_svg(D.extract())
     ids = lambda svg: sorted(g.get("id") for g in svg_edges(svg))  # noqa: E731
@@ -562,29 +829,32 @@ def test_committed_review_svg_is_current():
 
 
 def test_review_mermaid_has_one_line_per_merged_edge():
+    """One Mermaid line per merged edge; the group's rows start from its first member."""
     diagram = D.extract(grouped_declaration())
     text = D.render_review_mermaid(diagram)
     assert text.startswith("---\ntitle: retry_lifecycle_review\n---\nstateDiagram-v2\n")
     lines = [l.strip() for l in text.splitlines() if "-->" in l]
     assert lines == [
         "[*] --> calm",
-        "rest --> busy : go [ready]<br>/ emits started, starts the work",
-        "rest --> calm : go [¬ready]<br>stop<br>/ does nothing",
+        "calm --> busy : go [ready]<br>/ emits started, starts the work",
+        "calm --> calm : go [¬ready]<br>stop<br>/ does nothing",
         "busy --> done : finish<br>fail [¬ready]<br>/ emits finished",
         "busy --> busy : fail [ready]<br>/ emits retry, starts again",
         "busy --> calm : stop<br>/ emits finished",
     ]
-    assert 'state "any state rest (calm, done)" as rest' in text
-    assert "class rest group" in text
+    assert "    calm : rest∶ done answer as calm" in text
+    assert " rest " not in text.replace("rest∶", "") and "class rest" not in text
 
 
 def test_declaration_json_is_the_declaration():
+    """retry_lifecycle.json is lifecycle.declaration() as JSON."""
     committed = json.loads((COMMITTED / "retry_lifecycle.json").read_text(encoding="utf-8"))
     assert committed == json.loads(json.dumps(L.declaration()))
     assert D.declaration_json().endswith("}\n")
 
 
 def test_fold_rows_groups_rows_every_member_has_alike():
+    """An old declaration's per-state rows fold into its groups' rows."""
     decl = grouped_declaration()
     legacy = {k: v for k, v in decl.items() if k not in ("rows", "groups")}
     legacy["transitions"] = [{k: v for k, v in t.items() if k != "row"} for t in decl["transitions"]]
@@ -600,6 +870,7 @@ def test_fold_rows_groups_rows_every_member_has_alike():
 
 
 def test_markdown_lists_every_effect_in_words():
+    """The Effects section lists every effect in the declaration's words."""
     diagram = D.extract()
     text = D.render_markdown(diagram)
     section = text.split("## Effects", 1)[1].split("\n## ", 1)[0]

@@ -47,6 +47,7 @@ def one_removed_one_changed() -> tuple[dict, dict]:
 
 
 def test_one_row_removed_and_one_guard_changed_are_exactly_two_changes():
+    """A removed row and a changed guard are two changes: picture, table, Mermaid."""
     old, new = one_removed_one_changed()
     result = DD.compare(old, new)
     assert [(c.change, c.row.id, c.what) for c in result.rows] == [
@@ -59,14 +60,14 @@ def test_one_row_removed_and_one_guard_changed_are_exactly_two_changes():
     diagram = D.extract(new)
     edges = review_dot_edges(DD.build_digraph(result, diagram).source)
     styled = {(t, h): attrs for t, h, attrs, _ in edges if "color" in attrs}
-    assert set(styled) == {("busy", "calm"), ("rest", "calm")}
+    assert set(styled) == {("busy", "calm"), ("calm", "calm")}  # rest's rows start at calm
     assert styled[("busy", "calm")]["style"] == "dashed"
     assert styled[("busy", "calm")]["id"] == "busy->calm(removed)"
-    assert styled[("rest", "calm")]["style"] == "solid"
-    assert styled[("rest", "calm")]["id"] == "rest->calm"
-    assert styled[("rest", "calm")]["color"] != styled[("busy", "calm")]["color"]
+    assert styled[("calm", "calm")]["style"] == "solid"
+    assert styled[("calm", "calm")]["id"] == "rest->calm"
+    assert styled[("calm", "calm")]["color"] != styled[("busy", "calm")]["color"]
     labels = {(t, h): text.splitlines() for t, h, _, text in edges}
-    assert labels[("rest", "calm")] == ["go", "[¬ready]", "/ does nothing",
+    assert labels[("calm", "calm")] == ["go", "[¬ready]", "/ does nothing",
                                         "~", "stop", "[ready]", "had no guards", "/ does nothing"]
     assert labels[("busy", "calm")] == ["−", "stop", "/ emits finished"]
     # the table: exactly two change rows
@@ -77,13 +78,14 @@ def test_one_row_removed_and_one_guard_changed_are_exactly_two_changes():
         "| ➖ removed | `busy` | `stop` |  | `calm` | emits finished |",
     ]
     assert "```mermaid\n" in md
-    assert ("    rest --> calm : go [¬ready]<br>/ does nothing<br>~ stop [ready] (had no guards)"
+    assert ("    calm --> calm : go [¬ready]<br>/ does nothing<br>~ stop [ready] (had no guards)"
             "<br>/ does nothing\n") in md
     assert "    busy --> calm : − stop<br>/ emits finished\n" in md
     assert "Also changed" not in md
 
 
 def test_same_declaration_has_no_change():
+    """A declaration compared with itself has no change."""
     result = DD.compare(L.declaration(), L.declaration())
     assert result.rows == [] and result.empty
     assert result.summary() == "no change to the rows"
@@ -100,6 +102,7 @@ def test_regrouping_rows_is_no_change():
 
 
 def test_added_rows_and_a_changed_effect():
+    """Added rows get edges of their own; a changed effect is a change, not two rows."""
     old = grouped_declaration()
     new = copy.deepcopy(old)
     for r in new["rows"] + new["transitions"]:
@@ -127,6 +130,7 @@ def test_added_rows_and_a_changed_effect():
 
 
 def test_gone_states_get_a_dashed_node():
+    """A removed row whose state is gone gets a dashed node."""
     old = grouped_declaration()
     new = copy.deepcopy(old)
     new["states"].append("spare")
@@ -142,6 +146,7 @@ def test_gone_states_get_a_dashed_node():
 # ----------------------------------------------------------------------------- command
 
 def test_diff_command_writes_picture_and_table(tmp_path, capsys):
+    """diagrams --diff writes the picture, its DOT and the Markdown table."""
     old = copy.deepcopy(L.declaration())
     victim = next(t for t in old["transitions"] if t["source"] == "continuing")
     extra = victim["id"] + "-extra"
@@ -168,6 +173,7 @@ def test_diff_command_writes_picture_and_table(tmp_path, capsys):
     ('{"states": []}', "not a lifecycle declaration (missing initial"),
 ])
 def test_diff_of_a_bad_file_is_a_clear_error(tmp_path, capsys, content, message):
+    """A --diff file that is not a declaration is a clear error."""
     path = tmp_path / "old.json"
     path.write_text(content, encoding="utf-8")
     assert main(["diagrams", "--diff", str(path), "--out", str(tmp_path / "o")]) == 2
@@ -194,6 +200,7 @@ def repo(tmp_path) -> Path:
 
 
 def test_diff_ref_reads_the_json_at_that_revision(repo):
+    """--diff-ref reads diagrams/retry_lifecycle.json at that revision."""
     old, new = one_removed_one_changed()
     (repo / "diagrams").mkdir()
     (repo / "diagrams" / "retry_lifecycle.json").write_text(json.dumps(old), encoding="utf-8")
@@ -209,6 +216,7 @@ def test_diff_ref_reads_the_json_at_that_revision(repo):
 
 
 def test_diff_ref_before_the_json_asks_that_revision_s_code(repo):
+    """A revision without the JSON is asked for its declaration by its own code."""
     (repo / "fsm").mkdir()
     (repo / "fsm" / "__init__.py").write_text("")
     decl = grouped_declaration()
@@ -219,6 +227,7 @@ def test_diff_ref_before_the_json_asks_that_revision_s_code(repo):
 
 
 def test_diff_ref_outside_a_repository(tmp_path):
+    """--diff-ref outside a git repository is a clear error."""
     with pytest.raises(DD.DiffError, match="not inside a git repository"):
         DD.load_ref("main", tmp_path)
 
@@ -237,6 +246,7 @@ def test_diff_ref_of_this_repository_head(tmp_path):
 
 
 def test_diff_ref_with_a_broken_json_or_no_declaration(repo):
+    """A broken JSON or a revision with no declaration is a clear error."""
     (repo / "diagrams").mkdir()
     (repo / "diagrams" / "retry_lifecycle.json").write_text("{not json", encoding="utf-8")
     git(repo, "add", "-A")
@@ -259,6 +269,7 @@ def test_diff_ref_with_a_broken_json_or_no_declaration(repo):
 
 
 def test_diff_command_errors(tmp_path, monkeypatch, capsys):
+    """The diff command's bad inputs exit 2 with a message."""
     path = tmp_path / "old.json"
     path.write_text(D.declaration_json(), encoding="utf-8")
     blocker = tmp_path / "file"

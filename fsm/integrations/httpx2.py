@@ -1,0 +1,271 @@
+"""httpx2 transports that retry under the brain (``pip install 'retry-fsm[httpx2]'``).
+
+The official SDKs (openai ≥ 3, anthropic ≥ 1) and pydantic-ai send their requests through an
+``httpx2`` client; a transport sits under all of them::
+
+    from fsm.integrations.httpx2 import AsyncRetryTransport
+    transport = AsyncRetryTransport(settings={"retryHints": "honor"}, on_event=print)
+    client = openai.AsyncOpenAI(max_retries=0,           # one retry owner: the brain
+                                http_client=httpx2.AsyncClient(transport=transport))
+
+Each request is one call to the brain (docs/policy.md): an HTTP error status (with its body and
+headers — ``retry-after``, ``x-ratelimit-reset-*``, ``anthropic-ratelimit-*``) or a connection
+error is classified, and a retryable one is sent again after the brain's backoff (retry hints,
+the retry budget and the fleet's cooldowns included; events to ``on_event``). When the chain
+ends without success, the transport returns the last response (or raises the last connection
+error), so the SDK raises its own exception as it would have.
+
+What a transport cannot see, and when to use :func:`fsm.retrying` (the runner) or the agent
+session instead:
+
+- an error *inside* a 200 stream (Anthropic's ``overloaded_error`` event, a stream cut after
+  the first tokens): the response has already been handed to the SDK;
+- whether streamed output reached the user (replay safety, ``retry.afterOutput``);
+- the model's answer (a context overflow is a 400 here, handed back to the SDK).
+
+A request whose body is a one-shot stream (an async generator, a file being read) cannot be
+replayed: its failure is not retried, and a note on the exception (or a log line for a
+returned error response) says so.
+
+**One retry owner** (docs/policy.md §12): a call already run by an fsm host (the runner, the
+tenacity strategy, a session) passes straight through this transport; a request carrying
+``x-stainless-retry-count`` above 0 means the SDK's own retries are on as well, and the
+transport warns once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from fsm.core.events import Event
+from fsm.core.settings import RetrySettings
+from fsm.host.chain import RETRY_OWNER as OWNER
+from fsm.host.chain import Chain
+from fsm.host.kernel import provider_id
+from fsm.integrations._extra import require
+
+httpx2 = require("httpx2", "httpx2")
+
+__all__ = ["RetryTransport", "AsyncRetryTransport", "OWNER", "SDKRetriesWarning"]
+
+log = logging.getLogger("fsm.integrations.httpx2")
+
+NOT_REPLAYABLE = ("not retried: the request body is a one-shot stream that cannot be sent "
+                  "again (give the client bytes or a JSON body)")
+
+
+class SDKRetriesWarning(UserWarning):
+    """The SDK under the transport retries on its own too (set ``max_retries=0``)."""
+
+
+def _replayable(request: Any) -> bool:
+    return isinstance(request.stream, httpx2.ByteStream)
+
+
+def _model(request: Any) -> str:
+    """The ``model`` of a JSON request body, or ``"default"``."""
+    stream = request.stream
+    if not isinstance(stream, httpx2.ByteStream):
+        return "default"
+    try:
+        body = json.loads(request.content or b"null")
+    except (ValueError, UnicodeDecodeError, httpx2.RequestNotRead):
+        return "default"
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else "default"
+
+
+def _error_message(response: Any) -> Any:
+    """The failed assistant message for an HTTP error ``response`` (body already read)."""
+    from fsm.providers.sdk_errors import status_error_facts
+    try:
+        body: Any = response.text
+    except Exception:  # an undecodable body: no text, the status still speaks
+        body = None
+    return status_error_facts(response.status_code, body, response.headers).to_message()
+
+
+class _Base:
+    def __init__(self, wrapped: Any, settings: RetrySettings | Mapping[str, Any] | None,
+                 on_event: Callable[[Event], Any] | None, coordinator: Any,
+                 provider: str | None, clock: Any, random: Callable[[], float] | None) -> None:
+        self.wrapped = wrapped
+        self._chain_options: dict[str, Any] = {"on_event": on_event, "clock": clock}
+        if random is not None:
+            self._chain_options["random"] = random
+        self.settings = Chain(settings, sync=True).settings  # a bad key raises here, once
+        self.coordinator = coordinator
+        self.provider = provider
+        self.clock = clock
+        self._warned = False
+
+    def _chain(self, request: Any, *, sync: bool) -> Chain:
+        url = request.url
+        return Chain(self.settings, sync=sync, coordinator=self.coordinator,
+                     provider=provider_id(self.provider, url.host, url.port),
+                     model=_model(request), **self._chain_options)
+
+    def _check_sdk_retries(self, request: Any) -> None:
+        count = request.headers.get("x-stainless-retry-count", "0")
+        if not self._warned and count.isdigit() and int(count) > 0:
+            self._warned = True
+            warnings.warn("the SDK over this transport retries on its own too "
+                          "(x-stainless-retry-count > 0): give the client max_retries=0 so the "
+                          "brain is the one retry owner", SDKRetriesWarning, stacklevel=2)
+
+
+class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
+    """An ``httpx2.AsyncBaseTransport`` that retries failed requests under the brain.
+
+    Args:
+        wrapped: the transport that sends (default ``httpx2.AsyncHTTPTransport()``).
+        settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping.
+        on_event: called with each :mod:`fsm.core.events` event.
+        coordinator: the fleet's coordinator (docs/fleet.md); None = the event loop's
+            in-process one when hints are honoured or a budget is set.
+        provider: the provider's name for the coordinator key and ``retry.providers``; None =
+            from the request's host (``api.openai.com`` → ``openai``).
+        clock: a host clock (``time_ms()``, ``call_later``); None = real time.
+        random: floats in [0, 1) for jitter.
+    """
+
+    def __init__(self, wrapped: Any = None, *, settings: RetrySettings | Mapping[str, Any] | None = None,
+                 on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
+                 provider: str | None = None, clock: Any = None,
+                 random: Callable[[], float] | None = None) -> None:
+        super().__init__(wrapped or httpx2.AsyncHTTPTransport(), settings, on_event, coordinator,
+                         provider, clock, random)
+
+    async def handle_async_request(self, request: Any) -> Any:
+        """Send ``request``, retrying as the brain decides (see the module docstring)."""
+        self._check_sdk_retries(request)
+        if OWNER.get() is not None:
+            return await self.wrapped.handle_async_request(request)
+        chain = self._chain(request, sync=False)
+        token = OWNER.set(chain)
+        try:
+            while True:
+                try:
+                    response = await self.wrapped.handle_async_request(request)
+                except httpx2.TransportError as exc:
+                    if not _replayable(request):
+                        exc.add_note(NOT_REPLAYABLE)
+                        raise
+                    delay = await chain.failed(exc)
+                    if delay is None:
+                        _note_end(exc, chain)
+                        raise
+                else:
+                    if response.status_code < 400:
+                        chain.succeeded()
+                        return response
+                    await response.aread()
+                    if not _replayable(request):
+                        log.info("%s %s", response.status_code, NOT_REPLAYABLE)
+                        return response
+                    delay = await chain.failed(message=_error_message(response))
+                    if delay is None:
+                        return response
+                    await response.aclose()
+                await self._sleep(delay)
+                chain.backoff_elapsed()
+        except asyncio.CancelledError:
+            chain.cancel()
+            raise
+        finally:
+            OWNER.reset(token)
+            chain.close()
+
+    async def _sleep(self, delay_ms: int) -> None:
+        if self.clock is not None and hasattr(self.clock, "call_later"):
+            future = asyncio.get_running_loop().create_future()
+            handle = self.clock.call_later(delay_ms / 1000, _resolve, future)
+            try:
+                await future
+            finally:
+                handle.cancel()
+        else:
+            await asyncio.sleep(delay_ms / 1000)
+
+    async def aclose(self) -> None:
+        """Close the wrapped transport."""
+        await self.wrapped.aclose()
+
+
+class RetryTransport(_Base, httpx2.BaseTransport):
+    """The synchronous twin of :class:`AsyncRetryTransport` (``httpx2.Client(transport=...)``).
+
+    A ``coordinator`` (the fleet's shared cooldowns and budget) is spoken to through the
+    process's background event loop (the sync facade of :func:`fsm.host.chain.coordinator_loop`);
+    without one, hints and the budget apply per chain. ``sleep`` waits the backoff (default
+    ``time.sleep``; a ``KeyboardInterrupt`` while waiting ends the chain ``cancelled``).
+    """
+
+    def __init__(self, wrapped: Any = None, *, settings: RetrySettings | Mapping[str, Any] | None = None,
+                 on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
+                 provider: str | None = None, sleep: Callable[[float], Any] | None = None,
+                 clock: Any = None, random: Callable[[], float] | None = None) -> None:
+        super().__init__(wrapped or httpx2.HTTPTransport(), settings, on_event, coordinator,
+                         provider, clock, random)
+        self.sleep = sleep or getattr(clock, "sleep", None) or time.sleep
+
+    def handle_request(self, request: Any) -> Any:
+        """Send ``request``, retrying as the brain decides (see the module docstring)."""
+        self._check_sdk_retries(request)
+        if OWNER.get() is not None:
+            return self.wrapped.handle_request(request)
+        chain = self._chain(request, sync=True)
+        token = OWNER.set(chain)
+        try:
+            while True:
+                try:
+                    response = self.wrapped.handle_request(request)
+                except httpx2.TransportError as exc:
+                    if not _replayable(request):
+                        exc.add_note(NOT_REPLAYABLE)
+                        raise
+                    delay = chain.failed_sync(exc)
+                    if delay is None:
+                        _note_end(exc, chain)
+                        raise
+                else:
+                    if response.status_code < 400:
+                        chain.succeeded()
+                        return response
+                    response.read()
+                    if not _replayable(request):
+                        log.info("%s %s", response.status_code, NOT_REPLAYABLE)
+                        return response
+                    delay = chain.failed_sync(message=_error_message(response))
+                    if delay is None:
+                        return response
+                    response.close()
+                self.sleep(delay / 1000)
+                chain.backoff_elapsed()
+        except KeyboardInterrupt:
+            chain.cancel()
+            raise
+        finally:
+            OWNER.reset(token)
+            chain.close()
+
+    def close(self) -> None:
+        """Close the wrapped transport."""
+        self.wrapped.close()
+
+
+def _note_end(exc: BaseException, chain: Chain) -> None:
+    end = chain.end
+    if end is not None:
+        exc.add_note(f"retry-fsm: endReason {end.end_reason} after {end.attempt} retries")
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,167 @@
+"""The brain as a LangChain v1 agent middleware (``pip install 'retry-fsm[langchain]'``).
+
+It replaces ``ModelRetryMiddleware`` (two retries of any exception, no retry hints) with the
+retry brain: the failure is classified (a 401 or a context overflow is never retried, a 529 or
+a dropped connection is), retry hints honoured when set, the retry budget and the fleet's
+cooldowns shared, events per attempt::
+
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+    from fsm.integrations.langchain import RetryBrainMiddleware
+
+    model = ChatOpenAI(model="gpt-5", max_retries=0)        # one retry owner: the brain
+    agent = create_agent(model, tools=[...], middleware=[
+        RetryBrainMiddleware({"maxRetries": 5, "retryHints": "honor"}, on_event=print)])
+
+Each model call of the agent is one chain (``wrap_model_call`` / ``awrap_model_call``). When it
+ends without success the middleware raises what :func:`fsm.retrying` raises
+(:class:`~fsm.host.runner.RetryChainError`, ``ContextOverflowError``); a first failure that
+starts no chain is the model's own exception. LangGraph's control-flow exceptions
+(``GraphBubbleUp``: interrupts) pass through untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from fsm.core.events import Event
+from fsm.core.settings import RetrySettings
+from fsm.host.chain import RETRY_OWNER, Chain
+from fsm.integrations._extra import require
+
+require("langchain.agents.middleware", "langchain")
+from langchain.agents.middleware import AgentMiddleware  # noqa: E402
+from langgraph.errors import GraphBubbleUp  # noqa: E402
+
+__all__ = ["RetryBrainMiddleware"]
+
+
+def _model_name(model: Any) -> str:
+    for attr in ("model_name", "model", "model_id"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return "default"
+
+
+def _provider_name(model: Any) -> str:
+    module = type(model).__module__ or ""
+    root = module.split(".", 1)[0]
+    return root.removeprefix("langchain_") or "default"
+
+
+class RetryBrainMiddleware(AgentMiddleware):
+    """Retries an agent's failed model calls under the retry brain.
+
+    Args:
+        settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping.
+        on_event: called with each :mod:`fsm.core.events` event.
+        coordinator: the fleet's coordinator for async agents (docs/fleet.md).
+        clock: a host clock (``time_ms()``, ``call_later``, ``sleep``); None = real time.
+        sleep: ``sleep(seconds)`` for synchronous agents (default ``time.sleep``).
+        random: floats in [0, 1) for jitter.
+    """
+
+    def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
+                 on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
+                 clock: Any = None, sleep: Callable[[float], Any] | None = None,
+                 random: Callable[[], float] | None = None) -> None:
+        super().__init__()
+        self.settings = Chain(settings, sync=True).settings  # a bad key raises here, once
+        self.on_event = on_event
+        self.coordinator = coordinator
+        self.clock = clock
+        self.sleep = sleep or getattr(clock, "sleep", None) or time.sleep
+        self._random = random
+
+    def _chain(self, request: Any, *, sync: bool) -> Chain:
+        options: dict[str, Any] = {"on_event": self.on_event, "clock": self.clock,
+                                   "provider": _provider_name(request.model),
+                                   "model": _model_name(request.model)}
+        if self._random is not None:
+            options["random"] = self._random
+        return Chain(self.settings, sync=sync, coordinator=None if sync else self.coordinator,
+                     **options)
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """Call ``handler(request)`` until it succeeds or the brain ends the chain."""
+        chain = self._chain(request, sync=True)
+        owner = RETRY_OWNER.set(chain)
+        try:
+            while True:
+                try:
+                    response = handler(request)
+                except GraphBubbleUp:
+                    raise
+                except Exception as exc:
+                    delay = chain.failed_sync(exc)
+                    if delay is None:
+                        _raise_end(chain, exc)
+                    try:
+                        self.sleep(delay / 1000)
+                    except BaseException:
+                        chain.cancel()
+                        raise
+                    chain.backoff_elapsed()
+                else:
+                    chain.succeeded()
+                    return response
+        finally:
+            RETRY_OWNER.reset(owner)
+            chain.close()
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """``await handler(request)`` until it succeeds or the brain ends the chain; a
+        cancellation ends the chain ``cancelled``."""
+        chain = self._chain(request, sync=False)
+        owner = RETRY_OWNER.set(chain)
+        try:
+            while True:
+                try:
+                    response = await handler(request)
+                except GraphBubbleUp:
+                    raise
+                except Exception as exc:
+                    delay = await chain.failed(exc)
+                    if delay is None:
+                        _raise_end(chain, exc)
+                    await self._wait(delay)
+                    chain.backoff_elapsed()
+                else:
+                    chain.succeeded()
+                    return response
+        except asyncio.CancelledError:
+            chain.cancel()
+            raise
+        finally:
+            RETRY_OWNER.reset(owner)
+            chain.close()
+
+    async def _wait(self, delay_ms: int) -> None:
+        if self.clock is not None and hasattr(self.clock, "call_later"):
+            future = asyncio.get_running_loop().create_future()
+            handle = self.clock.call_later(delay_ms / 1000, _resolve, future)
+            try:
+                await future
+            finally:
+                handle.cancel()
+        else:
+            await asyncio.sleep(delay_ms / 1000)
+
+
+def _raise_end(chain: Chain, exc: Exception) -> None:
+    error = chain.error()
+    if error is exc:
+        end = chain.end
+        if end is not None:
+            exc.add_note(f"retry-fsm: endReason {end.end_reason}")
+        raise exc
+    raise error from exc
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,132 @@
+"""The brain in pydantic-ai agents (``pip install 'retry-fsm[pydantic-ai]'``).
+
+Two ways in, pick one per agent (two retry owners multiply the requests):
+
+1. **The model-request hook** — :class:`RetryBrainCapability`, a pydantic-ai capability: every
+   failed attempt at a model request (a status error, a dropped connection, an error inside the
+   stream once pydantic-ai raises it) goes to the brain, which answers with its backoff (the
+   capability waits and asks pydantic-ai for another attempt with ``RetryModelRequest``) or ends
+   the chain (the error propagates as :func:`fsm.retrying` would raise it)::
+
+       from pydantic_ai import Agent
+       from fsm.integrations.pydantic_ai import RetryBrainCapability
+       agent = Agent(model, capabilities=[RetryBrainCapability({"retryHints": "honor"}, on_event=print)])
+
+   It sees what the agent sees — errors inside a stream included — and is the one to prefer.
+2. **The httpx2 transport slot** — :func:`http_client` gives the provider an ``httpx2`` client
+   whose transport is :class:`~fsm.integrations.httpx2.AsyncRetryTransport` (HTTP-level
+   failures only; see that module for what a transport cannot see)::
+
+       provider = OpenAIProvider(base_url=..., api_key=..., http_client=http_client(settings))
+
+Give the provider's SDK client ``max_retries=0`` either way (pydantic-ai's own ``OpenAIProvider``
+builds its client with the SDK default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from fsm.core.events import Event
+from fsm.core.settings import RetrySettings
+from fsm.host.chain import RETRY_OWNER, Chain
+from fsm.integrations._extra import require
+
+require("pydantic_ai", "pydantic-ai")
+from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
+from pydantic_ai.exceptions import RetryModelRequest  # noqa: E402
+
+__all__ = ["RetryBrainCapability", "http_client"]
+
+
+class RetryBrainCapability(AbstractCapability):
+    """pydantic-ai capability: the brain decides whether and when a failed model request is
+    attempted again.
+
+    Args:
+        settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping.
+        on_event: called with each :mod:`fsm.core.events` event.
+        coordinator: the fleet's coordinator (docs/fleet.md); None = the event loop's.
+        clock: a host clock (``time_ms()``, ``call_later``); None = real time.
+        random: floats in [0, 1) for jitter.
+    """
+
+    def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
+                 on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
+                 clock: Any = None, random: Callable[[], float] | None = None) -> None:
+        self.settings = Chain(settings, sync=True).settings  # a bad key raises here, once
+        self.on_event = on_event
+        self.coordinator = coordinator
+        self.clock = clock
+        self._random = random
+
+    def _chain(self, request_context: Any) -> Chain:
+        model = getattr(request_context, "model", None)
+        options: dict[str, Any] = {"on_event": self.on_event, "clock": self.clock,
+                                   "provider": str(getattr(model, "system", None) or "default"),
+                                   "model": str(getattr(model, "model_name", None) or "default")}
+        if self._random is not None:
+            options["random"] = self._random
+        return Chain(self.settings, coordinator=self.coordinator, **options)
+
+    async def wrap_model_request(self, ctx: Any, *, request_context: Any, handler: Any) -> Any:
+        """One chain per model request step: its attempts are the handler's."""
+        chain = self._chain(request_context)
+        owner = RETRY_OWNER.set(chain)
+        try:
+            response = await handler(request_context)
+        except asyncio.CancelledError:
+            chain.cancel()
+            raise
+        finally:
+            RETRY_OWNER.reset(owner)
+            chain.close()
+        if chain.calls:  # at least one attempt failed: the chain (if any) ends succeeded
+            chain.succeeded()
+        return response
+
+    async def on_model_request_error(self, ctx: Any, *, request_context: Any, error: Exception) -> Any:
+        """A failed attempt: wait the brain's backoff and attempt again, or end the chain."""
+        chain = RETRY_OWNER.get()
+        if not isinstance(chain, Chain):
+            raise error
+        delay = await chain.failed(error)
+        if delay is None:
+            failure = chain.error()
+            if failure is error:
+                if chain.end is not None:
+                    error.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
+                raise error
+            raise failure from error
+        await _wait(self.clock, delay)
+        chain.backoff_elapsed()
+        raise RetryModelRequest()
+
+
+async def _wait(clock: Any, delay_ms: int) -> None:
+    if clock is not None and hasattr(clock, "call_later"):
+        future = asyncio.get_running_loop().create_future()
+        handle = clock.call_later(delay_ms / 1000, _resolve, future)
+        try:
+            await future
+        finally:
+            handle.cancel()
+    else:
+        await asyncio.sleep(delay_ms / 1000)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def http_client(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:
+    """An ``httpx2.AsyncClient`` for a pydantic-ai provider's ``http_client=``, its transport an
+    :class:`~fsm.integrations.httpx2.AsyncRetryTransport` (``options`` as that class)."""
+    import httpx2
+
+    from fsm.integrations.httpx2 import AsyncRetryTransport
+    return httpx2.AsyncClient(transport=AsyncRetryTransport(settings=settings, **options),
+                              timeout=httpx2.Timeout(600, connect=5))

@@ -1,0 +1,230 @@
+"""The retry brain as tenacity strategies (``pip install 'retry-fsm[tenacity]'``).
+
+Code already written for tenacity — a ``@retry`` decorator, a ``for attempt in Retrying()``
+loop, pydantic-ai's ``AsyncHTTPX2TenacityTransport`` — gets the brain's classification, retry
+hints, retry budget, fleet cooldowns, events and chain ends by swapping its strategies::
+
+    from fsm.integrations.tenacity import BrainStrategy
+    brain = BrainStrategy({"maxRetries": 5, "retryHints": "honor"}, on_event=print)
+
+    @tenacity.retry(**brain.kwargs())                 # retry, stop, wait, before_sleep, sleep
+    def ask(prompt): ...
+
+    async for attempt in tenacity.AsyncRetrying(**brain.kwargs(asynchronous=True)):
+        with attempt:
+            await client.chat.completions.create(...)
+
+One :class:`BrainStrategy` serves any number of calls, concurrent ones included: each call
+(tenacity's ``RetryCallState``) gets its own :class:`~fsm.host.chain.Chain`. The strategies
+work together and are meant to be used together (``kwargs()`` sets them all):
+
+- ``retry``: hands the attempt's outcome to the brain; True while the chain goes on *or*
+  ended without success after at least one retry (so ``stop`` ends it). A success ends a
+  running chain ``success: true``. A first failure that starts no chain (fatal, retry
+  disabled, ``maxRetries: 0``) is re-raised as the caller's own exception, its ``endReason``
+  in ``__notes__`` when the brain emitted an end (docs/policy.md §10).
+- ``stop``: True when the brain ended the chain.
+- ``wait``: the brain's backoff in seconds (jitter, retry hints, cooldowns included).
+- ``sleep`` / ``asleep``: wait that long (on the injected clock when one is given) and tell
+  the brain the backoff is over; a cancellation (``CancelledError``, ``KeyboardInterrupt``)
+  while waiting ends the chain ``cancelled``.
+- ``before_sleep``: logs the retry at INFO (the events carry the details).
+- ``retry_error_callback`` (set by ``kwargs()``): an ended chain raises
+  :class:`~fsm.host.runner.RetryChainError` (or ``ContextOverflowError``) from the last
+  exception, as :func:`fsm.retrying` does.
+
+Async hosts get the coordinator (``coordinator=``, or the event loop's in-process one when
+hints are honoured or a budget is set): tenacity awaits async strategies in ``AsyncRetrying``.
+A synchronous ``Retrying`` shares nothing with the fleet (no loop to ask the coordinator on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any, Callable
+
+from fsm.core.events import Event
+from fsm.core.settings import RetrySettings
+from fsm.host.chain import Chain
+from fsm.integrations._extra import require
+
+tenacity = require("tenacity", "tenacity")
+
+__all__ = ["BrainStrategy", "retrying", "async_retrying"]
+
+log = logging.getLogger("fsm.integrations.tenacity")
+
+_current: ContextVar[Chain | None] = ContextVar("fsm_tenacity_chain", default=None)
+
+
+class BrainStrategy:
+    """The brain's tenacity strategies for any number of calls (see the module docstring).
+
+    Args:
+        settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping.
+        on_event: called with each :mod:`fsm.core.events` event (``auto_retry_start``,
+            ``auto_retry_end``, ...).
+        coordinator: the fleet's coordinator for async calls (docs/fleet.md).
+        provider, model: the coordinator key's names (``"openai"``, ``"gpt-5"``).
+        clock: a host clock (``time_ms()``, ``call_later``) — :class:`~fsm.testing.FakeClock`
+            in tests; None = real time.
+        random: floats in [0, 1) for jitter.
+        to_message: how an exception reads (default: the SDK error mapping).
+    """
+
+    def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
+                 on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
+                 provider: str = "default", model: str = "default", clock: Any = None,
+                 random: Callable[[], float] | None = None,
+                 to_message: Callable[[BaseException], Any] | None = None) -> None:
+        self._options: dict[str, Any] = {"on_event": on_event, "provider": provider,
+                                         "model": model, "clock": clock, "to_message": to_message}
+        if random is not None:
+            self._options["random"] = random
+        self.coordinator = coordinator
+        self.clock = clock
+        # validated once, here: a bad key raises SettingsError before any call
+        self.settings = Chain(settings, sync=True).settings
+        self._chains: "weakref.WeakKeyDictionary[Any, Chain]" = weakref.WeakKeyDictionary()
+
+    # ---------------------------------------------------------------- one call's chain
+    def chain(self, state: Any, *, sync: bool) -> Chain:
+        """The chain of the tenacity call ``state`` (a ``RetryCallState``), made on first use."""
+        chain = self._chains.get(state)
+        if chain is None:
+            chain = Chain(self.settings, sync=sync,
+                          coordinator=None if sync else self.coordinator, **self._options)
+            self._chains[state] = chain
+        return chain
+
+    # ---------------------------------------------------------------- retry
+    def retry(self, state: Any) -> bool:
+        """tenacity ``retry`` for ``Retrying`` (no coordinator is asked)."""
+        chain = self.chain(state, sync=True)
+        outcome = state.outcome
+        if not outcome.failed:
+            chain.succeeded()
+            return False
+        exc = outcome.exception()
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, CancelledError, SystemExit...
+            chain.cancel()
+            return False
+        return self._after_failure(chain, chain.failed_sync(exc), exc)
+
+    async def aretry(self, state: Any) -> bool:
+        """tenacity ``retry`` for ``AsyncRetrying`` (reads the coordinator)."""
+        chain = self.chain(state, sync=False)
+        outcome = state.outcome
+        if not outcome.failed:
+            chain.succeeded()
+            return False
+        exc = outcome.exception()
+        if not isinstance(exc, Exception):
+            chain.cancel()
+            return False
+        return self._after_failure(chain, await chain.failed(exc), exc)
+
+    @staticmethod
+    def _after_failure(chain: Chain, delay_ms: int | None, exc: BaseException) -> bool:
+        if delay_ms is not None:
+            return True
+        end = chain.end
+        if end is not None and not end.success and end.attempt >= 1:
+            return True  # stop ends it; retry_error_callback raises RetryChainError
+        if end is not None:  # an end at rest: the caller's own exception, the reason noted
+            exc.add_note(f"retry-fsm: endReason {end.end_reason}")
+        return False
+
+    # ---------------------------------------------------------------- stop, wait
+    def stop(self, state: Any) -> bool:
+        """tenacity ``stop``: True when the brain ended the chain."""
+        chain = self._chains.get(state)
+        return chain is None or chain.delay_ms is None
+
+    def wait(self, state: Any) -> float:
+        """tenacity ``wait``: the brain's backoff in seconds (0 when the chain is over)."""
+        chain = self._chains.get(state)
+        if chain is None or chain.delay_ms is None:
+            return 0.0
+        _current.set(chain)
+        return chain.delay_ms / 1000
+
+    def before_sleep(self, state: Any) -> None:
+        """tenacity ``before_sleep``: one INFO line per retry."""
+        chain = self._chains.get(state)
+        if chain is not None and chain.delay_ms is not None:
+            log.info("retry %d of %d in %d ms", chain.attempt, chain.brain.max_attempts,
+                     chain.delay_ms)
+
+    # ---------------------------------------------------------------- sleep
+    def sleep(self, seconds: float) -> None:
+        """tenacity ``sleep`` for ``Retrying``: ``time.sleep`` (or the clock's ``sleep``),
+        then the brain hears the backoff is over. ``KeyboardInterrupt`` ends the chain."""
+        chain = _current.get()
+        try:
+            clock_sleep = getattr(self.clock, "sleep", None)
+            (clock_sleep or time.sleep)(seconds)
+        except BaseException:
+            if chain is not None:
+                chain.cancel()
+            raise
+        if chain is not None:
+            chain.backoff_elapsed()
+
+    async def asleep(self, seconds: float) -> None:
+        """tenacity ``sleep`` for ``AsyncRetrying``: waits on the clock (or the event loop),
+        then the brain hears the backoff is over. A cancellation ends the chain ``cancelled``."""
+        chain = _current.get()
+        try:
+            if self.clock is not None and hasattr(self.clock, "call_later"):
+                future = asyncio.get_running_loop().create_future()
+                handle = self.clock.call_later(seconds, _resolve, future)
+                try:
+                    await future
+                finally:
+                    handle.cancel()
+            else:
+                await asyncio.sleep(seconds)
+        except BaseException:
+            if chain is not None:
+                chain.cancel()
+            raise
+        if chain is not None:
+            chain.backoff_elapsed()
+
+    # ---------------------------------------------------------------- all hooks
+    def error_callback(self, state: Any) -> Any:
+        """tenacity ``retry_error_callback``: raise what :func:`fsm.retrying` would."""
+        chain = self._chains.get(state)
+        exc = state.outcome.exception()
+        if chain is None:
+            raise exc
+        raise chain.error() from exc
+
+    def kwargs(self, *, asynchronous: bool = False) -> dict[str, Any]:
+        """Every hook for ``tenacity.Retrying(**kwargs)`` (or ``AsyncRetrying`` with
+        ``asynchronous=True``, ``tenacity.retry(**kwargs)`` on an async function)."""
+        return {"retry": self.aretry if asynchronous else self.retry, "stop": self.stop,
+                "wait": self.wait, "before_sleep": self.before_sleep,
+                "sleep": self.asleep if asynchronous else self.sleep,
+                "retry_error_callback": self.error_callback}
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def retrying(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:
+    """A ``tenacity.Retrying`` run by the brain (``options`` as :class:`BrainStrategy`)."""
+    return tenacity.Retrying(**BrainStrategy(settings, **options).kwargs())
+
+
+def async_retrying(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:
+    """A ``tenacity.AsyncRetrying`` run by the brain (``options`` as :class:`BrainStrategy`)."""
+    return tenacity.AsyncRetrying(**BrainStrategy(settings, **options).kwargs(asynchronous=True))

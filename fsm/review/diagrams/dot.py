@@ -1,0 +1,392 @@
+"""Render DOT (with :class:`graphviz.Digraph`) and SVG (laid out by Graphviz's ``dot``): the
+per-state diagram (:func:`build_digraph`) and the review diagram (:func:`build_review_digraph`),
+each also as the audit's coverage view and the review one as a diff."""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+from fsm.review.diagrams.model import (ADDED, AND, CHANGED, NOT, REMOVED, REVIEW, Diagram,
+                                       DiagramError, DrawnRow, EdgeMark, ReviewEdge, State,
+                                       cascades, review_edges)
+from fsm.review.diagrams.style import (CHANGE_STYLE, GROUP_LABELS, STATUS_STYLE, Line,
+                                       group_words, label_lines, twins_text, wrap)
+from fsm.review.diagrams.policy import PolicyCard, policy_card
+from fsm.review.diagrams.style import CLUSTERS, FILLS, PALETTE, REVIEW_EDGE
+
+def dot_text(text: str) -> str:
+    # Free text (docs, specs) must not be read as a DOT escape or an HTML label.
+    import graphviz
+
+    return graphviz.nohtml(text.replace("\\", "\\\\"))
+
+
+def html_text(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _legend(diagram: Diagram, colours: Mapping[str, str], summary: str | None) -> str:
+    rows = []
+    if summary is not None:
+        for line in summary.split("; "):
+            rows.append(f'<tr><td colspan="2" align="left"><b>{html_text(line)}</b></td></tr>')
+        for colour, style, _, text in STATUS_STYLE.values():
+            stroke = "╍╍" if style == "dashed" else "━━"
+            rows.append(f'<tr><td align="left"><font color="{colour}">{stroke} {html_text(text.split(":")[0])}'
+                        f'</font></td><td align="left">{html_text(text.split(": ", 1)[1])}</td></tr>')
+    else:
+        rows.append('<tr><td colspan="2" align="left"><b>edge colour = trigger</b></td></tr>')
+        for trigger, doc in diagram.triggers:
+            rows.append(f'<tr><td align="left"><font color="{colours[trigger]}">━━ {html_text(trigger)}'
+                        f'</font></td><td align="left">{html_text(doc)}</td></tr>')
+    rows.append('<tr><td colspan="2" align="left"><b>guards</b> '
+                f'({AND} and, {NOT} not; rows of a cell are tried top to bottom)</td></tr>')
+    for guard, doc in diagram.guards:
+        rows.append(f'<tr><td align="left">{html_text(guard)}</td><td align="left">{html_text(doc)}</td></tr>')
+    for twins in diagram.twins():
+        rows.append(f'<tr><td colspan="2" align="left">{html_text(twins_text(twins))}</td></tr>')
+    rows.append(f'<tr><td colspan="2" align="left">{len(diagram.ignored)} ignored (state, trigger)'
+                f' cells are not drawn: see {diagram.name}.md</td></tr>')
+    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="2">'
+            + "".join(rows) + "</table>>")
+
+
+def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
+                  summary: str | None = None):
+    """The :class:`graphviz.Digraph` of ``diagram``.
+
+    States are grouped in two clusters (in a chain / chain ended), ``idle`` stays outside
+    (most edges of the ended states lead to it); each edge has ``id`` = the row
+    id, the ``trigger [guards]`` label and a tooltip with the effect and the spec reference.
+    With ``marks`` (row id → :class:`EdgeMark`) edges are drawn for coverage: covered solid
+    green, partly covered solid amber and thicker, not covered red and dashed; a row without a
+    mark counts as not covered; ``summary`` (lines joined by ``"; "``) heads the legend, which
+    explains the three.
+    """
+    import graphviz
+
+    colours = {t: PALETTE[i % len(PALETTE)] for i, (t, _) in enumerate(diagram.triggers)}
+    g = graphviz.Digraph(diagram.name)
+    g.attr("graph", rankdir="LR", newrank="true", nodesep="0.35", ranksep="1.1",
+           fontname="Helvetica", fontsize="11", labelloc="t",
+           label=dot_text(f"{diagram.name}: generated from fsm/core/lifecycle.py"))
+    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+           fillcolor="#FFFFFF")
+    g.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7")
+    initial = [s for s in diagram.states if s.initial]
+    if initial:
+        g.node("__initial", label="", shape="point", width="0.15", style="filled",
+               fillcolor="black")
+    for group in CLUSTERS:
+        members = [s for s in diagram.states if s.group == group]
+        if not members:
+            continue
+        with g.subgraph(name=f"cluster_{group}") as c:
+            c.attr(label=GROUP_LABELS[group], style="rounded,dashed", color="#999999",
+                   fontcolor="#555555")
+            for s in members:
+                _state_node(c, s)
+    for s in diagram.states:
+        if s.group not in CLUSTERS:
+            _state_node(g, s)
+    for s in initial:
+        g.edge("__initial", s.name, id="initial", tooltip="initial state")
+    for e in diagram.edges:
+        attrs = {"id": e.id, "tooltip": dot_text(f"{e.id} / {e.effect or '-'}: {e.spec}")}
+        label = e.label
+        if marks is None:
+            attrs["color"] = attrs["fontcolor"] = colours[e.trigger]
+        else:
+            mark = marks.get(e.id, EdgeMark("not covered", "no data"))
+            if mark.note:
+                label = f"{label} ({mark.note})"
+            colour, style, width, _ = STATUS_STYLE[mark.status]
+            attrs.update(color=colour, fontcolor=colour, style=style, penwidth=width)
+        g.edge(e.source, e.dest, label=dot_text(label), **attrs)
+    g.node("__legend", label=_legend(diagram, colours, summary), shape="plaintext",
+           style="", fontsize="10")
+    return g
+
+
+def _state_node(graph, s: State) -> None:
+    graph.node(s.name, label=s.name, fillcolor=FILLS.get(s.group, "#FFFFFF"), tooltip=dot_text(s.doc or s.name),
+               penwidth="2" if s.initial else "1")
+
+
+def render_dot(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
+               summary: str | None = None) -> str:
+    """Graphviz DOT text of ``diagram`` (``\\n`` endings); see :func:`build_digraph`."""
+    return build_digraph(diagram, marks, summary).source
+
+
+def render_svg(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
+               summary: str | None = None) -> bytes:
+    """SVG bytes laid out by Graphviz's ``dot``.
+
+    Raises :class:`DiagramError` when the ``dot`` binary is not on ``PATH`` (install Graphviz:
+    ``make setup`` or ``apt-get install graphviz``) or when it fails.
+    """
+    return svg_of(build_digraph(diagram, marks, summary))
+
+
+def svg_of(graph) -> bytes:
+    """Lay out a :class:`graphviz.Digraph` with ``dot`` into SVG bytes; see :func:`render_svg`
+    for the errors."""
+    import graphviz
+
+    try:
+        return graph.pipe(format="svg")
+    except graphviz.ExecutableNotFound as exc:
+        raise DiagramError(
+            "cannot render SVG: Graphviz's 'dot' program was not found on PATH; install "
+            "Graphviz ('make setup', or 'apt-get install graphviz') and run again") from exc
+    except graphviz.CalledProcessError as exc:
+        raise DiagramError(f"cannot render SVG: 'dot' failed: {exc}") from exc
+
+
+def _line_html(line: Line) -> str:
+    kind, bold, text, change = line
+    if change in STATUS_STYLE:  # the coverage view: coloured words, no marker
+        colour = STATUS_STYLE[change][0]
+        html = (f"<b>{html_text(bold)}</b>" if bold else "") + html_text(text)
+        if kind == "was":
+            return f'<font color="{colour}" point-size="7"><i>{html}</i></font>'
+        return f'<font color="{colour}">{html}</font>' if kind != "effect" else (
+            f'<font color="#555555"><i>{html}</i></font>')
+    colour, _, mark = CHANGE_STYLE.get(change, ("#000000", "", ""))
+    html = (f"<b>{html_text(bold)}</b>" if bold else "") + html_text(text)
+    if kind == "effect":
+        return f'<font color="{colour if change else "#555555"}"><i>{html}</i></font>'
+    if kind == "was":
+        return f'<font color="{colour}" point-size="7"><i>{html}</i></font>'
+    if change:
+        return f'<font color="{colour}">{mark if kind == "row" else " "} {html}</font>'
+    return html
+
+
+LABEL_WIDTH = 50
+"""Characters per line of a review label before it wraps."""
+
+
+def review_label(diagram: Diagram, edge: ReviewEdge) -> str:
+    """The edge's stacked lines (:func:`label_lines`) as a Graphviz HTML label."""
+    br = '<br align="left"/>'
+    text = br.join(_line_html(line) for line in label_lines(diagram, edge, LABEL_WIDTH))
+    return f"<{text}{br}>"
+
+
+def _row(cells: str) -> str:
+    return f"<tr>{cells}</tr>"
+
+
+def _wide(html: str) -> str:
+    return _row(f'<td colspan="3" align="left">{html}</td>')
+
+
+def _guard_order_rows(diagram: Diagram) -> list[str]:
+    """The legend's guard order: each cascade's guards once, numbered, with what refuses."""
+    rows: list[str] = []
+    found = cascades(diagram.rows)
+    order: list[str] = []
+    for c in found:
+        order += [g for g in c.order if g not in order]
+    if not order:
+        return rows
+    triggers = ", ".join(dict.fromkeys(c.trigger for c in found))
+    rows.append(_wide(f"<b>guard order</b> ({html_text(triggers)}): tried in turn; the first "
+                      "that fails refuses the retry, with its endReason"))
+    docs = dict(diagram.guards)
+    for n, guard in enumerate(order, 1):
+        reasons: dict[str, list[str]] = {}
+        for c in found:
+            for g, r in c.refusals:
+                if g == guard:
+                    words = diagram.effect_text(r.effect)
+                    m = re.search(r"\(([a-z_]+)\)", words)
+                    reason = m.group(1) if m else "no retry"
+                    where = group_words(c.source) if c.source in dict(diagram.groups) else c.source
+                    reasons.setdefault(reason, []).append(where)
+        said = "; ".join(r if len(reasons) == 1 else f"{r} ({', '.join(w)})"
+                         for r, w in reasons.items())
+        doc = '<br align="left"/>'.join(html_text(w) for w in wrap(docs.get(guard, ""), 84))
+        rows.append(_row(f'<td align="right" valign="top">{n}&#160;</td>'
+                         f'<td align="left" valign="top">{html_text(guard)}&#160;&#160;</td>'
+                         f'<td align="left">{doc}<br align="left"/>'
+                         f'<font color="#8C2D00">fails → {html_text(said) or "-"}</font>'
+                         '<br align="left"/></td>'))
+    return rows
+
+
+def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = None,
+                   policy: PolicyCard | None = None, title: str = "") -> str:
+    """The legend card, in two columns under the machine: the title; the policy drawn (its
+    settings and classification families) or the coverage / diff key; then how to read an
+    edge, the guard order of each refusal cascade and the other guards."""
+    rows = []
+    if policy is not None and summary is None and diff is None:
+        rows.append(_wide(f"<b>{html_text(policy.title)}</b>"))
+        for name, text in policy.settings:
+            body = '<br align="left"/>'.join(html_text(w) for w in wrap(text, 84))
+            rows.append(_row(f'<td></td><td align="left" valign="top">{html_text(name)}&#160;&#160;'
+                             f'</td><td align="left">{body}<br align="left"/></td>'))
+        rows.append(_wide("<b>classification</b>: which trigger a turn that ends fires "
+                          "(families; docs/classification.md)"))
+        for name, text in policy.families:
+            body = '<br align="left"/>'.join(html_text(w) for w in wrap(text, 84))
+            rows.append(_row(f'<td></td><td align="left" valign="top">{html_text(name)}&#160;&#160;'
+                             f'</td><td align="left">{body}<br align="left"/></td>'))
+    if summary is not None:
+        for line in summary.split("; "):
+            rows.append(_wide(f"<b>{html_text(line)}</b>"))
+        words = {"covered": "taken in every state it holds in (and rejected, when it can be)",
+                 "partly covered": "taken, but not in every state, or never rejected",
+                 "not covered": "never taken"}
+        for status, (colour, style, _, _) in STATUS_STYLE.items():
+            stroke = "╍╍" if style == "dashed" else "━━"
+            rows.append(_row(f'<td></td><td align="left"><font color="{colour}">{stroke} '
+                             f'{html_text(status)}</font></td><td align="left">'
+                             f'{html_text(words[status])}</td>'))
+        rows.append(_wide("a row drawn from a group counts once per member state (per state: "
+                          "--svg-states); an edge is as covered as its rows"))
+    if diff is not None:
+        rows.append(_wide(f"<b>{html_text(diff)}</b>"))
+        for change, (colour, style, mark) in CHANGE_STYLE.items():
+            stroke = "╍╍" if style == "dashed" else "━━"
+            rows.append(_row(f'<td></td><td align="left"><font color="{colour}">{stroke} {mark} '
+                             f'{change}</font></td><td align="left">'
+                             + {ADDED: "a row the old version did not have",
+                                REMOVED: "a row of the old version that is gone",
+                                CHANGED: "same source, trigger, dest and effect; other guards "
+                                         "(or the same guards, another effect)"}[change]
+                             + "</td>"))
+    left = rows
+    right = [_wide("<b>read an edge as</b> trigger [guards] / what it does; "
+                   f"{AND} and, {NOT} not; a cell's rows are tried top to bottom")]
+    right += _guard_order_rows(diagram)
+    in_order = {g for c in cascades(diagram.rows) for g in c.order}
+    for guard, doc in diagram.guards:
+        if guard in in_order:
+            continue
+        text = '<br align="left"/>'.join(html_text(w) for w in wrap(doc, 84))
+        right.append(_row(f'<td></td><td align="left" valign="top">{html_text(guard)}&#160;&#160;'
+                          f'</td><td align="left">{text}<br align="left"/></td>'))
+    for group, members in diagram.groups:
+        rest = [m for m in members if m != members[0]]
+        if rest:
+            left.append(_wide(f"<b>{html_text(group_words(group))}</b>: {html_text(', '.join(rest))} "
+                              f"answer every trigger as {html_text(members[0])} does (the rows drawn "
+                              f"from {html_text(members[0])} hold in each)"))
+    left.append(_wide(f"{len(diagram.ignored)} ignored (state, trigger) cells are not drawn; "
+                      f"every cell, per state: {diagram.name}.md"))
+    table = '<table border="0" cellborder="0" cellspacing="0" cellpadding="1">'
+    if policy is None or summary is not None or diff is not None:
+        # Without the policy card the key is short: one column (Graphviz would spread the
+        # rows of a short column over the height of its neighbour).
+        return (f'<<table border="0" cellborder="0" cellspacing="0" cellpadding="1">'
+                f'<tr><td colspan="3" align="left"><font point-size="11">{html_text(title)}'
+                f'</font></td></tr>{"".join(left + right)}</table>>')
+    return (f'<<table border="0" cellborder="0" cellspacing="0" cellpadding="4">'
+            f'<tr><td colspan="2" align="left"><font point-size="11">{html_text(title)}</font></td></tr>'
+            f'<tr><td valign="top" align="left">{table}{"".join(left)}</table></td>'
+            f'<td valign="top" align="left">{table}{"".join(right)}</table></td></tr></table>>')
+
+
+def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = None,
+                         diff: str | None = None, title: str | None = None,
+                         summary: str | None = None, policy: PolicyCard | None = None):
+    """The review :class:`graphviz.Digraph`: the declared rows, not one edge per state.
+
+    A group of states (``at_rest``) is a cluster; its rows are drawn once, from its first
+    member (``idle``), and the other members say they answer as it does (no node for the group
+    itself, so no arrow runs from a group into its own members); a row that leaves the group
+    starts at the cluster's border. Rows between the same two nodes are one edge whose label
+    stacks them (``trigger [guards]``, then ``/ what it does`` from the declaration's
+    ``effects``); the rows of a refusal cascade are one line, "refused: the first failing guard
+    → endReason", and the guard order is listed once, in the legend. Each label is a node of
+    its own on its edge (``src → label → dest``), so the layout keeps labels clear of edges.
+
+    ``policy`` (:func:`fsm.review.diagrams.policy.policy_card`; default: the default settings)
+    heads the legend with the settings and classification families drawn (not in the coverage
+    and diff views, whose legends explain their colours). ``drawn`` (default: every row, unchanged) and
+    ``diff`` (a summary line heading the legend) are how :mod:`fsm.review.diagrams_diff` draws a
+    change; a row whose states are gone from ``diagram`` gets a dashed node of its own. Rows
+    with a ``coverage`` status draw the coverage view (:func:`fsm.review.audit.coverage_svg`):
+    each row in its status colour with its counts, each edge as its rows' status, ``summary``
+    (lines joined by ``"; "``) heading a legend of the three statuses.
+    """
+    import graphviz
+
+    drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
+    if policy is None and summary is None and diff is None:
+        policy = policy_card()
+    g = graphviz.Digraph(REVIEW)
+    title = title or (f"{diagram.name}: the rows as declared in fsm/core/lifecycle.py (per "
+                      f"state: {diagram.name}.md)")
+    # The legend card is the graph's label, under the machine: no edge can run through it.
+    g.attr("graph", rankdir="BT", compound="true", nodesep="0.3",
+           ranksep="0.3", fontname="Helvetica", fontsize="9", labelloc="b", labeljust="l",
+           pad="0.1", label=_review_legend(diagram, diff, summary, policy, title))
+    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+           fillcolor="#FFFFFF")
+    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
+    names = {s.name for s in diagram.states}
+    groups = {group: members for group, members in diagram.groups if members}
+    grouped = {m: group for group, members in groups.items() for m in members}
+    initial = [s for s in diagram.states if s.initial]
+    if initial:
+        g.node("__initial", label="", shape="point", width="0.12", style="filled",
+               fillcolor="black")
+    for group, members in groups.items():
+        with g.subgraph(name=f"cluster_{group}") as c:
+            c.attr(label=dot_text(f"{group_words(group)}: {', '.join(members[1:])} answer as "
+                                   f"{members[0]}" if len(members) > 1 else group_words(group)),
+                   style="rounded,filled", color="#7F98B5", fillcolor="#F3F6FA",
+                   fontcolor="#2B4A6F", fontsize="10")
+            for s in diagram.states:
+                if s.name in members:
+                    _state_node(c, s)
+    for s in diagram.states:
+        if s.name not in grouped:
+            _state_node(g, s)
+    known = names | set(groups)
+    ghosts = []
+    for d in drawn:
+        for end in (d.row.source, d.row.dest):
+            if end not in known and end not in ghosts:
+                ghosts.append(end)
+    for end in ghosts:
+        g.node(end, label=dot_text(f"{end} (gone)"), style="rounded,dashed",
+               color=CHANGE_STYLE[REMOVED][0], fontcolor=CHANGE_STYLE[REMOVED][0])
+    for s in initial:
+        g.edge("__initial", s.name, id="initial", tooltip="initial state")
+    for e in review_edges(drawn):
+        attrs = {"tooltip": dot_text("; ".join(d.row.id for d in e.rows))}
+        node = {"fontcolor": "#000000"}
+        if e.change:
+            colour, style, _ = CHANGE_STYLE[e.change]
+            attrs.update(color=colour, style=style, penwidth="1.8")
+        elif e.coverage:
+            colour, style, width, _ = STATUS_STYLE[e.coverage]
+            attrs.update(color=colour, style=style, penwidth=width)
+        tail = groups[e.source][0] if e.source in groups else e.source
+        first = dict(attrs, id=f"{e.id}#from", arrowhead="none")
+        if e.source in groups and e.dest not in groups[e.source]:
+            first["ltail"] = f"cluster_{e.source}"
+        label = f"__label {e.id}"
+        g.node(label, label=review_label(diagram, e), shape="box", style="", color="transparent", id=e.id,
+               margin="0.08,0.04",
+               tooltip=attrs["tooltip"], fontsize="8", **node)
+        g.edge(tail, label, **first)
+        g.edge(label, e.dest, **dict(attrs, id=f"{e.id}#to"))
+    return g
+
+
+def render_review_dot(diagram: Diagram, policy: PolicyCard | None = None) -> str:
+    """DOT text of the review diagram (``\\n`` endings); see :func:`build_review_digraph`."""
+    return build_review_digraph(diagram, policy=policy).source
+
+
+def render_review_svg(diagram: Diagram, policy: PolicyCard | None = None) -> bytes:
+    """SVG of the review diagram; raises :class:`DiagramError` as :func:`render_svg` does."""
+    return svg_of(build_review_digraph(diagram, policy=policy))

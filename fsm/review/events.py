@@ -1,0 +1,494 @@
+"""Check any implementation's event log against the machine's invariants (docs/policy.md §3, §4).
+
+``python -m fsm audit --events FILE`` reads an event stream, reconstructs the retry chains and
+reports every violation of the invariants of docs/policy.md §3 ("Invariants") that a log can
+show, each with the line where it happened:
+
+- ``unended``: every ``auto_retry_start`` is followed by exactly one ``auto_retry_end`` of its
+  chain — a chain that never ends (at the end of the log, or when the next chain starts);
+- ``end_without_start``: an end without a start is only a refusal at rest, ``attempt: 0``
+  (``maxRetries = 0``, a guard that refused the first failure, a first request refused
+  without sending, ``request_refused``);
+- ``attempt``: inside a chain ``1 ≤ attempt ≤ maxAttempts``, counting up by one from 1 (a
+  retry now keeps the attempt and emits no start), and the end names the last attempt;
+- ``request_in_backoff``: no request goes out during a backoff (before ``delayMs`` has passed
+  since the ``auto_retry_start`` that scheduled it). Only a log with times can show this.
+
+Formats, detected from the content (see :func:`read_events`):
+
+- JSON lines of events: the RPC server's stdout (``python -m fsm rpc``, pi's ``--mode rpc``;
+  responses and other events are read and skipped), a host's event listener written as JSON
+  lines, a session log;
+- one JSON document: a conformance trace with a ``timeline`` (the oracle's recorded traces,
+  with ``t_ms`` times and ``HTTP_REQUEST`` entries) or ``{"pi": {"events": [...]}}``
+  (tests/conformance/expected/), or a list of events;
+- OpenTelemetry spans as :mod:`fsm.integrations.otel` records them (``retry_chain`` spans
+  with ``retry_attempt`` events): an OTLP JSON export (``resourceSpans`` → ``scopeSpans`` →
+  ``spans``) or the console exporter's span objects.
+
+Requests are ``HTTP_REQUEST`` / ``request`` entries, ``turn_start`` (each turn sends one
+request) or, in a session log (``{"type": "message", "message": {...}}``), an assistant
+message. A session log holds no retry events, so its chains cannot be checked: the report
+says so. Times come from ``t_ms``, ``t``, ``ts``, ``time_ms`` or ``timestamp`` (ms), OTLP
+``timeUnixNano`` (ns) or an ISO 8601 ``timestamp``. Chains are keyed by ``chainId`` when the
+events carry it (and by ``sessionId`` / ``session``, for a fleet's merged log); without
+``chainId``, an ``auto_retry_start`` with ``attempt: 1`` starts the next chain.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+__all__ = ["Event", "Violation", "EventsReport", "EventLogError", "KINDS", "read_events",
+           "check", "check_file", "format_violations"]
+
+KINDS: dict[str, str] = {
+    "unended": "a chain that started never ended (exactly one auto_retry_end per chain)",
+    "end_without_start": "an auto_retry_end without a start that is not a refusal at rest "
+                         "(attempt 0), or a second end of one chain",
+    "attempt": "an attempt out of order: inside a chain attempts count 1, 2, ... up to "
+               "maxAttempts, and the end names the last one",
+    "request_in_backoff": "a request went out before the backoff's delayMs had passed",
+}
+"""Violation kind → the invariant it breaks (docs/policy.md §3 "Invariants")."""
+
+START, END, REQUEST = "auto_retry_start", "auto_retry_end", "request"
+_REQUEST_TYPES = ("HTTP_REQUEST", "http_request", "request")
+_TIME_KEYS = ("t_ms", "t", "ts", "time_ms", "timestamp")
+_MAX_BYTES = 256 << 20
+
+
+class EventLogError(ValueError):
+    """The event log cannot be read: ``path`` and ``line`` say where (line 0: the whole file)."""
+
+    def __init__(self, path: str | Path, line: int, message: str) -> None:
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path, self.line = str(path), line
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event the checker reads: ``kind`` is ``auto_retry_start``, ``auto_retry_end`` or
+    ``request``; ``line`` the line of the log it starts on; ``t_ms`` its time (ms) or None;
+    ``chain`` the chain key (None when the log has no ``chainId``); ``attempt``,
+    ``max_attempts``, ``delay_ms``, ``success`` and ``end_reason`` as the event says."""
+
+    kind: str
+    line: int
+    t_ms: float | None = None
+    chain: Any = None
+    attempt: int | None = None
+    max_attempts: int | None = None
+    delay_ms: int | None = None
+    success: bool | None = None
+    end_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant: its ``kind`` (a key of :data:`KINDS`), the ``line`` of the log where
+    it happened and what happened, in words."""
+
+    kind: str
+    line: int
+    message: str
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "line": self.line, "message": self.message}
+
+
+@dataclass(slots=True)
+class EventsReport:
+    """What :func:`check` found in one log: its ``path``, the ``format`` read, the number of
+    ``events`` (``retry_events`` of them starts and ends), ``chains`` (started) and ``refusals`` (ends at rest, attempt 0) seen, whether
+    it had ``times`` (needed for ``request_in_backoff``) and the ``violations``."""
+
+    path: str
+    format: str
+    events: int = 0
+    retry_events: int = 0
+    chains: int = 0
+    refusals: int = 0
+    times: bool = False
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "format": self.format, "events": self.events,
+                "retry_events": self.retry_events,
+                "chains": self.chains, "refusals": self.refusals, "times": self.times,
+                "violations": [v.to_json() for v in self.violations]}
+
+
+# ----------------------------------------------------------------------------- reading
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value)
+
+
+def _time(obj: Mapping[str, Any]) -> float | None:
+    for key in _TIME_KEYS:
+        value = obj.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and key == "timestamp":
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000
+            except ValueError:
+                continue
+    nano = obj.get("timeUnixNano")
+    if isinstance(nano, (int, str)) and str(nano).isdigit():
+        return int(nano) / 1e6
+    return None
+
+
+def _chain_key(obj: Mapping[str, Any]) -> Any:
+    chain = obj.get("chainId")
+    if chain is None:
+        return None
+    session = obj.get("sessionId", obj.get("session"))
+    return (session, chain) if session is not None else chain
+
+
+def _event(obj: Mapping[str, Any], line: int) -> Event | None:
+    kind = obj.get("type")
+    if kind == START:
+        return Event(START, line, _time(obj), _chain_key(obj), _int(obj.get("attempt")),
+                     _int(obj.get("maxAttempts")), _int(obj.get("delayMs")))
+    if kind == END:
+        success = obj.get("success")
+        return Event(END, line, _time(obj), _chain_key(obj), _int(obj.get("attempt")),
+                     success=success if isinstance(success, bool) else None,
+                     end_reason=obj.get("endReason") if isinstance(obj.get("endReason"), str)
+                     else None)
+    if kind in _REQUEST_TYPES or kind == "turn_start":
+        return Event(REQUEST, line, _time(obj))
+    message = obj.get("message")
+    if kind == "message" and isinstance(message, Mapping) and message.get("role") == "assistant":
+        # a session log's answer: one request went out (its timestamp is when it ended)
+        return Event(REQUEST, line, _time(message))
+    return None
+
+
+def _attrs(raw: Any) -> dict[str, Any]:
+    """OTLP attributes (``[{"key", "value": {"intValue": ...}}]``) or a plain mapping."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    out: dict[str, Any] = {}
+    for a in raw or ():
+        if not isinstance(a, Mapping) or "key" not in a:
+            continue
+        value = a.get("value") or {}
+        for k in ("intValue", "doubleValue", "boolValue", "stringValue"):
+            if k in value:
+                v = value[k]
+                out[a["key"]] = int(v) if k == "intValue" else v
+    return out
+
+
+def _span_events(span: Mapping[str, Any], line: int, n: int) -> list[Event]:
+    """The chain one ``retry_chain`` span records, as start and end events."""
+    attrs = _attrs(span.get("attributes"))
+    chain = ("span", attrs.get("retry.chain_id"), n)
+    out = []
+    for ev in span.get("events") or ():
+        if not isinstance(ev, Mapping) or ev.get("name") != "retry_attempt":
+            continue
+        a = _attrs(ev.get("attributes"))
+        out.append(Event(START, line, _time(ev), chain, _int(a.get("attempt")),
+                         _int(attrs.get("retry.max_attempts")), _int(a.get("delayMs"))))
+    end_time = span.get("endTimeUnixNano") or span.get("end_time")
+    t_end = _time({"timeUnixNano": end_time} if not isinstance(end_time, str) or
+                  end_time.isdigit() else {"timestamp": end_time})
+    success = attrs.get("retry.success")
+    out.append(Event(END, line, t_end, chain, _int(attrs.get("retry.attempts")),
+                     success=success if isinstance(success, bool) else None,
+                     end_reason=attrs.get("retry.end_reason")))
+    return out
+
+
+def _objects(text: str) -> Iterator[tuple[int, Any]]:
+    """Top-level JSON values of ``text`` (JSON lines or concatenated documents), each with
+    the offset it starts at."""
+    decoder = json.JSONDecoder()
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n:
+            return
+        value, end = decoder.raw_decode(text, i)
+        yield i, value
+        i = end
+
+
+def _array_items(text: str, start: int) -> Iterator[tuple[int, Any]]:
+    """The items of the JSON array whose ``[`` is at ``start``, each with its offset."""
+    decoder = json.JSONDecoder()
+    i = start + 1
+    while True:
+        while text[i] in " \t\r\n,":
+            i += 1
+        if text[i] == "]":
+            return
+        value, end = decoder.raw_decode(text, i)
+        yield i, value
+        i = end
+
+
+def read_events(path: str | Path) -> tuple[str, list[Event]]:
+    """``(format, events)`` of the log at ``path``, in log order.
+
+    Raises :class:`EventLogError` naming the file (and the line) when it cannot be read, is
+    not JSON, or holds no event this checker knows.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise EventLogError(path, 0, f"cannot read the event log: {exc.strerror or exc}") from exc
+    if len(raw) > _MAX_BYTES:
+        raise EventLogError(path, 0, f"larger than {_MAX_BYTES >> 20} MiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise EventLogError(path, line, f"not UTF-8 text: {exc.reason}") from None
+
+    def line_of(offset: int) -> int:
+        return text.count("\n", 0, offset) + 1
+
+    try:
+        values = list(_objects(text))
+    except json.JSONDecodeError as exc:
+        raise EventLogError(path, exc.lineno, f"not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise EventLogError(path, 0, "JSON nested too deeply") from None
+    if len(values) == 1 and isinstance(values[0][1], (dict, list)):
+        found = _document(text, values[0][1], line_of)
+        if found is not None:
+            return found
+    events: list[Event] = []
+    spans = 0
+    for offset, obj in values:
+        if not isinstance(obj, Mapping):
+            continue
+        if obj.get("name") == "retry_chain":
+            events += _span_events(obj, line_of(offset), spans)
+            spans += 1
+            continue
+        if "resourceSpans" in obj:
+            fmt, more = _otlp(text, offset, obj, line_of, spans)
+            events += more
+            spans += len({e.chain for e in more})
+            continue
+        ev = _event(obj, line_of(offset))
+        if ev is not None:
+            events.append(ev)
+    if not events:
+        raise EventLogError(path, 0, "no retry events, requests or retry_chain spans found "
+                                     "(expected JSON lines of events, a conformance trace or "
+                                     "an OpenTelemetry export)")
+    first = values[0][1] if values else None
+    if isinstance(first, Mapping) and first.get("type") == "session":
+        return "session log", events
+    return ("opentelemetry spans" if spans else "JSON lines of events"), events
+
+
+def _document(text: str, doc: Any, line_of) -> tuple[str, list[Event]] | None:
+    """A single JSON document: a conformance trace, ``{"pi": {"events"}}``, OTLP, a list."""
+    def items(key: str) -> list[tuple[int, Any]] | None:
+        m = re.search(r'"%s"\s*:\s*\[' % re.escape(key), text)
+        return list(_array_items(text, m.end() - 1)) if m else None
+
+    if isinstance(doc, dict) and isinstance(doc.get("timeline"), list):
+        found = items("timeline") or []
+        return "conformance trace (timeline)", [e for off, obj in found if isinstance(obj, dict)
+                                                for e in [_event(obj, line_of(off))] if e]
+    if isinstance(doc, dict) and "resourceSpans" in doc:
+        return _otlp(text, 0, doc, line_of, 0)
+    if isinstance(doc, dict) and any(isinstance(v, dict) and isinstance(v.get("events"), list)
+                                     for v in doc.values()):
+        found = items("events") or []
+        return "conformance events", [e for off, obj in found if isinstance(obj, dict)
+                                      for e in [_event(obj, line_of(off))] if e]
+    if isinstance(doc, dict) and isinstance(doc.get("events"), list):
+        found = items("events") or []
+        return "events document", [e for off, obj in found if isinstance(obj, dict)
+                                   for e in [_event(obj, line_of(off))] if e]
+    if isinstance(doc, list):
+        out: list[Event] = []
+        spans = 0
+        for off, obj in _array_items(text, text.index("[")):
+            if isinstance(obj, dict) and obj.get("name") == "retry_chain":
+                out += _span_events(obj, line_of(off), spans)
+                spans += 1
+            elif isinstance(obj, dict):
+                ev = _event(obj, line_of(off))
+                if ev:
+                    out.append(ev)
+        return ("opentelemetry spans" if spans else "list of events"), out
+    return None
+
+
+def _otlp(text: str, base: int, doc: Mapping, line_of, first: int) -> tuple[str, list[Event]]:
+    """An OTLP JSON export: each ``retry_chain`` span, with the line of its ``"name"``."""
+    events: list[Event] = []
+    n = first
+    positions = [m.start() for m in re.finditer(r'"name"\s*:\s*"retry_chain"', text[base:])]
+    k = 0
+    for rs in doc.get("resourceSpans") or ():
+        for ss in (rs or {}).get("scopeSpans") or ():
+            for span in (ss or {}).get("spans") or ():
+                if not isinstance(span, Mapping) or span.get("name") != "retry_chain":
+                    continue
+                line = line_of(base + positions[k]) if k < len(positions) else line_of(base)
+                k += 1
+                events += _span_events(span, line, n)
+                n += 1
+    return "opentelemetry (OTLP JSON)", events
+
+
+# ----------------------------------------------------------------------------- checking
+
+def _session(key: Any) -> Any:
+    return key[0] if isinstance(key, tuple) and key[:1] != ("span",) else None
+
+
+@dataclass(slots=True)
+class _Chain:
+    key: Any
+    line: int
+    attempt: int
+    max_attempts: int | None
+    started: int = 1
+    backoff_until: float | None = None
+    backoff_line: int = 0
+
+
+def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
+    """Reconstruct the chains of ``events`` and report every violation (see the module doc)."""
+    report = EventsReport(path, fmt, events=len(events),
+                          retry_events=sum(e.kind != REQUEST for e in events),
+                          times=any(e.t_ms is not None for e in events))
+    bad = report.violations
+    open_chains: dict[Any, _Chain] = {}
+    ended: set[Any] = set()
+    current: Any = None  # the key of the chain without chainId, when events carry none
+    sequence = 0
+
+    def close(chain: _Chain, why: str) -> None:
+        bad.append(Violation("unended", chain.line, f"the chain started here (attempt "
+                                                    f"{chain.attempt}) never ended: {why}"))
+
+    for e in events:
+        if e.kind == REQUEST:
+            for chain in open_chains.values():
+                if (chain.backoff_until is not None and e.t_ms is not None
+                        and e.t_ms < chain.backoff_until - 0.5):
+                    left = chain.backoff_until - e.t_ms
+                    bad.append(Violation("request_in_backoff", e.line,
+                                         f"a request {left:.1f} ms before the end of the backoff "
+                                         f"scheduled at line {chain.backoff_line}"))
+                chain.backoff_until = None
+            continue
+        key = e.chain
+        if e.kind == START:
+            if key is None:
+                if e.attempt == 1 or current is None or current not in open_chains:
+                    sequence += 1
+                    key = ("seq", sequence)
+                else:
+                    key = current
+            chain = open_chains.get(key)
+            if chain is None:
+                # one session runs one chain at a time: a new chain leaves the last one unended
+                if e.chain is None and current in open_chains:
+                    close(open_chains.pop(current), f"a new chain starts at line {e.line}")
+                elif e.chain is not None:
+                    for other in [k for k in open_chains if _session(k) == _session(key)]:
+                        close(open_chains.pop(other), f"a new chain starts at line {e.line}")
+                if key in ended:
+                    bad.append(Violation("attempt", e.line, f"chain {key!r} starts again after "
+                                                           "it ended"))
+                if e.attempt != 1:
+                    bad.append(Violation("attempt", e.line, f"a chain's first attempt is "
+                                                           f"{e.attempt}, not 1"))
+                chain = open_chains[key] = _Chain(key, e.line, e.attempt or 0, e.max_attempts)
+                report.chains += 1
+            else:
+                if e.attempt != chain.attempt + 1:
+                    bad.append(Violation("attempt", e.line, f"attempt {e.attempt} after attempt "
+                                                           f"{chain.attempt} (they count up by one)"))
+                if e.max_attempts is not None and chain.max_attempts is not None \
+                        and e.max_attempts != chain.max_attempts:
+                    bad.append(Violation("attempt", e.line, f"maxAttempts changed from "
+                                                           f"{chain.max_attempts} to "
+                                                           f"{e.max_attempts} inside a chain"))
+                chain.attempt = e.attempt or 0
+                chain.started += 1
+            limit = e.max_attempts if e.max_attempts is not None else chain.max_attempts
+            if e.attempt is not None and limit is not None and not 1 <= e.attempt <= limit:
+                bad.append(Violation("attempt", e.line, f"attempt {e.attempt} is outside 1.."
+                                                       f"{limit} (maxAttempts)"))
+            if e.t_ms is not None and e.delay_ms is not None:
+                chain.backoff_until, chain.backoff_line = e.t_ms + e.delay_ms, e.line
+            current = key
+            continue
+        # an end
+        if key is None:
+            key = current if current in open_chains else None
+        chain = open_chains.pop(key, None) if key is not None else None
+        if chain is None:
+            if e.attempt == 0:
+                report.refusals += 1  # a refusal at rest: no chain started
+            elif key is not None and key in ended:
+                bad.append(Violation("end_without_start", e.line,
+                                     f"a second auto_retry_end of chain {key!r}"))
+            else:
+                bad.append(Violation("end_without_start", e.line,
+                                     f"auto_retry_end (attempt {e.attempt}) without a start; only "
+                                     "a refusal at rest (attempt 0) ends what never started"))
+            continue
+        ended.add(key)
+        if e.attempt is not None and e.attempt != chain.attempt:
+            bad.append(Violation("attempt", e.line, f"the end names attempt {e.attempt}, the last "
+                                                   f"start was attempt {chain.attempt}"))
+    for chain in open_chains.values():
+        close(chain, "the log ends without its auto_retry_end")
+    bad.sort(key=lambda v: v.line)
+    return report
+
+
+def check_file(path: str | Path) -> EventsReport:
+    """:func:`read_events` then :func:`check`; raises :class:`EventLogError` as it does."""
+    fmt, events = read_events(path)
+    return check(events, str(path), fmt)
+
+
+def format_violations(reports: list[EventsReport]) -> str:
+    """Text: one line per violation (``FILE:LINE: kind: what happened``), then a summary per
+    log with what the checker could and could not see."""
+    out = []
+    for r in reports:
+        for v in r.violations:
+            out.append(f"{r.path}:{v.line}: {v.kind}: {v.message}")
+    for r in reports:
+        timed = "" if r.times else "; no times, so requests during a backoff cannot be checked"
+        if not r.retry_events:
+            timed += "; no retry events (auto_retry_start / auto_retry_end), so no chain to check"
+        verdict = "no violation" if r.ok else f"{len(r.violations)} violation" + \
+            ("s" if len(r.violations) > 1 else "")
+        out.append(f"{r.path} ({r.format}): {r.events} events, {r.chains} chains, "
+                   f"{r.refusals} refusals at rest: {verdict}{timed}")
+    return "\n".join(out) + "\n"

@@ -770,7 +770,9 @@ def failures_declaration() -> dict:
     """The declaration with what the failures work adds (new triggers, a guard, rows), to check
     the review diagram still reads: labels clear, one picture."""
     decl = json.loads(json.dumps(L.declaration()))
-    decl["triggers"] += ["deadline_passed", "request_refused", "fallback_due"]
+    decl["triggers"] += [t for t in ("deadline_passed", "request_refused", "fallback_due")
+                         if t not in decl["triggers"]]
+    declared = {r["id"] for r in decl["rows"]}
     decl["guards"]["fallback_allowed"] = "a fallback model is configured and not yet used"
     decl["effects"].update({"end_deadline_passed": "emit auto_retry_end (deadline); the prompt "
                             "may return", "end_refused": "emit auto_retry_end (refused); the "
@@ -785,6 +787,8 @@ def failures_declaration() -> dict:
     groups = decl["groups"]
     for source, trigger, dest, guards, effect in extra:
         rid = f"{source}--{trigger}" + (f"[{','.join(guards)}]" if guards else "") + f"->{dest}"
+        if rid in declared:  # the declaration already has it (the failures work landed)
+            continue
         decl["rows"].append({"id": rid, "source": source, "trigger": trigger, "dest": dest,
                              "guards": guards, "effect": effect, "spec": "", "ignored": False})
         for member in groups.get(source, [source]):

@@ -658,8 +658,8 @@ def test_refusal_cascades_are_one_line_and_the_guard_order_is_listed_once():
     assert [(c.source, c.trigger) for c in found] == [
         ("at_rest", "turn_failed_retryable"), ("continuing", "turn_failed_retryable")]
     order = list(found[0].order)
-    assert order == ["retry_enabled", "has_retries_left", "replay_safe", "hint_within_wait",
-                     "within_deadline", "budget_allows"]
+    assert order == ["retry_enabled", "has_retries_left", "replay_safe", "!fallback_due",
+                     "hint_within_wait", "within_deadline", "budget_allows"]
     source = D.render_review_dot(diagram)
     edges = {a["id"]: text for _, _, a, text in review_dot_edges(source)}
     for edge in ("at_rest->exhausted", "continuing->exhausted"):

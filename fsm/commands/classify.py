@@ -148,7 +148,8 @@ def _human(ms: int) -> str:
 
 
 def _open(path: str) -> BinaryIO:
-    return sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    from fsm.commands.common import open_input
+    return sys.stdin.buffer if path == "-" else open_input(path, what="--jsonl")  # FIFO, /dev/zero refused
 
 
 def _run_jsonl(args: argparse.Namespace) -> int:
@@ -159,6 +160,9 @@ def _run_jsonl(args: argparse.Namespace) -> int:
         stream = _open(args.jsonl)
     except OSError as exc:
         print(f"fsm classify: cannot read {args.jsonl}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # not a regular file
+        print(f"fsm classify: {exc}", file=sys.stderr)
         return 1
     out = sys.stdout.buffer
     failed = 0

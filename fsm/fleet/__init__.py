@@ -1,8 +1,9 @@
 """Fleet mode: what sessions in many processes and machines agree on (``docs/fleet.md``).
 
 A *coordinator* keyed by (provider, model, credential id) holds the shared cooldowns (from
-any session's retry hint), the retry budget (gRPC retry throttling) and the credentials'
-usage-limit marks. :class:`InProcessCoordinator` is the embedded default (one per process:
+any session's retry hint), the retry budget (gRPC retry throttling, with a floor and a wait
+mode), the pacing of the fleet's requests (:mod:`fsm.core.pacing`), the fallback mark and the
+credentials' usage-limit marks, in coordinator protocol v3: durations in, time left out. :class:`InProcessCoordinator` is the embedded default (one per process:
 :func:`default_coordinator`); :class:`RedisCoordinator` shares them through a Redis server;
 :class:`GuardedCoordinator` puts a short deadline and a local fallback around a remote one
 so that a slow or stopped Redis never stalls or breaks a session. The shell reads the
@@ -16,10 +17,10 @@ from fsm.fleet._credentials import RedisCredentialStore, load_credentials
 from fsm.fleet._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, Breaker, GuardedCoordinator)
 from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, InProcessCoordinator, default_coordinator
 from fsm.fleet._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
-from fsm.fleet._types import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordinatorError, CoordKey, credential_id, wall_ms)
+from fsm.fleet._types import (DEFAULT_CREDENTIAL, MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordinatorError, CoordinatorKeyError, CoordKey, PacingSettings, credential_id, wall_ms)
 
 __all__ = [
-    "DEFAULT_BUCKET_IDLE_MS", "DEFAULT_CREDENTIAL", "DEFAULT_PREFIX", "DEFAULT_PROBE_INTERVAL_S",
+    "Admission", "CoordinatorKeyError", "MAX_LEFT_MS", "PacingSettings", "DEFAULT_BUCKET_IDLE_MS", "DEFAULT_CREDENTIAL", "DEFAULT_PREFIX", "DEFAULT_PROBE_INTERVAL_S",
     "DEFAULT_TIMEOUT_S", "DEFAULT_WRITE_TIMEOUT_S", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError",
     "CoordKey", "GuardedCoordinator", "InProcessCoordinator", "RedisCoordinator",
     "RedisCredentialStore", "coordinator_from_url", "credential_id", "default_coordinator",

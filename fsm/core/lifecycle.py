@@ -141,7 +141,7 @@ GUARDS: dict[str, str] = {
 }
 
 EFFECTS: dict[str, str] = {
-    "start_chain": "turn ends; auto_retry_start (attempt 1); drop message; backoff",
+    "start_chain": "turn ends; auto_retry_start (attempt 1); drop message; backoff; arm deadline",
     "next_attempt": "turn ends; auto_retry_start (attempt + 1); drop message; backoff",
     "settle_turn": "no retry: turn ends; budget credit (a success); compaction; prompt done",
     "end_exhausted": "turn ends; auto_retry_end (exhausted); compaction; prompt done",
@@ -158,12 +158,12 @@ EFFECTS: dict[str, str] = {
     "continue_turn": "continue (on the next loop tick)",
     "retry_at_once": "cancel timer; continue (on the next loop tick)",
     "cancel_backoff": "cancel timer; auto_retry_end (cancelled); prompt done",
-    "fall_back": "turn ends; retry_fallback; auto_retry_start (next model, delay 0); drop message; backoff",
-    "wait_for_budget": "turn ends; auto_retry_start (delaySource budget); drop message; backoff to the budget's slot",
-    "recheck_budget": "backoff to the budget's next slot (no new start)",
+    "fall_back": "turn ends; retry_fallback; switch model; auto_retry_start (next model, delay 0); drop message; backoff; arm deadline (a chain's first retry)",
+    "wait_for_budget": "turn ends; auto_retry_start (delaySource budget); drop message; backoff (to the budget's slot); arm deadline (a chain's first retry)",
+    "recheck_budget": "backoff (to the budget's next slot, no new start)",
     "deadline_in_backoff": "cancel timer; auto_retry_end (deadline); prompt done",
     "abort_attempt": "abort the attempt; auto_retry_end (deadline); prompt done",
-    "end_refused": "auto_retry_end (hint_too_long, attempt 0); prompt done",
+    "end_refused": "attempt 0: auto_retry_end (hint_too_long); prompt done",
 }
 """Every effect the table names, in a reader's words: the actions it returns, in their order,
 as ``; ``-separated phrases of :data:`EFFECT_WORDS` (a ``label: `` before a phrase and a
@@ -181,6 +181,10 @@ EFFECT_WORDS: dict[str, str] = {
     "budget credit": "CreditRetryBudget (only with a retry budget set)",
     "compaction": "CheckCompaction: the compaction hook is consulted",
     "prompt done": "PromptMayReturn: the work the prompt started is over",
+    "retry_fallback": "Emit(retry_fallback): from, to, reason",
+    "switch model": "SwitchModel: the next attempts use the fallback model",
+    "abort the attempt": "AbortAttempt: the host aborts the attempt in flight",
+    "arm deadline": "ArmDeadline: the chain's deadline timer starts (retry.maxElapsedMs set)",
 }
 """The phrases of :data:`EFFECTS` and the brain action each one names."""
 

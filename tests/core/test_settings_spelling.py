@@ -40,7 +40,8 @@ def test_a_nested_unknown_key_is_named_with_its_path():
 
 def test_the_originals_keys_are_never_suggested():
     """`provider` is the original's key: accepted, and never offered for a near miss."""
-    assert nearest_key("providr", list(known_keys()) + list(ORIGINAL_RETRY_KEYS)) is None
+    assert nearest_key("providr", list(known_keys()) + list(ORIGINAL_RETRY_KEYS)) != "provider"
+    assert nearest_key("providr", list(ORIGINAL_RETRY_KEYS)) is None
     assert "provider" in ORIGINAL_RETRY_KEYS
 
 

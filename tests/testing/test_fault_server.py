@@ -465,20 +465,20 @@ def test_handler_bugs_are_reported_not_swallowed(monkeypatch, capsys):
 
 def test_wait_sent_gives_up_without_hanging(monkeypatch):
     import termios
-    from fsm.testing.fault_server import _wait_sent
+    from fsm.testing.fault_server import wait_sent
     stopping = threading.Event()
     left, right = socket.socketpair()
     try:
         left.sendall(b"x" * 1000)  # never read: the queue never drains
         started = time.monotonic()
-        _wait_sent(left, stopping, timeout_s=0.05)
+        wait_sent(left, stopping, timeout_s=0.05)
         assert 0.05 <= time.monotonic() - started < 1
         closed = socket.socket()
         closed.close()
-        _wait_sent(closed, stopping)  # ioctl fails: return at once
+        wait_sent(closed, stopping)  # ioctl fails: return at once
         monkeypatch.delattr(termios, "TIOCOUTQ")
         started = time.monotonic()
-        _wait_sent(left, stopping)  # elsewhere than Linux: a short fixed wait
+        wait_sent(left, stopping)  # elsewhere than Linux: a short fixed wait
         assert time.monotonic() - started < 1
     finally:
         left.close()

@@ -802,7 +802,7 @@ class FaultServer:
         self._kept: collections.deque[dict] = collections.deque()  # records still holding a body
         self._kept_bytes = 0
         self._chat_count = 0
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  # set by stop(): pauses, hangs and streams end at once
         self._httpd = _HTTPServer(self, (host, port))
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None

@@ -140,7 +140,7 @@ def test_events_have_exactly_the_spec_fields_plus_extras():
     assert repr(brain).startswith("<RetryBrain state=succeeded")
 
 
-# ------------------------------------------------------------------ host contract (issue 10)
+# ------------------------------------------------------------------ host contract
 
 def test_a_fatal_first_turn_says_the_prompt_may_return():
     actions = RetryBrain().turn_ended(err("401 Incorrect API key provided"))
@@ -167,7 +167,7 @@ def test_a_cancelled_prompt_is_its_own_fact_not_a_failed_continue():
     assert events(actions)[0]["finalError"] == "Retry cancelled"
 
 
-# ------------------------------------------------------------------ policy v2 (issue 11)
+# ------------------------------------------------------------------ policy v2
 
 HONOR = RetrySettings(retry_hints="honor")
 

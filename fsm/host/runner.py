@@ -79,7 +79,7 @@ EventListener = Callable[[Event], Any]
 
 _OK = AssistantMessage("stop", timestamp_ms=0)
 _OK_CLS = classify_message(_OK)  # what a returned value classifies as, once
-_BACKOFF = (B.StartBackoff, B.SwitchModel)  # the host-loop actions the runner carries out
+_BACKOFF = (B.StartBackoff, B.SwitchModel, B.ArmDeadline)  # the host-loop actions the runner carries out
 _RAISED = object()  # the callable raised before returning an awaitable
 _COROUTINE = types.CoroutineType
 
@@ -134,6 +134,12 @@ class RetryChainError(Exception):
         self.message = message
 
 
+class DeadlinePassed(Exception):
+    """The chain's deadline (``retry.maxElapsedMs``) passed while an attempt was running: the
+    attempt was aborted and the chain ended ``deadline`` (docs/policy.md §13.2). Private to the
+    run loop, which raises :class:`RetryChainError` from it."""
+
+
 class AttemptTimedOut(TimeoutError):
     """An attempt ran longer than ``retry.attemptTimeoutMs`` (docs/policy.md §13.2): a
     retryable failure (family ``timeout``), the ``__cause__`` of a chain that ends on it."""
@@ -179,7 +185,7 @@ class _Call(HostKernel):
     per call), the last failure, the pending end. Private."""
 
     __slots__ = ("runner", "calls", "exc", "message", "cls", "end", "delay", "timer",
-                 "cached_key", "fn", "kwargs", "model")
+                 "cached_key", "fn", "kwargs", "model", "deadline")
 
     def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
                  sync: bool = False) -> None:
@@ -201,6 +207,8 @@ class _Call(HostKernel):
         self.kwargs = kwargs
         model = kwargs.get("model")
         self.model: str | None = model if isinstance(model, str) else None  # the model in use
+        # (chain id, host time in ms) of the chain's deadline (retry.maxElapsedMs), once armed
+        self.deadline: tuple[int, int] | None = None
 
     # -------------------------------------------------------------- an attempt ended
     def judge(self, result: Any, exc: BaseException | None
@@ -258,6 +266,9 @@ class _Call(HostKernel):
     def host(self, action: B.Action) -> None:
         if type(action) is B.StartBackoff:
             self.delay, self.timer = action.delay_ms, action.timer_id
+        elif type(action) is B.ArmDeadline:
+            # docs/policy.md §13.2: an attempt still running at the chain's deadline is aborted
+            self.deadline = (action.chain_id, (self.now_ms() or 0) + action.delay_ms)
         elif type(action) is B.SwitchModel:
             # docs/policy.md §13.3: the next attempts call with model=<the fallback>; leaving
             # the primary writes its (runner-wide) fallback mark
@@ -409,6 +420,12 @@ class RetryRunner:
                     else:
                         try:
                             result, exc = await self._bounded(pending, call), None
+                        except DeadlinePassed as passed:
+                            # the chain already ended ``deadline``: what the caller sees
+                            end = call.end
+                            assert end is not None
+                            raise RetryChainError(end.end_reason, end.attempt, call.calls, call.cls,
+                                                  end.final_error, call.message) from passed
                         except Exception as failure:
                             result, exc = None, failure
                 message, cls, now = call.judge(result, exc)
@@ -450,26 +467,38 @@ class RetryRunner:
         """Await one attempt, bounded by ``attemptTimeoutMs`` (docs/policy.md §13.2): a timed
         out attempt raises :class:`AttemptTimedOut`, a retryable failure."""
         limit = call.brain.settings.attempt_timeout_ms
-        if limit is None:
+        deadline = call.deadline if call.brain.attempt >= 1 else None
+        left = None if deadline is None else max(0, deadline[1] - (call.now_ms() or 0))
+        if limit is None and left is None:
             return await pending
         task = asyncio.ensure_future(pending)
-        fired: list[bool] = []
+        fired: list[str] = []
 
-        def expire() -> None:
-            if not task.done():
-                fired.append(True)
+        def expire(why: str) -> None:
+            if not task.done() and not fired:
+                fired.append(why)
                 task.cancel()
         clock = self.clock if self.clock is not None else asyncio.get_running_loop()
-        handle = clock.call_later(limit / 1000, expire)
+        handles = [clock.call_later(ms / 1000, expire, why)
+                   for ms, why in ((limit, "timeout"), (left, "deadline")) if ms is not None]
         try:
             return await task
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
-                raise AttemptTimedOut(f"attempt timed out after {seconds_text(limit)}") from None
+                if fired[0] == "deadline" and deadline is not None:
+                    # the chain's deadline reached the attempt in flight: the chain ends
+                    # ``deadline`` (the attempt is already aborted); the caller gets
+                    # RetryChainError from the run loop
+                    call.carry_out(call.brain.deadline_passed(deadline[0]))
+                    raise DeadlinePassed(f"the chain's deadline of retry.maxElapsedMs = "
+                                         f"{seconds_text(call.brain.settings.max_elapsed_ms or 0)} "
+                                         "passed during the attempt") from None
+                raise AttemptTimedOut(f"attempt timed out after {seconds_text(limit or 0)}") from None
             raise
         finally:
-            handle.cancel()
+            for handle in handles:
+                handle.cancel()
             if not task.done():
                 task.cancel()
 

@@ -358,6 +358,33 @@ async def test_the_runner_bounds_each_attempt_and_retries_a_timed_out_one():
     assert start["rule"] == "retryable.attempt_timeout"
 
 
+async def test_the_runner_s_deadline_aborts_the_attempt_in_flight():
+    """maxElapsedMs in the runner: a retried attempt still running at the chain's deadline is
+    aborted, the chain ends `deadline` and the caller gets RetryChainError."""
+    import fsm
+    from fsm.host.runner import RetryRunner
+    clock = FakeClock()
+    calls = []
+
+    async def call():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("529 Overloaded")
+        await asyncio.Event().wait()  # the retry hangs
+    events = []
+    runner = RetryRunner({"maxElapsedMs": 10_000, "baseDelayMs": 1000}, clock=clock,
+                         on_event=lambda e: events.append(dict(e)))
+    task = asyncio.ensure_future(runner.run(call))
+    await clock.advance(1.1)   # the backoff; the retry goes out and hangs
+    assert len(calls) == 2 and not task.done()
+    await clock.advance(9.5)   # past the chain's deadline
+    with pytest.raises(fsm.RetryChainError) as caught:
+        await asyncio.wait_for(task, 1)
+    assert caught.value.end_reason == "deadline"
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+    assert events[-1]["endReason"] == "deadline" and len(calls) == 2
+
+
 def test_stall_keys_given_to_the_runner_raise():
     """The runner sees no stream: firstTokenTimeoutMs / idleTimeoutMs raise SettingsError."""
     from fsm.host.runner import RetryRunner

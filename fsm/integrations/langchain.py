@@ -13,6 +13,9 @@ cooldowns shared, events per attempt::
     agent = create_agent(model, tools=[...], middleware=[
         RetryBrainMiddleware({"maxRetries": 5, "retryHints": "honor"}, on_event=print)])
 
+With ``retry.fallbackModels`` set, the retries after ``fallbackAfter`` overloads go to the next
+model (the same chat model class with its model name changed; docs/policy.md §13.3).
+
 Each model call of the agent is one chain (``wrap_model_call`` / ``awrap_model_call``). When it
 ends without success the middleware raises what :func:`fsm.retrying` raises
 (:class:`~fsm.host.runner.RetryChainError`, ``ContextOverflowError``); a first failure that
@@ -45,6 +48,20 @@ def _model_name(model: Any) -> str:
         if isinstance(value, str) and value:
             return value
     return "default"
+
+
+def _switched(request: Any, model_name: str | None) -> Any:
+    """``request`` with its chat model switched to ``model_name`` (a fallback model of
+    ``retry.fallbackModels``): a copy of the same chat model class with only its model name
+    changed (``model_name`` for ChatOpenAI, ``model`` for ChatAnthropic and most others)."""
+    if model_name is None or _model_name(request.model) == model_name:
+        return request
+    model = request.model
+    fields = getattr(type(model), "model_fields", {})
+    field = next((f for f in ("model_name", "model", "model_id") if f in fields), None)
+    if field is None or not hasattr(model, "model_copy"):
+        return request  # a chat model we cannot re-point: stay on it
+    return request.override(model=model.model_copy(update={field: model_name}))
 
 
 def _provider_name(model: Any) -> str:
@@ -93,7 +110,7 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = handler(request)
+                    response = handler(_switched(request, chain.model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:
@@ -121,7 +138,7 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = await handler(request)
+                    response = await handler(_switched(request, chain.model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:

@@ -69,3 +69,16 @@ async def test_an_exhausted_async_agent_raises_retry_chain_error():
             await agent.ainvoke({"messages": [{"role": "user", "content": "hi"}]})
         assert caught.value.end_reason == "exhausted"
         assert len(srv.chat_requests) == 3
+
+
+def test_fallback_models_switch_the_chat_model_after_two_overloads():
+    """retry.fallbackModels: after two 529s on the primary the retry goes to the fallback model,
+    a retry_fallback event says so, and the fallback answers."""
+    events = []
+    with FaultServer([OVERLOADED, OVERLOADED]) as srv:
+        agent = agent_for(openai_model(srv), events, {**FAST, "fallbackModels": ["gpt-small"]})
+        result = agent.invoke({"messages": [{"role": "user", "content": "hi"}]})
+        assert result["messages"][-1].content == "ok"
+        models = [r["body"]["model"] for r in srv.chat_requests]
+    assert models == ["gpt-test", "gpt-test", "gpt-small"]
+    assert "retry_fallback" in [e["type"] for e in events]

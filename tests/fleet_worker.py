@@ -1,9 +1,10 @@
 """A fleet process for the tests: ``python tests/fleet_worker.py SPEC_JSON``.
 
 SPEC: ``{"url", "prefix", "ops": [[op, args...], ...], "wait_go": bool, "credentials"}``.
-Prints one JSON line per op (its answer). Ops: ``learn PROVIDER MODEL UNTIL``, ``left
-PROVIDER MODEL``, ``take N MAX_TOKENS`` (how many of N takes were allowed), ``credit N
-MAX_TOKENS``, ``mark PROVIDER CRED UNTIL``, ``limited PROVIDER``, ``key PROVIDER SESSION``
+Prints one JSON line per op (its answer). Ops (coordinator protocol v3: durations in, time
+left out): ``learn PROVIDER MODEL DURATION_MS``, ``left PROVIDER MODEL`` (ms left), ``take N
+MAX_TOKENS`` (how many of N retries were admitted), ``credit N MAX_TOKENS``, ``mark PROVIDER
+CRED DURATION_MS``, ``limited PROVIDER`` (id -> ms left), ``key PROVIDER SESSION``
 (the store's key for the session, as its credential id), ``limit PROVIDER SESSION MS`` (the
 store's mark-and-switch).
 """
@@ -14,8 +15,7 @@ import asyncio
 import json
 import sys
 
-from fsm.fleet import (BudgetSettings, CoordKey, RedisCoordinator, RedisCredentialStore,
-                       credential_id, wall_ms)
+from fsm.fleet import BudgetSettings, CoordKey, RedisCoordinator, RedisCredentialStore, credential_id
 
 
 async def main(spec: dict) -> None:
@@ -27,29 +27,30 @@ async def main(spec: dict) -> None:
         await coord.ping()
         print(json.dumps("ready"), flush=True)
         import redis.asyncio
-        barrier = redis.asyncio.Redis.from_url(spec["url"])  # no socket timeout: may wait long
+        barrier = redis.asyncio.Redis.from_url(spec["url"], socket_timeout=60)  # may wait long
         await barrier.blpop([f"{spec['prefix']}:test-go"], timeout=30)
         await barrier.aclose()
     for op, *args in spec["ops"]:
-        now = wall_ms()
         if op == "learn":
-            answer = await coord.learn_cooldown(CoordKey(args[0], args[1]), args[2], now)
+            answer = await coord.learn_cooldown(CoordKey(args[0], args[1]), args[2])
         elif op == "left":
-            answer = await coord.cooldown_left_ms(CoordKey(args[0], args[1]), now)
+            answer = await coord.cooldown_left(CoordKey(args[0], args[1]))
         elif op == "take":
             budget = BudgetSettings(max_tokens=args[1])
             answer = 0
             for _ in range(args[0]):
-                answer += await coord.take_retry_token(CoordKey("p", "m"), budget)
+                admitted = await coord.admit(CoordKey("p", "m"), retry=True, budget=budget, pacing=None)
+                answer += bool(admitted.budget)
         elif op == "credit":
             budget = BudgetSettings(max_tokens=args[1])
             for _ in range(args[0]):
-                await coord.credit_success(CoordKey("p", "m"), budget)
+                await coord.record_outcome(CoordKey("p", "m"), success=True, throttled=False,
+                                           budget=budget, pacing=None)
             answer = None
         elif op == "mark":
-            answer = await coord.mark_credential_limited(args[0], args[1], args[2], now)
+            answer = await coord.mark_credential_limited(args[0], args[1], args[2])
         elif op == "limited":
-            answer = await coord.limited_credentials(args[0], now)
+            answer = await coord.limited_credentials(args[0])
         elif op == "key":
             answer = credential_id(await store.aapi_key(args[0], args[1]))
         elif op == "skey":

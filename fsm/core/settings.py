@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-__all__ = ["RetrySettings", "BudgetSettings", "SettingsError", "JITTER_MODES", "RETRY_HINT_MODES",
+__all__ = ["RetrySettings", "BudgetSettings", "PacingSettings", "SettingsError", "BUDGET_MODES", "JITTER_MODES", "RETRY_HINT_MODES",
            "AFTER_OUTPUT_MODES", "MAX_RETRIES_LIMIT", "MAX_DELAY_LIMIT_MS"]
 
 JITTER_MODES: tuple[str, ...] = ("none", "full", "equal")
@@ -40,6 +40,7 @@ _KEYS = {
     "maxElapsedMs": "max_elapsed_ms",
     "afterOutput": "after_output",
     "budget": "budget",
+    "pacing": "pacing",  # the fleet's pacing group (PacingSettings, below)
 }
 
 
@@ -70,20 +71,46 @@ def _check_int(key: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
+# --- fleet: retry budget and pacing (owned by the fleet work; docs/fleet.md) ----------------
+
+BUDGET_MODES: tuple[str, ...] = ("refuse", "wait")
+"""``retry.budget.mode``: what a retry the bucket cannot afford does (docs/fleet.md)."""
+
+_BUDGET_KEYS = ("maxTokens", "tokenRatio", "mode", "minRetriesPerSecond")
+
+
+def _check_number(key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    """A finite int or float within [lo, hi] (or (lo, hi] with ``lo_open``), as a float."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+          and math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi)
+    if not ok:
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise SettingsError(key, value, f"a number in {interval}")
+    return float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetSettings:
     """The shared retry budget (docs/policy.md §9, §8b.3): gRPC retry throttling.
 
     - ``max_tokens``: the bucket's size, 1..1000 (default 100); it starts full.
     - ``token_ratio``: tokens a success gives back, 0 < r <= 1 (default 0.1).
+    - ``mode``: ``"refuse"`` (default: a retry the bucket cannot afford ends the chain, the
+      original's behaviour) or ``"wait"`` (it waits, holding no token, and is re-checked at
+      the floor's slots; docs/fleet.md "Budget in wait mode").
+    - ``min_retries_per_second``: the fleet-wide floor of retries per second the budget
+      always lets through, 0..1000 (default 0: none), as Linkerd's retry budget's
+      ``minRetriesPerSecond`` (https://linkerd.io/2/reference/service-profiles/).
 
     Each failed attempt takes one token; a retry is allowed only while the count after the
-    take is above ``max_tokens / 2``. Raises :class:`SettingsError` naming
-    ``retry.budget.maxTokens`` / ``retry.budget.tokenRatio``.
+    take is above ``max_tokens / 2`` (or when a floor slot is free). Raises
+    :class:`SettingsError` naming ``retry.budget.KEY`` and the value.
     """
 
     max_tokens: int = 100
     token_ratio: float = 0.1
+    mode: str = "refuse"
+    min_retries_per_second: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_tokens", _check_int("budget.maxTokens", self.max_tokens, 1, 1000))
@@ -91,28 +118,119 @@ class BudgetSettings:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 < r <= 1:
             raise SettingsError("budget.tokenRatio", r, "a number with 0 < r <= 1")
         object.__setattr__(self, "token_ratio", float(r))
+        if self.mode not in BUDGET_MODES:
+            raise SettingsError("budget.mode", self.mode, 'one of "refuse", "wait"')
+        object.__setattr__(self, "min_retries_per_second", _check_number(
+            "budget.minRetriesPerSecond", self.min_retries_per_second, 0, 1000))
 
     @property
     def threshold(self) -> float:
         """Retries are allowed while the count after the take is above this (``max_tokens / 2``)."""
         return self.max_tokens / 2
 
+    @property
+    def waits(self) -> bool:
+        """``mode`` is ``"wait"``."""
+        return self.mode == "wait"
+
     def to_json(self) -> dict[str, Any]:
-        return {"maxTokens": self.max_tokens, "tokenRatio": self.token_ratio}
+        return {"maxTokens": self.max_tokens, "tokenRatio": self.token_ratio, "mode": self.mode,
+                "minRetriesPerSecond": self.min_retries_per_second}
 
     @classmethod
     def from_json(cls, data: Any) -> "BudgetSettings | None":
-        """``null`` -> None (off); ``{}`` -> the defaults; other keys than maxTokens/tokenRatio fail."""
+        """``null`` -> None (off); ``{}`` -> the defaults; a key other than maxTokens,
+        tokenRatio, mode, minRetriesPerSecond raises :class:`SettingsError` naming it."""
         if data is None:
             return None
         if isinstance(data, BudgetSettings):
             return data
         if not isinstance(data, Mapping):
-            raise SettingsError("budget", data, "null or an object {maxTokens, tokenRatio}")
-        unknown = sorted(str(k) for k in data if k not in ("maxTokens", "tokenRatio"))
+            raise SettingsError("budget", data, "null or an object {maxTokens, tokenRatio, mode, "
+                                                "minRetriesPerSecond}")
+        unknown = sorted(str(k) for k in data if k not in _BUDGET_KEYS)
         if unknown:
-            raise SettingsError("budget", unknown[0], "only the keys maxTokens and tokenRatio")
-        return cls(data.get("maxTokens", 100), data.get("tokenRatio", 0.1))
+            raise SettingsError("budget", unknown[0], "only the keys " + ", ".join(_BUDGET_KEYS))
+        return cls(data.get("maxTokens", 100), data.get("tokenRatio", 0.1),
+                   data.get("mode", "refuse"), data.get("minRetriesPerSecond", 0.0))
+
+
+_PACING_KEYS = {"enabled": "enabled", "minRate": "min_rate", "maxRate": "max_rate",
+                "burstS": "burst_s", "beta": "beta", "scale": "scale",
+                "forgetAfterMs": "forget_after_ms"}
+
+
+@dataclass(frozen=True, slots=True)
+class PacingSettings:
+    """``retry.pacing``: the fleet's client-side rate limiter (docs/fleet.md "Pacing"), AWS
+    SDK adaptive retry mode's token bucket whose rate follows CUBIC, with a floor of probes.
+
+    - ``enabled``: pacing on (default ``True`` once the group is given; ``retry.pacing: null``,
+      the default, is off).
+    - ``min_rate`` (``minRate``): the floor of the fill rate in requests per second, shared by
+      the fleet, so probes keep detecting recovery (Linkerd's ``minRetriesPerSecond`` idea);
+      a number in (0, 1e6], default 0.5 (botocore's ``TokenBucket._MIN_RATE``).
+    - ``max_rate`` (``maxRate``): a ceiling of the fill rate in requests per second, or
+      ``None`` (default: none); a number in (0, 1e6].
+    - ``burst_s`` (``burstS``): the bucket holds this many seconds of the fill rate (at least
+      one request), a number in (0, 60], default 1 (botocore's capacity is one second's worth).
+    - ``beta``: the multiplicative decrease on a throttle, in (0, 1), default 0.7 (CUBIC's and
+      botocore's ``_BETA``).
+    - ``scale``: CUBIC's scale constant C, in (0, 1000], default 0.4 (botocore's
+      ``_SCALE_CONSTANT``).
+    - ``forget_after_ms`` (``forgetAfterMs``): after this long without a throttle the pacer
+      lets go (unpaced until the next throttle), an integer 1000..604 800 000, default 300 000.
+
+    Raises :class:`SettingsError` naming ``retry.pacing.KEY`` and the value.
+    """
+
+    enabled: bool = True
+    min_rate: float = 0.5
+    max_rate: float | None = None
+    burst_s: float = 1.0
+    beta: float = 0.7
+    scale: float = 0.4
+    forget_after_ms: int = 300_000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise SettingsError("pacing.enabled", self.enabled, "true or false")
+        object.__setattr__(self, "min_rate", _check_number("pacing.minRate", self.min_rate, 0, 1e6, lo_open=True))
+        if self.max_rate is not None:
+            object.__setattr__(self, "max_rate", _check_number("pacing.maxRate", self.max_rate, 0, 1e6, lo_open=True))
+            if self.max_rate < self.min_rate:
+                raise SettingsError("pacing.maxRate", self.max_rate,
+                                    f"null or a number at least pacing.minRate ({self.min_rate:g})")
+        object.__setattr__(self, "burst_s", _check_number("pacing.burstS", self.burst_s, 0, 60, lo_open=True))
+        object.__setattr__(self, "beta", _check_number("pacing.beta", self.beta, 0, 1, lo_open=True))
+        if self.beta >= 1:
+            raise SettingsError("pacing.beta", self.beta, "a number in (0, 1)")
+        object.__setattr__(self, "scale", _check_number("pacing.scale", self.scale, 0, 1000, lo_open=True))
+        object.__setattr__(self, "forget_after_ms", _check_int("pacing.forgetAfterMs", self.forget_after_ms,
+                                                               1000, 7 * MAX_DELAY_LIMIT_MS))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "minRate": self.min_rate, "maxRate": self.max_rate,
+                "burstS": self.burst_s, "beta": self.beta, "scale": self.scale,
+                "forgetAfterMs": self.forget_after_ms}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "PacingSettings | None":
+        """``null`` -> None (off); ``{}`` -> the defaults (on); a key not in
+        ``enabled, minRate, maxRate, burstS, beta, scale, forgetAfterMs`` raises
+        :class:`SettingsError` naming it."""
+        if data is None:
+            return None
+        if isinstance(data, PacingSettings):
+            return data
+        if not isinstance(data, Mapping):
+            raise SettingsError("pacing", data, "null or an object {" + ", ".join(_PACING_KEYS) + "}")
+        unknown = sorted(str(k) for k in data if k not in _PACING_KEYS)
+        if unknown:
+            raise SettingsError("pacing", unknown[0], "only the keys " + ", ".join(_PACING_KEYS))
+        return cls(**{_PACING_KEYS[k]: v for k, v in data.items()})
+
+# --- end of the fleet block -------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +253,8 @@ class RetrySettings:
     - ``after_output``: ``"retry"`` (default) or ``"stop"`` (D12: never replay a turn that
       streamed text).
     - ``budget``: a :class:`BudgetSettings` (the shared retry budget, §9), or ``None`` (off).
+    - ``pacing``: a :class:`PacingSettings` (the fleet's pacing, docs/fleet.md), or ``None``
+      (off, the default).
 
     Construction validates every field and raises :class:`SettingsError` naming the key and
     the value; a ``RetrySettings`` that exists is always valid.
@@ -150,6 +270,7 @@ class RetrySettings:
     max_elapsed_ms: int | None = None
     after_output: str = "retry"
     budget: BudgetSettings | None = None
+    pacing: PacingSettings | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -174,6 +295,8 @@ class RetrySettings:
             raise SettingsError("afterOutput", self.after_output, 'one of "retry", "stop"')
         object.__setattr__(self, "budget", BudgetSettings.from_json(
             self.budget.to_json() if isinstance(self.budget, BudgetSettings) else self.budget))
+        object.__setattr__(self, "pacing", PacingSettings.from_json(
+            self.pacing.to_json() if isinstance(self.pacing, PacingSettings) else self.pacing))
 
     @property
     def honors_hints(self) -> bool:
@@ -225,7 +348,8 @@ class RetrySettings:
                 "jitter": self.jitter, "retryHints": self.retry_hints,
                 "maxHintWaitMs": self.max_hint_wait_ms, "maxElapsedMs": self.max_elapsed_ms,
                 "afterOutput": self.after_output,
-                "budget": self.budget.to_json() if self.budget is not None else None}
+                "budget": self.budget.to_json() if self.budget is not None else None,
+                "pacing": self.pacing.to_json() if self.pacing is not None else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, base: "RetrySettings | None" = None) -> "RetrySettings":

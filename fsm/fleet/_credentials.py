@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from fsm.host.credentials import DEFAULT_BLOCK_MS, _validate_credentials
 from fsm.fleet._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
-from fsm.fleet._redis import DEFAULT_PREFIX, KeySpace, RedisCoordinator, SCRIPTS, check_url, client_options, safe_reason
-from fsm.fleet._types import credential_id, wall_ms
+from fsm.fleet._redis import (DEFAULT_PREFIX, SCRIPTS, KeySpace, RedisCoordinator, check_url, client_options,
+                              limited_from_replies, queue_limited_read, safe_reason)
+from fsm.fleet._types import MAX_LEFT_MS, credential_id, wall_ms
 
 
 def load_credentials(path: str | Path) -> dict[str, list[str]]:
@@ -49,7 +50,9 @@ class RedisCredentialStore:
     ``amark_usage_limit_reached`` are the asyncio variants for a shell. When Redis does not
     answer, both answer from this process's own marks and ``coordinator`` (a
     :class:`~fsm.fleet.GuardedCoordinator` over Redis, built from ``url`` when not given)
-    reports the outage once. ``clock`` gives wall time in epoch ms.
+    reports the outage once. ``clock`` gives wall time in epoch ms; it only turns the time
+    left of a mark into an end for :meth:`blocked_until` (marks are durations, counted by
+    Redis's clock and the local fallback's).
     """
 
     def __init__(self, credentials: Mapping[str, Sequence[str]] | str | Path, *,
@@ -121,16 +124,16 @@ class RedisCredentialStore:
                 or self._keys[provider][0])
 
     @staticmethod
-    def _until(now: int, retry_after_ms: int | None) -> int:
-        hold = DEFAULT_BLOCK_MS if retry_after_ms is None or retry_after_ms < 0 else retry_after_ms
-        return now + int(hold)
+    def _hold(retry_after_ms: int | None) -> int:
+        """How long a mark holds: ``retry_after_ms``, or DEFAULT_BLOCK_MS when unknown."""
+        return DEFAULT_BLOCK_MS if retry_after_ms is None or retry_after_ms < 0 else int(retry_after_ms)
 
     # -- asyncio ------------------------------------------------------------------------------
     async def aapi_key(self, provider: str, session_id: str) -> str | None:
         """The key this session should use now (None: the provider's default)."""
         if provider not in self._keys:
             return None
-        limited = await self.coordinator.limited_credentials(provider, self._clock())
+        limited = await self.coordinator.limited_credentials(provider)  # id -> ms left
         return self._current(provider, session_id, limited)
 
     async def amark_usage_limit_reached(self, provider: str, session_id: str,
@@ -139,11 +142,10 @@ class RedisCredentialStore:
         True when the session now has another key that is not limited."""
         if provider not in self._keys:
             return False
-        now = self._clock()
         used = self._used(provider, session_id)
         await self.coordinator.mark_credential_limited(provider, credential_id(used),
-                                                       self._until(now, retry_after_ms), now)
-        limited = await self.coordinator.limited_credentials(provider, now)
+                                                       self._hold(retry_after_ms))
+        limited = await self.coordinator.limited_credentials(provider)
         return self._switch(provider, session_id, used, limited)
 
     # -- blocking (the fsm.host.credentials protocol) ----------------------------------------------
@@ -168,38 +170,47 @@ class RedisCredentialStore:
         breaker.succeeded()
         return True, answer
 
-    def _sync_limited(self, provider: str, now: int) -> dict[str, int]:
-        merged = self.coordinator.fallback.limited_credentials_sync(provider, now)
-        ok, rows = self._sync_remote(lambda c: c.zrangebyscore(
-            self._sync_keys.limited(provider), f"({now}", "+inf", withscores=True))
-        if ok:
-            for member, score in rows:
-                cred = member.decode() if isinstance(member, bytes) else member
-                merged[cred] = max(int(score), merged.get(cred, 0))
+    def _sync_limited(self, provider: str) -> dict[str, int]:
+        """Credential id -> ms left: this process's own marks and the fleet's (durations only,
+        so no clock of this machine is compared with the server's)."""
+        fallback = self.coordinator.fallback
+        merged = fallback.limited_credentials_at(provider, fallback.now_ms())
+        def read(client: Any) -> Any:
+            pipe = client.pipeline(transaction=False)
+            queue_limited_read(pipe, self._sync_keys.limited(provider))
+            return pipe.execute(raise_on_error=False)
+        ok, replies = self._sync_remote(read)
+        if ok:  # the server's answer is time left on its own clock; kept locally as well
+            for cred, left in limited_from_replies(replies).items():
+                if left > merged.get(cred, 0):
+                    merged[cred] = left
+                    fallback.mark_credential_limited_at(provider, cred, left, fallback.now_ms())
         return merged
 
     def api_key(self, provider: str, session_id: str) -> str | None:
         """Blocking :meth:`aapi_key` (at most ``timeout_s`` on Redis)."""
         if provider not in self._keys:
             return None
-        return self._current(provider, session_id, self._sync_limited(provider, self._clock()))
+        return self._current(provider, session_id, self._sync_limited(provider))
 
     def mark_usage_limit_reached(self, provider: str, session_id: str,
                                  retry_after_ms: int | None) -> bool:
         """Blocking :meth:`amark_usage_limit_reached` (at most ``timeout_s`` per Redis call)."""
         if provider not in self._keys:
             return False
-        now = self._clock()
         used = self._used(provider, session_id)
-        cred, until = credential_id(used), self._until(now, retry_after_ms)
-        self.coordinator.fallback.mark_credential_limited_sync(provider, cred, until, now)
+        cred, hold = credential_id(used), self._hold(retry_after_ms)
+        fallback = self.coordinator.fallback
+        fallback.mark_credential_limited_at(provider, cred, hold, fallback.now_ms())
         self._sync_remote(lambda c: self._sync_mark(keys=[self._sync_keys.limited(provider)],
-                                                    args=[cred, until, now]))
-        return self._switch(provider, session_id, used, self._sync_limited(provider, now))
+                                                    args=[MAX_LEFT_MS, "", cred, hold]))
+        return self._switch(provider, session_id, used, self._sync_limited(provider))
 
     def blocked_until(self, provider: str) -> dict[str, int]:
-        """Credential id -> until (epoch ms) of ``provider``'s limited keys, fleet-wide."""
-        return self._sync_limited(provider, self._clock())
+        """Credential id -> until (epoch ms on ``clock``) of ``provider``'s limited keys,
+        fleet-wide: the time left each mark has, added to this machine's clock."""
+        now = self._clock()
+        return {cred: now + left for cred, left in self._sync_limited(provider).items()}
 
     def close(self) -> None:
         """Close the blocking client (the coordinator is closed with ``aclose``)."""

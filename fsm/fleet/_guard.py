@@ -9,10 +9,13 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
+from fsm.core.settings import PacingSettings
 from fsm.fleet._local import InProcessCoordinator
-from fsm.fleet._types import BudgetSettings, Coordinator, CoordinatorError, CoordKey
+from fsm.fleet._types import (MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordinatorError, CoordinatorKeyError,
+                              CoordKey)
 
 log = logging.getLogger("fsm.fleet")
 
@@ -123,6 +126,18 @@ class GuardedCoordinator:
       The budget is the remote's while it answers, ``fallback``'s while it does not; the
       fallback's bucket continues from the last count the remote gave, so an outage of Redis
       during a provider's outage does not give every process a full bucket of retries.
+    - An :meth:`admit` whose answer comes after nobody waits for it (its deadline passed, or
+      the caller was cancelled: an abort or a cancel while Redis answers) gives back the
+      budget token it took, so an aborted retry never leaks a token.
+    - A key whose data in the remote is bad (the remote raises
+      :class:`~fsm.fleet.CoordinatorKeyError`) is answered from ``fallback`` for that call
+      only; the remote stays "available" (no event). Nothing the remote answers is copied
+      into ``fallback`` unless it passed the remote's validation (every time left is within
+      :data:`~fsm.fleet.MAX_LEFT_MS`).
+    - Protocol v3 (:meth:`admit`, :meth:`record_outcome`, the fallback mark) works the same
+      way; ``fallback`` counts on ``clock`` (default: the monotonic clock). The pacer of
+      ``fallback`` hears every outcome, so that while the remote is down this process paces
+      on what it saw itself (local pacing).
     - ``on_event`` (and :meth:`subscribe`) hears ``coordinator_unavailable {reason}`` once
       when the remote stops answering and ``coordinator_restored`` once when it answers
       again (``docs/fleet.md``).
@@ -137,7 +152,8 @@ class GuardedCoordinator:
                  on_event: EventListener | None = None,
                  probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
                  write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] | None = None) -> None:
         if (isinstance(write_timeout_s, bool) or not isinstance(write_timeout_s, int | float)
                 or not 0 < write_timeout_s <= 60):
             raise ValueError(f"write_timeout_s must be a number above 0 and at most 60, "
@@ -147,9 +163,10 @@ class GuardedCoordinator:
             raise ValueError(f"timeout_s must be a number above 0 and at most 60, got {timeout_s!r}")
         self.inner = inner
         self.timeout_s = float(timeout_s)
-        self.fallback = fallback if fallback is not None else InProcessCoordinator()
+        self.fallback = fallback if fallback is not None else InProcessCoordinator(clock=clock)
         self.breaker = Breaker(probe_interval_s=probe_interval_s, on_event=on_event,
                                monotonic=monotonic)
+        self._background: set[asyncio.Task] = set()  # late give-backs still running
 
     def __repr__(self) -> str:
         return f"GuardedCoordinator({self.inner!r}, timeout_s={self.timeout_s})"
@@ -164,9 +181,14 @@ class GuardedCoordinator:
         return self.breaker.subscribe(listener)
 
     async def _remote(self, call: Callable[[], Awaitable[Any]],
-                      timeout_s: float | None = None) -> tuple[bool, Any]:
+                      timeout_s: float | None = None,
+                      on_late: Callable[[Any], None] | None = None) -> tuple[bool, Any]:
         """``(True, answer)`` from the remote, or ``(False, None)`` when it is down, slow or
         failing (the breaker hears of it).
+
+        ``on_late(answer)`` is called with the answer of a call that completes after nobody
+        waits for it any more (its deadline passed, or the caller was cancelled: an abort):
+        :meth:`admit` gives back the token such an answer took.
 
         The call runs as its own task. At the deadline a call that is mid-command (in the
         inner's ``in_flight``) is left to finish in the background rather than cancelled:
@@ -214,11 +236,19 @@ class GuardedCoordinator:
             if not task.done() and in_flight is not None and task not in in_flight:
                 sent = False
                 task.cancel()  # still waiting for its turn: it sent nothing
+            elif not task.done() and on_late is not None:
+                task.add_done_callback(lambda t: self._late(t, on_late))
         if not task.done():
             if sent:  # a call that never got its turn says this process is busy, not Redis down
                 self.breaker.failed(f"no answer within {timeout * 1000:g} ms")
             return False, None
         exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, CoordinatorKeyError):
+            # The server answered: one key's data is bad. That key is answered locally; the
+            # coordinator is up (no event, no flapping).
+            log.debug("coordinator key degraded: %s", exc)
+            self.breaker.succeeded()
+            return False, None
         if task.cancelled() or exc is not None:
             if isinstance(exc, CoordinatorError):
                 self.breaker.failed(str(exc))
@@ -227,6 +257,29 @@ class GuardedCoordinator:
             return False, None
         self.breaker.succeeded()
         return True, task.result()
+
+    def _late(self, task: "asyncio.Task[Any]", on_late: Callable[[Any], None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        try:
+            on_late(task.result())
+        except Exception:  # a late answer's clean-up must never reach anyone
+            log.debug("late coordinator answer not handled", exc_info=True)
+
+    def _give_back_late(self, key: CoordKey, budget: BudgetSettings | None) -> Callable[[Any], None]:
+        """For :meth:`admit`: a late answer that took a token (nobody will send its retry)
+        gives the token back, in the background."""
+        def give_back(answer: Any) -> None:
+            taken = (answer.token_taken if isinstance(answer, Admission)
+                     else answer[1] is True if isinstance(answer, tuple) and len(answer) == 2
+                     else answer is True)  # before v3: (left, allowed) or allowed
+            if budget is None or not taken:
+                return
+            task = asyncio.get_running_loop().create_task(self.inner.return_retry_token(key, budget))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            task.add_done_callback(_forget)
+        return give_back
 
     async def ping(self) -> bool:
         """Try the remote now (even while down); True when it answered in time."""
@@ -256,6 +309,57 @@ class GuardedCoordinator:
         self.breaker.succeeded()
         return True
 
+
+    # -- protocol v3 ----------------------------------------------------------------------
+    async def admit(self, key: CoordKey, *, retry: bool, budget: BudgetSettings | None,
+                    pacing: PacingSettings | None, earliest_ms: int = 0,
+                    floor_slot_due: bool = False, max_wait_ms: int | None = None) -> Admission:
+        ok, answer = await self._remote(lambda: self.inner.admit(
+            key, retry=retry, budget=budget, pacing=pacing, earliest_ms=earliest_ms,
+            floor_slot_due=floor_slot_due, max_wait_ms=max_wait_ms),
+            on_late=self._give_back_late(key, budget if retry else None))
+        if not ok or not isinstance(answer, Admission):
+            return await self.fallback.admit(key, retry=retry, budget=budget, pacing=pacing,
+                                             earliest_ms=earliest_ms, floor_slot_due=floor_slot_due,
+                                             max_wait_ms=max_wait_ms)
+        now = self.fallback.now_ms()
+        if 0 < answer.cooldown_ms <= MAX_LEFT_MS:
+            self.fallback.learn_cooldown_at(key, answer.cooldown_ms, now)
+        if retry and budget is not None:
+            self._mirror(key, budget)
+        local = self.fallback.cooldown_left_at(key, now)
+        if local > answer.cooldown_ms:
+            answer = replace(answer, cooldown_ms=local)
+        return answer
+
+    async def record_outcome(self, key: CoordKey, *, success: bool, throttled: bool,
+                             budget: BudgetSettings | None,
+                             pacing: PacingSettings | None) -> None:
+        # The local pacer hears every outcome (local pacing while the remote is down).
+        self.fallback.record_outcome_at(key, self.fallback.now_ms(), success=False,
+                                        throttled=throttled, budget=None, pacing=pacing)
+        ok, _ = await self._remote(lambda: self.inner.record_outcome(
+            key, success=success, throttled=throttled, budget=budget, pacing=pacing),
+            self.write_timeout_s)
+        if budget is None or not success:
+            return
+        if ok:
+            self._mirror(key, budget)
+        else:
+            await self.fallback.credit_success(key, budget)
+
+    async def mark_fallback(self, key: CoordKey, duration_ms: int) -> None:
+        self.fallback.mark_fallback_at(key, duration_ms, self.fallback.now_ms())
+        await self._remote(lambda: self.inner.mark_fallback(key, duration_ms), self.write_timeout_s)
+
+    async def fallback_left_ms(self, key: CoordKey) -> int:
+        ok, remote = await self._remote(lambda: self.inner.fallback_left_ms(key))
+        now = self.fallback.now_ms()
+        if ok and isinstance(remote, int) and 0 < remote <= MAX_LEFT_MS:
+            self.fallback.mark_fallback_at(key, remote, now)
+        return self.fallback.fallback_left_at(key, now)
+
+    # -- before v3 (thin wrappers while the session and runner call them) ------------------
     async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
         local = self.fallback.cooldown_left_sync(key, now_ms)
         ok, remote = await self._remote(lambda: self.inner.cooldown_left_ms(key, now_ms))
@@ -264,7 +368,15 @@ class GuardedCoordinator:
         self._mirror_cooldown(key, remote, now_ms)
         return max(local, remote)
 
-    async def learn_cooldown(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
+    async def learn_cooldown(self, key: CoordKey, duration_ms: int,
+                             now_ms: int | None = None) -> None:
+        """v3: ``(key, duration_ms)``; before v3: ``(key, until_ms, now_ms)``."""
+        if now_ms is None:
+            self.fallback.learn_cooldown_at(key, duration_ms, self.fallback.now_ms())
+            await self._remote(lambda: self.inner.learn_cooldown(key, duration_ms),
+                               self.write_timeout_s)
+            return
+        until_ms = duration_ms
         self.fallback.learn_cooldown_sync(key, until_ms, now_ms)
         await self._remote(lambda: self.inner.learn_cooldown(key, until_ms, now_ms),
                            self.write_timeout_s)
@@ -283,7 +395,8 @@ class GuardedCoordinator:
             self.fallback.set_tokens_milli(key, budget, milli)
 
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
-        ok, allowed = await self._remote(lambda: self.inner.take_retry_token(key, budget))
+        ok, allowed = await self._remote(lambda: self.inner.take_retry_token(key, budget),
+                                         on_late=self._give_back_late(key, budget))
         if not ok:
             return self.fallback.take_retry_token_sync(key, budget)
         self._mirror(key, budget)
@@ -291,7 +404,8 @@ class GuardedCoordinator:
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
-        ok, answer = await self._remote(lambda: self.inner.before_decision(key, now_ms, budget))
+        ok, answer = await self._remote(lambda: self.inner.before_decision(key, now_ms, budget),
+                                        on_late=self._give_back_late(key, budget))
         if not ok:
             return self.fallback.before_decision_sync(key, now_ms, budget)
         if budget is not None:
@@ -317,13 +431,31 @@ class GuardedCoordinator:
             self._mirror(key, budget)
 
     async def mark_credential_limited(self, provider: str, credential: str, until_ms: int,
-                                      now_ms: int) -> None:
+                                      now_ms: int | None = None) -> None:
+        """v3: ``(provider, credential, duration_ms)``; before v3: ``(..., until_ms, now_ms)``."""
+        if now_ms is None:
+            duration_ms = until_ms
+            self.fallback.mark_credential_limited_at(provider, credential, duration_ms,
+                                                     self.fallback.now_ms())
+            await self._remote(lambda: self.inner.mark_credential_limited(provider, credential,
+                                                                          duration_ms),
+                               self.write_timeout_s)
+            return
         self.fallback.mark_credential_limited_sync(provider, credential, until_ms, now_ms)
         await self._remote(lambda: self.inner.mark_credential_limited(provider, credential,
                                                                       until_ms, now_ms),
                            self.write_timeout_s)
 
-    async def limited_credentials(self, provider: str, now_ms: int) -> dict[str, int]:
+    async def limited_credentials(self, provider: str, now_ms: int | None = None) -> dict[str, int]:
+        """v3: id -> ms left; before v3 (``now_ms`` given): id -> end in the caller's clock."""
+        if now_ms is None:
+            now = self.fallback.now_ms()
+            ok, remote = await self._remote(lambda: self.inner.limited_credentials(provider))
+            if ok and isinstance(remote, dict):
+                for cred, left in remote.items():
+                    if isinstance(left, int) and 0 < left <= MAX_LEFT_MS:
+                        self.fallback.mark_credential_limited_at(provider, cred, left, now)
+            return self.fallback.limited_credentials_at(provider, now)
         merged = self.fallback.limited_credentials_sync(provider, now_ms)
         ok, remote = await self._remote(lambda: self.inner.limited_credentials(provider, now_ms))
         if ok:

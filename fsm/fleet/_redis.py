@@ -1,106 +1,343 @@
-"""The fleet coordinator on Redis: one atomic Lua script per write, keys that expire.
+"""The fleet coordinator on Redis (protocol v3): one atomic Lua script per step, keys that expire.
 
 Strictly private: import these names from :mod:`fsm.fleet`.
 
-Keys (``P`` is the prefix, each part percent-encoded so that ``:`` in a model name cannot
-make two keys collide; the two keys of one (provider, model, credential) share a Redis
-Cluster hash tag ``{...}``, so that the one script that reads both works on a cluster too):
+Durations in, time left out: a cooldown is a key with a ``PX`` expiry and its time left is
+its ``PTTL``; everything else that needs a time (the bucket's idle time, the pacer, the
+budget floor, the credential marks) is counted on the server's own clock (``TIME`` inside the
+script), never on one machine's wall time, so a machine whose clock is wrong cannot stretch
+or shorten anyone's wait.
 
-- ``P:{PROVIDER:MODEL:CRED}:cooldown`` — a string, the cooldown's end (epoch ms); it expires
-  at that time (``PX``);
-- ``P:{PROVIDER:MODEL:CRED}:budget`` — a string, the bucket's count in thousandths of a
-  token; absent means full; it expires after ``bucket_idle_ms`` without use (full again);
+Keys (``P`` is the prefix, each part percent-encoded so that ``:`` in a model name cannot
+make two keys collide). The keys of one (provider, model, credential) share the Redis Cluster
+hash tag ``{PROVIDER:MODEL:CRED}``, so each script touches one slot and a Redis Cluster (or a
+Valkey cluster) can serve a fleet:
+
+- ``P:{T}:cooldown`` — a string with a ``PX`` expiry: the cooldown (time left = ``PTTL``);
+- ``P:{T}:fallback`` — a string with a ``PX`` expiry: the fallback mark of the primary model;
+- ``P:{T}:bucket`` — a hash ``{m: milli-tokens, t: last use (server ms)}``: the retry budget.
+  Never deleted when full; it expires after :data:`BUCKET_TTL_MS` without use. A bucket this
+  process has used within ``bucket_idle_ms`` that is gone (evicted, flushed, a restart) counts
+  as spent; a bucket nobody has seen, or idle for ``bucket_idle_ms``, is full;
+- ``P:{T}:floor`` — a string: the budget floor's next free slot (server ms);
+- ``P:{T}:pacer`` — a hash: the pacer's state (:class:`fsm.core.pacing.PacerState`, times in
+  server ms);
 - ``P:limited:PROVIDER`` — a sorted set of credential ids scored by the end of their usage
-  limit (epoch ms); it expires with its last mark.
+  limit (server ms); it expires with its last mark.
+
+Every value read is validated per key: a key of the wrong type, a non-number, a number out
+of range (a time left beyond :data:`~fsm.fleet.MAX_LEFT_MS`, a cooldown without expiry) is
+treated as absent and repaired by the next write; it never fails the script, so one bad key
+never makes the coordinator look down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import re
+import time
 import urllib.parse
 import weakref
 from typing import Any
 
-from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS
-from fsm.fleet._types import MILLI, BudgetSettings, CoordinatorError, CoordKey, check_ms, max_milli, ratio_milli
+from fsm.core.settings import PacingSettings
+from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, WAIT_RECHECK_MS, floor_interval_ms
+from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, CoordinatorError, CoordinatorKeyError, CoordKey, check_duration,
+                              check_ms, clamp_left, max_milli, ratio_milli)
 
 DEFAULT_PREFIX = "retry-fsm"
 
-# KEYS[1] cooldown key; ARGV until_ms, now_ms. Keeps the later end; expires at it.
-LEARN_COOLDOWN = """
-local u = tonumber(ARGV[1])
-local now = tonumber(ARGV[2])
-local old = tonumber(redis.call('GET', KEYS[1]) or '0')
-if old > u then u = old end
-if u > now then redis.call('SET', KEYS[1], string.format('%d', u), 'PX', string.format('%d', u - now)) end
-return string.format('%d', u)
-"""
+#: A bucket nobody used for this long disappears from Redis (it is full again long before).
+BUCKET_TTL_MS = 7 * 86_400_000
 
-# KEYS[1] bucket key; ARGV max_milli, idle_ms. gRPC retry throttling: take one token (not
-# below 0); allowed while the count left is above half the maximum. Returns {allowed, milli}.
-TAKE_TOKEN = """
-local max = tonumber(ARGV[1])
-local t = tonumber(redis.call('GET', KEYS[1]) or ARGV[1])
-if t > max then t = max end
-t = t - 1000
-if t < 0 then t = 0 end
-redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ARGV[2])
-if t * 2 > max then return {1, t} end
-return {0, t}
-"""
 
-# KEYS[1] cooldown key, KEYS[2] bucket key; ARGV now_ms, max_milli (or '' for no budget),
-# idle_ms. The reads before a decision in one round trip: the cooldown left, and (with a
-# budget) TAKE_TOKEN's step. Returns {cooldown_left_ms, allowed (1/0, or -1: no budget),
-# milli-tokens left (-1: no budget)}.
-BEFORE_DECISION = """
-local now = tonumber(ARGV[1])
-local u = tonumber(redis.call('GET', KEYS[1]) or '0')
-local left = 0
-if u > now then left = u - now end
-if ARGV[2] == '' then return {left, -1, -1} end
-local max = tonumber(ARGV[2])
-local t = tonumber(redis.call('GET', KEYS[2]) or ARGV[2])
-if t > max then t = max end
-t = t - 1000
-if t < 0 then t = 0 end
-redis.call('SET', KEYS[2], string.format('%d', t), 'PX', ARGV[3])
-if t * 2 > max then return {left, 1, t} end
-return {left, 0, t}
-"""
-
-# KEYS[1] bucket key; ARGV max_milli, add_milli, idle_ms. A returned token or a success's
-# credit, capped at the maximum; a full bucket is deleted (absent = full). Returns milli.
-ADD_TOKENS = """
-local max = tonumber(ARGV[1])
-local t = tonumber(redis.call('GET', KEYS[1]) or ARGV[1]) + tonumber(ARGV[2])
-if t >= max then
-  redis.call('DEL', KEYS[1])
-  return max
+# Shared by every script: ARGV[1] is MAX_LEFT_MS, ARGV[2] the time ('' = the server's TIME;
+# tests give one to compare the arithmetic with fsm.core.pacing).
+_LUA_COMMON = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end -- TIME, then writes (Redis < 7)
+local MAXLEFT = tonumber(ARGV[1])
+local function num(v)
+  if type(v) ~= 'string' and type(v) ~= 'number' then return nil end
+  local n = tonumber(v)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then return nil end
+  return n
 end
-redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ARGV[3])
-return t
+local NOW
+if ARGV[2] ~= '' then NOW = tonumber(ARGV[2]) else
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function ktype(k) return redis.call('TYPE', k)['ok'] end
+local function left(k)
+  local ty = ktype(k)
+  if ty == 'none' then return 0 end
+  if ty ~= 'string' then redis.call('DEL', k) return 0 end
+  local ttl = redis.call('PTTL', k)
+  if ttl < 0 or ttl > MAXLEFT then redis.call('DEL', k) return 0 end
+  return ttl
+end
+local function extend(k, d)
+  if d <= 0 then return left(k) end
+  local old = left(k)
+  if d > old then redis.call('SET', k, '1', 'PX', string.format('%d', d)) return d end
+  return old
+end
+local function fmt(x) return string.format('%.17g', x) end
 """
 
-# KEYS[1] limited set; ARGV credential id, until_ms, now_ms. Drops ended marks, keeps the
-# later end of this one, and lets the set expire with its last mark.
-MARK_LIMITED = """
-local u = tonumber(ARGV[2])
-local now = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
-local old = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
-if u > old and u > now then redis.call('ZADD', KEYS[1], string.format('%d', u), ARGV[1]) end
+# Budget: ARGV[a] max milli ('' = none), [a+1] seen (0/1), [a+2] idle ms, [a+3] ttl ms.
+_LUA_BUCKET = """
+local function bucket_get(k, max, seen, idle)
+  local ty = ktype(k)
+  local m, t = nil, nil
+  if ty == 'hash' then
+    local v = redis.call('HMGET', k, 'm', 't')
+    m = num(v[1]) t = num(v[2])
+  elseif ty ~= 'none' then redis.call('DEL', k) end
+  if m == nil then
+    if seen == '1' then m = 0 else m = max end
+    t = NOW
+  end
+  if t == nil or t > NOW or t < NOW - MAXLEFT then t = NOW end
+  if NOW - t >= idle then m = max end
+  if m < 0 then m = 0 end
+  if m > max then m = max end
+  return math.floor(m)
+end
+local function bucket_set(k, m, ttl)
+  if ktype(k) ~= 'hash' then redis.call('DEL', k) end
+  redis.call('HSET', k, 'm', string.format('%d', m), 't', string.format('%d', NOW))
+  redis.call('PEXPIRE', k, ttl)
+end
+"""
+
+# The pacer: fsm.core.pacing's arithmetic, in the same order (so the same doubles).
+# ARGV[p..p+5]: min_rate, max_rate ('' none), burst_s, beta, scale, forget_after_ms.
+_LUA_PACER = """
+local FIELDS = {'on', 'fill', 'tat', 'wmax', 'lf', 'mr', 'mb', 'mc'}
+local function fresh() return {on=0, fill=0, tat=0, wmax=0, lf=0, mr=0, mb=-1, mc=0} end
+local function pacer_get(k)
+  local ty = ktype(k)
+  if ty == 'none' then return fresh() end
+  if ty ~= 'hash' then redis.call('DEL', k) return fresh() end
+  local v = redis.call('HMGET', k, unpack(FIELDS))
+  local s = {}
+  for i, f in ipairs(FIELDS) do
+    local n = num(v[i])
+    if n == nil then return fresh() end
+    s[f] = n
+  end
+  if (s.on ~= 0 and s.on ~= 1) or s.fill < 0 or s.fill > 1e6 or (s.on == 1 and s.fill <= 0)
+     or s.mr < 0 or s.mr > 1e9 or s.mc < 0 or s.mc > 1e9 or s.wmax < 0 or s.wmax > 1e9
+     or s.tat > NOW + MAXLEFT or s.lf > NOW + MAXLEFT or s.mb > NOW + MAXLEFT
+     or (s.mb < 0 and s.mb ~= -1) then
+    return fresh()
+  end
+  return s
+end
+local function pacer_set(k, s, forget)
+  if ktype(k) ~= 'hash' then redis.call('DEL', k) end
+  redis.call('HSET', k, 'on', fmt(s.on), 'fill', fmt(s.fill), 'tat', fmt(s.tat), 'wmax', fmt(s.wmax),
+             'lf', fmt(s.lf), 'mr', fmt(s.mr), 'mb', fmt(s.mb), 'mc', fmt(s.mc))
+  redis.call('PEXPIRE', k, string.format('%d', forget * 2 + 60000))
+end
+local function pacer_forget(s, forget)
+  if s.on == 1 and NOW - s.lf >= forget then
+    local f = fresh() f.mr = s.mr f.mb = s.mb f.mc = s.mc
+    return f
+  end
+  return s
+end
+local function pacer_reserve(s, p, earliest)
+  if s.on ~= 1 then return s, 0 end
+  s = pacer_forget(s, p.forget)
+  if s.on ~= 1 then return s, 0 end
+  local interval = 1000.0 / s.fill
+  local tol = math.max(0.0, s.fill * p.burst - 1.0) * interval
+  local start = math.max(NOW + math.max(0.0, earliest), s.tat - tol)
+  local delay = math.min(MAXLEFT, start - NOW)
+  start = NOW + delay
+  s.tat = math.max(s.tat, start) + interval
+  return s, math.max(0, math.ceil(delay))
+end
+local function pacer_observe(s, throttled, p)
+  s = pacer_forget(s, p.forget)
+  local bucket = math.floor(NOW / 500.0) * 500.0
+  local count = s.mc + 1.0
+  if s.mb < 0 then s.mb = bucket s.mc = count
+  elseif bucket > s.mb then
+    local cur = count / ((bucket - s.mb) / 1000.0)
+    s.mr = cur * 0.8 + s.mr * (1.0 - 0.8)
+    s.mb = bucket s.mc = 0
+  else s.mc = count end
+  local measured = s.mr
+  local old_fill = s.fill
+  local new
+  if throttled then
+    local in_use = measured
+    if s.on == 1 then in_use = math.min(measured, s.fill) end
+    new = in_use * p.beta
+    s.on = 1 s.wmax = in_use s.lf = NOW
+  elseif s.on == 1 then
+    local dt = (NOW - s.lf) / 1000.0
+    local k = (s.wmax * (1.0 - p.beta) / p.scale) ^ (1.0 / 3.0)
+    new = p.scale * (dt - k) ^ 3 + s.wmax
+  else
+    return s
+  end
+  new = math.min(new, 2.0 * measured)
+  if p.max ~= nil then new = math.min(new, p.max) end
+  new = math.max(new, p.min)
+  if old_fill > 0 and new ~= old_fill then
+    local backlog = math.max(0.0, s.tat - NOW)
+    s.tat = NOW + backlog * (old_fill / new)
+  end
+  s.fill = new
+  return s
+end
+local function pacing_args(i)
+  if ARGV[i] == '' then return nil end
+  local p = {min=tonumber(ARGV[i]), burst=tonumber(ARGV[i + 2]), beta=tonumber(ARGV[i + 3]),
+             scale=tonumber(ARGV[i + 4]), forget=tonumber(ARGV[i + 5])}
+  if ARGV[i + 1] ~= '' then p.max = tonumber(ARGV[i + 1]) end
+  return p
+end
+"""
+
+# KEYS cooldown, bucket, floor, pacer. ARGV[3] retry (0/1), [4..7] budget (max, seen, idle,
+# ttl), [8] mode, [9] floor interval ms ('' none), [10..15] pacing, [16] earliest_ms,
+# [17] floor_slot_due (0/1), [18] max_wait_ms ('' none), [19] the re-check of a wait with no
+# floor (ms).
+# Returns {cooldown_ms, allowed (1/0/-1 none), token_taken, pacing_ms, budget_wait_ms,
+# milli-tokens (-1 none)}.
+ADMIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
+local cooldown = left(KEYS[1])
+if ARGV[18] ~= '' and cooldown > tonumber(ARGV[18]) then return {cooldown, -1, 0, 0, 0, -1} end
+local allowed, taken, wait, milli = -1, 0, 0, -1
+if ARGV[3] == '1' and ARGV[4] ~= '' then
+  local max = tonumber(ARGV[4])
+  local m = bucket_get(KEYS[2], max, ARGV[5], tonumber(ARGV[6]))
+  local after = m - 1000
+  if after < 0 then after = 0 end
+  local interval = num(ARGV[9])
+  local function floor_slot(ahead)
+    if interval == nil then return nil end
+    local tat = nil
+    local ty = ktype(KEYS[3])
+    if ty == 'string' then tat = num(redis.call('GET', KEYS[3]))
+    elseif ty ~= 'none' then redis.call('DEL', KEYS[3]) end
+    if tat == nil or tat > NOW + MAXLEFT then tat = NOW end
+    local start = math.max(NOW, tat)
+    if start > NOW and not ahead then return nil end
+    local nt = start + interval
+    redis.call('SET', KEYS[3], fmt(nt), 'PX', string.format('%d', math.ceil(nt - NOW) + 60000))
+    return start - NOW
+  end
+  if after * 2 > max then
+    m = after allowed = 1 taken = 1
+  elseif ARGV[17] == '1' then
+    allowed = 1
+  elseif ARGV[8] ~= 'wait' then
+    m = after
+    if floor_slot(false) ~= nil then allowed = 1 else allowed = 0 end
+  else
+    local w = floor_slot(true)
+    if w == nil then allowed = 0 wait = tonumber(ARGV[19])
+    elseif w <= 0 then allowed = 1
+    else allowed = 0 wait = math.min(MAXLEFT, math.ceil(w)) end
+  end
+  bucket_set(KEYS[2], m, ARGV[7])
+  milli = m
+end
+local pacing = 0
+local p = pacing_args(10)
+if allowed ~= 0 and p ~= nil then
+  local s = pacer_get(KEYS[4])
+  if s.on == 1 then
+    local earliest = math.max(tonumber(ARGV[16]), cooldown)
+    s, pacing = pacer_reserve(s, p, earliest)
+    pacer_set(KEYS[4], s, p.forget)
+  end
+end
+return {cooldown, allowed, taken, pacing, wait, milli}
+"""
+
+# KEYS bucket, pacer. ARGV[3] add milli ('0': none), [4..7] budget (max or '', seen, idle,
+# ttl), [8] throttled (0/1, '' = no answer to count), [9..14] pacing. A success's credit or a
+# returned token, capped at the maximum (a full bucket stays); the answer counted by the
+# pacer. Returns the milli-tokens (-1 none).
+CREDIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
+local milli = -1
+if ARGV[4] ~= '' then
+  local max = tonumber(ARGV[4])
+  local m = bucket_get(KEYS[1], max, ARGV[5], tonumber(ARGV[6])) + tonumber(ARGV[3])
+  if m > max then m = max end
+  bucket_set(KEYS[1], m, ARGV[7])
+  milli = m
+end
+local p = pacing_args(9)
+if p ~= nil and ARGV[8] ~= '' then
+  local s = pacer_observe(pacer_get(KEYS[2]), ARGV[8] == '1', p)
+  pacer_set(KEYS[2], s, p.forget)
+end
+return milli
+"""
+
+# KEYS[1] a cooldown or fallback key; ARGV[3] duration ms. The later end wins. Returns the
+# time left after.
+LEARN = _LUA_COMMON + """
+return extend(KEYS[1], tonumber(ARGV[3]))
+"""
+
+# KEYS[1] a cooldown or fallback key. Returns its validated time left (a bad key: 0, deleted).
+LEFT = _LUA_COMMON + """
+return left(KEYS[1])
+"""
+
+# KEYS[1] limited set; ARGV[3] credential id, [4] duration ms. Drops ended and absurd marks,
+# keeps the later end of this one (server ms), expires with its last mark. Returns the count.
+MARK_LIMITED = _LUA_COMMON + """
+local ty = ktype(KEYS[1])
+if ty ~= 'none' and ty ~= 'zset' then redis.call('DEL', KEYS[1]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', NOW))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', NOW + MAXLEFT), '+inf')
+local d = tonumber(ARGV[4])
+if d > 0 then
+  local u = NOW + d
+  local old = num(redis.call('ZSCORE', KEYS[1], ARGV[3])) or 0
+  if u > old then redis.call('ZADD', KEYS[1], string.format('%d', u), ARGV[3]) end
+end
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if last[2] then
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(1, tonumber(last[2]) - now)))
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(1, tonumber(last[2]) - NOW)))
 end
 return redis.call('ZCARD', KEYS[1])
 """
 
-SCRIPTS = {"learn": LEARN_COOLDOWN, "take": TAKE_TOKEN, "before": BEFORE_DECISION,
-           "add": ADD_TOKENS, "mark": MARK_LIMITED}
+# KEYS[1] limited set. Returns {id, ms left, id, ms left, ...} of the marks still running;
+# a set of the wrong type or a score beyond MAX_LEFT_MS is dropped.
+LIMITED = _LUA_COMMON + """
+local ty = ktype(KEYS[1])
+if ty == 'none' then return {} end
+if ty ~= 'zset' then redis.call('DEL', KEYS[1]) return {} end
+local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', NOW), '+inf', 'WITHSCORES')
+local out = {}
+for i = 1, #rows, 2 do
+  local u = num(rows[i + 1])
+  if u ~= nil and u - NOW <= MAXLEFT then
+    table.insert(out, rows[i])
+    table.insert(out, math.ceil(u - NOW))
+  else
+    redis.call('ZREM', KEYS[1], rows[i])
+  end
+end
+return out
+"""
+
+SCRIPTS = {"admit": ADMIT, "credit": CREDIT, "learn": LEARN, "left": LEFT,
+           "mark": MARK_LIMITED, "limited": LIMITED}
 
 
 def _part(text: str) -> str:
@@ -121,8 +358,22 @@ class KeySpace:
     def cooldown(self, key: CoordKey) -> str:
         return self._tag(key) + ":cooldown"
 
-    def budget(self, key: CoordKey) -> str:
-        return self._tag(key) + ":budget"
+    def fallback(self, key: CoordKey) -> str:
+        return self._tag(key) + ":fallback"
+
+    def bucket(self, key: CoordKey) -> str:
+        return self._tag(key) + ":bucket"
+
+    def floor(self, key: CoordKey) -> str:
+        return self._tag(key) + ":floor"
+
+    def pacer(self, key: CoordKey) -> str:
+        return self._tag(key) + ":pacer"
+
+    def of(self, key: CoordKey) -> list[str]:
+        """Every key of ``key``'s hash tag (cooldown, fallback, bucket, floor, pacer)."""
+        return [self.cooldown(key), self.fallback(key), self.bucket(key), self.floor(key),
+                self.pacer(key)]
 
     def limited(self, provider: str) -> str:
         return f"{self.prefix}:limited:{_part(provider)}"
@@ -197,6 +448,7 @@ class RedisCoordinator:
         # key -> the bucket's count (milli-tokens) in Redis's last answer: what a guard's local
         # fallback continues from when Redis stops answering.
         self.observed_milli: dict[CoordKey, int] = {}
+        self._seen_at: dict[CoordKey, float] = {}  # key -> when this process last saw its bucket (monotonic ms)
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
 
     @classmethod
@@ -223,7 +475,7 @@ class RedisCoordinator:
         where = redact_url(self._url) if self._url else "client"
         return f"RedisCoordinator({where!r}, prefix={self.keys.prefix!r})"
 
-    async def _run(self, awaitable: Any) -> Any:
+    async def _run(self, awaitable: Any, keep: tuple = ()) -> Any:
         import redis.exceptions
         try:
             await self._slots.acquire()
@@ -236,6 +488,8 @@ class RedisCoordinator:
             self.in_flight.add(task)
         try:
             return await awaitable
+        except keep:
+            raise
         except (redis.exceptions.RedisError, OSError) as exc:
             raise CoordinatorError(safe_reason(exc, self._url)) from None
         finally:
@@ -258,68 +512,215 @@ class RedisCoordinator:
         for script in self._scripts.values():
             await self._run(self.client.script_load(script.script))
 
-    async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
-        raw = await self._run(self.client.get(self.keys.cooldown(key)))
-        until = int(raw) if raw else 0
-        return until - now_ms if until > now_ms else 0
-
-    async def learn_cooldown(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
-        until_ms = check_ms("until_ms", until_ms)
-        await self._run(self._scripts["learn"](keys=[self.keys.cooldown(key)],
-                                               args=[until_ms, check_ms("now_ms", now_ms)]))
+    # -- what is sent and what comes back -----------------------------------------------
+    def _seen(self, key: CoordKey) -> str:
+        """'1' when this process used ``key``'s bucket within ``bucket_idle_ms`` (so its
+        disappearance means it was lost, not idle: it counts as spent)."""
+        seen = self._seen_at.get(key)
+        return "1" if seen is not None and time.monotonic() * 1000 - seen < self.bucket_idle_ms else "0"
 
     def _observe(self, key: CoordKey, milli: int) -> None:
         """Keep the last count Redis gave for ``key`` (see :attr:`observed_milli`)."""
         if len(self.observed_milli) > 1024:
             self.observed_milli.clear()
+            self._seen_at.clear()
         self.observed_milli[key] = int(milli)
+        self._seen_at[key] = time.monotonic() * 1000
+
+    def _budget_args(self, key: CoordKey, budget: BudgetSettings | None) -> list:
+        if budget is None:
+            return ["", "0", self.bucket_idle_ms, BUCKET_TTL_MS]
+        return [max_milli(budget), self._seen(key), self.bucket_idle_ms, BUCKET_TTL_MS]
+
+    @staticmethod
+    def _pacing_args(pacing: PacingSettings | None) -> list:
+        if pacing is None or not pacing.enabled:
+            return ["", "", "", "", "", ""]
+        return [repr(pacing.min_rate), "" if pacing.max_rate is None else repr(pacing.max_rate),
+                repr(pacing.burst_s), repr(pacing.beta), repr(pacing.scale), pacing.forget_after_ms]
+
+    async def _script(self, name: str, keys: list[str], args: list, now: float | None = None) -> Any:
+        """Run script ``name``; a script error on one key's data is a
+        :class:`CoordinatorKeyError` (the server answered)."""
+        import redis.exceptions
+        try:
+            return await self._run(self._scripts[name](
+                keys=keys, args=[MAX_LEFT_MS, "" if now is None else repr(float(now)), *args]),
+                keep=(redis.exceptions.ResponseError,))
+        except redis.exceptions.ResponseError as exc:
+            text = str(exc)
+            if text.startswith("WRONGTYPE") or "script" in text.lower():
+                raise CoordinatorKeyError(safe_reason(exc, self._url)) from None
+            raise CoordinatorError(safe_reason(exc, self._url)) from None  # OOM, READONLY, BUSY: the server's
+
+    @staticmethod
+    def _ints(reply: Any, count: int) -> list[int]:
+        """``reply`` as ``count`` ints, or :class:`CoordinatorKeyError`."""
+        if (not isinstance(reply, list) or len(reply) != count
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in reply)):
+            raise CoordinatorKeyError(f"unexpected reply {str(reply)[:80]!r}")
+        return reply
+
+    # -- protocol v3 ----------------------------------------------------------------------
+    async def admit(self, key: CoordKey, *, retry: bool, budget: BudgetSettings | None,
+                    pacing: PacingSettings | None, earliest_ms: int = 0,
+                    floor_slot_due: bool = False, max_wait_ms: int | None = None,
+                    _now: float | None = None) -> Admission:
+        use_budget = budget if retry else None
+        interval = floor_interval_ms(budget) if budget is not None else math.inf
+        args = ["1" if retry else "0", *self._budget_args(key, use_budget),
+                budget.mode if budget is not None else "refuse",
+                "" if math.isinf(interval) else repr(interval),
+                *self._pacing_args(pacing), check_duration("earliest_ms", earliest_ms),
+                "1" if floor_slot_due else "0",
+                "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms),
+                WAIT_RECHECK_MS]
+        reply = self._ints(await self._script(
+            "admit", [self.keys.cooldown(key), self.keys.bucket(key), self.keys.floor(key),
+                      self.keys.pacer(key)], args, _now), 6)
+        cooldown, allowed, taken, pacing_ms, wait, milli = reply
+        if milli >= 0:
+            self._observe(key, milli)
+        return Admission(cooldown_ms=clamp_left(cooldown),
+                         budget=None if allowed < 0 else bool(allowed),
+                         token_taken=bool(taken), pacing_ms=clamp_left(pacing_ms),
+                         budget_wait_ms=clamp_left(wait))
+
+    async def _credit(self, key: CoordKey, budget: BudgetSettings | None, add_milli: int,
+                      throttled: bool | None, pacing: PacingSettings | None,
+                      _now: float | None = None) -> None:
+        args = [add_milli, *self._budget_args(key, budget),
+                "" if throttled is None else ("1" if throttled else "0"), *self._pacing_args(pacing)]
+        reply = await self._script("credit", [self.keys.bucket(key), self.keys.pacer(key)], args, _now)
+        if isinstance(reply, int) and not isinstance(reply, bool) and reply >= 0 and budget is not None:
+            self._observe(key, min(reply, max_milli(budget)))
+
+    async def record_outcome(self, key: CoordKey, *, success: bool, throttled: bool,
+                             budget: BudgetSettings | None, pacing: PacingSettings | None,
+                             _now: float | None = None) -> None:
+        if (budget is None or not success) and (pacing is None or not pacing.enabled):
+            return
+        await self._credit(key, budget if success else None,
+                           ratio_milli(budget) if success and budget is not None else 0,
+                           bool(throttled), pacing, _now)
+
+    async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
+        await self._credit(key, budget, MILLI, None, None)
+
+    async def learn_cooldown(self, key: CoordKey, duration_ms: int,
+                             now_ms: int | None = None) -> None:
+        if now_ms is not None:  # before v3: (key, until_ms, now_ms)
+            duration_ms = check_ms("until_ms", duration_ms) - check_ms("now_ms", now_ms)
+        await self._script("learn", [self.keys.cooldown(key)],
+                           [check_duration("duration_ms", duration_ms)])
+
+    async def cooldown_left(self, key: CoordKey) -> int:
+        """Time left of ``key``'s cooldown (validated; 0 = none)."""
+        return clamp_left(await self._script("left", [self.keys.cooldown(key)], []))
+
+    async def mark_fallback(self, key: CoordKey, duration_ms: int) -> None:
+        await self._script("learn", [self.keys.fallback(key)],
+                           [check_duration("duration_ms", duration_ms)])
+
+    async def fallback_left_ms(self, key: CoordKey) -> int:
+        return clamp_left(await self._script("left", [self.keys.fallback(key)], []))
+
+    async def mark_credential_limited(self, provider: str, credential: str, duration_ms: int,
+                                      now_ms: int | None = None) -> None:
+        if now_ms is not None:  # before v3: (provider, credential, until_ms, now_ms)
+            duration_ms = check_ms("until_ms", duration_ms) - check_ms("now_ms", now_ms)
+        await self._script("mark", [self.keys.limited(provider)],
+                           [credential, check_duration("duration_ms", duration_ms)])
+
+    async def limited_credentials(self, provider: str, now_ms: int | None = None) -> dict[str, int]:
+        pipe = self.client.pipeline(transaction=False)
+        queue_limited_read(pipe, self.keys.limited(provider))
+        left = limited_from_replies(await self._run(pipe.execute(raise_on_error=False)))
+        if now_ms is not None:  # before v3: id -> end in the caller's clock
+            return {c: now_ms + ms for c, ms in left.items()}
+        return left
+
+    async def tokens(self, key: CoordKey, budget: BudgetSettings) -> float:
+        """The bucket's count now, in tokens, as the next step would see it (for tests and
+        diagnostics; takes nothing)."""
+        reply = await self._script("credit", [self.keys.bucket(key), self.keys.pacer(key)],
+                                   [0, *self._budget_args(key, budget), "", *self._pacing_args(None)])
+        return min(int(reply), max_milli(budget)) / MILLI
+
+    # -- before v3 (thin wrappers while the session and runner call them) ------------------
+    async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
+        return await self.cooldown_left(key)
 
     async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
-        allowed, milli = await self._run(self._scripts["take"](
-            keys=[self.keys.budget(key)], args=[max_milli(budget), self.bucket_idle_ms]))
-        self._observe(key, milli)
-        return bool(allowed)
+        return bool((await self.admit(key, retry=True, budget=budget, pacing=None)).budget)
 
     async def before_decision(self, key: CoordKey, now_ms: int,
                               budget: BudgetSettings | None) -> tuple[int, bool | None]:
-        left, allowed, milli = await self._run(self._scripts["before"](
-            keys=[self.keys.cooldown(key), self.keys.budget(key)],
-            args=[check_ms("now_ms", now_ms), max_milli(budget) if budget else "",
-                  self.bucket_idle_ms]))
-        if budget is None:
-            return int(left), None
-        self._observe(key, milli)
-        return int(left), bool(allowed)
-
-    async def _add(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
-        self._observe(key, await self._run(self._scripts["add"](
-            keys=[self.keys.budget(key)], args=[max_milli(budget), milli, self.bucket_idle_ms])))
-
-    async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
-        await self._add(key, budget, MILLI)
+        check_ms("now_ms", now_ms)
+        answer = await self.admit(key, retry=True, budget=budget, pacing=None)
+        return answer.cooldown_ms, answer.budget
 
     async def credit_success(self, key: CoordKey, budget: BudgetSettings) -> None:
-        await self._add(key, budget, ratio_milli(budget))
-
-    async def tokens(self, key: CoordKey, budget: BudgetSettings) -> float:
-        """The bucket's count now, in tokens (for tests and diagnostics)."""
-        raw = await self._run(self.client.get(self.keys.budget(key)))
-        return min(int(raw), max_milli(budget)) / MILLI if raw else float(budget.max_tokens)
-
-    async def mark_credential_limited(self, provider: str, credential: str, until_ms: int,
-                                      now_ms: int) -> None:
-        until_ms = check_ms("until_ms", until_ms)
-        await self._run(self._scripts["mark"](keys=[self.keys.limited(provider)],
-                                              args=[credential, until_ms, check_ms("now_ms", now_ms)]))
-
-    async def limited_credentials(self, provider: str, now_ms: int) -> dict[str, int]:
-        rows = await self._run(self.client.zrangebyscore(
-            self.keys.limited(provider), f"({check_ms('now_ms', now_ms)}", "+inf", withscores=True))
-        return {member.decode() if isinstance(member, bytes) else member: int(score)
-                for member, score in rows}
+        await self.record_outcome(key, success=True, throttled=False, budget=budget, pacing=None)
 
     async def aclose(self) -> None:
         try:
             await self.client.aclose()
         except Exception:  # closing a dead connection must not fail the caller's shutdown
             pass
+
+
+def queue_limited_read(pipe: Any, name: str) -> None:
+    """Queue the one round trip that reads a provider's credential marks: the server's
+    ``TIME``, the key's ``TYPE`` and its members with their ends (no script, so a process's
+    first read needs no script load)."""
+    pipe.time()
+    pipe.type(name)
+    pipe.zrange(name, 0, -1, withscores=True)
+
+
+def limited_from_replies(replies: Any) -> dict[str, int]:
+    """Credential id -> ms left from :func:`queue_limited_read`'s replies (server's clock).
+    A key of the wrong type, a member that is not UTF-8, a score that is not a number or
+    lies beyond :data:`~fsm.fleet.MAX_LEFT_MS` is skipped (that mark degrades, never the
+    read)."""
+    out: dict[str, int] = {}
+    try:
+        (sec, usec), kind, rows = replies
+        now = int(sec) * 1000 + int(usec) // 1000
+    except (TypeError, ValueError):
+        return out
+    if kind not in (b"zset", "zset") or not isinstance(rows, list):
+        return out
+    for row in rows:
+        try:
+            member, score = row
+        except (TypeError, ValueError):
+            continue
+        if isinstance(member, bytes):
+            try:
+                member = member.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        if isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score):
+            left = clamp_left(score - now)
+            if isinstance(member, str) and left > 0:
+                out[member] = max(left, out.get(member, 0))
+    return out
+
+
+def parse_limited(reply: Any) -> dict[str, int]:
+    """The ``LIMITED`` script's flat reply as credential id -> ms left (bad rows skipped)."""
+    out: dict[str, int] = {}
+    if not isinstance(reply, list):
+        return out
+    for i in range(0, len(reply) - 1, 2):
+        member, left = reply[i], clamp_left(reply[i + 1])
+        if isinstance(member, bytes):
+            try:
+                member = member.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        if isinstance(member, str) and left > 0:
+            out[member] = max(left, out.get(member, 0))
+    return out

@@ -1,6 +1,8 @@
-"""The coordinator's vocabulary: its key, the protocol, its errors, the budget in milli-tokens.
+"""The coordinator's vocabulary: its key, protocol v3, its answer, its errors, the budget in
+milli-tokens, and the limits every value read is clamped to.
 
-The budget's settings are :class:`fsm.core.settings.BudgetSettings` (``retry.budget``).
+The budget's settings are :class:`fsm.core.settings.BudgetSettings` (``retry.budget``), the
+pacing's :class:`fsm.core.settings.PacingSettings` (``retry.pacing``).
 
 Strictly private: import these names from :mod:`fsm.fleet`.
 """
@@ -13,7 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from fsm.core.settings import BudgetSettings
+from fsm.core.settings import BudgetSettings, PacingSettings
+
+#: No duration a coordinator tells (cooldown, pacing slot, budget wait, credential mark,
+#: fallback mark) is longer than this: 400 days in ms. A value read beyond it is not a
+#: duration anyone meant (a peer writing microseconds, a corrupted key): that key is
+#: ignored, never passed on, so no caller formats an absurd clock text (docs/fleet.md).
+MAX_LEFT_MS = 400 * 86_400_000
 
 #: The credential id of a session that uses its provider's default credential (no store).
 DEFAULT_CREDENTIAL = "default"
@@ -80,48 +88,131 @@ class CoordinatorError(Exception):
     """
 
 
-@runtime_checkable
-class Coordinator(Protocol):
-    """What sessions of a fleet agree on (``docs/fleet.md``), keyed by :class:`CoordKey`.
+class CoordinatorKeyError(CoordinatorError):
+    """The server answered, but not with what one key's step should give (a reply of the
+    wrong shape, a script error on one key's data): that key is answered locally; the
+    coordinator is not down (no ``coordinator_unavailable`` event)."""
 
-    Every time is wall-clock epoch ms (:func:`wall_ms`). The shell calls the reads before
-    handing a turn's end to the brain and the writes after the decision; no call happens
-    inside a transition.
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer of one atomic coordinator step before a request goes out (:meth:`Coordinator.admit`).
+
+    - ``cooldown_ms``: time left of the key's cooldown (0 = none), 0..:data:`MAX_LEFT_MS`;
+    - ``budget``: ``True`` the retry budget allows the retry, ``False`` it does not, ``None``
+      no budget configured or a first request (``retry=False``);
+    - ``token_taken``: a budget token was taken: give it back
+      (:meth:`Coordinator.return_retry_token`) if the retry is not sent after all;
+    - ``pacing_ms``: delay until the pacing slot reserved for this request (0 = now or no
+      pacing); the slot is reserved at or after the cooldown's end and ``earliest_ms``;
+    - ``budget_wait_ms``: with a budget in wait mode that refused (``budget`` False), the
+      time until the floor slot reserved for this retry, when the caller re-checks with
+      ``floor_slot_due=True``; 0 otherwise. No token is held meanwhile.
+
+    :attr:`delay_ms` is the largest of the three waits.
     """
 
-    async def cooldown_left_ms(self, key: CoordKey, now_ms: int) -> int:
-        """Milliseconds left of the cooldown learned for ``key`` (0 when none)."""
+    cooldown_ms: int = 0
+    budget: bool | None = None
+    token_taken: bool = False
+    pacing_ms: int = 0
+    budget_wait_ms: int = 0
 
-    async def learn_cooldown(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
-        """Record that ``key`` is cooling down until ``until_ms``; the later of the old and the
-        new time is kept, and the record expires at it."""
+    @property
+    def delay_ms(self) -> int:
+        """``max(cooldown_ms, pacing_ms, budget_wait_ms)``: how long before the request goes."""
+        return max(self.cooldown_ms, self.pacing_ms, self.budget_wait_ms)
 
-    async def take_retry_token(self, key: CoordKey, budget: BudgetSettings) -> bool:
-        """One atomic step: take a token (a new bucket starts full, at ``max_tokens``);
-        True when the count left is above ``max_tokens / 2`` (the retry is allowed)."""
 
-    async def before_decision(self, key: CoordKey, now_ms: int,
-                              budget: BudgetSettings | None) -> tuple[int, bool | None]:
-        """What the shell reads before handing a retryable failure to the brain, in one step
-        (one round trip on Redis): ``(cooldown_left_ms(key, now_ms), take_retry_token(key,
-        budget))``, the second ``None`` (and no token taken) when ``budget`` is ``None``."""
+@runtime_checkable
+class Coordinator(Protocol):
+    """Coordinator protocol v3: what sessions of a fleet agree on (``docs/fleet.md``), keyed by
+    :class:`CoordKey`.
+
+    Durations in, time left out: no call takes or returns one machine's wall time. The
+    in-process coordinator reads the host clock it was given; Redis keeps cooldowns as keys
+    with a ``PX`` expiry (time left = ``PTTL``) and the rest on the server's ``TIME``. Every
+    duration returned is an int in 0..:data:`MAX_LEFT_MS`. The shell calls ``admit`` before
+    a request goes out and the writes after the decision; no call happens inside a
+    transition.
+    """
+
+    async def admit(self, key: CoordKey, *, retry: bool, budget: BudgetSettings | None,
+                    pacing: PacingSettings | None, earliest_ms: int = 0,
+                    floor_slot_due: bool = False, max_wait_ms: int | None = None) -> Admission:
+        """One atomic step before a request goes out: read the cooldown; for a retry
+        (``retry=True``) with a budget, take a token (gRPC retry throttling; in wait mode a
+        retry the bucket cannot afford takes none and gets a floor slot); with pacing on,
+        reserve the request's pacing slot, not before the cooldown's end nor
+        ``earliest_ms`` from now. A first request (``retry=False``) gets the cooldown and the
+        pacing slot, no budget token. ``floor_slot_due``: this retry waited for the floor
+        slot an earlier ``admit`` reserved for it (``budget_wait_ms``), which is now due.
+        ``max_wait_ms``: the longest cooldown the caller would wait out (``maxHintWaitMs``);
+        beyond it the answer is the cooldown alone, with no token taken and no slot
+        reserved (the request will be refused)."""
+
+    async def learn_cooldown(self, key: CoordKey, duration_ms: int) -> None:
+        """``key`` cools down for ``duration_ms`` from now; the later end wins."""
 
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
-        """Give back the token of a retry the brain refused for another reason (capped)."""
+        """Give back the token of a retry that was not sent (capped at the bucket's size)."""
 
-    async def credit_success(self, key: CoordKey, budget: BudgetSettings) -> None:
-        """A success: add ``token_ratio`` tokens, capped at ``max_tokens``."""
+    async def record_outcome(self, key: CoordKey, *, success: bool, throttled: bool,
+                             budget: BudgetSettings | None,
+                             pacing: PacingSettings | None) -> None:
+        """An answer came back: a success credits the budget ``token_ratio``; with pacing
+        on, the answer is counted and ``throttled`` (a capacity signal: 429, 503, 529, a
+        connection error, a stall) lowers the pacing rate, any other answer lets it grow."""
 
-    async def mark_credential_limited(self, provider: str, credential: str, until_ms: int,
-                                      now_ms: int) -> None:
-        """Record that ``credential`` (an id) of ``provider`` hit its usage limit until
-        ``until_ms`` (the later of old and new is kept)."""
+    async def mark_credential_limited(self, provider: str, credential: str,
+                                      duration_ms: int) -> None:
+        """``credential`` (an id) of ``provider`` hit its usage limit for ``duration_ms``
+        from now; the later end wins."""
 
-    async def limited_credentials(self, provider: str, now_ms: int) -> dict[str, int]:
-        """The credential ids of ``provider`` still limited at ``now_ms`` -> until (epoch ms)."""
+    async def limited_credentials(self, provider: str) -> dict[str, int]:
+        """The credential ids of ``provider`` still limited -> ms left (> 0)."""
+
+    async def mark_fallback(self, key: CoordKey, duration_ms: int) -> None:
+        """The primary model of ``key`` is cooling down for ``duration_ms``: prompts start
+        on a fallback model until then (the *fallback mark*); the later end wins."""
+
+    async def fallback_left_ms(self, key: CoordKey) -> int:
+        """Time left of ``key``'s fallback mark (0 = none: start on the primary)."""
 
     async def aclose(self) -> None:
         """Release connections; the coordinator is not used after this."""
+
+
+def check_duration(name: str, value: Any) -> int:
+    """A duration given by the caller, as an int in 0..:data:`MAX_LEFT_MS` (negative -> 0,
+    beyond the maximum -> the maximum); ``TypeError`` naming ``name`` for a non-number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise TypeError(f"{name} must be a number of ms, got {value!r}")
+    return max(0, min(MAX_LEFT_MS, math.ceil(value)))
+
+
+def clamp_left(value: Any) -> int:
+    """A time left *read* from a store, as an int in 0..:data:`MAX_LEFT_MS`: anything that is
+    not a finite number, or is beyond the maximum, is 0 (the value is ignored, never raised
+    and never passed on); negative is 0."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return 0
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    if value <= 0 or value > MAX_LEFT_MS:
+        return 0
+    return int(math.ceil(value))
 
 
 def check_ms(name: str, value: Any) -> int:

@@ -45,6 +45,7 @@ def test_credential_id_is_a_short_hash_never_the_key():
 
 
 def test_coord_key_rejects_empty_parts():
+    """An empty provider, model or credential is refused, naming the field."""
     with pytest.raises(ValueError, match="CoordKey.model"):
         CoordKey("p", "")
     assert CoordKey("p", "m").credential == DEFAULT_CREDENTIAL
@@ -59,6 +60,7 @@ def test_the_budget_settings_are_the_retry_settings_own():
 
 
 async def test_a_tiny_ratio_still_gives_back_a_thousandth():
+    """A ratio below 0.001 still credits one thousandth of a token."""
     c = InProcessCoordinator()
     budget = BudgetSettings(max_tokens=2, token_ratio=0.0001)
     c.take_retry_token_sync(KEY, budget)
@@ -77,6 +79,7 @@ async def test_budget_starts_full_and_allows_while_above_half(coord):
 
 
 async def test_budget_never_goes_below_zero_and_recovers_by_ratio(coord):
+    """The count stops at 0, refills by tokenRatio per success, and is capped at maxTokens."""
     budget = BudgetSettings(max_tokens=4, token_ratio=0.5)
     answers = [await coord.take_retry_token(KEY, budget) for _ in range(10)]
     assert answers == [True] + [False] * 9
@@ -103,6 +106,7 @@ async def test_budget_ratio_is_exact_in_thousandths(coord):
 
 
 async def test_returned_token_undoes_a_take_and_is_capped(coord):
+    """A returned token undoes its take, never beyond maxTokens."""
     budget = BudgetSettings(max_tokens=2)
     assert await coord.take_retry_token(KEY, budget) is False  # 1 is not above 1
     await coord.return_retry_token(KEY, budget)
@@ -112,6 +116,7 @@ async def test_returned_token_undoes_a_take_and_is_capped(coord):
 
 
 async def test_buckets_are_per_key(coord):
+    """Each (provider, model, credential) has its own bucket."""
     budget = BudgetSettings(max_tokens=2)
     await coord.take_retry_token(KEY, budget)
     assert await tokens(coord, OTHER, budget) == 2
@@ -119,12 +124,14 @@ async def test_buckets_are_per_key(coord):
 
 
 async def test_a_smaller_max_caps_a_bigger_bucket(coord):
+    """A bucket read with a smaller maxTokens is capped to it."""
     await coord.take_retry_token(KEY, BudgetSettings(max_tokens=100))
     assert await coord.take_retry_token(KEY, BudgetSettings(max_tokens=4)) is True  # 3 > 2
     assert await tokens(coord, KEY, BudgetSettings(max_tokens=4)) == 3
 
 
 async def test_idle_bucket_is_full_again():
+    """A bucket unused for bucket_idle_ms on the coordinator's clock is full again."""
     clock = [0.0]
     c = InProcessCoordinator(bucket_idle_ms=1000, monotonic_ms=lambda: clock[0])
     budget = BudgetSettings(max_tokens=2)
@@ -135,54 +142,67 @@ async def test_idle_bucket_is_full_again():
     assert c.tokens(KEY, budget) == 2
 
 
-async def test_redis_bucket_expires_after_idle(redis_server, prefix):  # noqa: F811
+async def test_redis_bucket_is_kept_when_full_and_expires_after_a_week(redis_server, prefix):  # noqa: F811
+    """A bucket is never deleted when full (absent would mean "full" to anyone); unused, it
+    expires after BUCKET_TTL_MS."""
+    from fsm.fleet._redis import BUCKET_TTL_MS
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix, bucket_idle_ms=60_000)
     budget = BudgetSettings(max_tokens=4)
-    await c.take_retry_token(KEY, budget)
-    ttl = await c.client.pttl(c.keys.budget(KEY))
-    assert 59_000 < ttl <= 60_000
+    await c.admit(KEY, retry=True, budget=budget, pacing=None)
+    ttl = await c.client.pttl(c.keys.bucket(KEY))
+    assert BUCKET_TTL_MS - 5_000 < ttl <= BUCKET_TTL_MS
     for _ in range(10):
-        await c.credit_success(KEY, budget)
-    assert await c.client.exists(c.keys.budget(KEY)) == 0, "a full bucket is not stored"
+        await c.record_outcome(KEY, success=True, throttled=False, budget=budget, pacing=None)
+    assert await c.client.hget(c.keys.bucket(KEY), "m") == b"4000", "a full bucket is kept"
     await c.aclose()
 
 
-async def test_before_decision_reads_the_cooldown_and_takes_a_token_in_one_step(coord):
+async def test_admit_reads_the_cooldown_and_takes_a_token_in_one_step(coord):
+    """One step: the cooldown left, and for a retry the budget's take; a first request takes
+    no token."""
     budget = BudgetSettings(max_tokens=4)
-    assert await coord.before_decision(KEY, NOW, budget) == (0, True)  # 3 > 2
-    await coord.learn_cooldown(KEY, NOW + 7_000, NOW)
-    assert await coord.before_decision(KEY, NOW + 1_000, budget) == (6_000, False)  # 2
-    assert await coord.before_decision(KEY, NOW + 2_000, None) == (5_000, None)
-    assert await tokens(coord, KEY, budget) == 2, "no budget: no token taken"
+    first = await coord.admit(KEY, retry=True, budget=budget, pacing=None)
+    assert (first.cooldown_ms, first.budget, first.token_taken) == (0, True, True)  # 3 > 2
+    await coord.learn_cooldown(KEY, 7_000)
+    second = await coord.admit(KEY, retry=True, budget=budget, pacing=None)
+    assert 6_000 < second.cooldown_ms <= 7_000 and second.budget is False  # 2
+    assert second.token_taken is False, "a refused retry holds nothing to give back"
+    third = await coord.admit(KEY, retry=False, budget=budget, pacing=None)
+    assert 6_000 < third.cooldown_ms <= 7_000 and third.budget is None
+    assert await tokens(coord, KEY, budget) == 2, "a first request takes no token"
 
 
 # -- cooldowns -----------------------------------------------------------------------------
 
 async def test_cooldown_keeps_the_later_end(coord):
-    assert await coord.cooldown_left_ms(KEY, NOW) == 0
-    await coord.learn_cooldown(KEY, NOW + 30_000, NOW)
-    await coord.learn_cooldown(KEY, NOW + 10_000, NOW)
-    assert await coord.cooldown_left_ms(KEY, NOW) == 30_000
-    await coord.learn_cooldown(KEY, NOW + 45_000, NOW + 1)
-    assert await coord.cooldown_left_ms(KEY, NOW + 5_000) == 40_000
-    assert await coord.cooldown_left_ms(OTHER, NOW) == 0
-    assert await coord.cooldown_left_ms(KEY, NOW + 45_000) == 0
-    assert await coord.cooldown_left_ms(KEY, NOW + 60_000) == 0
+    """Durations in, time left out; the later end wins; keys are separate."""
+    assert (await coord.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms == 0
+    await coord.learn_cooldown(KEY, 30_000)
+    await coord.learn_cooldown(KEY, 10_000)
+    left = (await coord.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms
+    assert 29_000 < left <= 30_000
+    await coord.learn_cooldown(KEY, 45_000)
+    left = (await coord.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms
+    assert 44_000 < left <= 45_000
+    assert (await coord.admit(OTHER, retry=False, budget=None, pacing=None)).cooldown_ms == 0
 
 
-async def test_cooldown_in_the_past_is_not_recorded(coord):
-    await coord.learn_cooldown(KEY, NOW - 1, NOW)
-    assert await coord.cooldown_left_ms(KEY, NOW - 1000) == 0
+async def test_cooldown_of_zero_or_less_is_not_recorded(coord):
+    """A duration of 0 or below records nothing."""
+    await coord.learn_cooldown(KEY, 0)
+    await coord.learn_cooldown(KEY, -5_000)
+    assert (await coord.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms == 0
 
 
 async def test_redis_cooldown_key_expires_with_the_cooldown(redis_server, prefix):  # noqa: F811
+    """A cooldown is a key whose PX expiry is the cooldown; a shorter one does not shorten it."""
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
-    await c.learn_cooldown(KEY, NOW + 20_000, NOW)
+    await c.learn_cooldown(KEY, 20_000)
     ttl = await c.client.pttl(c.keys.cooldown(KEY))
     assert 19_000 < ttl <= 20_000
-    await c.learn_cooldown(KEY, NOW + 150, NOW + 100)  # earlier: keeps 20 s, TTL 19.9 s
+    await c.learn_cooldown(KEY, 50)  # shorter: keeps 20 s
     assert await c.client.pttl(c.keys.cooldown(KEY)) > 19_000
-    await c.learn_cooldown(OTHER, NOW + 30, NOW)
+    await c.learn_cooldown(OTHER, 30)
     import asyncio
     await asyncio.sleep(0.08)
     assert await c.client.exists(c.keys.cooldown(OTHER)) == 0, "expired with the cooldown"
@@ -193,12 +213,13 @@ async def test_redis_keys_do_not_collide_on_colons(redis_server, prefix):  # noq
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     a, b = CoordKey("p:q", "m"), CoordKey("p", "q:m")
     assert c.keys.cooldown(a) != c.keys.cooldown(b)
-    await c.learn_cooldown(a, NOW + 1000, NOW)
-    assert await c.cooldown_left_ms(b, NOW) == 0
+    await c.learn_cooldown(a, 1000)
+    assert await c.cooldown_left(b) == 0 and await c.cooldown_left(a) > 0
     await c.aclose()
 
 
 def test_prefix_and_url_are_checked():
+    """Colons inside names cannot make two keys share a Redis key."""
     with pytest.raises(ValueError, match="prefix"):
         RedisCoordinator.from_url("redis://127.0.0.1:1/0", prefix="a b")
     with pytest.raises(ValueError, match=r"redis://HOST:PORT/DB, got 'http://u:\*\*\*@h'"):
@@ -212,20 +233,33 @@ def test_prefix_and_url_are_checked():
 # -- credential marks ----------------------------------------------------------------------
 
 async def test_marks_keep_the_later_end_and_expire(coord):
-    await coord.mark_credential_limited("p", "c1", NOW + 5_000, NOW)
-    await coord.mark_credential_limited("p", "c1", NOW + 1_000, NOW)
-    await coord.mark_credential_limited("p", "c2", NOW + 2_000, NOW)
-    await coord.mark_credential_limited("q", "c3", NOW + 2_000, NOW)
-    assert await coord.limited_credentials("p", NOW) == {"c1": NOW + 5_000, "c2": NOW + 2_000}
-    assert await coord.limited_credentials("p", NOW + 2_000) == {"c1": NOW + 5_000}
-    assert await coord.limited_credentials("p", NOW + 5_000) == {}
-    assert await coord.limited_credentials("nobody", NOW) == {}
-    # a mark made later drops the ended ones
-    await coord.mark_credential_limited("p", "c4", NOW + 9_000, NOW + 6_000)
-    assert await coord.limited_credentials("p", NOW) == {"c4": NOW + 9_000}
+    """Credential marks: durations in, ms left out, the later end wins, per provider."""
+    await coord.mark_credential_limited("p", "c1", 5_000)
+    await coord.mark_credential_limited("p", "c1", 1_000)
+    await coord.mark_credential_limited("p", "c2", 2_000)
+    await coord.mark_credential_limited("q", "c3", 2_000)
+    left = await coord.limited_credentials("p")
+    assert set(left) == {"c1", "c2"}
+    assert 4_000 < left["c1"] <= 5_000 and 1_000 < left["c2"] <= 2_000
+    assert await coord.limited_credentials("nobody") == {}
+    await coord.mark_credential_limited("p", "c4", 0)
+    assert "c4" not in await coord.limited_credentials("p")
+
+
+async def test_in_process_marks_expire_on_the_hosts_clock():
+    """The in-process coordinator counts on the clock it is given."""
+    clock = [0.0]
+    c = InProcessCoordinator(clock=lambda: clock[0])
+    await c.mark_credential_limited("p", "c1", 5_000)
+    await c.mark_credential_limited("p", "c2", 2_000)
+    clock[0] = 2_000
+    assert await c.limited_credentials("p") == {"c1": 3_000}
+    clock[0] = 5_000
+    assert await c.limited_credentials("p") == {}
 
 
 def test_coordinator_protocol_and_the_default():
+    """Both coordinators satisfy the protocol; the default is one per process."""
     assert isinstance(InProcessCoordinator(), Coordinator)
     assert isinstance(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), Coordinator)
     assert default_coordinator() is default_coordinator()
@@ -235,6 +269,7 @@ def test_coordinator_protocol_and_the_default():
 
 
 async def test_in_process_sweeps_dead_entries():
+    """Expired cooldowns and idle buckets are swept once the tables grow."""
     c = InProcessCoordinator()
     for i in range(1100):
         await c.learn_cooldown(CoordKey("p", f"m{i}"), NOW + 1, NOW)
@@ -253,9 +288,9 @@ async def test_many_concurrent_calls_share_a_few_connections(redis_server, prefi
     """250 sessions' decisions at once go through at most ``max_connections`` connections."""
     import asyncio
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix, max_connections=4)
-    answers = await asyncio.gather(*(c.before_decision(KEY, NOW, BudgetSettings(max_tokens=1000))
-                                     for _ in range(250)))
-    assert sorted({a for _, a in answers}) == [True]
+    answers = await asyncio.gather(*(c.admit(KEY, retry=True, budget=BudgetSettings(max_tokens=1000),
+                                             pacing=None) for _ in range(250)))
+    assert sorted({a.budget for a in answers}) == [True]
     assert await tokens(c, KEY, BudgetSettings(max_tokens=1000)) == 750
     clients = await c.client.client_list()
     assert len(clients) <= 4, "only the pool's connections (the other tests closed theirs)"
@@ -263,6 +298,7 @@ async def test_many_concurrent_calls_share_a_few_connections(redis_server, prefi
 
 
 def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
+    """The test server names a missing or failing redis-server."""
     from fsm.fleet import server
     with pytest.raises(RuntimeError, match="redis-server exited with 1"):
         server.RedisServer(binary="false").start()
@@ -281,5 +317,6 @@ async def test_warm_up_loads_the_scripts_and_opens_connections(redis_server, pre
 
 
 def test_max_connections_is_checked():
+    """warm_up loads every script into the server."""
     with pytest.raises(ValueError, match="max_connections"):
         RedisCoordinator.from_url("redis://127.0.0.1:1/0", max_connections=0)

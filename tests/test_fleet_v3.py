@@ -1,0 +1,231 @@
+"""Coordinator protocol v3 (docs/fleet.md): admission in one step (cooldown, budget take or
+wait, pacing slot), first requests, the fallback mark, on the host's clock in-process and
+on the server's clock in Redis; the same Lua and Python pacer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fsm.core import pacing as pure
+from fsm.fleet import (MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordKey, GuardedCoordinator,
+                       InProcessCoordinator, PacingSettings, RedisCoordinator)
+from fsm.testing import FakeClock
+from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
+
+KEY = CoordKey("anthropic", "claude-x", "c0ffee")
+OTHER = CoordKey("anthropic", "claude-y", "c0ffee")
+WAIT = BudgetSettings(max_tokens=4, mode="wait", min_retries_per_second=2)
+
+
+class Clock:
+    """A host clock in ms that a test moves."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["in-process", "redis"])
+async def coord(request, redis_server, prefix):  # noqa: F811
+    c = InProcessCoordinator() if request.param == "in-process" else RedisCoordinator.from_url(
+        redis_server.url, prefix=prefix)
+    yield c
+    await c.aclose()
+
+
+def test_every_coordinator_speaks_protocol_v3():
+    """The in-process, Redis and guarded coordinators all satisfy the v3 protocol."""
+    for c in (InProcessCoordinator(), RedisCoordinator.from_url("redis://127.0.0.1:1/0"),
+              GuardedCoordinator(InProcessCoordinator())):
+        assert isinstance(c, Coordinator)
+
+
+def test_admission_delay_is_the_largest_wait():
+    """``delay_ms`` is the term that decides."""
+    assert Admission(cooldown_ms=5, pacing_ms=9, budget_wait_ms=7).delay_ms == 9
+    assert Admission().delay_ms == 0 and Admission().budget is None
+
+
+# -- in-process, on the host's clock -------------------------------------------------------
+
+async def test_the_in_process_coordinator_counts_on_the_clock_it_is_given():
+    """A FakeClock's time drives cooldowns and the fallback mark; no wall clock is read."""
+    fake = FakeClock()
+    c = InProcessCoordinator(clock=fake.time_ms)
+    await c.learn_cooldown(KEY, 30_000)
+    await c.mark_fallback(KEY, 10_000)
+    await fake.advance(12)
+    assert (await c.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms == 18_000
+    assert await c.fallback_left_ms(KEY) == 0
+    await fake.advance(18)
+    assert (await c.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms == 0
+
+
+async def test_first_request_admission_gets_cooldown_and_pacing_but_takes_no_token():
+    """retry=False: the cooldown and the pacing slot apply, the budget does not."""
+    clock = Clock()
+    c = InProcessCoordinator(clock=clock)
+    budget = BudgetSettings(max_tokens=4)
+    await c.learn_cooldown(KEY, 5_000)
+    await c.record_outcome(KEY, success=False, throttled=True, budget=budget, pacing=PacingSettings())
+    a = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings())
+    assert a.cooldown_ms == 5_000 and a.budget is None and not a.token_taken
+    assert a.pacing_ms == 5_000, "the slot is reserved at the cooldown's end"
+    b = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings())
+    assert b.pacing_ms == 5_000 + 2_000, "the next slot follows at the floor rate (0.5/s)"
+    assert c.tokens(KEY, budget) == 4
+
+
+async def test_a_cooldown_beyond_max_wait_reserves_and_takes_nothing():
+    """A request that will be refused (cooldown > maxHintWaitMs) leaves budget and pacer alone."""
+    c = InProcessCoordinator(clock=Clock())
+    budget = BudgetSettings(max_tokens=4)
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PacingSettings())
+    await c.learn_cooldown(KEY, 90_000)
+    before = c.pacer_state(KEY)
+    a = await c.admit(KEY, retry=True, budget=budget, pacing=PacingSettings(), max_wait_ms=60_000)
+    assert a == Admission(cooldown_ms=90_000)
+    assert c.tokens(KEY, budget) == 4 and c.pacer_state(KEY) == before
+
+
+async def test_budget_in_wait_mode_holds_no_token_and_reserves_floor_slots():
+    """Wait mode: a retry the bucket cannot afford takes nothing and is told when its floor
+    slot is (one per 1/minRetriesPerSecond s, fleet-wide); at that slot it is admitted."""
+    clock = Clock(1_000)
+    c = InProcessCoordinator(clock=clock)
+    assert (await c.admit(KEY, retry=True, budget=WAIT, pacing=None)).budget is True   # 3 > 2
+    first = await c.admit(KEY, retry=True, budget=WAIT, pacing=None)    # 2: not above 2
+    assert (first.budget, first.token_taken, first.budget_wait_ms) == (True, False, 0), \
+        "the floor's slot was free: admitted at once, no token"
+    waits = [await c.admit(KEY, retry=True, budget=WAIT, pacing=None) for _ in range(3)]
+    assert [(w.budget, w.token_taken, w.budget_wait_ms) for w in waits] == \
+        [(False, False, 500), (False, False, 1000), (False, False, 1500)]
+    assert c.tokens(KEY, WAIT) == 3, "waiting retries hold no token"
+    clock.now += 500
+    due = await c.admit(KEY, retry=True, budget=WAIT, pacing=None, floor_slot_due=True)
+    assert due.budget is True and due.token_taken is False
+
+
+async def test_budget_in_wait_mode_without_a_floor_rechecks_every_second():
+    """No floor: the retry waits WAIT_RECHECK_MS and re-checks the bucket."""
+    from fsm.fleet._local import WAIT_RECHECK_MS
+    c = InProcessCoordinator(clock=Clock())
+    budget = BudgetSettings(max_tokens=2, mode="wait")
+    a = await c.admit(KEY, retry=True, budget=budget, pacing=None)
+    assert (a.budget, a.budget_wait_ms) == (False, WAIT_RECHECK_MS)
+
+
+async def test_refuse_mode_floor_lets_one_retry_per_interval_through():
+    """Refuse mode with a floor: above the bucket's refusals, one retry per interval passes
+    (Linkerd's minRetriesPerSecond); the rest are refused at once, waiting for nothing."""
+    clock = Clock()
+    c = InProcessCoordinator(clock=clock)
+    budget = BudgetSettings(max_tokens=2, min_retries_per_second=1)
+    answers = [(await c.admit(KEY, retry=True, budget=budget, pacing=None)).budget for _ in range(3)]
+    assert answers == [True, False, False] and c.tokens(KEY, budget) == 0
+    clock.now += 1000
+    assert (await c.admit(KEY, retry=True, budget=budget, pacing=None)).budget is True
+
+
+async def test_the_pacing_slot_is_reserved_in_the_same_step_as_the_budget_take():
+    """A refused retry reserves no slot; an admitted one reserves it after ``earliest_ms``."""
+    clock = Clock()
+    c = InProcessCoordinator(clock=clock)
+    budget = BudgetSettings(max_tokens=2)
+    await c.record_outcome(KEY, success=False, throttled=True, budget=budget, pacing=PacingSettings())
+    refused = await c.admit(KEY, retry=True, budget=budget, pacing=PacingSettings())
+    assert refused.budget is False and refused.pacing_ms == 0
+    first = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings(), earliest_ms=3_000)
+    assert first.pacing_ms == 3_000
+
+
+async def test_the_fallback_mark_keeps_the_later_end(coord):
+    """``mark_fallback`` / ``fallback_left_ms``: the primary's cooldown, durations in."""
+    assert await coord.fallback_left_ms(KEY) == 0
+    await coord.mark_fallback(KEY, 20_000)
+    await coord.mark_fallback(KEY, 5_000)
+    assert 19_000 < await coord.fallback_left_ms(KEY) <= 20_000
+    assert await coord.fallback_left_ms(OTHER) == 0
+
+
+async def test_a_returned_token_restores_the_count_after_an_abort(coord):
+    """An aborted or cancelled retry gives back the token its admission took."""
+    budget = BudgetSettings(max_tokens=10)
+    a = await coord.admit(KEY, retry=True, budget=budget, pacing=None)
+    assert a.token_taken
+    await coord.return_retry_token(KEY, budget)
+    got = coord.tokens(KEY, budget)
+    assert (await got if hasattr(got, "__await__") else got) == 10
+
+
+async def test_no_duration_in_or_out_goes_beyond_400_days(coord):
+    """A duration beyond the maximum is clipped to it; nothing told is longer."""
+    await coord.learn_cooldown(KEY, 10 ** 18)
+    await coord.mark_fallback(KEY, float("1e300"))
+    await coord.mark_credential_limited("p", "c", 2.6e14)
+    assert 0 < (await coord.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms <= MAX_LEFT_MS
+    assert 0 < await coord.fallback_left_ms(KEY) <= MAX_LEFT_MS
+    assert 0 < (await coord.limited_credentials("p"))["c"] <= MAX_LEFT_MS
+    with pytest.raises(TypeError, match="duration_ms"):
+        await coord.learn_cooldown(KEY, "30s")
+
+
+async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(redis_server, prefix):  # noqa: F811
+    """A throttle one process saw paces another's requests."""
+    a = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    b = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    settings = PacingSettings(min_rate=1.0)
+    await a.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    delays = [(await b.admit(KEY, retry=False, budget=None, pacing=settings)).pacing_ms for _ in range(3)]
+    assert delays[0] <= 5 and 990 <= delays[1] <= 1000 and 1990 <= delays[2] <= 2000
+    await a.aclose()
+    await b.aclose()
+
+
+# -- the same arithmetic in Lua and in Python ----------------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_server, prefix, seed):  # noqa: F811
+    """A random run of answers and reservations gives the same delays and state in the Lua
+    script (fed the same times) as in fsm.core.pacing."""
+    rng = random.Random(seed)
+    settings = PacingSettings(min_rate=rng.choice([0.5, 2.0]), burst_s=rng.choice([0.5, 1.0, 3.0]),
+                              max_rate=rng.choice([None, 40.0]), forget_after_ms=20_000)
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    state, now = pure.fresh(), 1_700_000_000_000.0
+    for _ in range(300):
+        now += rng.choice([0, 3, 10, 50, 400, 2000, 9000])
+        if rng.random() < 0.5:
+            throttled = rng.random() < 0.3
+            state = pure.observe(state, now, throttled, settings)
+            await c.record_outcome(KEY, success=not throttled, throttled=throttled, budget=None,
+                                   pacing=settings, _now=now)
+        else:
+            earliest = rng.choice([0, 0, 700])
+            state, delay = pure.reserve(state, now, settings, earliest)
+            got = await c.admit(KEY, retry=False, budget=None, pacing=settings, earliest_ms=earliest, _now=now)
+            assert got.pacing_ms == delay
+    stored = await c.client.hgetall(c.keys.pacer(KEY))
+    assert float(stored[b"fill"]) == pytest.approx(state.fill, rel=1e-12) or not state.on
+    assert float(stored[b"tat"]) == pytest.approx(state.tat_ms, rel=1e-12) or not state.on
+    await c.aclose()
+
+
+async def test_callers_of_both_protocols_share_one_table_without_mixing_clocks():
+    """While the session still calls the protocol before v3 (with its own epoch ``now_ms``),
+    a v3 caller on the same coordinator sees the same time left, and vice versa: only
+    durations cross."""
+    clock = Clock(5_000.0)  # a monotonic clock, nowhere near the epoch
+    c = InProcessCoordinator(clock=clock)
+    epoch = 1_800_000_000_000
+    await c.learn_cooldown(KEY, epoch + 30_000, epoch)              # before v3, epoch frame
+    assert (await c.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms == 30_000
+    await c.mark_credential_limited("p", "c1", 20_000)               # v3
+    assert await c.limited_credentials("p", epoch) == {"c1": epoch + 20_000}
+    clock.now += 10_000
+    assert await c.cooldown_left_ms(KEY, epoch + 10_000) == 20_000
+    assert await c.limited_credentials("p") == {"c1": 10_000}

@@ -90,7 +90,9 @@ def _seconds(ms: float) -> str:
 
 
 _SOURCE = {"hint": " as the server asked", "cooldown": " (a cooldown another session learned)",
-           "switch": " (another credential is now in use)"}
+           "switch": " (another credential is now in use)",
+           "fallback": " (at once, on a fallback model)",
+           "budget": " (the shared retry budget's next slot)"}
 
 
 def retry_sentence(event: dict) -> str:
@@ -100,8 +102,30 @@ def retry_sentence(event: dict) -> str:
         error = error[:99] + "…"
     rule = f" (rule {event['rule']})" if event.get("rule") else ""
     source = _SOURCE.get(event.get("delaySource", ""), "")
+    model = f", model {event['model']}" if event.get("model") else ""
     return (f"{error} is retryable{rule}: waiting {_seconds(event['delayMs'])}{source}, "
-            f"attempt {event['attempt']} of {event['maxAttempts']}")
+            f"attempt {event['attempt']} of {event['maxAttempts']}{model}")
+
+
+def settings_sentences(s) -> list[str]:
+    """The docs/policy.md §13 settings in a reader's words (none with the defaults)."""
+    out = []
+    if s.first_token_timeout_ms is not None or s.idle_timeout_ms is not None:
+        parts = [f"no first token within {_seconds(s.first_token_timeout_ms)}"
+                 if s.first_token_timeout_ms is not None else "",
+                 f"no data for {_seconds(s.idle_timeout_ms)}" if s.idle_timeout_ms is not None else ""]
+        out.append("A stalled stream (" + " or ".join(p for p in parts if p)
+                   + ") is stopped and retried.")
+    if s.attempt_timeout_ms is not None:
+        out.append(f"Each attempt is stopped after {_seconds(s.attempt_timeout_ms)} and retried.")
+    if s.max_elapsed_ms is not None:
+        out.append(f"A chain ends at its deadline of {_seconds(s.max_elapsed_ms)}, even mid-attempt.")
+    if s.fallback_models:
+        out.append(f"After {s.fallback_after} failures in a row ({', '.join(s.fallback_on)}) the "
+                   f"retry moves to {', then '.join(s.fallback_models)}.")
+    if s.wait_for_usage_reset:
+        out.append("A usage limit is waited out until it resets.")
+    return out
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -156,6 +180,8 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
         _print(f"Retry settings: {'on' if s.enabled else 'off'}, up to {s.max_retries} retries, "
                f"first backoff {_seconds(s.base_delay_ms)}, doubling each time"
                + (f"; server hints honoured up to {_seconds(s.max_hint_wait_ms)}." if s.honors_hints else "."))
+        for sentence in settings_sentences(s):
+            _print(sentence)
         _print("")
         from fsm.providers.apis import build_provider
         provider = build_provider(api, base_url=server.base_url, model="demo-model",
@@ -191,6 +217,8 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
                     say(f"request {number} answered (stop reason {m['stopReason']})")
             elif kind == "auto_retry_start":
                 say(retry_sentence(event))
+            elif kind == "retry_fallback":
+                say(f"{event['from']} keeps failing ({event['reason']}): switching to {event['to']}")
             elif kind == "auto_retry_end":
                 if event["success"]:
                     say(f"the retry succeeded on attempt {event['attempt']}: the chain is over")

@@ -24,6 +24,12 @@ actions it returns, **in the order returned**:
 ``PromptMayReturn``     the work the prompt started is over: ``prompt()`` may return. Sent
                         for every fact that leaves the brain at rest (a turn that starts no
                         chain, every chain end), never otherwise (§8b.7)
+``SwitchModel``         model fallback (§13.3): later attempts use ``to_model``; leaving the
+                        primary, the host writes the primary's fallback mark
+``ArmDeadline``         start the chain's deadline timer: after ``delay_ms`` call
+                        :meth:`RetryBrain.deadline_passed` with ``chain_id`` (§13.2)
+``AbortAttempt``        abort the running attempt now; its end is not handed to the brain
+                        (the chain already ended ``deadline``); the host emits its turn end
 ======================  =================================================================
 
 What the brain needs from the world comes in as :class:`TurnFacts` (the time, whether output
@@ -43,14 +49,15 @@ from transitions import MachineError
 
 from fsm.core import lifecycle as L
 from fsm.core.classify import Classification, classify_message
-from fsm.core.events import CANCELLED_TEXT, AutoRetryEnd, AutoRetryStart, Event
+from fsm.core.events import CANCELLED_TEXT, AutoRetryEnd, AutoRetryStart, Event, RetryFallback
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
 
 __all__ = [
     "RetryBrain", "TurnFacts", "Action", "EmitTurnEnd", "Emit", "DropFailedMessage",
     "StartBackoff", "CancelBackoff", "ContinueTurn", "CheckCompaction", "RecordCooldown",
-    "ReturnRetryToken", "CreditRetryBudget", "PromptMayReturn", "CANCELLED_TEXT",
+    "ReturnRetryToken", "CreditRetryBudget", "PromptMayReturn", "SwitchModel", "ArmDeadline",
+    "AbortAttempt", "CANCELLED_TEXT",
 ]
 
 
@@ -71,6 +78,10 @@ class TurnFacts:
     - ``budget_taken``: the host took a budget token for this failure (given back when the
       retry is not sent for another reason).
     - ``note``: a remark for the ``auto_retry_start`` event (e.g. a store that failed).
+    - ``model``: the model the failed attempt used (``"model"`` or ``"provider/model"`` as in
+      ``retry.fallbackModels``); None = the primary, unnamed (docs/policy.md §13.3).
+    - ``budget_slot_ms``: the budget is in wait mode (docs/policy.md §13.7) and refused: the
+      ms until its next slot; None = a refusal ends the chain (``endReason: "budget"``).
     - ``zone``: the host's time-zone resolver, ``zone(name) -> tzinfo | None`` (an IANA name
       such as ``"America/Santiago"``), used when the brain classifies the message itself; None
       = a reset time in a named zone is unknown (``docs/classification.md``).
@@ -84,6 +95,8 @@ class TurnFacts:
     budget_allows: bool = True
     budget_taken: bool = False
     note: str | None = None
+    model: str | None = None
+    budget_slot_ms: int | None = None
     zone: Callable[[str], tzinfo | None] | None = None
 
 
@@ -171,9 +184,45 @@ class PromptMayReturn:
     end_reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SwitchModel:
+    """Model fallback (docs/policy.md §13.3): the next attempts of this chain use ``to_model``
+    instead of ``from_model`` (None = the primary). When ``from_model`` is the primary, the host
+    writes the primary's fallback mark for ``revert_ms`` ms (``retry.fallbackRevertMs``), so new
+    prompts go to the primary again only once it expires."""
+
+    to_model: str
+    from_model: str | None
+    reason: str
+    revert_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArmDeadline:
+    """Start the chain's deadline timer: after ``delay_ms`` ms call
+    :meth:`RetryBrain.deadline_passed` with ``chain_id`` (``retry.maxElapsedMs``, docs/policy.md
+    §13.2). The host cancels it when the chain ends."""
+
+    delay_ms: int
+    chain_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortAttempt:
+    """Abort the running attempt ``attempt`` at once (the chain's deadline passed, docs/policy.md
+    §13.2): its end is *not* handed to the brain (the chain already ended ``deadline``); the host
+    ends the turn as failed with ``error`` (stop reason ``error``) and emits its end events here."""
+
+    attempt: int
+    error: str
+
+
 Action = Union[EmitTurnEnd, Emit, DropFailedMessage, StartBackoff, CancelBackoff, ContinueTurn,
                CheckCompaction, RecordCooldown, ReturnRetryToken, CreditRetryBudget,
-               PromptMayReturn]
+               PromptMayReturn, SwitchModel, ArmDeadline, AbortAttempt]
+
+_MAX_USAGE_WAIT_MS = 7 * 86_400_000
+"""``waitForUsageReset`` without ``maxElapsedMs`` waits at most 7 days (docs/policy.md §13.5)."""
 
 _TRIGGER_BY_KIND = {
     "retryable": L.TURN_FAILED_RETRYABLE,
@@ -205,6 +254,14 @@ def duration_text(ms: int) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
+def seconds_text(ms: int) -> str:
+    """A watchdog's limit in the words of docs/policy.md §13.1/§13.2, always in seconds (the
+    classifier matches these texts): ``30 s``, ``1.5 s``, ``120 s``; under a second ``800 ms``."""
+    if ms < 1000:
+        return f"{ms} ms"
+    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms / 1000:g} s"
+
+
 def _clock_text(epoch_ms: int, now_ms: int | None = None) -> str:
     """``14:05 UTC`` (``14:05:07 UTC`` off the minute); with the date when it is not the day of
     ``now_ms`` (``2026-01-03 10:00 UTC``)."""
@@ -222,7 +279,8 @@ class _Policy:
 
     __slots__ = ("owner", "state", "settings", "attempt", "chain_id", "max", "timer",
                  "fact_timer", "chain_start_ms", "actions", "message", "cls", "facts", "reason",
-                 "random", "plan", "source")
+                 "random", "plan", "source", "model", "fallback_count", "last_error",
+                 "waiting_for", "refusal")
 
     def __init__(self, owner: "RetryBrain", settings: RetrySettings,
                  random: Callable[[], float]) -> None:
@@ -243,6 +301,11 @@ class _Policy:
         self.random = random
         self.plan: tuple[int, str] | None = None
         self.source = L.INITIAL  # the state the current fact found the machine in
+        self.model: str | None = None  # the model the chain's attempts use (None = primary)
+        self.fallback_count = 0  # failures in a row of a fallbackOn family on self.model
+        self.last_error = ""  # the chain's last error text (for an end without a turn)
+        self.waiting_for = "backoff"  # what the pending backoff waits for: backoff | budget
+        self.refusal: tuple[int, bool, int | None] = (0, False, None)  # request_refused facts
 
     # ---------------------------------------------------------------- guards
     def retry_enabled(self) -> bool:
@@ -263,9 +326,27 @@ class _Policy:
         return self.settings.after_output == "retry" or not self.facts.output_streamed
 
     def hint_within_wait(self) -> bool:
+        if self._waits_for_usage_reset():
+            return self.settings.max_elapsed_ms is not None or self._server_wait() <= _MAX_USAGE_WAIT_MS
         if not self.settings.honors_hints or self._switched():
             return True
         return self._server_wait() <= self.settings.max_hint_wait_ms
+
+    def fallback_due(self) -> bool:
+        s = self.settings
+        if not s.fallback_models or self._switched() or self.cls is None:
+            return False
+        if self._model_index() >= len(s.fallback_models):
+            return False  # after the last fallback, retries stay on it (§13.3)
+        if self.cls.family not in s.fallback_on:
+            return False
+        if self._fallback_count() + 1 >= s.fallback_after:
+            return True
+        wait = max(self.cls.retry_hint_ms or 0, self.facts.cooldown_ms or 0)
+        return wait > s.max_hint_wait_ms
+
+    def budget_waits(self) -> bool:
+        return self.facts.budget_slot_ms is not None
 
     def within_deadline(self) -> bool:
         limit = self.settings.max_elapsed_ms
@@ -281,12 +362,44 @@ class _Policy:
         return self.fact_timer == self.timer
 
     # ---------------------------------------------------------------- planning (pure)
+    def _current_model(self) -> str | None:
+        return self.model if self._in_chain() else self.facts.model
+
+    def _model_index(self) -> int:
+        """0 for the primary, i for ``fallbackModels[i-1]``."""
+        model = self._current_model()
+        models = self.settings.fallback_models
+        return models.index(model) + 1 if model in models else 0
+
+    def _fallback_count(self) -> int:
+        return self.fallback_count if self._in_chain() else 0
+
+    def _count_failure(self) -> None:
+        """Count this failure toward ``fallbackAfter`` (§13.3): a fallbackOn family in a row on
+        the current model; another family resets; a credential switch does not count."""
+        if self._switched():
+            return
+        base = self._fallback_count()
+        on = self.cls is not None and self.cls.family in self.settings.fallback_on
+        self.fallback_count = base + 1 if on else 0
+
+    def _waits_for_usage_reset(self) -> bool:
+        return bool(self.settings.wait_for_usage_reset and self.cls is not None
+                    and self.cls.usage_limit and not self._switched())
+
+    def _reset_at(self) -> int | None:
+        """``resetAt``: now + the hint of a usage-limit failure (§13.5), or None."""
+        cls, now = self.cls, self.facts.now_ms
+        if cls is None or not cls.usage_limit or not cls.retry_hint_ms or now is None:
+            return None
+        return now + cls.retry_hint_ms
+
     def _switched(self) -> bool:
         return bool(self.cls is not None and self.cls.usage_limit and self.facts.credential_switched)
 
     def _server_wait(self) -> int:
         """The wait the server asked for: the hint or the shared cooldown, whichever is longer."""
-        if not self.settings.honors_hints:
+        if not self.settings.honors_hints and not self._waits_for_usage_reset():
             return 0
         hint = (self.cls.retry_hint_ms if self.cls is not None else None) or 0
         return max(hint, self.facts.cooldown_ms or 0)
@@ -306,36 +419,89 @@ class _Policy:
                                  "hint" if hint >= (self.facts.cooldown_ms or 0) else "cooldown")
                 else:
                     self.plan = (backoff, "backoff")
+                slot = self.facts.budget_slot_ms
+                if not self.facts.budget_allows and slot is not None and slot > self.plan[0]:
+                    self.plan = (slot, "budget")
         return self.plan
 
     # ---------------------------------------------------------------- effects
     def start_chain(self) -> None:
         self._plan()  # planned from the source state, before the attempt moves
+        self._count_failure()
+        self._begin()
+        self._schedule()
+
+    def _begin(self) -> None:
+        """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §13.3)."""
         self.chain_id += 1
         self.attempt = 1
-        self.max = self.settings.max_retries
+        self.model = self.facts.model
+        self.max = self.settings.max_retries + len(self.settings.fallback_models)
         if self.cls is not None and self.cls.usage_limit and self.facts.credential_count > 1:
             self.max += self.facts.credential_count - 1  # D13: every credential gets a try
         self.chain_start_ms = self.facts.now_ms
-        self._schedule()
 
     def next_attempt(self) -> None:
         self._plan()
+        self._count_failure()
         self.attempt += 1
         self._schedule()
 
-    def _schedule(self) -> None:
+    def wait_for_budget(self) -> None:
+        if self._in_chain():
+            self.next_attempt()
+        else:
+            self.start_chain()
+        self.waiting_for = "budget"
+
+    def fall_back(self) -> None:
+        start = not self._in_chain()
+        source_model = self._current_model()
+        models, index = self.settings.fallback_models, self._model_index()
+        # the guard checked that a fallback remains; a host forcing the row stays on the model
+        to_model = models[index] if index < len(models) else (source_model or "")
+        if start:
+            self._begin()
+        else:
+            self.attempt += 1
+        self.model = to_model
+        self.fallback_count = 0
+        self.plan = (0, "fallback")
+        reason = self.cls.family if self.cls is not None else "other"
+        self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"),
+                         Emit(RetryFallback(source_model, to_model, reason, self.chain_id)),
+                         SwitchModel(to_model, source_model, reason,
+                                     self.settings.fallback_revert_ms))
+        self._schedule(turn_end=False, arm=start)
+
+    def recheck_budget(self) -> None:
+        slot = self.facts.budget_slot_ms
+        self.timer += 1
+        self.waiting_for = "budget"
+        self.actions.append(StartBackoff(max(0, slot or 0), self.timer))
+
+    def _schedule(self, *, turn_end: bool = True, arm: bool | None = None) -> None:
         delay, source = self._plan()
         message, cls, facts = self.message, self.cls, self.facts
         self.timer += 1
+        self.waiting_for = "backoff"
+        self.last_error = message.error_message or ""
         event = AutoRetryStart(
             attempt=self.attempt, max_attempts=self.max, delay_ms=delay,
             error_message=message.error_message or "", chain_id=self.chain_id, rule=cls.rule,
             retry_hint_ms=cls.retry_hint_ms,
             retry_at_ms=None if facts.now_ms is None else facts.now_ms + delay,
-            delay_source=source, discards_output=facts.output_streamed, note=facts.note)
-        self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"), Emit(event),
-                         DropFailedMessage(message), StartBackoff(delay, self.timer))
+            delay_source=source, discards_output=facts.output_streamed, note=facts.note,
+            model=self.model if self.settings.fallback_models else None,
+            reset_at_ms=self._reset_at())
+        if turn_end:
+            self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"))
+        self.actions += (Emit(event), DropFailedMessage(message), StartBackoff(delay, self.timer))
+        if arm is None:
+            arm = self.attempt == 1
+        limit = self.settings.max_elapsed_ms
+        if arm and limit is not None and facts.now_ms is not None:
+            self.actions.append(ArmDeadline(limit, self.chain_id))
 
     def settle_turn(self) -> None:
         self.attempt = 0
@@ -375,6 +541,37 @@ class _Policy:
                      f"deadline of retry.maxElapsedMs = {duration_text(self.settings.max_elapsed_ms)} "
                      f"(started {_clock_text(start)})")
 
+    def deadline_in_backoff(self) -> None:
+        self.actions.append(CancelBackoff(self.timer))
+        self.timer += 1
+        what = ("while the retry waited for the shared retry budget" if self.waiting_for == "budget"
+                else "during the backoff")
+        self._deadline_end(what)
+
+    def abort_attempt(self) -> None:
+        why = self._deadline_text("while the retried attempt was running")
+        self.actions.append(AbortAttempt(self.attempt, why))
+        self._deadline_end("while the retried attempt was running")
+
+    def _deadline_text(self, what: str) -> str:
+        limit = self.settings.max_elapsed_ms
+        shown = duration_text(limit) if limit is not None else "?"
+        return f"the chain's deadline of retry.maxElapsedMs = {shown} passed {what}"
+
+    def _deadline_end(self, what: str) -> None:
+        why = self._deadline_text(what)
+        error = self.last_error
+        self._end(False, "deadline", f"{why}; last error: {error}" if error else why)
+
+    def end_refused(self) -> None:
+        wait, usage, now = self.refusal
+        until = "" if now is None else f" (until {_clock_text(now + wait, now)})"
+        what = "a usage limit" if usage else "a cooldown"
+        self._end(False, "hint_too_long", f"not sent: every credential is under {what} for "
+                  f"{duration_text(wait)}{until}, longer than retry.maxHintWaitMs = "
+                  f"{duration_text(self.settings.max_hint_wait_ms)}",
+                  reset_at=now + wait if usage and now is not None else None)
+
     def end_budget(self) -> None:
         budget = self.settings.budget
         size = f" (retry.budget.maxTokens = {budget.max_tokens})" if budget is not None else ""
@@ -408,24 +605,28 @@ class _Policy:
 
     def _refuse(self, reason: str, why: str) -> None:
         error = self.message.error_message or ""
-        self._end(False, reason, f"{why}; last error: {error}" if error else why)
+        self._end(False, reason, f"{why}; last error: {error}" if error else why,
+                  reset_at=self._reset_at())
 
     def _end(self, success: bool, reason: str, final_error: str | None, *,
-             compaction: bool = True) -> None:
+             compaction: bool = True, reset_at: int | None = None) -> None:
         turn = self.message is not None
         if turn:
             self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"))
-        self._emit_end(success, reason, final_error)
+        self._emit_end(success, reason, final_error, reset_at)
         if turn and compaction:
             self.actions.append(CheckCompaction(self.message, self.cls.kind))
         self.actions.append(PromptMayReturn(reason))
 
-    def _emit_end(self, success: bool, reason: str, final_error: str | None) -> None:
+    def _emit_end(self, success: bool, reason: str, final_error: str | None,
+                  reset_at: int | None = None) -> None:
         attempt = self.attempt
         self.actions.append(Emit(AutoRetryEnd(success, attempt, final_error, reason,
-                                              self.chain_id if attempt else None)))
+                                              self.chain_id if attempt else None, reset_at)))
         self.attempt = 0
         self.chain_start_ms = None
+        self.fallback_count = 0
+        self.last_error = ""
 
 
 _MACHINE = L.build_machine(_Policy)
@@ -562,6 +763,11 @@ class RetryBrain:
         return p.max if p.state in L.IN_CHAIN else p.settings.max_retries
 
     @property
+    def model(self) -> str | None:
+        """The model the current chain's attempts use (None = the primary or unnamed)."""
+        return self._p.model if self._p.state in L.IN_CHAIN else None
+
+    @property
     def timer_id(self) -> int:
         """The id of the current (or last) backoff timer."""
         return self._p.timer
@@ -611,10 +817,41 @@ class RetryBrain:
         finally:
             p.message, p.cls, p.facts = None, None, _NO_FACTS
 
-    def backoff_elapsed(self, timer_id: int) -> list[Action]:
-        """The backoff timer ``timer_id`` fired; a stale id never continues."""
-        self._p.fact_timer = timer_id
-        return self._fire(L.BACKOFF_ELAPSED)
+    def backoff_elapsed(self, timer_id: int, facts: TurnFacts | None = None) -> list[Action]:
+        """The backoff timer ``timer_id`` fired; a stale id never continues.
+
+        ``facts`` (optional): the budget's answer when the budget is in wait mode
+        (``budget_allows``, ``budget_slot_ms``; docs/policy.md §13.7); a refusal waits for the
+        next slot without a new ``auto_retry_start``.
+        """
+        p = self._p
+        p.fact_timer = timer_id
+        p.facts = facts or _NO_FACTS
+        try:
+            return self._fire(L.BACKOFF_ELAPSED)
+        finally:
+            p.facts = _NO_FACTS
+
+    def deadline_passed(self, chain_id: int | None = None) -> list[Action]:
+        """The chain's deadline (``retry.maxElapsedMs``) passed (docs/policy.md §13.2): a
+        backoff is cancelled, a running attempt aborted (:class:`AbortAttempt`), and the chain
+        ends ``deadline``; ignored at rest. A ``chain_id`` of an earlier chain is stale and
+        returns no actions (as a cancelled timer would)."""
+        if chain_id is not None and chain_id != self._p.chain_id:
+            return []
+        return self._fire(L.DEADLINE_PASSED)
+
+    def request_refused(self, wait_ms: int, *, usage_limit: bool = False,
+                        now_ms: int | None = None) -> list[Action]:
+        """A first request was refused without sending (docs/policy.md §13.7): every
+        credential cools down for ``wait_ms`` ms, beyond ``retry.maxHintWaitMs``. At rest the
+        brain ends with one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}`` (with
+        ``resetAt`` for a usage limit); ignored inside a chain. Raises ``ValueError`` for a
+        negative ``wait_ms``."""
+        if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or wait_ms < 0:
+            raise ValueError(f"wait_ms must be a non-negative int, got {wait_ms!r:.80}")
+        self._p.refusal = (wait_ms, bool(usage_limit), now_ms)
+        return self._fire(L.REQUEST_REFUSED)
 
     def abort_retry(self) -> list[Action]:
         """``abort_retry()``: cancels a pending backoff; ignored while a turn runs (§3)."""

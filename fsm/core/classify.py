@@ -70,6 +70,8 @@ from fsm.core.messages import AssistantMessage, Usage
 
 __all__ = [
     "Classification",
+    "FAMILIES",
+    "family_of",
     "ERROR_CODES",
     "FATAL_STATUSES",
     "INWORD_RULES",
@@ -127,12 +129,84 @@ class Classification:
     ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage limits";
     only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
     milliseconds (0 … 7 days), only for ``retryable``; ``None`` when the message has none.
+    ``family``: the condition, one of the closed set :data:`FAMILIES` (docs/policy.md §13.6);
+    derived from ``kind``, ``rule`` and ``usage_limit`` when not given. Settings that name
+    families (``retry.fallbackOn``) are checked against :data:`FAMILIES`.
     """
 
     kind: Kind
     rule: str
     usage_limit: bool = False
     retry_hint_ms: int | None = None
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.family:
+            object.__setattr__(self, "family", family_of(self.kind, self.rule, self.usage_limit))
+        elif self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(FAMILIES)}; got {self.family!r:.80}")
+
+
+FAMILIES: tuple[str, ...] = (
+    "overloaded", "rate_limit", "usage_limit", "server_error", "network", "stalled", "timeout",
+    "overflow", "billing", "auth", "invalid_request", "content_policy", "model_not_found",
+    "region", "resources", "other", "none",
+)
+"""The closed set of :attr:`Classification.family` values (docs/policy.md §13.6):
+``overloaded`` (529, ``overloaded_error``, "overloaded" text such as OpenAI's 503), ``rate_limit``
+(a plain 429), ``usage_limit`` (a plan's usage window), ``server_error`` (5xx), ``network``
+(connection and transport errors), ``stalled`` (the stall watchdog), ``timeout`` (the attempt
+timeout), ``overflow`` (context overflow, request too large), ``billing``, ``auth``,
+``invalid_request`` (other 4xx), ``content_policy``, ``model_not_found``, ``region``,
+``resources`` (the server could not load the model), ``other`` (nothing more specific) and
+``none`` (the turn did not end in error)."""
+
+_RULE_FAMILY_TO_FAMILY = {
+    "server_5xx": "server_error", "context_overflow": "overflow", "request_size": "overflow",
+    "client_4xx": "invalid_request", "retry_delay": "server_error", "server_verdict": "other",
+    "tls_config": "network", "hint": "other",
+}
+_STATUS_FAMILY = {408: "timeout", 429: "rate_limit", 529: "overloaded", 401: "auth", 403: "auth",
+                  402: "billing", 413: "overflow", 404: "model_not_found"}
+
+
+def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
+    """The :data:`FAMILIES` value of a verdict: ``kind``, the deciding ``rule`` id and the
+    usage-limit flag (a usage limit outranks the rule's family; docs/policy.md §13.6)."""
+    if kind == "none":
+        return "none"
+    if kind == "context_overflow":
+        return "overflow"
+    if usage_limit:
+        return "usage_limit"
+    if rule.startswith("structured."):
+        name = rule[len("structured."):]
+        for prefix in ("status_", "inner_status_"):
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                status = int(name[len(prefix):])
+                if status in _STATUS_FAMILY:
+                    return _STATUS_FAMILY[status]
+                return ("server_error" if status >= 500 else "invalid_request" if status >= 400
+                        else "other")
+        for prefix in ("code_", "type_"):
+            if name.startswith(prefix):
+                verdict = ERROR_CODES.get(name[len(prefix):])
+                if verdict is not None:
+                    family = verdict[1]
+                    return _RULE_FAMILY_TO_FAMILY.get(family, family) if family else "other"
+        return "server_error" if kind == "retryable" else "other"
+    if not _RULE_FAMILIES:  # the rule tables exist by the first call (module constants below)
+        for table in (OVERFLOW_RULES, PERMANENT_RULES, INWORD_RULES, STATUS_RULES,
+                      USAGE_LIMIT_RULES, RETRYABLE_RULES):
+            _RULE_FAMILIES.update((r.id, r.family) for r in table)
+    found = _RULE_FAMILIES.get(rule)
+    if found is None:
+        return "other"
+    family = _RULE_FAMILY_TO_FAMILY.get(found, found)
+    return family if family in FAMILIES else "other"
+
+
+_RULE_FAMILIES: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -626,6 +700,13 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|empty reply from server|stream ended before",
          "a stream or request that ended without an answer: HTTP/2 'request did not get a "
          "response', curl 'Empty reply from server', 'stream ended before message_stop'"),
+    Rule("retryable.stream_stalled", "stalled",
+         r"stream stalled",
+         "the stall watchdog's own words (docs/policy.md §13.1): 'stream stalled: no response "
+         "within 30 s', 'stream stalled: no data for 60 s'"),
+    Rule("retryable.attempt_timeout", "timeout",
+         r"attempt timed out after",
+         "the attempt timeout's own words (docs/policy.md §13.2): 'attempt timed out after 120 s'"),
     Rule("retryable.timeout", "network",
          r"timed?[ _-]?out|deadline[ _]?exceeded|(?:read|connect|write|pool|headers|body|api|model)timeout",
          "D2 'timed out'; undici HeadersTimeoutError; httpx ReadTimeout; litellm Timeout "
@@ -1429,7 +1510,19 @@ def _retryable(rule_id: str, rate_limited: bool, tr: Classification, text: str,
 def classify_message(message: AssistantMessage, context_window: int = 0, *,
                      now_ms: float | None = None) -> Classification:
     """:func:`classify_facts` applied to an assistant message: its stop reason, error message,
-    usage and structured facts (``status``, ``error_type``, ``error_code``, ``headers``)."""
+    usage and structured facts (``status``, ``error_type``, ``error_code``, ``headers``).
+
+    A server error whose text says "overloaded" (OpenAI's "503 … overloaded") has the family
+    ``overloaded`` (docs/policy.md §13.6)."""
+    cls = _classify_message(message, context_window, now_ms=now_ms)
+    if (cls.family == "server_error" and message.error_message
+            and "overload" in message.error_message.lower()):
+        return Classification(cls.kind, cls.rule, cls.usage_limit, cls.retry_hint_ms, "overloaded")
+    return cls
+
+
+def _classify_message(message: AssistantMessage, context_window: int = 0, *,
+                      now_ms: float | None = None) -> Classification:
     return classify_facts(message.stop_reason, message.error_message, message.usage, context_window,
                           status=message.status, error_type=message.error_type,
                           error_code=message.error_code, headers=message.headers, now_ms=now_ms)

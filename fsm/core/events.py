@@ -20,7 +20,7 @@ __all__ = [
     "CANCELLED_TEXT", "END_REASONS", "DELAY_SOURCES", "Event", "AutoRetryStart", "AutoRetryEnd",
     "AgentStart", "TurnStart", "TurnEnd", "MessageStart", "MessageUpdate", "MessageEnd",
     "AgentEnd", "QueueUpdate", "ExtensionError", "CoordinatorUnavailable", "CoordinatorRestored",
-    "EVENT_TYPES",
+    "RetryFallback", "EVENT_TYPES",
 ]
 
 CANCELLED_TEXT = "Retry cancelled"
@@ -32,7 +32,8 @@ END_REASONS: tuple[str, ...] = (
 )
 """The ``endReason`` codes of ``auto_retry_end`` (docs/policy.md §4)."""
 
-DELAY_SOURCES: tuple[str, ...] = ("backoff", "hint", "cooldown", "switch")
+DELAY_SOURCES: tuple[str, ...] = ("backoff", "hint", "cooldown", "switch", "fallback", "budget",
+                                  "pacing")
 """The ``delaySource`` values of ``auto_retry_start``: what decided the delay."""
 
 
@@ -72,6 +73,9 @@ class AutoRetryStart(Event):
     ``retry_at_ms`` is the epoch time in ms the retry goes out (None when the host gave no
     time); ``delay_source`` is one of :data:`DELAY_SOURCES`; ``discards_output`` is true when
     the failed attempt had streamed text the retry will replace (a UI clears or marks it).
+    ``model`` names the model the retry uses when model fallback is on (docs/policy.md §13.3);
+    ``reset_at_ms`` (``resetAt``) is the epoch time in ms a usage limit resets, on a usage-limit
+    retry whose provider gave a wait (docs/policy.md §13.5).
     """
 
     type: ClassVar[str] = "auto_retry_start"
@@ -86,6 +90,8 @@ class AutoRetryStart(Event):
     delay_source: str = "backoff"
     discards_output: bool = False
     note: str | None = None
+    model: str | None = None
+    reset_at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "attempt": self.attempt,
@@ -100,12 +106,19 @@ class AutoRetryStart(Event):
         out["discardsOutput"] = self.discards_output
         if self.note:
             out["note"] = self.note
+        if self.model is not None:
+            out["model"] = self.model
+        if self.reset_at_ms is not None:
+            out["resetAt"] = self.reset_at_ms
         return out
 
 
 @dataclass(frozen=True, eq=False, repr=False, slots=True)
 class AutoRetryEnd(Event):
-    """A chain (or a refusal at rest, ``attempt`` 0) ended; ``end_reason`` in :data:`END_REASONS`."""
+    """A chain (or a refusal at rest, ``attempt`` 0) ended; ``end_reason`` in :data:`END_REASONS`.
+
+    ``reset_at_ms`` (``resetAt``): epoch ms a usage limit resets, on a chain refused for a
+    usage limit whose provider gave a wait (docs/policy.md §13.5)."""
 
     type: ClassVar[str] = "auto_retry_end"
     success: bool
@@ -113,6 +126,7 @@ class AutoRetryEnd(Event):
     final_error: str | None = None
     end_reason: str = "succeeded"
     chain_id: int | None = None
+    reset_at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "success": self.success, "attempt": self.attempt}
@@ -121,7 +135,26 @@ class AutoRetryEnd(Event):
         out["endReason"] = self.end_reason
         if self.chain_id is not None:
             out["chainId"] = self.chain_id
+        if self.reset_at_ms is not None:
+            out["resetAt"] = self.reset_at_ms
         return out
+
+
+@dataclass(frozen=True, eq=False, repr=False, slots=True)
+class RetryFallback(Event):
+    """The chain switches models (docs/policy.md §13.3): from ``from_model`` to ``to_model``
+    because of ``reason`` (the failure's family, e.g. ``"overloaded"``). Comes just before the
+    ``auto_retry_start`` it causes."""
+
+    type: ClassVar[str] = "retry_fallback"
+    from_model: str | None
+    to_model: str
+    reason: str
+    chain_id: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "from": self.from_model, "to": self.to_model,
+                "reason": self.reason, "chainId": self.chain_id}
 
 
 @dataclass(frozen=True, eq=False, repr=False, slots=True)
@@ -254,6 +287,7 @@ class CoordinatorRestored(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (AutoRetryStart, AutoRetryEnd, AgentStart, TurnStart, TurnEnd,
                               MessageStart, MessageUpdate, MessageEnd, AgentEnd, QueueUpdate,
-                              ExtensionError, CoordinatorUnavailable, CoordinatorRestored)
+                              ExtensionError, CoordinatorUnavailable, CoordinatorRestored,
+                              RetryFallback)
 }
 """Event class by wire ``type``."""

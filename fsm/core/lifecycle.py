@@ -33,9 +33,10 @@ __all__ = [
     "STATES", "ENDED", "AT_REST", "IN_CHAIN", "GROUPS", "STATE_DOCS",
     "TURN_FAILED_RETRYABLE", "TURN_FAILED_FATAL", "TURN_OVERFLOWED", "TURN_SUCCEEDED",
     "TURN_ABORTED", "BACKOFF_ELAPSED", "RETRY_CANCELLED", "CONTINUE_FAILED", "RETRY_REQUESTED",
-    "PROMPT_CANCELLED", "TRIGGERS", "TURN_TRIGGERS", "TRIGGER_DOCS",
-    "RETRY_ENABLED", "HAS_RETRIES_LEFT", "REPLAY_SAFE", "HINT_WITHIN_WAIT", "WITHIN_DEADLINE",
-    "BUDGET_ALLOWS", "TIMER_IS_CURRENT", "GUARDS", "EFFECTS", "TABLE",
+    "PROMPT_CANCELLED", "DEADLINE_PASSED", "REQUEST_REFUSED", "TRIGGERS", "TURN_TRIGGERS",
+    "TRIGGER_DOCS",
+    "RETRY_ENABLED", "HAS_RETRIES_LEFT", "REPLAY_SAFE", "FALLBACK_DUE", "HINT_WITHIN_WAIT",
+    "WITHIN_DEADLINE", "BUDGET_ALLOWS", "BUDGET_WAITS", "TIMER_IS_CURRENT", "GUARDS", "EFFECTS", "TABLE",
     "Row", "Ignored", "DeclaredRow", "ROWS", "TRANSITIONS", "IGNORED", "INITIAL", "VERSION",
     "validate", "cells", "declaration", "TransitionRecord", "Recorder", "add_recorder",
     "remove_recorder", "build_machine",
@@ -77,9 +78,12 @@ RETRY_CANCELLED = "retry_cancelled"
 CONTINUE_FAILED = "continue_failed"
 RETRY_REQUESTED = "retry_requested"
 PROMPT_CANCELLED = "prompt_cancelled"
+DEADLINE_PASSED = "deadline_passed"
+REQUEST_REFUSED = "request_refused"
 TRIGGERS: tuple[str, ...] = (
     TURN_FAILED_RETRYABLE, TURN_FAILED_FATAL, TURN_OVERFLOWED, TURN_SUCCEEDED, TURN_ABORTED,
     BACKOFF_ELAPSED, RETRY_CANCELLED, CONTINUE_FAILED, RETRY_REQUESTED, PROMPT_CANCELLED,
+    DEADLINE_PASSED, REQUEST_REFUSED,
 )
 TURN_TRIGGERS: tuple[str, ...] = TRIGGERS[:5]
 
@@ -94,15 +98,20 @@ TRIGGER_DOCS: dict[str, str] = {
     CONTINUE_FAILED: "the host could not continue the turn (rejected or raised)",
     RETRY_REQUESTED: "retry_now(): the user asked to retry without waiting",
     PROMPT_CANCELLED: "the host's prompt task was cancelled from outside",
+    DEADLINE_PASSED: "docs/policy.md §13.2: the chain's deadline (retry.maxElapsedMs) passed",
+    REQUEST_REFUSED: "docs/policy.md §13.7: a first request was refused without sending (every "
+                     "credential cools down beyond retry.maxHintWaitMs)",
 }
 
 # Guards: predicates on the policy model, in the order docs/policy.md §8b.1 checks them.
 RETRY_ENABLED = "retry_enabled"
 HAS_RETRIES_LEFT = "has_retries_left"
 REPLAY_SAFE = "replay_safe"
+FALLBACK_DUE = "fallback_due"
 HINT_WITHIN_WAIT = "hint_within_wait"
 WITHIN_DEADLINE = "within_deadline"
 BUDGET_ALLOWS = "budget_allows"
+BUDGET_WAITS = "budget_waits"
 TIMER_IS_CURRENT = "timer_is_current"
 GUARDS: dict[str, str] = {
     RETRY_ENABLED: "retry.enabled is true now (read live, so a mid-chain toggle counts)",
@@ -110,12 +119,15 @@ GUARDS: dict[str, str] = {
                       "chain's maxAttempts)",
     REPLAY_SAFE: "D12: retry.afterOutput is \"retry\", or the failed turn streamed no text and "
                  "started no tool call",
+    FALLBACK_DUE: "§13.3: a fallback model remains and the model failed retry.fallbackAfter times in a row",
     HINT_WITHIN_WAIT: "D10: retryHints is \"ignore\", or the server's wait (hint or shared "
-                      "cooldown) is at most retry.maxHintWaitMs, or the credential was switched",
+                      "cooldown) is at most retry.maxHintWaitMs, or the credential was switched "
+                      "(§13.5: or waitForUsageReset)",
     WITHIN_DEADLINE: "D11: retry.maxElapsedMs is null, or the retry goes out before the "
                      "chain's deadline",
     BUDGET_ALLOWS: "docs/policy.md §9: the shared retry budget allows this retry (gRPC retry "
                    "throttling; always true when retry.budget is null)",
+    BUDGET_WAITS: "§13.7: the budget is in wait mode: a refused retry waits for its slot",
     TIMER_IS_CURRENT: "the timer that fired is the chain's current backoff timer",
 }
 
@@ -137,54 +149,73 @@ EFFECTS: dict[str, str] = {
     "continue_turn": "continue the turn on the next loop tick",
     "retry_at_once": "cancel the timer; continue the turn on the next loop tick",
     "cancel_backoff": "cancel the timer; emit auto_retry_end (cancelled); the prompt may return",
+    "fall_back": "next fallback model; emit retry_fallback, start (delay 0)",
+    "wait_for_budget": "emit start (delaySource budget); wait for the budget's slot",
+    "recheck_budget": "wait for the budget's next slot (no new start)",
+    "deadline_in_backoff": "cancel the timer; emit end (deadline)",
+    "abort_attempt": "abort the attempt; emit end (deadline)",
+    "end_refused": "emit end (hint_too_long, attempt 0)",
 }
 """Every effect the table names, in a reader's words (what it emits, what it starts)."""
 
-_GO = "retry_enabled, has_retries_left, replay_safe, hint_within_wait, within_deadline, budget_allows"
+_GO = ("retry_enabled, has_retries_left, replay_safe, !fallback_due, hint_within_wait, "
+       "within_deadline, budget_allows")
+_OK = "retry_enabled, has_retries_left, replay_safe, !fallback_due, hint_within_wait, within_deadline"
 
 TABLE = f"""
 at_rest     + turn_failed_retryable [{_GO}] / start_chain = backing_off  ; §3: attempt=1, usage-limit path, emit start, drop the failed message, start backoff
 at_rest     + turn_failed_retryable [!retry_enabled] / settle_turn = idle  ; §3: retry disabled, the error stays; compaction check runs
 at_rest     + turn_failed_retryable [retry_enabled, !has_retries_left] / end_exhausted = exhausted  ; §3: maxRetries = 0 emits end {{success:false, attempt:0}}
 at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, !replay_safe] / end_output_streamed = exhausted  ; §3 D12, §8b.1
-at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !hint_within_wait] / end_hint_too_long = exhausted  ; §3 D10, §8b.1
-at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, !within_deadline] / end_deadline = exhausted  ; §3 D11, §8b.1
-at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, within_deadline, !budget_allows] / end_budget = exhausted  ; §9, §8b.1, §8b.3
+at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, fallback_due] / fall_back = backing_off  ; §13.3, §3: a switch row, at once, skipping the hint and budget checks
+at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !fallback_due, !hint_within_wait] / end_hint_too_long = exhausted  ; §3 D10, §8b.1
+at_rest     + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !fallback_due, hint_within_wait, !within_deadline] / end_deadline = exhausted  ; §3 D11, §8b.1
+at_rest     + turn_failed_retryable [{_OK}, !budget_allows, budget_waits] / wait_for_budget = backing_off  ; §13.7: the retry waits for the budget's slot
+at_rest     + turn_failed_retryable [{_OK}, !budget_allows, !budget_waits] / end_budget = exhausted  ; §9, §8b.1, §8b.3
 at_rest     + turn_failed_fatal / settle_turn = idle  ; §3: nothing from retry; the compaction check runs
 at_rest     + turn_overflowed / settle_turn = idle  ; §3: nothing from retry; overflow goes to compaction
 at_rest     + turn_succeeded / settle_turn = idle  ; §3: nothing from retry; a success credits the retry budget
 at_rest     + turn_aborted / settle_turn = idle  ; §3: nothing from retry
+at_rest     + request_refused / end_refused = exhausted  ; §13.7: a first request refused without sending: one end, attempt 0, no start
 at_rest     + backoff_elapsed / (ignored)  ; no backoff is pending: a stale timer
 at_rest     + retry_cancelled / (ignored)  ; no chain to cancel
 at_rest     + continue_failed / (ignored)  ; no chain is continuing
 at_rest     + retry_requested / (ignored)  ; §3 v2: retry now is ignored outside a backoff
 at_rest     + prompt_cancelled / (ignored)  ; no chain: the cancelled prompt has nothing to end
-backing_off + backoff_elapsed [timer_is_current] / continue_turn = continuing  ; §3: schedule continue; a stale timer never continues
+at_rest     + deadline_passed / (ignored)  ; §3: no chain, no deadline
+backing_off + backoff_elapsed [timer_is_current, budget_allows] / continue_turn = continuing  ; §3: schedule continue; a stale timer never continues
+backing_off + backoff_elapsed [timer_is_current, !budget_allows] / recheck_budget = backing_off  ; §13.7: the budget still refuses; wait for its next slot, no new start
 backing_off + retry_requested / retry_at_once = continuing  ; §3 v2, §8b.5: retry now, same attempt, no new auto_retry_start
 backing_off + retry_cancelled / cancel_backoff = cancelled  ; §3: end {{success:false, finalError:"Retry cancelled"}}
 backing_off + prompt_cancelled / cancel_backoff = cancelled  ; §3 v2: the host's prompt task was cancelled
+backing_off + deadline_passed / deadline_in_backoff = exhausted  ; §13.2, §13.7: the deadline ends the chain, also while waiting for the budget
 backing_off + turn_failed_retryable / (ignored)  ; no turn runs during a backoff
 backing_off + turn_failed_fatal / (ignored)  ; no turn runs during a backoff
 backing_off + turn_overflowed / (ignored)  ; no turn runs during a backoff
 backing_off + turn_succeeded / (ignored)  ; no turn runs during a backoff
 backing_off + turn_aborted / (ignored)  ; no turn runs during a backoff
 backing_off + continue_failed / (ignored)  ; no continue was started yet
+backing_off + request_refused / (ignored)  ; §13.7: only a first request (at rest) is refused
 continuing  + turn_succeeded / end_succeeded = succeeded  ; §3: end {{success:true}}
 continuing  + turn_failed_retryable [{_GO}] / next_attempt = backing_off  ; §3: attempt+1, emit start, start backoff
 continuing  + turn_failed_retryable [!retry_enabled] / end_disabled = exhausted  ; §3 D6: disabled mid-chain ends the chain
 continuing  + turn_failed_retryable [retry_enabled, !has_retries_left] / end_exhausted = exhausted  ; §3: attempt = max; the error stays
 continuing  + turn_failed_retryable [retry_enabled, has_retries_left, !replay_safe] / end_output_streamed = exhausted  ; §3 D12, §8b.1
-continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !hint_within_wait] / end_hint_too_long = exhausted  ; §3 D10, §8b.1
-continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, !within_deadline] / end_deadline = exhausted  ; §3 D11, §8b.1
-continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, hint_within_wait, within_deadline, !budget_allows] / end_budget = exhausted  ; §9, §8b.1, §8b.3
+continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, fallback_due] / fall_back = backing_off  ; §13.3, §3: a switch row, at once, skipping the hint and budget checks
+continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !fallback_due, !hint_within_wait] / end_hint_too_long = exhausted  ; §3 D10, §8b.1
+continuing  + turn_failed_retryable [retry_enabled, has_retries_left, replay_safe, !fallback_due, hint_within_wait, !within_deadline] / end_deadline = exhausted  ; §3 D11, §8b.1
+continuing  + turn_failed_retryable [{_OK}, !budget_allows, budget_waits] / wait_for_budget = backing_off  ; §13.7: the retry waits for the budget's slot
+continuing  + turn_failed_retryable [{_OK}, !budget_allows, !budget_waits] / end_budget = exhausted  ; §9, §8b.1, §8b.3
 continuing  + turn_failed_fatal / end_fatal = exhausted  ; §3 D6, §8.2: a fatal error ends the chain
 continuing  + turn_overflowed / end_overflow = exhausted  ; §3 D6: overflow ends the chain, then goes to compaction
 continuing  + turn_aborted / end_cancelled = cancelled  ; §3 D6, §8.8: an aborted message is never a success
 continuing  + continue_failed / end_continue_failed = exhausted  ; §3 D6, §8.5: a rejected continue ends the chain
 continuing  + prompt_cancelled / end_cancelled = cancelled  ; §3 v2: the host's prompt task was cancelled
+continuing  + deadline_passed / abort_attempt = exhausted  ; §13.2: the attempt in flight is aborted; the chain ends deadline whatever was streamed
 continuing  + backoff_elapsed / (ignored)  ; a stale timer: the backoff already elapsed
 continuing  + retry_cancelled / (ignored)  ; §3: the running turn decides the chain's end
 continuing  + retry_requested / (ignored)  ; the retried turn is already running
+continuing  + request_refused / (ignored)  ; §13.7: only a first request (at rest) is refused
 """
 """The transition table (see the module docstring for how to read a line)."""
 

@@ -41,6 +41,17 @@ _KEYS = {
     "afterOutput": "after_output",
     "budget": "budget",
     "pacing": "pacing",  # the fleet's pacing group (PacingSettings, below)
+    # docs/policy.md §13: the failures of 2026 (stall watchdog, attempt timeout, fallback,
+    # per-provider policy, usage windows)
+    "firstTokenTimeoutMs": "first_token_timeout_ms",
+    "idleTimeoutMs": "idle_timeout_ms",
+    "attemptTimeoutMs": "attempt_timeout_ms",
+    "fallbackModels": "fallback_models",
+    "fallbackOn": "fallback_on",
+    "fallbackAfter": "fallback_after",
+    "fallbackRevertMs": "fallback_revert_ms",
+    "waitForUsageReset": "wait_for_usage_reset",
+    "providers": "providers",
 }
 
 
@@ -58,6 +69,7 @@ class SettingsError(ValueError):
         super().__init__(f"{name}: expected {expected}, got {shown}")
         self.key = key
         self.value = value
+        self.expected = expected
 
 
 def _check_int(key: str, value: Any, lo: int, hi: int) -> int:
@@ -233,6 +245,11 @@ class PacingSettings:
 # --- end of the fleet block -------------------------------------------------------------------
 
 
+DEFAULT_FALLBACK_ON: tuple[str, ...] = ("overloaded", "usage_limit")
+"""``retry.fallbackOn`` by default: overloads and usage limits switch models; a plain 429 rate
+limit does only when listed (docs/policy.md §13.3)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RetrySettings:
     """The retry settings of docs/policy.md §1.
@@ -271,8 +288,19 @@ class RetrySettings:
     after_output: str = "retry"
     budget: BudgetSettings | None = None
     pacing: PacingSettings | None = None
+    # docs/policy.md §13 (validated by _check_section_13)
+    first_token_timeout_ms: int | None = None
+    idle_timeout_ms: int | None = None
+    attempt_timeout_ms: int | None = None
+    fallback_models: tuple[str, ...] = ()
+    fallback_on: tuple[str, ...] = DEFAULT_FALLBACK_ON
+    fallback_after: int = 2
+    fallback_revert_ms: int = 300_000
+    wait_for_usage_reset: bool = False
+    providers: "tuple[tuple[str, Mapping[str, Any]], ...]" = ()
 
     def __post_init__(self) -> None:
+        _check_section_13(self)
         if not isinstance(self.enabled, bool):
             raise SettingsError("enabled", self.enabled, "true or false")
         object.__setattr__(self, "max_retries",
@@ -297,6 +325,27 @@ class RetrySettings:
             self.budget.to_json() if isinstance(self.budget, BudgetSettings) else self.budget))
         object.__setattr__(self, "pacing", PacingSettings.from_json(
             self.pacing.to_json() if isinstance(self.pacing, PacingSettings) else self.pacing))
+
+    @property
+    def has_stall_watchdog(self) -> bool:
+        """``firstTokenTimeoutMs`` or ``idleTimeoutMs`` is set (docs/policy.md §13.1)."""
+        return self.first_token_timeout_ms is not None or self.idle_timeout_ms is not None
+
+    def for_provider(self, provider: str | None, model: str | None = None) -> "RetrySettings":
+        """The settings for one request to ``provider`` / ``model`` (docs/policy.md §13.4).
+
+        Precedence: these settings < ``providers["provider"]`` < ``providers["provider/model"]``
+        (the most specific entry wins, key by key). The result keeps ``providers``, so it can be
+        resolved again. ``provider`` None (unknown) gives these settings unchanged.
+        """
+        if not self.providers or not provider:
+            return self
+        entries = dict(self.providers)
+        fields: dict[str, Any] = {}
+        for key in (provider, f"{provider}/{model}" if model else None):
+            if key is not None and key in entries:
+                fields.update((_KEYS[k], v) for k, v in entries[key].items())
+        return replace(self, **fields) if fields else self
 
     @property
     def honors_hints(self) -> bool:
@@ -349,7 +398,16 @@ class RetrySettings:
                 "maxHintWaitMs": self.max_hint_wait_ms, "maxElapsedMs": self.max_elapsed_ms,
                 "afterOutput": self.after_output,
                 "budget": self.budget.to_json() if self.budget is not None else None,
-                "pacing": self.pacing.to_json() if self.pacing is not None else None}
+                "pacing": self.pacing.to_json() if self.pacing is not None else None,
+                "firstTokenTimeoutMs": self.first_token_timeout_ms,
+                "idleTimeoutMs": self.idle_timeout_ms,
+                "attemptTimeoutMs": self.attempt_timeout_ms,
+                "fallbackModels": list(self.fallback_models),
+                "fallbackOn": list(self.fallback_on),
+                "fallbackAfter": self.fallback_after,
+                "fallbackRevertMs": self.fallback_revert_ms,
+                "waitForUsageReset": self.wait_for_usage_reset,
+                "providers": {key: dict(entry) for key, entry in self.providers}}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, base: "RetrySettings | None" = None) -> "RetrySettings":
@@ -386,3 +444,108 @@ class RetrySettings:
         for what is refused). Raises :class:`SettingsError` naming the path or the key."""
         from fsm.host.settings_file import load_settings  # the shell's module: imported on use
         return load_settings(path, cls)
+
+
+# ---------------------------------------------------------------------------- docs/policy.md §13
+# The failures of 2026: stall watchdog, attempt timeout, model fallback, per-provider policy,
+# usage windows. All off (or empty) by default: the seed's behaviour.
+
+MAX_FALLBACK_MODELS = 10
+_TOP_LEVEL_ONLY = ("providers", "profile")
+
+
+def _check_timeout(key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    return _check_int(key, value, 1, MAX_DELAY_LIMIT_MS)
+
+
+def _check_names(key: str, value: Any, what: str) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise SettingsError(key, value, f"a list of {what}")
+    for item in value:
+        if not isinstance(item, str) or not item.strip() or item != item.strip():
+            raise SettingsError(key, item, f"a list of {what} (non-empty strings without "
+                                           "surrounding spaces)")
+    if len(set(value)) != len(value):
+        twice = next(v for i, v in enumerate(value) if v in value[:i])
+        raise SettingsError(key, twice, f"a list of {what}, each once")
+    return tuple(value)
+
+
+def _check_section_13(s: "RetrySettings") -> None:
+    """Validate the §13 fields of ``s`` in place (normalising lists to tuples)."""
+    from fsm.core.classify import FAMILIES  # the closed set of families (docs/policy.md §13.6)
+
+    set_ = object.__setattr__
+    set_(s, "first_token_timeout_ms", _check_timeout("firstTokenTimeoutMs", s.first_token_timeout_ms))
+    set_(s, "idle_timeout_ms", _check_timeout("idleTimeoutMs", s.idle_timeout_ms))
+    set_(s, "attempt_timeout_ms", _check_timeout("attemptTimeoutMs", s.attempt_timeout_ms))
+    models = _check_names("fallbackModels", s.fallback_models, 'models ("model" or "provider/model")')
+    if len(models) > MAX_FALLBACK_MODELS:
+        raise SettingsError("fallbackModels", list(models),
+                            f"at most {MAX_FALLBACK_MODELS} fallback models")
+    set_(s, "fallback_models", models)
+    on = _check_names("fallbackOn", s.fallback_on, "failure families")
+    for family in on:
+        if family not in FAMILIES or family in ("none", "other"):
+            raise SettingsError("fallbackOn", family, "failure families, each one of "
+                                + ", ".join(f for f in FAMILIES if f not in ("none", "other")))
+    set_(s, "fallback_on", on)
+    set_(s, "fallback_after", _check_int("fallbackAfter", s.fallback_after, 1, MAX_RETRIES_LIMIT))
+    set_(s, "fallback_revert_ms", _check_int("fallbackRevertMs", s.fallback_revert_ms, 0,
+                                             7 * MAX_DELAY_LIMIT_MS))
+    if not isinstance(s.wait_for_usage_reset, bool):
+        raise SettingsError("waitForUsageReset", s.wait_for_usage_reset, "true or false")
+    set_(s, "providers", _check_providers(s.providers))
+
+
+def _check_providers(value: Any) -> "tuple[tuple[str, Mapping[str, Any]], ...]":
+    """``retry.providers``: ``{"provider" or "provider/model": {retry keys}}`` -> sorted pairs.
+
+    Each entry is validated by applying it to the defaults, so a bad value is named as
+    ``retry.providers["openai"].maxRetries``; ``providers`` and ``profile`` are refused inside
+    an entry (they are top-level keys only, docs/policy.md §13.4).
+    """
+    if value is None:
+        return ()
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
+    if not isinstance(value, Mapping):
+        raise SettingsError("providers", value, 'an object {"provider" or "provider/model": {...}}')
+    out = []
+    for key, entry in value.items():
+        where = f'providers["{key}"]'
+        if not isinstance(key, str) or not key.strip() or key.startswith("/") or key.endswith("/"):
+            raise SettingsError("providers", key, 'keys "provider" or "provider/model"')
+        if not isinstance(entry, Mapping):
+            raise SettingsError(where, entry, "an object of retry settings")
+        fields = {}
+        for k, v in entry.items():
+            if k in _TOP_LEVEL_ONLY:
+                raise SettingsError(f"{where}.{k}", v, f"no {k} here: {k} is a top-level key only")
+            if k not in _KEYS:
+                raise SettingsError(f"{where}.{k}", v, "a retry setting (camelCase, as at the top "
+                                                       "level)")
+            fields[_KEYS[k]] = v
+        try:
+            applied = RetrySettings(**fields)
+        except SettingsError as exc:
+            raise SettingsError(f"{where}.{exc.key}", exc.value, exc.expected) from None
+        normal = {k: getattr(applied, _KEYS[k]) for k in entry}
+        out.append((key, _FrozenEntry(normal)))
+    return tuple(sorted(out))
+
+
+class _FrozenEntry(dict):
+    """A read-only ``providers`` entry (camelCase key -> validated value)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a providers entry is read-only; build new RetrySettings instead")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))

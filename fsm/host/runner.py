@@ -40,6 +40,7 @@ Exceptions, in this order (docs/policy.md §10):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
@@ -51,15 +52,15 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
-from fsm.core.brain import RetryBrain, TurnFacts
+from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
 from fsm.core.classify import Classification
 from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
-from fsm.core.settings import RetrySettings
+from fsm.core.settings import RetrySettings, SettingsError
 from fsm.host.chain import RETRY_OWNER
 from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
 
-__all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "retrying", "retrying_sync",
+__all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut", "retrying", "retrying_sync",
            "retry", "COORDINATOR_TIMEOUT_S"]
 
 log = logging.getLogger("fsm.host.runner")
@@ -109,6 +110,11 @@ class RetryChainError(Exception):
         self.message = message
 
 
+class AttemptTimedOut(TimeoutError):
+    """An attempt ran longer than ``retry.attemptTimeoutMs`` (docs/policy.md §13.2): a
+    retryable failure (family ``timeout``), the ``__cause__`` of a chain that ends on it."""
+
+
 class ContextOverflowError(Exception):
     """The request is larger than the model's context: compact and call again (never retried).
 
@@ -128,10 +134,17 @@ class ContextOverflowError(Exception):
 
 
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings | None:
-    if settings is None or isinstance(settings, RetrySettings):
-        return settings
     if isinstance(settings, Mapping):
-        return RetrySettings.from_json({"retry": settings})
+        settings = RetrySettings.from_json({"retry": settings})
+    if settings is None or isinstance(settings, RetrySettings):
+        if settings is not None:
+            for key, value in (("firstTokenTimeoutMs", settings.first_token_timeout_ms),
+                               ("idleTimeoutMs", settings.idle_timeout_ms)):
+                if value is not None:  # docs/policy.md §13.1: the runner sees no stream
+                    raise SettingsError(key, value, "null in the runner, which sees no stream "
+                                        "(a stall watchdog needs the deltas; use "
+                                        "attemptTimeoutMs)")
+        return settings
     raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                     f"{{'maxRetries': 5}}, got {type(settings).__name__}")
 
@@ -146,7 +159,7 @@ class _Call:
     """The state of one run: its brain and kernel, the last failure, the pending end. Private."""
 
     __slots__ = ("runner", "brain", "kernel", "calls", "exc", "message", "cls", "end", "delay",
-                 "timer", "key", "fn", "kwargs")
+                 "timer", "key", "fn", "kwargs", "model")
 
     def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
                  sync: bool = False) -> None:
@@ -166,6 +179,8 @@ class _Call:
         self.key: Any = None
         self.fn = fn
         self.kwargs = kwargs
+        model = kwargs.get("model")
+        self.model: str | None = model if isinstance(model, str) else None  # the model in use
 
     # -------------------------------------------------------------- an attempt ended
     def judge(self, result: Any, exc: BaseException | None,
@@ -190,6 +205,8 @@ class _Call:
 
     def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts | None) -> None:
         self.delay = None
+        if facts is not None and self.model is not None:
+            facts = dataclasses.replace(facts, model=self.model)
         self.kernel.turn_ended(message, self.runner.context_window, cls, facts, self.host)
 
     def perform(self, actions: list[B.Action]) -> None:
@@ -204,6 +221,16 @@ class _Call:
     def host(self, action: B.Action) -> None:
         if type(action) is B.StartBackoff:
             self.delay, self.timer = action.delay_ms, action.timer_id
+        elif type(action) is B.SwitchModel:
+            # docs/policy.md §13.3: the next attempts call with model=<the fallback>; leaving
+            # the primary writes its (runner-wide) fallback mark
+            runner = self.runner
+            if runner._fallback is None or runner._fallback[0] is None:
+                now = self.kernel.now_ms() or 0
+                runner._fallback = (None, now + action.revert_ms)
+            self.model = action.to_model
+            self.kwargs = {**self.kwargs, "model": action.to_model}
+            runner._fallback = (action.to_model, runner._fallback[1])
         # EmitTurnEnd, DropFailedMessage, CheckCompaction, CancelBackoff, ContinueTurn,
         # PromptMayReturn: the runner has no turn events, no context and one loop.
 
@@ -295,6 +322,7 @@ class RetryRunner:
         self.context_window = context_window
         self.to_message = to_message or _sdk.error_message
         self.zone = zone
+        self._fallback: tuple[str | None, int] | None = None  # (fallback in use, primary's mark)
 
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:
@@ -307,11 +335,13 @@ class RetryRunner:
     async def run(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """``await fn(*args, **kwargs)`` under the brain; returns its result or raises as the
         module docstring says."""
+        kwargs = self._model_for_new_call(kwargs)
         call = _Call(self, fn, kwargs)
         owner = RETRY_OWNER.set(call)  # a retrying transport under this call passes through
         try:
             while True:
                 call.calls += 1
+                kwargs = call.kwargs  # a fallback model replaces model= (docs/policy.md §13.3)
                 try:
                     pending = fn(*args, **kwargs)
                 except Exception as failure:
@@ -322,7 +352,7 @@ class RetryRunner:
                                         "awaitable: use fsm.retrying_sync (RetryRunner.run_sync) "
                                         "for a synchronous callable")
                     try:
-                        result, exc = await pending, None
+                        result, exc = await self._bounded(pending, call), None
                     except Exception as failure:
                         result, exc = None, failure
                 kernel = call.kernel
@@ -344,6 +374,47 @@ class RetryRunner:
             RETRY_OWNER.reset(owner)
             call.close()
 
+    def _model_for_new_call(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A new call starts on the fallback in use until the primary's mark expires
+        (``fallbackRevertMs``, docs/policy.md §13.3); only a call with ``model=`` is switched."""
+        mark = self._fallback
+        if mark is None or "model" not in kwargs:
+            return kwargs
+        entry, until = mark
+        clock = self.clock
+        now = clock.time_ms() if clock is not None and hasattr(clock, "time_ms") else int(time.time() * 1000)
+        if entry is None or now >= until:
+            self._fallback = None
+            return kwargs
+        return {**kwargs, "model": entry}
+
+    async def _bounded(self, pending: Awaitable[Any], call: _Call) -> Any:
+        """Await one attempt, bounded by ``attemptTimeoutMs`` (docs/policy.md §13.2): a timed
+        out attempt raises :class:`AttemptTimedOut`, a retryable failure."""
+        limit = call.brain.settings.attempt_timeout_ms
+        if limit is None:
+            return await pending
+        task = asyncio.ensure_future(pending)
+        fired: list[bool] = []
+
+        def expire() -> None:
+            if not task.done():
+                fired.append(True)
+                task.cancel()
+        clock = self.clock if self.clock is not None else asyncio.get_running_loop()
+        handle = clock.call_later(limit / 1000, expire)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
+                raise AttemptTimedOut(f"attempt timed out after {seconds_text(limit)}") from None
+            raise
+        finally:
+            handle.cancel()
+            if not task.done():
+                task.cancel()
+
     async def _wait(self, delay_ms: int) -> None:
         if self.sleep is not None:
             await self.sleep(delay_ms / 1000)
@@ -364,11 +435,16 @@ class RetryRunner:
         ``KeyboardInterrupt`` during a chain ends it ``cancelled`` and propagates."""
         if self.coordinator is not None:
             raise TypeError("a coordinator is async: use RetryRunner.run (or fsm.retrying) for it")
+        if self.settings is not None and self.settings.attempt_timeout_ms is not None:
+            raise TypeError("retry.attemptTimeoutMs needs an async call (a sync call cannot be "
+                            "stopped): use RetryRunner.run (or fsm.retrying)")
         sleep = self.sleep or time.sleep
+        kwargs = self._model_for_new_call(kwargs)
         call = _Call(self, fn, kwargs, sync=True)
         try:
             while True:
                 call.calls += 1
+                kwargs = call.kwargs
                 try:
                     result, exc = fn(*args, **kwargs), None
                 except Exception as failure:

@@ -39,13 +39,14 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from fsm.core import brain as B
 from fsm.core import events as E
-from fsm.core.brain import RetryBrain
+from fsm.core.brain import RetryBrain, seconds_text
 from fsm.core.messages import AssistantMessage, UserMessage
 from fsm.core.protocols import CredentialStore, Provider
 from fsm.core.settings import RetrySettings
 from fsm.core.text import StreamJoiner, clean_text, safe_error_text
 from fsm.host.clock import Clock, LoopClock
-from fsm.host.kernel import KEY_TIMEOUT_S, STORE_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
+from fsm.host.kernel import (COORDINATOR_TIMEOUT_S, KEY_TIMEOUT_S, STORE_TIMEOUT_S, HostKernel,
+                             ZoneResolver, default_zone)
 from fsm.host.kernel import describe_error as _describe
 from fsm.host.session_log import SessionLog
 
@@ -107,6 +108,19 @@ class AgentSession:
         self.compaction_hook = compaction_hook
         self.clock: Clock = clock or LoopClock()
         self.brain = RetryBrain(settings) if random is None else RetryBrain(settings, random=random)
+        # docs/policy.md §13: the settings as given (providers resolved per chain), the live
+        # set_auto_retry override, the primary model and the fallback in use
+        self._given_settings = self.brain.settings
+        self._live_enabled: bool | None = None
+        self._primary_model: str = getattr(provider, "model", "") or ""
+        self._model_in_use: str | None = None  # a fallback model's entry, None = the primary
+        self._fallback_until_ms: int | None = None  # the primary's fallback mark (local)
+        self._watch: list[Any] = []  # the attempt timeout's timer
+        self._stall_timer: Any = None  # the first-token or the idle timer
+        self._timed_out: str | None = None  # why the watchdog stopped the attempt
+        self._deadline_timer: Any = None
+        self._deadline_abort: str | None = None  # the chain's deadline stopped this attempt
+        self._mark_writes: set[asyncio.Task] = set()  # fallback marks being written
         self.messages: list[UserMessage | AssistantMessage] = []
         """The runtime context: what the next request sends (failed messages a retry replaces
         are dropped from it; the session log keeps them)."""
@@ -157,6 +171,7 @@ class AgentSession:
         Raises ``TypeError`` unless ``enabled`` is a bool."""
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be true or false, got {enabled!r}")
+        self._live_enabled = enabled  # overrides every settings source (docs/policy.md §13.4)
         self.brain.set_enabled(enabled)
 
     @property
@@ -190,6 +205,8 @@ class AgentSession:
         return {
             "sessionId": self.session_id,
             "model": getattr(self.provider, "model", ""),
+            "primaryModel": self._primary_model,
+            "fallbackModel": self._model_in_use,
             "isStreaming": self.is_streaming,
             "isRetrying": self.is_retrying,
             "retryAttempt": self.retry_attempt,
@@ -370,6 +387,9 @@ class AgentSession:
             if not new and (not self.messages or not isinstance(self.messages[-1], UserMessage)):
                 raise ContinueRejected("cannot continue: the runtime context does not end with "
                                        "a user message")
+            if not self.brain.is_retrying:
+                await self._read_fallback_mark()
+                self._settle_model_and_settings()
             self._emit(E.AgentStart())
             self._emit(E.TurnStart())
             run: list[dict[str, Any]] = []
@@ -379,31 +399,24 @@ class AgentSession:
                 self._emit(E.MessageEnd(user.to_json()))
                 run.append(user.to_json())
             message = await self._complete()
-            if not message.timestamp_ms:  # the host stamps the answer with its clock
-                message = dataclasses.replace(message, timestamp_ms=self._started or self._stamp())
-            if self._abort_turn and message.stop_reason != "aborted":
-                message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
-            kernel = self._kernel
-            now = kernel.now_ms()
-            cls = kernel.classify(message, self.context_window, now)  # reads the whole text
-            message = self._kept(message)
-            facts = await kernel.gather(cls, now_ms=now, output_streamed=self._streamed,
-                                        provider=self.provider.name, session_id=self.session_id)
-            if self._abort_turn and message.stop_reason != "aborted":
-                message = self._aborted()
-                cls = kernel.classify(message, self.context_window, facts.now_ms)
-                facts = kernel.local_facts(now_ms=facts.now_ms)
-            self._last_turn_aborted = message.stop_reason == "aborted"
-            self._add(message)
-            run.append(message.to_json())
-            # The decision: before any listener hears of the turn's end (§8.1, §8b.2).
-            actions = self.brain.turn_ended(message, self.context_window, classification=cls,
-                                            facts=facts)
+            if self._deadline_abort is not None:
+                # The chain already ended `deadline` (docs/policy.md §13.2): this attempt's end
+                # is not a fact for the brain; its end events follow the chain's end.
+                message = self._kept(AssistantMessage("error", text=message.text,
+                                                      error_message=self._deadline_abort,
+                                                      model=self.provider.model))
+                self._add(message)
+                run.append(message.to_json())
+                actions = [B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")]
+            else:
+                message, actions = await self._decide(message, run)
         finally:
             self._turn_running = False
             self._abort_turn = False
+            self._deadline_abort = None
             self._partial = None
             self._turn_done.set()
+            self._unwatch()
         compaction = self._perform(actions, message=message, run=run)
         if compaction is not None and self.compaction_hook is not None:
             try:
@@ -411,6 +424,37 @@ class AgentSession:
             except Exception as exc:
                 log.warning("compaction hook failed: %s", exc)
         return message
+
+    async def _decide(self, message: AssistantMessage,
+                      run: list[dict[str, Any]]) -> tuple[AssistantMessage, list[B.Action]]:
+        """Gather the facts through the kernel and hand the turn's end to the brain (§8.1,
+        §8b.2); the facts name the model the attempt used (docs/policy.md §13.3)."""
+        if not message.timestamp_ms:  # the host stamps the answer with its clock
+            message = dataclasses.replace(message, timestamp_ms=self._started or self._stamp())
+        if self._abort_turn and message.stop_reason != "aborted":
+            message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
+        kernel = self._kernel
+        now = kernel.now_ms()
+        cls = kernel.classify(message, self.context_window, now)  # reads the whole text
+        message = self._kept(message)
+        facts = await kernel.gather(cls, now_ms=now, output_streamed=self._streamed,
+                                    provider=self.provider.name, session_id=self.session_id)
+        if self._deadline_abort is not None:  # the deadline passed while the facts came in
+            self._add(message)
+            run.append(message.to_json())
+            return message, [B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")]
+        if self._abort_turn and message.stop_reason != "aborted":
+            message = self._aborted()
+            cls = kernel.classify(message, self.context_window, facts.now_ms)
+            facts = kernel.local_facts(now_ms=facts.now_ms)
+        facts = dataclasses.replace(facts, model=self._model_in_use or self._primary_model or None)
+        self._last_turn_aborted = message.stop_reason == "aborted"
+        self._add(message)
+        run.append(message.to_json())
+        # The decision: before any listener hears of the turn's end (§8.1, §8b.2).
+        actions = self.brain.turn_ended(message, self.context_window, classification=cls,
+                                        facts=facts)
+        return message, actions
 
     async def _complete(self) -> AssistantMessage:
         self._streamed = False
@@ -437,8 +481,12 @@ class AgentSession:
         self._started = self._partial["timestamp"]
         self._emit(E.MessageStart(dict(self._partial)))
         context = [m.to_openai() for m in self.messages]
+        if self._deadline_abort is not None:
+            return AssistantMessage("error", error_message=self._deadline_abort,
+                                    model=self.provider.model)
         self._stream_task = task = asyncio.ensure_future(
             self.provider.complete(context, on_text=self._on_text, api_key=api_key))
+        self._arm_watch()
         try:
             message = await task
         except asyncio.CancelledError:
@@ -446,7 +494,12 @@ class AgentSession:
             if me is not None and me.cancelling():
                 task.cancel()
                 raise
-            message = self._aborted()
+            if self._timed_out is not None and not self._abort_turn:
+                # A stall or an attempt timeout is a failure, not an abort (docs/policy.md §13.1).
+                message = AssistantMessage("error", error_message=self._timed_out,
+                                           model=self.provider.model)
+            else:
+                message = self._aborted()
         except Exception as exc:  # a provider must not raise; if one does, it is a failed turn
             log.warning("provider raised %s", _describe(exc))
             message = AssistantMessage("error", error_message=_describe(exc), model=self.provider.model)
@@ -480,12 +533,151 @@ class AgentSession:
     def _on_text_clean(self, delta: str) -> None:
         p = self._partial
         self._streamed = True
+        self._on_data()
         if not p["content"]:
             p["content"].append({"type": "text", "text": ""})
             self._emit(E.MessageUpdate(self._partial_json(), {"type": "text_start", "contentIndex": 0}))
         p["content"][0]["text"] += delta
         self._emit(E.MessageUpdate(self._partial_json(),
                                    {"type": "text_delta", "contentIndex": 0, "delta": delta}))
+
+    # ------------------------------------------------------------------ §13: watchdog, fallback
+    def _settle_model_and_settings(self) -> None:
+        """At rest, before a new turn: the model (the primary again once its fallback mark
+        expired, docs/policy.md §13.3) and the settings resolved for it (most specific
+        ``providers`` entry, §13.4; the live ``set_auto_retry`` over everything). A chain keeps
+        what was resolved at its start."""
+        now = self._kernel.now_ms()
+        if self._model_in_use is not None and (self._fallback_until_ms is None or now is None
+                                               or now >= self._fallback_until_ms):
+            self._use_model(None)
+        given = self._given_settings
+        resolved = given.for_provider(getattr(self.provider, "name", None),
+                                      getattr(self.provider, "model", None))
+        if self._live_enabled is not None and resolved.enabled != self._live_enabled:
+            resolved = resolved.with_enabled(self._live_enabled)
+        if resolved is not self.brain.settings:
+            self.brain.update_settings(resolved)
+
+    def _shared_marks(self) -> Any:
+        """The configured coordinator when it keeps fallback marks (protocol v3), else None."""
+        coordinator = self._kernel.configured_coordinator
+        if coordinator is None or not hasattr(coordinator, "mark_fallback"):
+            return None
+        return coordinator
+
+    def _primary_key(self) -> Any:
+        from fsm.fleet import CoordKey, credential_id
+        return CoordKey(self.provider.name or "provider", self._primary_model or "model",
+                        credential_id(self._api_key or self._configured_key))
+
+    async def _read_fallback_mark(self) -> None:
+        """Before a new prompt: the primary's fallback mark another session wrote (docs/policy.md
+        §13.3, so the fleet reverts together); bounded like every coordinator read, and on a
+        late or failing answer the session keeps its own mark."""
+        models = self._given_settings.fallback_models
+        coordinator = self._shared_marks()
+        if not models or coordinator is None:
+            return
+        try:
+            left = await asyncio.wait_for(coordinator.fallback_left_ms(self._primary_key()),
+                                          COORDINATOR_TIMEOUT_S)
+        except Exception as exc:  # a late or broken coordinator: the local mark decides
+            log.warning("coordinator's fallback mark unknown: %s", _describe(exc))
+            return
+        now = self._kernel.now_ms()
+        if isinstance(left, int) and left > 0 and now is not None:
+            self._fallback_until_ms = max(self._fallback_until_ms or 0, now + left)
+            if self._model_in_use is None:
+                self._use_model(models[0])
+
+    def _write_fallback_mark(self, revert_ms: int) -> None:
+        coordinator = self._shared_marks()
+        if coordinator is None:
+            return
+
+        async def write() -> None:
+            try:
+                await asyncio.wait_for(coordinator.mark_fallback(self._primary_key(), revert_ms),
+                                       2.0)
+            except Exception as exc:  # a lost write only costs sharing
+                log.warning("coordinator's fallback mark not written: %s", _describe(exc))
+        task = asyncio.get_running_loop().create_task(write())
+        self._mark_writes.add(task)
+        task.add_done_callback(self._mark_writes.discard)
+
+    def update_settings(self, settings: RetrySettings) -> None:
+        """Replace the retry settings (taking effect at the next chain; the running one keeps
+        its own, docs/policy.md §13.4). Raises ``TypeError`` for anything but RetrySettings."""
+        if not isinstance(settings, RetrySettings):
+            raise TypeError(f"settings must be RetrySettings, got {type(settings).__name__}")
+        self._given_settings = settings
+        if not self.brain.is_retrying:
+            self._settle_model_and_settings()
+
+    def _use_model(self, entry: str | None) -> None:
+        """Send the next requests to fallback ``entry`` (``"model"`` or ``"provider/model"``;
+        the provider prefix is dropped when it names this provider), or the primary (None)."""
+        self._model_in_use = entry
+        model = self._primary_model
+        if entry is not None:
+            prefix, _, rest = entry.partition("/")
+            model = rest if rest and prefix == getattr(self.provider, "name", None) else entry
+        try:
+            self.provider.model = model
+        except AttributeError:  # a provider whose model cannot change: it keeps its own
+            log.warning("provider %r cannot switch models; fallback ignored", self.provider)
+
+    def _arm_watch(self) -> None:
+        """Start the attempt's timers: the attempt timeout and the first-token timer (or, with
+        only an idle timeout, the idle timer) (docs/policy.md §13.1, §13.2)."""
+        self._unwatch()
+        self._timed_out = None
+        s = self.brain.settings
+        if s.attempt_timeout_ms is not None:
+            self._watch.append(self.clock.call_later(
+                s.attempt_timeout_ms / 1000, self._stop_attempt,
+                f"attempt timed out after {seconds_text(s.attempt_timeout_ms)}"))
+        if s.first_token_timeout_ms is not None:
+            self._stall_timer = self.clock.call_later(
+                s.first_token_timeout_ms / 1000, self._stop_attempt,
+                f"stream stalled: no response within {seconds_text(s.first_token_timeout_ms)}")
+        elif s.idle_timeout_ms is not None:
+            self._on_data()
+
+    def _on_data(self) -> None:
+        """A content delta arrived: the first-token timer is done; the idle timer restarts."""
+        s = self.brain.settings
+        if not s.has_stall_watchdog or self._stream_task is None or self._timed_out is not None:
+            return
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        if s.idle_timeout_ms is not None:
+            self._stall_timer = self.clock.call_later(
+                s.idle_timeout_ms / 1000, self._stop_attempt,
+                f"stream stalled: no data for {seconds_text(s.idle_timeout_ms)}")
+
+    def _unwatch(self) -> None:
+        for timer in self._watch:
+            timer.cancel()
+        self._watch = []
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stop_attempt(self, why: str) -> None:
+        """The watchdog fired: the running attempt ends as a failure with ``why``."""
+        task = self._stream_task
+        if task is None or task.done() or self._timed_out is not None:
+            return
+        self._timed_out = why
+        self._unwatch()
+        task.cancel()
+
+    def _on_deadline(self, chain_id: int) -> None:
+        self._deadline_timer = None
+        self._perform(self.brain.deadline_passed(chain_id))
 
     # ------------------------------------------------------------------ the coordinator's key
     def _coord_key(self) -> Any:
@@ -579,7 +771,26 @@ class AgentSession:
                 self._turn_done.clear()
                 self._wake_driver(action)
             elif isinstance(action, B.PromptMayReturn):
+                if self._deadline_timer is not None:
+                    self._deadline_timer.cancel()
+                    self._deadline_timer = None
                 self._wake_driver(action)
+            elif isinstance(action, B.ArmDeadline):
+                if self._deadline_timer is not None:
+                    self._deadline_timer.cancel()
+                self._deadline_timer = self.clock.call_later(action.delay_ms / 1000,
+                                                             self._on_deadline, action.chain_id)
+            elif isinstance(action, B.AbortAttempt):
+                self._deadline_abort = action.error
+                task = self._stream_task
+                if task is not None and not task.done():
+                    task.cancel()
+            elif isinstance(action, B.SwitchModel):
+                if self._model_in_use is None:  # leaving the primary: its fallback mark
+                    now = self._kernel.now_ms()
+                    self._fallback_until_ms = None if now is None else now + action.revert_ms
+                    self._write_fallback_mark(action.revert_ms)
+                self._use_model(action.to_model)
             elif isinstance(action, B.CheckCompaction):
                 compaction.append(action)
 

@@ -82,6 +82,8 @@ class DeferredProvider:
             from fsm.core.messages import AssistantMessage
             return AssistantMessage("error", error_message=f"cannot load the model client: "
                                     f"{type(exc).__name__}: {exc}", model=self.model)
+        if getattr(provider, "model", self.model) != self.model:
+            provider.model = self.model  # a model fallback switched it (docs/policy.md §13.3)
         return await provider.complete(messages, on_text=on_text, api_key=api_key)
 
     async def aclose(self) -> None:
@@ -110,6 +112,11 @@ class ProviderGate:
     @property
     def model(self) -> str:
         return self.provider.model
+
+    @model.setter
+    def model(self, model: str) -> None:
+        """A model fallback switches the wrapped provider's model (docs/policy.md §13.3)."""
+        self.provider.model = model
 
     @property
     def api_key(self) -> str | None:

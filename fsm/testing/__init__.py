@@ -21,7 +21,8 @@ __all__ = ["FakeClock", "ScriptedProvider", "ok", "error", "hang", "Outcome"]
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """One scripted answer: ``stop_reason`` with ``text`` / ``error_message``; ``hang`` waits
-    (cancellable) until ``release`` is set or the call is cancelled; ``raises`` raises it."""
+    (cancellable) until ``release`` is set or the call is cancelled, after streaming ``text``
+    when given (a stream that goes silent); ``raises`` raises it."""
 
     stop_reason: str = "stop"
     text: str = ""
@@ -64,6 +65,7 @@ class ScriptedProvider:
         self.default = default or ok()
         self.requests: list[list[dict[str, Any]]] = []
         self.api_keys: list[str | None] = []
+        self.models: list[str] = []  # the model of every call (model fallback switches it)
         self.release = asyncio.Event()
         self._on_request = on_request
 
@@ -73,12 +75,15 @@ class ScriptedProvider:
         index = len(self.requests)
         self.requests.append([dict(m) for m in messages])
         self.api_keys.append(api_key)
+        self.models.append(self.model)
         if self._on_request is not None:
             self._on_request(index)
         outcome = self.script[index] if index < len(self.script) else self.default
         if outcome.raises is not None:
             raise outcome.raises
         if outcome.hang:
+            if outcome.text and on_text is not None:
+                on_text(outcome.text)
             await self.release.wait()
             return AssistantMessage("stop", text="released", model=self.model)
         if outcome.text and on_text is not None:

@@ -180,8 +180,11 @@ class ChatView:
         return [Line(text, "assistant") for text in done]
 
     def _on_message_start(self, event: dict[str, Any]) -> list[Line]:
-        if (event.get("message") or {}).get("role") == "assistant":
+        message = event.get("message") or {}
+        if message.get("role") == "assistant":
             self.stream_tail, self._streamed = "", False
+            if isinstance(message.get("model"), str) and message["model"]:
+                self.model = message["model"]  # the model in use (a fallback, or the primary again)
         return []
 
     def _on_message_end(self, event: dict[str, Any]) -> list[Line]:
@@ -234,6 +237,14 @@ class ChatView:
             out.append(Line("↑ partial answer discarded: the retry replaces it", "discarded"))
         self._failed_streamed = False
         return out
+
+    def _on_retry_fallback(self, event: dict[str, Any]) -> list[Line]:
+        """Model fallback (docs/policy.md §13.3): the status line names the model in use."""
+        to = str(event.get("to") or "")
+        if to:
+            self.model = to
+        why = str(event.get("reason") or "failures")
+        return [Line(f"Switching to {to or '?'} ({why} on {event.get('from') or '?'})", "info")]
 
     def _on_auto_retry_end(self, event: dict[str, Any]) -> list[Line]:
         self._end_backoff()

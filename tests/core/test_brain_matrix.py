@@ -3,7 +3,11 @@
 The expected outcomes below are written by hand from docs/policy.md §3 and §8b.1,
 independently of ``fsm.core.lifecycle``: for a retryable failure the first failing guard decides
 (``has_retries_left`` → exhausted, ``replay_safe`` → output_streamed, ``hint_within_wait`` →
-hint_too_long, ``within_deadline`` → deadline, ``budget_allows`` → budget). Each case builds a
+hint_too_long, ``within_deadline`` → deadline, ``budget_allows`` → budget), except two guards
+that pass into a row of their own: ``fallback_due`` (after ``replay_safe``: a switch to the next
+fallback model at once, docs/policy.md §13.3) and ``budget_waits`` (a refused budget waits in
+``backing_off``, §13.7). ``deadline_passed`` ends a chain ``deadline`` (aborting the attempt in
+flight); ``request_refused`` ends at rest with attempt 0 (§13.7). Each case builds a
 brain in a state with the public :meth:`RetryBrain.in_state`, makes one guard fail through
 real settings and facts, fires one fact and checks the next state and the actions.
 """
@@ -11,8 +15,9 @@ real settings and facts, fires one fact and checks the next state and the action
 import pytest
 
 from fsm.core import lifecycle as L
-from fsm.core.brain import (CancelBackoff, CheckCompaction, ContinueTurn, DropFailedMessage, Emit,
-                       EmitTurnEnd, PromptMayReturn, RetryBrain, StartBackoff, TurnFacts)
+from fsm.core.brain import (AbortAttempt, ArmDeadline, CancelBackoff, CheckCompaction, ContinueTurn,
+                            DropFailedMessage, Emit, EmitTurnEnd, PromptMayReturn, RetryBrain,
+                            StartBackoff, SwitchModel, TurnFacts)
 from fsm.core.classify import Classification
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import BudgetSettings, RetrySettings
@@ -22,11 +27,12 @@ REST = {"idle", "succeeded", "exhausted", "cancelled"}
 TURNS = {"turn_failed_retryable": ("error", "retryable"), "turn_failed_fatal": ("error", "fatal"),
          "turn_overflowed": ("error", "context_overflow"), "turn_succeeded": ("stop", "none"),
          "turn_aborted": ("aborted", "none")}
-OTHERS = ["backoff_elapsed", "stale_timer", "retry_cancelled", "continue_failed",
-          "retry_requested", "prompt_cancelled"]
-# For a retryable failure: which guard fails first (None: they all pass).
-FAILS = [None, "retry_enabled", "has_retries_left", "replay_safe", "hint_within_wait",
-         "within_deadline", "budget_allows"]
+OTHERS = ["backoff_elapsed", "stale_timer", "budget_recheck", "retry_cancelled", "continue_failed",
+          "retry_requested", "prompt_cancelled", "deadline_passed", "request_refused"]
+# For a retryable failure: which guard fails first (None: they all pass); "fallback_due" and
+# "budget_waits" are the guards that pass into their own row.
+FAILS = [None, "retry_enabled", "has_retries_left", "replay_safe", "fallback_due",
+         "hint_within_wait", "within_deadline", "budget_allows", "budget_waits"]
 REASON = {"has_retries_left": "exhausted", "replay_safe": "output_streamed",
           "hint_within_wait": "hint_too_long", "within_deadline": "deadline",
           "budget_allows": "budget"}
@@ -40,15 +46,25 @@ def expected(state, trigger, fails):
         if trigger == "turn_failed_retryable":
             if fails == "retry_enabled":
                 return "idle", TURN_END + [CheckCompaction, PromptMayReturn]
-            if fails is None:
-                return "backing_off", TURN_END + [("start", 1), DropFailedMessage, StartBackoff]
+            if fails in (None, "budget_waits"):
+                return "backing_off", TURN_END + [("start", 1), DropFailedMessage, StartBackoff,
+                                                  ArmDeadline]
+            if fails == "fallback_due":
+                return "backing_off", TURN_END + [("fallback",), SwitchModel, ("start", 1),
+                                                  DropFailedMessage, StartBackoff, ArmDeadline]
             return "exhausted", TURN_END + [("end", REASON[fails], 0), CheckCompaction, PromptMayReturn]
         if trigger in TURNS:
             return "idle", TURN_END + [CheckCompaction, PromptMayReturn]
+        if trigger == "request_refused":
+            return "exhausted", [("end", "hint_too_long", 0), PromptMayReturn]
         return state, []
     if state == "backing_off":
         if trigger == "backoff_elapsed":
             return "continuing", [ContinueTurn]
+        if trigger == "budget_recheck":
+            return "backing_off", [StartBackoff]
+        if trigger == "deadline_passed":
+            return "exhausted", [CancelBackoff, ("end", "deadline", 1), PromptMayReturn]
         if trigger == "retry_requested":
             return "continuing", [CancelBackoff, ContinueTurn]
         if trigger in ("retry_cancelled", "prompt_cancelled"):
@@ -59,8 +75,11 @@ def expected(state, trigger, fails):
         return "succeeded", [("turn_end", "message"), ("end", "succeeded", 1), ("turn_end", "agent"),
                              CheckCompaction, PromptMayReturn]
     if trigger == "turn_failed_retryable":
-        if fails is None:
+        if fails in (None, "budget_waits"):
             return "backing_off", TURN_END + [("start", 2), DropFailedMessage, StartBackoff]
+        if fails == "fallback_due":
+            return "backing_off", TURN_END + [("fallback",), SwitchModel, ("start", 2),
+                                              DropFailedMessage, StartBackoff]
         reason = "disabled" if fails == "retry_enabled" else REASON[fails]
         attempt = 3 if fails == "has_retries_left" else 1  # the chain is at its last attempt
         return "exhausted", TURN_END + [("end", reason, attempt), CheckCompaction, PromptMayReturn]
@@ -74,6 +93,8 @@ def expected(state, trigger, fails):
         return "exhausted", [("end", "continue_failed", 1), PromptMayReturn]
     if trigger == "prompt_cancelled":
         return "cancelled", [("end", "cancelled", 1), PromptMayReturn]
+    if trigger == "deadline_passed":
+        return "exhausted", [AbortAttempt, ("end", "deadline", 1), PromptMayReturn]
     return "continuing", []
 
 
@@ -97,6 +118,13 @@ def setup(state, fails):
             kw["max_elapsed_ms"] = 50
     if fails == "budget_allows":
         facts["budget_allows"] = False
+    if fails == "budget_waits":
+        facts["budget_allows"] = False
+        facts["budget_slot_ms"] = 500
+    if fails == "fallback_due":
+        kw["fallback_models"] = ("backup",)
+        kw["fallback_after"] = 1
+        hint = 20_000  # a fallback skips the hint check, as a credential switch does
     settings = RetrySettings(**kw)
     attempt = 3 if fails == "has_retries_left" else 1
     brain = RetryBrain.in_state(state, settings=settings, attempt=attempt, max_attempts=3,
@@ -108,10 +136,18 @@ def fire(brain, trigger, hint, facts):
     if trigger in TURNS:
         stop, kind = TURNS[trigger]
         msg = AssistantMessage(stop, error_message="boom" if stop != "stop" else None)
-        return brain.turn_ended(msg, classification=Classification(kind, "test.rule", retry_hint_ms=hint),
+        family = "overloaded" if kind == "retryable" else ""
+        return brain.turn_ended(msg, classification=Classification(kind, "test.rule", retry_hint_ms=hint,
+                                                                   family=family),
                                 facts=facts)
     if trigger == "backoff_elapsed":
         return brain.backoff_elapsed(brain.timer_id)
+    if trigger == "budget_recheck":
+        return brain.backoff_elapsed(brain.timer_id, TurnFacts(budget_allows=False, budget_slot_ms=300))
+    if trigger == "deadline_passed":
+        return brain.deadline_passed()
+    if trigger == "request_refused":
+        return brain.request_refused(120_000, now_ms=NOW)
     if trigger == "stale_timer":
         return brain.backoff_elapsed(brain.timer_id - 1)
     if trigger == "retry_cancelled":
@@ -130,6 +166,8 @@ def kinds(actions):
             e = a.event
             if e["type"] == "auto_retry_start":
                 out.append(("start", e["attempt"]))
+            elif e["type"] == "retry_fallback":
+                out.append(("fallback",))
             else:
                 out.append(("end", e["endReason"], e["attempt"]))
         elif isinstance(a, EmitTurnEnd):
@@ -159,7 +197,7 @@ def test_matrix_cell(state, trigger, fails):
 
 def test_the_matrix_walks_every_declared_cell_and_guard():
     assert set(STATES) == set(L.STATES)
-    triggers = {t for _, t, _ in CASES} - {"stale_timer"}
+    triggers = {t for _, t, _ in CASES} - {"stale_timer", "budget_recheck"}
     assert triggers == set(L.TRIGGERS)
     guards = {f for _, _, f in CASES if f} | {"timer_is_current"}
     assert guards == set(L.GUARDS)

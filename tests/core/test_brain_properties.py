@@ -4,15 +4,17 @@ docs/policy.md §3 after every step.
 A minimal host model carries out the actions (one timer slot and a runtime context) so the
 invariants about timers, prompts and dropped messages can be checked too. The facts include
 the v2 ones: retry hints (honoured or not), the chain deadline, the retry budget, streamed
-output, credential switches, retry now and a cancelled prompt.
+output, credential switches, retry now and a cancelled prompt; v3 adds the chain's deadline
+timer (``deadline_passed``, aborting an attempt in flight) and a first request refused at rest.
 """
 
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from fsm.core.brain import (CancelBackoff, CheckCompaction, ContinueTurn, CreditRetryBudget,
-                       DropFailedMessage, Emit, EmitTurnEnd, PromptMayReturn, RecordCooldown,
-                       RetryBrain, ReturnRetryToken, StartBackoff, TurnFacts)
+from fsm.core.brain import (AbortAttempt, ArmDeadline, CancelBackoff, CheckCompaction, ContinueTurn,
+                            CreditRetryBudget, DropFailedMessage, Emit, EmitTurnEnd,
+                            PromptMayReturn, RecordCooldown, RetryBrain, ReturnRetryToken,
+                            StartBackoff, TurnFacts)
 from fsm.core.classify import Classification
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import BudgetSettings, RetrySettings
@@ -46,6 +48,8 @@ class BrainMachine(RuleBasedStateMachine):
         self.releases = 0
         self.refused_at_rest = 0
         self.last_hint = None
+        self.deadline = None       # (chain id, due ms) of the armed deadline timer (host side)
+        self.aborted_attempts = 0
 
     # -------------------------------------------------------------- host
     def perform(self, actions):
@@ -68,6 +72,12 @@ class BrainMachine(RuleBasedStateMachine):
                 self.context.pop()
             elif isinstance(a, ContinueTurn):
                 self.continues += 1
+            elif isinstance(a, ArmDeadline):
+                assert self.deadline is None or self.deadline[0] != a.chain_id
+                self.deadline = (a.chain_id, self.now + a.delay_ms)
+            elif isinstance(a, AbortAttempt):
+                assert self.brain.state == "exhausted", "an attempt aborted outside a deadline end"
+                self.aborted_attempts += 1
             elif isinstance(a, PromptMayReturn):
                 self.releases += 1
                 assert a is actions[-1] or all(isinstance(b, (RecordCooldown, ReturnRetryToken))
@@ -89,7 +99,8 @@ class BrainMachine(RuleBasedStateMachine):
             assert 1 <= event["attempt"] <= event["maxAttempts"] == self.chain_max
         else:
             if self.open_chain is None:
-                # Only a refusal at rest (maxRetries = 0 or a policy guard) ends without a start.
+                # Only a refusal at rest ends without a start: maxRetries = 0, a policy guard,
+                # or a first request refused without sending (§13.7).
                 assert event["attempt"] == 0 and event["success"] is False
                 assert event["endReason"] in ("exhausted", "output_streamed", "hint_too_long",
                                               "deadline", "budget")
@@ -132,6 +143,32 @@ class BrainMachine(RuleBasedStateMachine):
         self.perform(self.brain.backoff_elapsed(timer_id))
         if stale:
             assert self.continues == before, "a stale timer continued the turn"
+
+    @rule(stale=st.booleans())
+    def deadline_fires(self, stale):
+        if self.deadline is None:
+            return
+        chain, due = self.deadline
+        self.deadline = None
+        was = self.brain.state
+        ends_before = sum(1 for e in self.events if e["type"] == "auto_retry_end")
+        self.now = max(self.now, due)
+        self.perform(self.brain.deadline_passed(chain - 1 if stale else chain))
+        ends = sum(1 for e in self.events if e["type"] == "auto_retry_end")
+        if stale or chain != self.brain.chain_id or was not in ("backing_off", "continuing"):
+            assert ends == ends_before and self.brain.state == was
+        else:
+            assert self.brain.state == "exhausted" and ends == ends_before + 1
+            assert self.events[-1]["endReason"] == "deadline"
+
+    @rule(wait=st.sampled_from([0, 5000, 10**8]), usage=st.booleans())
+    def request_refused(self, wait, usage):
+        was = self.brain.state
+        self.perform(self.brain.request_refused(wait, usage_limit=usage, now_ms=self.now))
+        if was in ("backing_off", "continuing"):
+            assert self.brain.state == was
+        else:
+            assert self.brain.state == "exhausted" and self.events[-1]["attempt"] == 0
 
     @rule()
     def abort_retry(self):

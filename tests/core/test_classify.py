@@ -503,6 +503,8 @@ RULE_EXAMPLES = {
     "retryable.stream_finish_error": "The provider ended the stream with finish_reason: error",
     "retryable.terminated": "TypeError: terminated",
     "retryable.timeout": "Request timed out.",
+    "retryable.stream_stalled": "stream stalled: no response within 30 s",
+    "retryable.attempt_timeout": "attempt timed out after 120 s",
     "retryable.retry_delay": "Please retry after 30 seconds",
     # the v2 families
     "overflow.request_above_limit": "Error code: 429 - Request too large for gpt-4o in organization "

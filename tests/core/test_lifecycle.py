@@ -37,12 +37,18 @@ def test_every_cell_is_a_transition_or_ignored_exactly_once():
 
 
 def test_refusals_follow_the_documented_guard_order():
-    """§8b.1: has_retries_left, replay_safe, hint_within_wait, within_deadline, budget_allows."""
+    """§8b.1, §3: has_retries_left, replay_safe, (fallback_due), hint_within_wait,
+    within_deadline, budget_allows; a due fallback passes into its own row first."""
     order = ["has_retries_left", "replay_safe", "hint_within_wait", "within_deadline", "budget_allows"]
     for source in ("at_rest", "continuing"):
         refusals = [d for d in L.ROWS if d.source == source and d.trigger == "turn_failed_retryable"
                     and d.dest == "exhausted" and "retry_enabled" in d.guards]
-        failing = [next(g[1:] for g in d.guards if g.startswith("!")) for d in refusals]
+        failing = [next(g[1:] for g in d.guards if g.startswith("!") and g != "!fallback_due")
+                   for d in refusals]
+        assert all("!fallback_due" in d.guards for d in refusals[2:])
+        switch = [d for d in L.ROWS if d.source == source and d.effect == "fall_back"]
+        assert [d.guards for d in switch] == [("retry_enabled", "has_retries_left", "replay_safe",
+                                               "fallback_due")]
         assert failing == order
         assert [d.effect for d in refusals] == ["end_exhausted", "end_output_streamed",
                                                 "end_hint_too_long", "end_deadline", "end_budget"]
@@ -66,7 +72,7 @@ BASE = L.TABLE
                          if not ln.startswith("at_rest     + turn_succeeded")), "no declared outcome"),
     (lambda t: t + "\nidle + turn_succeeded / settle_turn = exhausted", "overlap"),
     (lambda t: t + "\nidle + retry_requested / (ignored)", "ignored twice"),
-    (lambda t: "\n".join(ln for ln in t.splitlines() if "!budget_allows] / end_budget" not in ln
+    (lambda t: "\n".join(ln for ln in t.splitlines() if "!budget_waits] / end_budget" not in ln
                          or not ln.startswith("continuing")), "no row passes"),
 ])
 def test_validate_rejects_broken_declarations(edit, message):

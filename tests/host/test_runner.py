@@ -312,7 +312,7 @@ async def test_the_runners_transitions_are_recorded_with_the_brain_as_owner():
     assert [owner for owner, _ in seen] == ["RetryBrain"] * len(seen)
     taken = [row for _, row in seen if "->" in row]
     assert taken[-1] == "continuing--turn_succeeded->succeeded"
-    assert "backing_off--backoff_elapsed[timer_is_current]->continuing" in taken
+    assert "backing_off--backoff_elapsed[timer_is_current,budget_allows]->continuing" in taken
 
 
 class FakeCoordinator:

@@ -619,7 +619,7 @@ def test_audit_svg_of_a_full_trace_is_all_solid(full_trace, tmp_path):
     assert not any(dashed for dashed, _ in svg_edge_styles(out).values())
     assert not any(dashed for dashed, _ in svg_edge_styles(states).values())
     assert len({colour for _, colour in svg_edge_styles(out).values()}) <= 2  # covered, initial
-    assert re.search(r"backoff_elapsed \[timer_is_current\] \(\d+ taken, \d+ rejected\)",
+    assert re.search(r"backoff_elapsed \[timer_is_current ∧ budget_allows\] \(\d+ taken, \d+ rejected\)",
                      states.read_text(encoding="utf-8"))
 
 

@@ -285,10 +285,61 @@ def _in_cooldown(results: list[dict]) -> int:
     return count
 
 
-def measure(*, number: int = 2_000, warmup: int = 200, processes: int = 4, sessions: int = 250,
-            spread_s: float = 1.0) -> dict[str, float]:
-    """The figures of this group (see the module docstring)."""
+# -- the simulation (python -m fsm simulate) --------------------------------------------------
+
+SIM_POLICIES = ("ideal", "resilient", "seed", "seed_by_hand")
+
+
+def sim_figure_names(scenario: str) -> list[tuple[str, str, float | None]]:
+    """``(figure, metric, static limit or None)`` for ``scenario``'s figures: the resilient
+    profile's failure rate, amplification and waste (absolute targets), and its peak and mean
+    added latency as ratios to their limits from the ideal of the same run (targets 1)."""
+    from fsm.sim.targets import FAILURE_LIMITS
+
+    if scenario == "usage5h":
+        return [(f"sim_{scenario}_amplification", "amplification", 0.1)]
+    out: list[tuple[str, str, float | None]] = []
+    if scenario in FAILURE_LIMITS:
+        out.append((f"sim_{scenario}_failure_rate", "failure_rate", FAILURE_LIMITS[scenario]))
+    out += [(f"sim_{scenario}_amplification", "amplification", 1.10),
+            (f"sim_{scenario}_wasted_per_call", "wasted_per_call", 0.05),
+            (f"sim_{scenario}_peak_ratio_vs_ideal", "peak_load_x_capacity", None),
+            (f"sim_{scenario}_latency_ratio_vs_limit", "added_latency_mean_s", None)]
+    return out
+
+
+def measure_simulation(sessions: int = 10_000, seed: int = 1) -> dict[str, float]:
+    """The simulation's figures (deterministic: the same on a noisy machine): for every
+    scenario, the resilient profile's figures of :func:`sim_figure_names`;
+    ``sim_seed_mismatches``: scenarios where the brain with the default settings differs from
+    the hand-encoded 2/4/8 s baseline (target 0); ``sim_seconds``: CPU time of the runs."""
+    import time as _time
+
+    from fsm.sim import SCENARIOS, simulate
+
     out: dict[str, float] = {}
+    mismatches = 0
+    started = _time.process_time()
+    for scenario in SCENARIOS:
+        rows = {p: simulate(scenario, p, sessions=sessions, seed=seed).metrics for p in SIM_POLICIES}
+        mismatches += json.dumps(rows["seed"]) != json.dumps(rows["seed_by_hand"])
+        ideal, res = rows["ideal"], rows["resilient"]
+        for name, metric, _ in sim_figure_names(scenario):
+            if name.endswith("_peak_ratio_vs_ideal"):
+                out[name] = res[metric] / ideal[metric]
+            elif name.endswith("_latency_ratio_vs_limit"):
+                out[name] = res[metric] / (2 * ideal[metric] + 1)
+            else:
+                out[name] = res[metric]
+    out["sim_seed_mismatches"] = float(mismatches)
+    out["sim_seconds"] = _time.process_time() - started
+    return out
+
+
+def measure(*, number: int = 2_000, warmup: int = 200, processes: int = 4, sessions: int = 250,
+            spread_s: float = 1.0, sim_sessions: int = 10_000) -> dict[str, float]:
+    """The figures of this group (see the module docstring and :func:`measure_simulation`)."""
+    out: dict[str, float] = measure_simulation(sim_sessions)
     with RedisServer() as redis_server:
         try:  # the priority a Redis on its own host would have (the workers saturate the CPUs)
             os.setpriority(os.PRIO_PROCESS, redis_server.process.pid, -10)

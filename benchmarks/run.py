@@ -44,7 +44,8 @@ GROUPS: dict[str, dict] = {
     "hints": {"full": {}, "quick": {}, "timeout": 120},
     "rpc": {"full": {"starts": 15, "trials": 80, "eof_starts": 30},
             "quick": {"starts": 3, "trials": 5, "eof_starts": 5}, "timeout": 240},
-    "fleet": {"full": {}, "quick": {"number": 200, "warmup": 20, "sessions": 50}, "timeout": 300},
+    "fleet": {"full": {}, "quick": {"number": 200, "warmup": 20, "sessions": 50, "sim_sessions": 1_000},
+              "timeout": 1_200},
     "stores": {"full": {}, "quick": {"sessions": 20_000, "calls": 5, "marks": 50}, "timeout": 120},
     "runner": {"full": {}, "quick": {"number": 200, "repeat": 3, "warmup": 20}, "timeout": 180},
     "transport": {"full": {}, "quick": {"number": 30, "repeat": 3, "warmup": 5}, "timeout": 180},
@@ -74,10 +75,34 @@ TARGETS: dict[str, tuple[str, float, str]] = {
                                     "coordinator timeout"),
     "fleet_amplification": ("<=", 1.2, "4 processes x 250 sessions, full outage, budget on"),
     "fleet_requests_in_cooldown": ("<=", 0, ""),
+    "sim_seed_mismatches": ("<=", 0, "python -m fsm simulate: seed = the hand-encoded 2/4/8 s "
+                            "baseline in every scenario"),
     "store_after_prune_ratio": ("<=", 2, "JSON credential store: a call after 300k idle sessions "
                                 "were pruned ÷ a call on a fresh store"),
     "store_loop_lag_ms_locked": ("<=", 50, "200 marks waiting on a lock another process holds"),
 }
+
+
+
+def _simulation_targets() -> dict[str, tuple[str, float, str]]:
+    """The fleet simulation's targets (``python -m fsm simulate``, resilient profile, N =
+    10,000): absolutes, and ratios to the limits the ideal of the same run sets."""
+    from benchmarks.fleet import sim_figure_names
+    from fsm.sim import SCENARIOS
+
+    out: dict[str, tuple[str, float, str]] = {}
+    for scenario in SCENARIOS:
+        for name, metric, limit in sim_figure_names(scenario):
+            if limit is not None:
+                out[name] = ("<=", limit, "")
+            elif name.endswith("_peak_ratio_vs_ideal"):
+                out[name] = ("<=", 1.0, "peak load ÷ the ideal's peak, same run")
+            else:
+                out[name] = ("<=", 1.0, "mean added latency ÷ (2 × the ideal's + 1 s), same run")
+    return out
+
+
+TARGETS.update(_simulation_targets())
 
 # The order of the table: the brief's figures first, then the ones that explain them.
 ORDER = (
@@ -103,7 +128,7 @@ ORDER = (
     "coordinator_decision_us_p50", "coordinator_decision_us_p99", "coordinator_decision_us_max",
     "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",
     "fleet_amplification", "fleet_amplification_no_budget", "fleet_requests_in_cooldown",
-    "fleet_requests_in_cooldown_unshared",
+    "fleet_requests_in_cooldown_unshared", "sim_seed_mismatches", "sim_seconds",
     "store_call_ms_empty", "store_prune_ms", "store_call_ms_after_prune", "store_after_prune_ratio",
     "store_loop_lag_ms_locked",
     "runner_us", "tenacity_runner_us", "stamina_us", "runner_ratio_vs_tenacity",

@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("classify", "demo", "fault-server", "rpc", "chat", "diagrams", "audit")
+COMMANDS = ("classify", "demo", "fault-server", "rpc", "chat", "diagrams", "audit", "simulate")
 
 
 def _module(name: str):

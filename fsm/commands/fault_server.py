@@ -34,9 +34,16 @@ the full description is in the fsm.testing.fault_server module."""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
-    parser.add_argument("--script", required=True, metavar="FILE",
+    parser.add_argument("--script", metavar="FILE",
                         help="JSON list of entries, one per chat request (or '-' for stdin); "
-                             "a scenario file with the list under server.script also works")
+                             "a scenario file with the list under server.script also works "
+                             "(required unless --capacity is given)")
+    parser.add_argument("--capacity", type=float, metavar="N",
+                        help="capacity mode: serve at most N requests/s (a token bucket with one "
+                             "second of burst); the others are refused at once (see --over)")
+    parser.add_argument("--over", choices=("529", "429"), default="529",
+                        help="the answer over capacity: 529 overloaded (default), or 429 with "
+                             "retry-after")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1); an address other machines can "
                              "reach ('', 0.0.0.0, ::, a LAN address) needs --allow-remote")
@@ -67,8 +74,19 @@ def _load(path: str) -> object:
 def run(args: argparse.Namespace) -> int:
     from fsm.testing.fault_server import FaultServer, is_loopback, validate_script
 
+    capacity = None
+    if args.capacity is not None:
+        from fsm.testing.capacity import Capacity
+        try:
+            capacity = Capacity(args.capacity, answer=args.over)
+        except ValueError as exc:
+            print(f"fault-server: --capacity: {exc}", file=sys.stderr)
+            return 2
+    elif args.script is None:
+        print("fault-server: give --script FILE, or --capacity N for the capacity mode", file=sys.stderr)
+        return 2
     try:
-        script = validate_script(_load(args.script))
+        script = validate_script(_load(args.script) if args.script is not None else [])
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         print(f"fault-server: bad script {args.script}: {exc}", file=sys.stderr)
         return 2
@@ -94,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = FaultServer(script, host=args.host, port=args.port, model=args.model,
                              verbose=args.verbose, allow_remote=args.allow_remote,
-                             timeout_s=args.timeout)
+                             timeout_s=args.timeout, capacity=capacity)
     except OSError as exc:
         print(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2

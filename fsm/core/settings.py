@@ -428,13 +428,15 @@ class RetrySettings:
             retry = {}
         if not isinstance(retry, Mapping):
             raise SettingsError("", retry, "an object under \"retry\"")
-        unknown = sorted(str(k) for k in retry if k not in _KEYS)
+        unknown = sorted(str(k) for k in retry if k not in _KEYS and k != "profile")
         if unknown:
             shown = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:10])
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             warnings.warn(f"retry settings: ignoring unknown keys {shown}{more}",
                           UserWarning, stacklevel=2)
         fields = {_KEYS[k]: v for k, v in retry.items() if k in _KEYS}
+        if "profile" in retry:  # profile < top-level keys (docs/policy.md §1, "Profiles")
+            base = profile_settings(retry["profile"], base=base)
         return replace(base or cls(), **fields)
 
     @classmethod
@@ -549,3 +551,38 @@ class _FrozenEntry(dict):
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))
+
+
+# -- profiles (sim) ----------------------------------------------------------------------------
+
+__all__ += ["PROFILES", "profile_settings"]
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "seed": {},
+    "resilient": {
+        "retryHints": "honor",
+        "maxHintWaitMs": 60_000,
+        "jitter": "full",
+        "baseDelayMs": 1_000,
+        "maxDelayMs": 30_000,
+        "maxElapsedMs": 600_000,
+        "maxRetries": 100,
+        "afterOutput": "retry",
+    },
+}
+"""``retry.profile``: named sets of values under the keys the user sets (docs/policy.md §1,
+"Profiles"). ``"seed"`` (the default) is the reference behaviour; ``"resilient"`` bounds a chain
+by time rather than by count, honours hints with upward jitter and, with a fleet's coordinator,
+admits first requests and paces them (docs/fleet.md). The resilient profile's budget in wait
+mode, pacing and stall-watchdog keys join this table when those keys exist."""
+
+
+def profile_settings(name: Any, *, base: "RetrySettings | None" = None) -> "RetrySettings":
+    """The settings of profile ``name`` on top of ``base`` (the defaults when None).
+
+    Raises :class:`SettingsError` naming ``retry.profile`` for an unknown name.
+    """
+    if not isinstance(name, str) or name not in PROFILES:
+        raise SettingsError("profile", name, "one of " + ", ".join(f'"{p}"' for p in PROFILES))
+    fields = {_KEYS[k]: v for k, v in PROFILES[name].items()}
+    return replace(base or RetrySettings(), **fields)

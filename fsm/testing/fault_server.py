@@ -625,8 +625,10 @@ class FaultServer:
     def __init__(self, script: list[dict] | None = None, host: str = "127.0.0.1", port: int = 0,
                  *, model: str = "fault-model", verbose: bool = False, allow_remote: bool = False,
                  max_body_bytes: int = MAX_BODY_BYTES, max_log_bytes: int = MAX_LOG_BYTES,
-                 max_records: int = MAX_RECORDS, timeout_s: float = TIMEOUT_S) -> None:
+                 max_records: int = MAX_RECORDS, timeout_s: float = TIMEOUT_S,
+                 capacity: Any = None) -> None:
         self.script = validate_script(list(script or []))
+        self.capacity = capacity  # capacity mode (fsm.testing.capacity.Capacity): refuses first
         if not is_loopback(host) and not allow_remote:
             shown = repr(host) if host else "'' (every interface)"
             raise ValueError(f"host {shown} can be reached from other machines, and the fault "
@@ -704,6 +706,9 @@ class FaultServer:
                 self._chat_count += 1
                 if index < len(self.script):
                     rec["scripted"], entry = True, self.script[index]
+                refusal = self.capacity.admit() if self.capacity is not None else None
+                if refusal is not None:
+                    entry = refusal
             self._requests.append(rec)
             if body is not None:
                 self._kept.append(rec)

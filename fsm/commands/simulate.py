@@ -1,0 +1,151 @@
+"""``python -m fsm simulate``: the fleet near the clairvoyant limit, measured (docs/simulation.md).
+
+Runs the standard scenarios against the policies in a deterministic, virtual-time simulation
+(the real brain and coordinators; no wall clock is read) and prints one table per scenario::
+
+    python -m fsm simulate                                   # every scenario and policy, N = 1000
+    python -m fsm simulate --sessions 10000 --json out.json  # the figures as JSON
+    python -m fsm simulate --scenario brownout529 --policy seed --policy resilient
+    python -m fsm simulate --settings my-settings.json --svg build/sim
+
+``--json FILE`` writes ``{"scenarios": {SCENARIO: {POLICY: {"failure_rate", "amplification",
+"wasted_per_call", "added_latency_p50_s", "added_latency_p99_s", "added_latency_mean_s",
+"peak_load_x_capacity", "drain_s"}}}}`` (failure_rate as a fraction); two runs with the same
+arguments write the same bytes. ``--svg DIR`` draws each scenario's load over time against
+capacity (``DIR/SCENARIO.svg``). ``--settings FILE`` adds the policy ``settings``: the brain
+with that file's settings (one in-process coordinator per process). Exit status: 0, or 2 for
+bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HELP = "simulate a fleet against one provider's faults: failures, load and waiting per policy"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from fsm.sim import POLICIES, SCENARIOS
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n", 2)[2].replace("``", "").replace("::", ":")
+    parser.add_argument("--sessions", type=int, default=1000, metavar="N",
+                        help="the fleet's size N (capacity C = 0.1 × N requests/s; default 1000)")
+    parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), metavar="NAME",
+                        help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
+    parser.add_argument("--policy", action="append", metavar="NAME",
+                        help=f"run only this policy (repeatable): {', '.join(POLICIES)}, settings")
+    parser.add_argument("--settings", metavar="FILE",
+                        help='add the policy "settings": the brain with this settings file')
+    parser.add_argument("--seed", type=int, default=1, help="the random seed (default 1)")
+    parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
+    parser.add_argument("--svg", metavar="DIR", help="draw DIR/SCENARIO.svg: load over time vs capacity")
+    parser.add_argument("--jobs", type=int, default=1, metavar="J",
+                        help="run J simulations at once in worker processes (default 1); the "
+                             "figures do not depend on it")
+
+
+def _fmt(metric: str, value: float) -> str:
+    if metric == "failure_rate":
+        return f"{value * 100:.2f} %"
+    if metric in ("amplification", "peak_load_x_capacity"):
+        return f"{value:.3f}×"
+    if metric == "wasted_per_call":
+        return f"{value:.4f}"
+    return f"{value:.2f}"
+
+
+_HEAD = {"failure_rate": "failed", "amplification": "requests/call",
+         "wasted_per_call": "wasted/call", "added_latency_p50_s": "wait p50 s",
+         "added_latency_p99_s": "wait p99 s", "added_latency_mean_s": "wait mean s",
+         "peak_load_x_capacity": "peak ÷ C", "drain_s": "drain s"}
+
+
+def table(rows: dict[str, dict[str, float]]) -> str:
+    """One scenario's rows (policy -> metrics) as aligned text."""
+    from fsm.sim import METRICS
+
+    lines = [["policy"] + [_HEAD[m] for m in METRICS]]
+    for policy, m in rows.items():
+        lines.append([policy] + [_fmt(k, m[k]) for k in METRICS])
+    widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
+    out = []
+    for n, r in enumerate(lines):
+        out.append("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]))
+        if n == 0:
+            out.append("-" * len(out[0]))
+    return "\n".join(out)
+
+
+def _one(job: tuple) -> "object":
+    """One (scenario, policy) run; a module-level function so that worker processes can run it."""
+    from fsm.sim import simulate
+
+    name, policy, sessions, seed, settings = job
+    return simulate(name, policy, sessions=sessions, seed=seed, settings=settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fsm.core.settings import RetrySettings, SettingsError
+    from fsm.sim import POLICIES, SCENARIOS
+    from fsm.sim.svg import load_svg
+    from fsm.sim.targets import check
+
+    if args.sessions < 1 or args.sessions > 1_000_000:
+        print(f"fsm simulate: --sessions must be from 1 to 1000000, got {args.sessions}", file=sys.stderr)
+        return 2
+    settings = None
+    if args.settings is not None:
+        try:
+            settings = RetrySettings.load(args.settings)
+        except SettingsError as exc:
+            print(f"fsm simulate: {args.settings}: {exc}", file=sys.stderr)
+            return 2
+    known = list(POLICIES) + (["settings"] if settings is not None else [])
+    policies = args.policy or known
+    for p in policies:
+        if p not in known:
+            hint = " (give --settings FILE)" if p == "settings" else ""
+            print(f"fsm simulate: unknown policy {p!r}{hint}; expected one of {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
+    if "ideal" not in policies:  # the targets are measured against the ideal of the same run
+        policies = ["ideal", *policies]
+    if not 1 <= args.jobs <= 256:
+        print(f"fsm simulate: --jobs must be from 1 to 256, got {args.jobs}", file=sys.stderr)
+        return 2
+    scenarios = args.scenario or list(SCENARIOS)
+    jobs = [(name, p, args.sessions, args.seed, settings if p == "settings" else None)
+            for name in scenarios for p in policies]
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            done = list(pool.map(_one, jobs))
+    else:
+        done = [_one(job) for job in jobs]
+    by_key = {(r.scenario, r.policy): r for r in done}
+    report: dict[str, dict[str, dict[str, float]]] = {}
+    for name in scenarios:
+        results = [by_key[(name, p)] for p in policies]
+        rows = {r.policy: r.metrics for r in results}
+        report[name] = rows
+        print(f"\n{name} — {SCENARIOS[name].text} (N = {args.sessions}, C = "
+              f"{0.1 * args.sessions:g} requests/s)")
+        print(table(rows))
+        verdicts = check(name, rows)
+        if verdicts:
+            print("resilient vs targets: " + "; ".join(
+                f"{v.metric} {_fmt(v.metric, v.value)} ≤ {_fmt(v.metric, v.limit)} "
+                f"{'ok' if v.ok else 'MISSED'}" for v in verdicts))
+        if args.svg:
+            os.makedirs(args.svg, exist_ok=True)
+            with open(os.path.join(args.svg, f"{name}.svg"), "w", encoding="utf-8") as fh:
+                fh.write(load_svg(name, SCENARIOS[name].text, results))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"scenarios": report}, fh, indent=2, sort_keys=False)
+            fh.write("\n")
+    return 0

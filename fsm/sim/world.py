@@ -1,0 +1,231 @@
+"""The simulated world: one provider, its faults, and the traffic of N sessions (docs/simulation.md).
+
+Everything is in virtual milliseconds from the start of the run (``t``), integers; nothing here
+reads a clock. The provider:
+
+- has a **capacity** of C = 0.1 × N requests/s, a token bucket with one second of burst (C
+  tokens), written as the equivalent GCRA ("virtual scheduling": a request at ``t`` conforms
+  when ``t ≥ tat − τ``; ``tat`` then moves by ``T = 1000 / C`` ms; τ = 1000 − T);
+- serves an accepted request in 2 s (:data:`SERVICE_MS`) and answers a refused one after
+  0.2 s (:data:`REFUSAL_MS`);
+- answers with one of the :data:`ANSWERS` kinds below, each a real provider error shape (status,
+  error type, headers) that the real classifier reads.
+
+A scenario (:data:`SCENARIOS`) says how much the sessions ask for over time (the demand factor
+f: a session's think time between calls is ``(10 / f − 2) s × U(0.5, 1.5)``, so N sessions ask
+for f × C requests/s), how many calls each session makes, and what goes wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["SERVICE_MS", "REFUSAL_MS", "Scenario", "SCENARIOS", "Answer", "Provider",
+           "capacity_per_s", "unit_hash"]
+
+SERVICE_MS = 2_000
+"""Time from sending an accepted request to its (successful) answer, ms."""
+REFUSAL_MS = 200
+"""Time from sending a refused request to its error answer, ms."""
+TRANSIENT_RATE = 0.01
+"""Share of accepted requests that fail with a random 500 in ``transient500``."""
+
+
+def capacity_per_s(sessions: int) -> float:
+    """C = 0.1 × N requests per second."""
+    return 0.1 * sessions
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One standard fault profile.
+
+    - ``name``: the scenario's id (``brownout529``, ...).
+    - ``calls``: K, the calls each session makes one after another.
+    - ``demand``: ``((until_s, f), ...)``: the demand factor f up to ``until_s`` (the last
+      piece lasts for ever: its ``until_s`` is ``math.inf``).
+    - ``fault``: ``"brownout529"``, ``"brownout429"``, ``"outage"``, ``"windows"``,
+      ``"usage"``, ``"transient"``.
+    - ``fault_start_s`` / ``fault_end_s``: the outage's or the usage limit's span (s).
+    - ``recovery_s``: when the provider is whole again (drain is measured from it), or None.
+    - ``window_share``: for ``windows``, the requests a minute allows, as a share of C × 60.
+    - ``text``: one line for the table's title.
+    """
+
+    name: str
+    calls: int
+    demand: tuple[tuple[float, float], ...]
+    fault: str
+    text: str
+    fault_start_s: float = 0.0
+    fault_end_s: float = 0.0
+    recovery_s: float | None = None
+    window_share: float = 0.0
+
+    def factor(self, t_ms: int) -> float:
+        """The demand factor f at ``t_ms``."""
+        s = t_ms / 1000
+        for until, f in self.demand:
+            if s < until:
+                return f
+        return self.demand[-1][1]
+
+
+_INF = math.inf
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("brownout529", 20, ((60, 2.0), (_INF, 0.5)), "brownout529",
+             "brown-out: demand 2× C for 60 s, then 0.5× C; over capacity a 529 without a hint",
+             recovery_s=60),
+    Scenario("brownout429", 20, ((60, 2.0), (_INF, 0.5)), "brownout429",
+             "brown-out: demand 2× C for 60 s, then 0.5× C; over capacity a 429 with retry-after",
+             recovery_s=60),
+    Scenario("outage30s", 10, ((_INF, 0.5),), "outage",
+             "full outage of 30 s from t = 30 s (503), demand 0.5× C",
+             fault_start_s=30, fault_end_s=60, recovery_s=60),
+    Scenario("outage5min", 25, ((_INF, 0.5),), "outage",
+             "full outage of 5 min from t = 30 s (503), demand 0.5× C",
+             fault_start_s=30, fault_end_s=330, recovery_s=330),
+    Scenario("rpm_windows", 24, ((180, 1.0), (_INF, 0.5)), "windows",
+             "per-minute request windows of 0.67 × C × 60 with exact retry-after-ms; demand 1× C "
+             "for 180 s, then 0.5× C", recovery_s=180, window_share=0.67),
+    Scenario("usage5h", 5, ((_INF, 0.5),), "usage",
+             "the one credential's 5-hour usage limit is reached at t = 0 (429 usage_limit_reached "
+             "with retry-after)", fault_start_s=0, fault_end_s=5 * 3600, recovery_s=5 * 3600),
+    Scenario("transient500", 20, ((_INF, 0.5),), "transient",
+             "1 % of accepted requests fail with a random 500; demand 0.5× C"),
+)}
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the provider answers to one request.
+
+    ``kind``: ``"ok"`` or one of the error kinds of :data:`ANSWERS`; ``hint_ms``: the retry hint
+    the answer carries (``retry-after`` / ``retry-after-ms``), or None; ``wasted``: the provider
+    was certain to refuse this request when it was sent (outage, exhausted window or bucket,
+    usage limit) — a random 500 is not waste.
+    """
+
+    kind: str
+    hint_ms: int | None = None
+    wasted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+OK = Answer("ok")
+
+ANSWERS: dict[str, dict] = {
+    # kind: the failed response as a host sees it (HTTP status, error type/code, headers); the
+    # headers' hint is a template: the real hint replaces it per answer.
+    "overloaded": {"status": 529, "error_type": "overloaded_error",
+                   "error_message": '529 {"type":"error","error":{"type":"overloaded_error",'
+                                    '"message":"Overloaded"}}'},
+    "rate_limited": {"status": 429, "error_type": "rate_limit_error", "headers": {"retry-after": "1"},
+                     "error_message": '429 {"type":"error","error":{"type":"rate_limit_error",'
+                                      '"message":"Number of requests has exceeded your rate limit"}}'},
+    "window": {"status": 429, "error_code": "rate_limit_exceeded", "headers": {"retry-after-ms": "1000"},
+               "error_message": "429 Rate limit reached for requests per minute (RPM): "
+                                "Limit reached. Please try again later."},
+    "unavailable": {"status": 503, "error_message": "503 Service Unavailable"},
+    "usage_limit": {"status": 429, "error_type": "usage_limit_reached", "headers": {"retry-after": "1"},
+                    "error_message": '429 {"error":{"type":"usage_limit_reached","message":'
+                                     '"The usage limit has been reached"}}'},
+    "server_error": {"status": 500, "error_message": "500 Internal Server Error"},
+}
+"""The error answers of the world, as structured facts and text."""
+
+
+def unit_hash(*parts: int) -> float:
+    """A deterministic number in [0, 1) from integers (splitmix64 over ``parts``): the same
+    request of the same session in the same run gets the same draw under every policy."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+        x = x * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 29
+    return (x >> 11) / float(1 << 53)
+
+
+class Provider:
+    """The provider of one scenario with N sessions: decides each request's answer.
+
+    :meth:`request` is what a policy's request meets; :meth:`reserve` is the clairvoyant
+    ideal's view (the earliest instant a request would be accepted, booked at once). Both
+    take and return virtual ms. ``seed`` drives the random 500s through :func:`unit_hash`.
+    """
+
+    def __init__(self, scenario: Scenario, sessions: int, seed: int) -> None:
+        self.scenario = scenario
+        self.capacity = capacity_per_s(sessions)
+        self.interval = 1000.0 / self.capacity      # T, ms between tokens
+        self.tolerance = 1000.0 - self.interval     # τ: one second of burst
+        self.tat = 0.0                              # the bucket's theoretical arrival time
+        self.seed = seed
+        f = scenario.fault
+        self.outage = ((int(scenario.fault_start_s * 1000), int(scenario.fault_end_s * 1000))
+                       if f in ("outage", "usage") else None)
+        self.usage = f == "usage"
+        self.window_limit = (max(1, round(scenario.window_share * self.capacity * 60))
+                             if f == "windows" else 0)
+        self.window_counts: dict[int, int] = {}
+        self.transient = f == "transient"
+        self.over_capacity = "rate_limited" if f == "brownout429" else "overloaded"
+
+    # -- the real provider ----------------------------------------------------------------
+    def request(self, t: int, session: int, call: int, n: int) -> Answer:
+        """The answer to a request sent at ``t`` (the ``n``-th request, 0-based, of ``call`` of
+        ``session``); the caller hears it after :data:`SERVICE_MS` when ok, else
+        :data:`REFUSAL_MS`."""
+        if self.outage is not None and self.outage[0] <= t < self.outage[1]:
+            if self.usage:
+                return Answer("usage_limit", self.outage[1] - t, True)
+            return Answer("unavailable", None, True)
+        if self.window_limit:
+            w = t // 60_000
+            if self.window_counts.get(w, 0) >= self.window_limit:
+                return Answer("window", (w + 1) * 60_000 - t, True)
+        if t < self.tat - self.tolerance:
+            if self.over_capacity == "rate_limited":
+                wait = self.tat - self.tolerance - t
+                return Answer("rate_limited", max(1, math.ceil(wait / 1000)) * 1000, True)
+            return Answer("overloaded", None, True)
+        self.tat = max(self.tat, t) + self.interval
+        if self.window_limit:
+            w = t // 60_000
+            self.window_counts[w] = self.window_counts.get(w, 0) + 1
+        if self.transient and unit_hash(self.seed, session, call, n) < TRANSIENT_RATE:
+            return Answer("server_error", None, False)
+        return OK
+
+    # -- the clairvoyant view -------------------------------------------------------------
+    def reserve(self, t: int) -> int:
+        """The earliest instant at or after ``t`` when a request is accepted, booked now (a
+        request sent then must go through :meth:`accept_reserved`)."""
+        s = float(t)
+        if self.outage is not None and self.outage[0] <= s < self.outage[1]:
+            s = float(self.outage[1])
+        while True:
+            s = max(s, self.tat - self.tolerance)
+            if not self.window_limit:
+                break
+            w = int(s // 60_000)
+            if self.window_counts.get(w, 0) < self.window_limit:
+                self.window_counts[w] = self.window_counts.get(w, 0) + 1
+                break
+            s = float((w + 1) * 60_000)
+        self.tat = max(self.tat, s) + self.interval
+        return math.ceil(s)
+
+    def accept_reserved(self, session: int, call: int, n: int) -> Answer:
+        """The answer to a request the ideal booked with :meth:`reserve` (accepted; a random
+        500 may still strike)."""
+        if self.transient and unit_hash(self.seed, session, call, n) < TRANSIENT_RATE:
+            return Answer("server_error", None, False)
+        return OK

@@ -1,0 +1,224 @@
+"""The fleet simulation (``fsm.sim``, ``python -m fsm simulate``; docs/simulation.md).
+
+Small fleets only (N = 100-200): the figures at N = 10,000 belong to ``make bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from fsm.__main__ import main
+from fsm.core.settings import RetrySettings, SettingsError
+from fsm.sim import METRICS, POLICIES, SCENARIOS, simulate
+from fsm.sim.policies import (AnthropicPython, GeminiCli, OpenAIPython, SeedByHand, Stamina,
+                              TenacityCookbook)
+from fsm.sim.svg import load_svg
+from fsm.sim.targets import check
+from fsm.sim.world import Answer, Provider
+
+N = 100
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_seed_equals_the_hand_encoded_baseline(scenario):
+    """The brain with the default settings does exactly what 2/4/8 s and give up does: the
+    same figures, byte for byte, in the same run."""
+    brain = simulate(scenario, "seed", sessions=N)
+    hand = simulate(scenario, "seed_by_hand", sessions=N)
+    assert json.dumps(brain.metrics) == json.dumps(hand.metrics)
+    assert brain.sent_per_s == hand.sent_per_s
+
+
+def test_two_runs_write_the_same_json_bytes(tmp_path):
+    """``--json`` is reproducible byte for byte (also with worker processes), and has exactly
+    the documented shape."""
+    args = ["simulate", "--sessions", str(N), "--scenario", "brownout429",
+            "--scenario", "outage30s", "--policy", "seed", "--policy", "resilient"]
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(args + ["--json", str(first)]) == 0
+    assert main(args + ["--json", str(second)]) == 0
+    assert first.read_bytes() == second.read_bytes()
+    third = tmp_path / "c.json"
+    assert main(args + ["--json", str(third), "--jobs", "2"]) == 0
+    assert third.read_bytes() == first.read_bytes()
+    data = json.loads(first.read_text())
+    assert list(data) == ["scenarios"]
+    assert list(data["scenarios"]) == ["brownout429", "outage30s"]
+    for rows in data["scenarios"].values():
+        assert list(rows) == ["ideal", "seed", "resilient"]
+        for metrics in rows.values():
+            assert list(metrics) == list(METRICS)
+            assert 0 <= metrics["failure_rate"] <= 1
+
+
+def test_a_different_seed_gives_different_traffic():
+    """The seed drives the traffic: another seed, other figures (the test above can fail)."""
+    a = simulate("brownout529", "seed", sessions=N, seed=1)
+    b = simulate("brownout529", "seed", sessions=N, seed=2)
+    assert a.sent_per_s != b.sent_per_s
+
+
+def test_no_wall_clock_is_read(monkeypatch):
+    """The simulation runs on virtual time only: every wall and monotonic clock raises."""
+    def no_clock(*_a, **_k):
+        raise AssertionError("the simulation read a clock")
+    for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter"):
+        monkeypatch.setattr(time, name, no_clock)
+    simulate("rpm_windows", "resilient", sessions=N)
+    simulate("brownout529", "seed", sessions=N)
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "transient500"])
+def test_the_ideal_never_fails_and_sends_each_call_once(scenario):
+    """The clairvoyant ideal: no failure, one request per call, nothing wasted."""
+    m = simulate(scenario, "ideal", sessions=N).metrics
+    assert m["failure_rate"] == 0 and m["amplification"] == 1 and m["wasted_per_call"] == 0
+
+
+def test_the_ideal_resends_a_random_500_at_once():
+    """In transient500 the ideal sends about 1 % more requests than calls, and never fails."""
+    m = simulate("transient500", "ideal", sessions=200).metrics
+    assert m["failure_rate"] == 0
+    assert 1.0 < m["amplification"] < 1.03
+
+
+def test_the_seed_retries_into_a_known_usage_limit():
+    """usage5h: the seed sends 1 + 3 requests per call into the exhausted credential; the
+    resilient profile sends almost none (first requests refused at rest)."""
+    seed = simulate("usage5h", "seed", sessions=N).metrics
+    resilient = simulate("usage5h", "resilient", sessions=N).metrics
+    assert seed["amplification"] == 4 and seed["failure_rate"] == 1
+    assert resilient["amplification"] <= 0.1
+
+
+def test_resilient_meets_its_targets_in_a_brownout_at_small_scale():
+    """brownout529 with N = 200: the resilient profile fails nothing, sends at most 1.10
+    requests per call, and never sends more in a second than the ideal does."""
+    rows = {p: simulate("brownout529", p, sessions=200).metrics for p in ("ideal", "resilient", "seed")}
+    verdicts = check("brownout529", rows)
+    assert {v.metric for v in verdicts} >= {"failure_rate", "amplification", "peak_load_x_capacity"}
+    failed = [v for v in verdicts if not v.ok]
+    assert not failed, failed
+    assert not all(v.ok for v in check("brownout529", rows, policy="seed"))
+
+
+def test_the_provider_is_a_token_bucket_with_one_second_of_burst():
+    """C = 10/s for N = 100: 10 requests in one instant pass, the 11th is refused; one more
+    token comes back after 100 ms."""
+    p = Provider(SCENARIOS["transient500"], 100, seed=7)
+    answers = [p.request(1000, i, 0, 0) for i in range(11)]
+    assert sum(a.kind in ("ok", "server_error") for a in answers[:10]) == 10
+    assert answers[10].kind == "overloaded" and answers[10].wasted
+    assert p.request(1099, 0, 1, 0).kind == "overloaded"
+    assert p.request(1100, 0, 1, 0).kind in ("ok", "server_error")
+
+
+def test_the_windows_answer_with_the_exact_wait_until_the_reset():
+    """rpm_windows: over the minute's limit the answer's retry-after-ms is the time left."""
+    p = Provider(SCENARIOS["rpm_windows"], 100, seed=1)
+    limit = p.window_limit
+    for k in range(limit):
+        assert p.request(100 * k, 0, k, 0).ok
+    late = p.request(59_000, 0, 0, 1)
+    assert late.kind == "window" and late.hint_ms == 1_000
+
+
+def test_the_baselines_follow_their_sources():
+    """Spot checks of each encoded schedule against its source's arithmetic."""
+    rng = random.Random(3)
+    plain, hinted = Answer("overloaded"), Answer("rate_limited", 130_000)
+    assert [SeedByHand().delay_ms(n, plain, rng, 0, {}, {}) for n in (1, 2, 3, 4)] == [2000, 4000, 8000, None]
+    assert OpenAIPython().delay_ms(1, hinted, rng, 0, {}, {}) is None      # over 120 s: no retry
+    assert AnthropicPython().delay_ms(1, hinted, rng, 0, {}, {}) == 130_000
+    assert 375 <= OpenAIPython().delay_ms(1, plain, rng, 0, {}, {}) <= 500
+    assert OpenAIPython().delay_ms(3, plain, rng, 0, {}, {}) is None
+    assert TenacityCookbook().delay_ms(1, plain, rng, 0, {}, {}) == 1000
+    assert TenacityCookbook().delay_ms(6, plain, rng, 0, {}, {}) is None
+    assert Stamina().delay_ms(2, plain, rng, 45_000, {}, {}) is None
+    assert 200 <= Stamina().delay_ms(2, plain, rng, 0, {}, {}) <= 1200
+    state: dict = {}
+    first = GeminiCli().delay_ms(1, plain, rng, 0, state, {})
+    assert 3500 <= first <= 6500 and state["current"] == 10_000
+    assert GeminiCli().delay_ms(1, Answer("usage_limit", 301_000), rng, 0, {}, {}) is None
+
+
+def test_the_resilient_profile_is_a_settings_value():
+    """``retry.profile: "resilient"`` sets its values below the top-level keys; ``seed`` is
+    the default and changes nothing; an unknown profile is refused naming the key."""
+    r = RetrySettings.from_json({"retry": {"profile": "resilient", "maxRetries": 7}})
+    assert (r.max_retries, r.retry_hints, r.jitter, r.max_elapsed_ms) == (7, "honor", "full", 600_000)
+    assert RetrySettings.from_json({"retry": {"profile": "seed"}}) == RetrySettings()
+    with pytest.raises(SettingsError, match="retry.profile"):
+        RetrySettings.from_json({"retry": {"profile": "fast"}})
+
+
+def test_a_users_settings_file_is_a_policy(tmp_path, capsys):
+    """``--settings FILE`` adds the policy ``settings``; a bad file exits 2 naming the key."""
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps({"retry": {"maxRetries": 5, "retryHints": "honor"}}))
+    out = tmp_path / "o.json"
+    assert main(["simulate", "--sessions", "50", "--scenario", "outage30s", "--settings", str(good),
+                 "--policy", "settings", "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["scenarios"]["outage30s"]) == ["ideal", "settings"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"retry": {"maxRetries": -1}}))
+    assert main(["simulate", "--settings", str(bad)]) == 2
+    assert "retry.maxRetries" in capsys.readouterr().err
+    assert main(["simulate", "--policy", "nobody"]) == 2
+
+
+def test_the_picture_draws_every_policy_and_the_capacity():
+    """The SVG has one line per policy, a legend entry for each, and the capacity line."""
+    results = [simulate("outage30s", p, sessions=50) for p in ("ideal", "seed")]
+    svg = load_svg("outage30s", "an outage", results)
+    assert svg.startswith("<svg") and svg.count("<polyline") == 2
+    assert ">ideal</text>" in svg and ">seed</text>" in svg and "capacity C" in svg
+
+
+def test_every_policy_name_runs():
+    """Each named policy runs a tiny fleet through transient 500s: every call ends, almost
+    all of them well."""
+    for policy in POLICIES:
+        m = simulate("transient500", policy, sessions=20).metrics
+        assert m["failure_rate"] < 0.05 and m["amplification"] >= 1.0, (policy, m)
+
+
+def test_the_pacer_steps_in_at_the_first_throttle_and_keeps_a_floor():
+    """The resilient prototype's pacer: no pacing before a throttle; after one, slots are
+    spaced at the cut rate; an outage's repeated throttles bring it down to the floor, whose
+    slots run out beyond the booking horizon."""
+    from fsm.sim.resilient import Pacer, PacerSettings
+
+    pacer = Pacer(PacerSettings())
+    assert [pacer.slot(1000) for _ in range(3)] == [1000, 1000, 1000]
+    for k in range(100):
+        pacer.slot(1000 + k)
+    pacer.answered(1200, 1000, Answer("overloaded", None, True))
+    rate = pacer.rate
+    assert rate is not None and rate < 103 * 0.71
+    first, second = pacer.slot(1300), pacer.slot(1300)
+    assert second - first == pytest.approx(1000 / rate, abs=1)
+    t = 2500
+    for _ in range(40):
+        pacer.answered(t, t - 200, Answer("unavailable", None, True))
+        t += 1100
+    assert pacer.rate == PacerSettings().floor_rps
+    slots = [pacer.slot(t) for _ in range(5)]
+    assert slots[:3] == [slots[0], slots[0] + 1000, slots[0] + 2000] and slots[3] is None
+
+
+def test_the_wait_budget_lets_half_the_bucket_go_then_only_the_floor():
+    """gRPC's bucket in wait mode: of 100 tokens, 49 retries go (the count stays above half);
+    then only Linkerd's floor (10/s: one per 100 ms); successes give tokens back."""
+    from fsm.sim.resilient import WaitBudget, WaitBudgetSettings
+
+    budget = WaitBudget(WaitBudgetSettings(max_tokens=100, token_ratio=0.5, min_retries_per_second=10))
+    assert sum(budget.allow(0) for _ in range(60)) == 49 + 1      # 49 tokens, one floor slot
+    assert not budget.allow(50) and budget.allow(100)
+    budget.credit()
+    budget.credit()
+    assert budget.allow(101)

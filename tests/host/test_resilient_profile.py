@@ -163,3 +163,61 @@ async def test_a_retry_the_budget_cannot_afford_waits_for_its_floor_slot():
     assert "budget" in [s["delaySource"] for s in starts]
     assert len(starts) == 2  # the wait for the budget starts no new attempt
     assert of(events, "auto_retry_end")[-1]["success"] is True and len(provider.requests) == 3
+
+
+# ------------------------------------------------------------------ the runner
+
+async def test_the_runner_admits_a_first_call_through_the_coordinator():
+    """Resilient runner: a known cooldown delays the first call (request_delayed); beyond
+    maxHintWaitMs the call is refused without being made (RetryChainError, calls 0)."""
+    from fsm.fleet import CoordKey
+    from fsm.host.runner import RetryChainError, RetryRunner
+
+    clock = FakeClock()
+    coordinator = InProcessCoordinator(monotonic_ms=clock.time_ms)
+    key = CoordKey("p", "m")
+    events, calls = [], []
+    runner = RetryRunner(resilient(), clock=clock, coordinator=coordinator, key=key,
+                         on_event=events.append)
+
+    async def fn():
+        calls.append(clock.time_ms())
+        return "done"
+
+    await coordinator.learn_cooldown(key, 3_000)
+    task = asyncio.ensure_future(runner.run(fn))
+    await settle(clock, task)
+    assert task.result() == "done" and calls == [NOW + 3_000]
+    assert [dict(e) for e in events if e["type"] == "request_delayed"] == [
+        {"type": "request_delayed", "delayMs": 3_000, "retryAt": NOW + 3_000, "delaySource": "cooldown"}]
+
+    await coordinator.learn_cooldown(key, 120_000)
+    with pytest.raises(RetryChainError) as raised:
+        await runner.run(fn)
+    assert (raised.value.end_reason, raised.value.calls, raised.value.__cause__) == ("hint_too_long", 0, None)
+    assert len(calls) == 1
+    assert [e["attempt"] for e in events if e["type"] == "auto_retry_end"] == [0]
+
+
+async def test_the_runner_retry_waits_for_the_budget_floor_slot():
+    """Resilient runner, budget in wait mode: a refused retry waits for its slot, then goes."""
+    from fsm.host.runner import RetryRunner
+
+    clock = FakeClock()
+    settings = resilient(budget={"maxTokens": 1, "tokenRatio": 0.1, "mode": "wait",
+                                 "minRetriesPerSecond": 0.2})
+    events, answers = [], [RuntimeError("529 Overloaded"), RuntimeError("529 Overloaded"), "ok"]
+    runner = RetryRunner(settings, clock=clock, on_event=events.append,
+                         coordinator=InProcessCoordinator(monotonic_ms=clock.time_ms))
+
+    async def fn():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    task = asyncio.ensure_future(runner.run(fn))
+    await settle(clock, task)
+    assert task.result() == "ok"
+    sources = [e["delaySource"] for e in events if e["type"] == "auto_retry_start"]
+    assert len(sources) == 2 and "budget" in sources

@@ -241,8 +241,28 @@ class HostKernel:
         facts = TurnFacts(now_ms=now, output_streamed=output_streamed, credential_switched=switched,
                           credential_count=count, note=note, zone=self.zone)
         if self.uses_coordinator():
+            await self._record_throttle(cls, output_streamed)
             facts = await self._admission_facts(facts, now, floor_slot_due=False)
         return facts
+
+    async def _record_throttle(self, cls: Classification, output_streamed: bool) -> None:
+        """A retryable failure's capacity signal reaches the pacer *before* the retry's slot
+        is reserved (so the retry is paced by what its own failure taught), bounded by
+        :data:`COORDINATOR_TIMEOUT_S`; a late or failing write only costs sharing."""
+        pacing = self.brain.settings.pacing
+        if pacing is None or not pacing.enabled:
+            return
+        coordinator = self.coordinator()
+        if not _coord_v3(coordinator):
+            return
+        write = asyncio.ensure_future(_bounded_write(_coord_record(
+            coordinator, self.key(), success=False, throttled=not output_streamed, budget=None,
+            pacing=pacing)))
+        self._writes.add(write)
+        _IN_FLIGHT.add(write)
+        write.add_done_callback(self._writes.discard)
+        write.add_done_callback(_IN_FLIGHT.discard)
+        await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
 
     async def recheck_budget(self, *, now_ms: int | None = None) -> TurnFacts:
         """The facts for a retry that waited for the retry budget's floor slot (budget in
@@ -292,8 +312,8 @@ class HostKernel:
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled or not self.use_coordinator:
             return
-        if cls.kind == "aborted":
-            return
+        if cls.kind == "aborted" or (cls.kind == "retryable" and self.needs_world(cls)):
+            return  # a retryable failure is told in gather(), before the retry's slot
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             return

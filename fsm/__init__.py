@@ -12,33 +12,62 @@ _install_moved_paths()
 
 __version__ = "0.1.0"
 
-_BRAIN = ("RetryBrain", "TurnFacts", "Action", "EmitTurnEnd", "Emit", "DropFailedMessage",
-          "StartBackoff", "CancelBackoff", "ContinueTurn", "CheckCompaction", "RecordCooldown",
-          "ReturnRetryToken", "CreditRetryBudget", "PromptMayReturn")
-_EVENTS = ("Event", "AutoRetryStart", "AutoRetryEnd", "AgentStart", "TurnStart", "TurnEnd",
-           "MessageStart", "MessageUpdate", "MessageEnd", "AgentEnd", "QueueUpdate",
-           "ExtensionError", "CoordinatorUnavailable", "CoordinatorRestored", "CANCELLED_TEXT")
-
 _EXPORTS = {
-    **{name: "fsm.core.brain" for name in _BRAIN},
-    **{name: "fsm.core.events" for name in _EVENTS},
-    "Provider": "fsm.core.protocols",
-    "CredentialStore": "fsm.core.protocols",
-    "BudgetSettings": "fsm.core.settings",
+    # Run anyone's call under the brain (docs/embedding.md).
+    **{name: "fsm.host.runner" for name in ("retrying", "retrying_sync", "retry", "RetryRunner",
+                                            "RetryChainError", "ContextOverflowError")},
+    # Settings (docs/policy.md §1).
     "RetrySettings": "fsm.core.settings",
+    "BudgetSettings": "fsm.core.settings",
     "SettingsError": "fsm.core.settings",
-    "Classification": "fsm.core.classify",
-    "classify": "fsm.core.classify",
-    "classify_message": "fsm.core.classify",
+    # An agent session with a provider.
+    "AgentSession": "fsm.host.session",
+    "SessionBusyError": "fsm.host.session",
+    # A host of one's own: the brain, the kernel around it, what they read and say.
+    "RetryBrain": "fsm.core.brain",
+    "TurnFacts": "fsm.core.brain",
+    "HostKernel": "fsm.host.kernel",
     "AssistantMessage": "fsm.core.messages",
     "UserMessage": "fsm.core.messages",
     "Usage": "fsm.core.messages",
-    "AgentSession": "fsm.host.session",
-    "SessionBusyError": "fsm.host.session",
-    **{name: "fsm.host.runner" for name in ("retrying", "retrying_sync", "retry", "RetryRunner",
-                                       "RetryChainError", "ContextOverflowError")},
+    "Classification": "fsm.core.classify",
+    "classify_message": "fsm.core.classify",
+    "Provider": "fsm.core.protocols",
+    "CredentialStore": "fsm.core.protocols",
+    "Event": "fsm.core.events",
+    "AutoRetryStart": "fsm.core.events",
+    "AutoRetryEnd": "fsm.core.events",
+    "CANCELLED_TEXT": "fsm.core.events",
 }
+"""The top-level names: what a host needs (docs/architecture.md). Everything else lives in its
+documented module: the brain's actions in :mod:`fsm.core.brain`, every event in
+:mod:`fsm.core.events`, the classifier in :mod:`fsm.core.classify`."""
+
+_FORMER = {
+    **{name: "fsm.core.brain" for name in (
+        "Action", "EmitTurnEnd", "Emit", "DropFailedMessage", "StartBackoff", "CancelBackoff",
+        "ContinueTurn", "CheckCompaction", "RecordCooldown", "ReturnRetryToken",
+        "CreditRetryBudget", "PromptMayReturn")},
+    **{name: "fsm.core.events" for name in (
+        "AgentStart", "TurnStart", "TurnEnd", "MessageStart", "MessageUpdate", "MessageEnd",
+        "AgentEnd", "QueueUpdate", "ExtensionError", "CoordinatorUnavailable",
+        "CoordinatorRestored")},
+    "classify": "fsm.core.classify",
+}
+"""Names that were top-level before the surface was made small: still resolved, with a
+``DeprecationWarning`` naming the module to import them from."""
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports("fsm", _EXPORTS)
+_lazy_getattr, __dir__ = lazy_exports("fsm", _EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _FORMER.get(name)
+    if module is not None:
+        import importlib
+        import warnings
+        warnings.warn(f"fsm.{name} is no longer a top-level name: import it from {module}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), name)
+    return _lazy_getattr(name)

@@ -1,5 +1,5 @@
-"""The public names: ``fsm`` exports the brain's actions, the events and the host protocols, and
-every core module declares ``__all__`` naming only what it defines or re-exports on purpose."""
+"""The public names: ``fsm`` exports what a host needs (docs/architecture.md), and every core
+module declares ``__all__`` naming only what it defines or re-exports on purpose."""
 
 import importlib
 
@@ -15,10 +15,26 @@ def test_every_top_level_export_resolves(name):
     assert getattr(fsm, name) is not None
 
 
-def test_the_host_contract_is_exported():
-    for name in ("RetryBrain", "TurnFacts", "PromptMayReturn", "EmitTurnEnd", "AutoRetryStart",
-                 "AutoRetryEnd", "Provider", "CredentialStore", "CANCELLED_TEXT"):
+def test_the_top_level_is_what_a_host_needs():
+    """``fsm`` exports the runner, settings, session, brain, kernel and host protocols; the
+    brain's actions and the other events live in their modules."""
+    for name in ("retrying", "retry", "RetryRunner", "RetryChainError", "RetrySettings",
+                 "AgentSession", "RetryBrain", "TurnFacts", "HostKernel", "AssistantMessage",
+                 "AutoRetryStart", "AutoRetryEnd", "Provider", "CredentialStore", "CANCELLED_TEXT"):
         assert name in fsm.__all__, name
+    assert len(fsm.__all__) <= 30
+    brain = importlib.import_module("fsm.core.brain")
+    for name in ("PromptMayReturn", "EmitTurnEnd", "StartBackoff", "Action"):
+        assert name in brain.__all__ and name not in fsm.__all__, name
+
+
+def test_a_former_top_level_name_still_resolves_with_a_warning():
+    """Code written against the larger surface keeps working and is told where to import from."""
+    from fsm.core.brain import EmitTurnEnd
+    with pytest.warns(DeprecationWarning, match="fsm.core.brain"):
+        assert fsm.EmitTurnEnd is EmitTurnEnd
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        fsm.NoSuchName  # noqa: B018
 
 
 @pytest.mark.parametrize("module", CORE)

@@ -71,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
     status = _events(args) if args.events else 0
     if not args.traces:
         return status
+    from fsm.commands.common import check_input_file
+    try:
+        for path in args.traces:  # a FIFO or /dev/zero is refused at once
+            check_input_file(path, what="trace")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         report = audit.audit_files(args.traces)
     except (audit.TraceError, audit.AllForeignError) as exc:

@@ -75,7 +75,8 @@ async def _main(args: argparse.Namespace, settings, credentials, coordinator=Non
         await provider.aclose()
         return _fail(f"cannot open {exc.filename or 'a file'}: {exc.strerror or exc} "
                      "(see --session-dir, --no-session, --trace)")
-    where = args.base_url or os.environ.get("OPENAI_BASE_URL") or "OpenAI"
+    from fsm.core.redact import redact_url
+    where = redact_url(args.base_url or os.environ.get("OPENAI_BASE_URL") or "OpenAI")
     s = settings
     banner = (
         f"retry-fsm chat · {args.model} at {where}",

@@ -5,6 +5,7 @@ One message (``-`` reads it from standard input)::
     python -m fsm classify "Error: 429 {...rate_limit_error...} (retry-after: 30)"
     kind:        retryable
     rule:        retryable.status_429
+    family:      rate_limit
     usage limit: no
     retry hint:  30000 ms (30s)
 
@@ -19,9 +20,14 @@ Each input line is an object with ``message`` (a string, or null for an error wi
 decided before the text: ``status`` (HTTP status, an integer), ``errorType`` and
 ``errorCode`` (the provider's error type and code, strings) and ``headers`` (an object of
 response headers, e.g. ``{"retry-after": "20"}``). It is written back on one line with
-``kind``, ``rule``, ``usageLimit`` and ``retryHintMs`` added. Empty lines are skipped. A line that is not
+``kind``, ``rule``, ``family``, ``usageLimit`` and ``retryHintMs`` added. Empty lines are skipped. A line that is not
 valid UTF-8 or JSON, not an object, or has a field of the wrong type is reported on standard
 error with its line number, and the other lines are still processed; the exit status is then 1.
+
+Absolute retry hints ("resets 3pm (Europe/Berlin)", an HTTP date) are resolved against this
+machine's clock (or ``--now-ms``) and its zone database; a time printed without a zone is read
+in UTC, or in ``--zone``. This command is a shell: the classifier itself reads no clock and no
+zone (docs/classification.md "Clock and time zones").
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from datetime import tzinfo
 from typing import Any, BinaryIO
 
-HELP = "classify provider error messages: kind, deciding rule, usage limit, retry hint"
+HELP = "classify provider error messages: kind, deciding rule, family, usage limit, retry hint"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cache-read tokens of the failed message (usage.cacheRead)")
     parser.add_argument("--now-ms", type=float, default=None, metavar="EPOCH_MS",
                         help="the clock for absolute retry hints, in epoch ms (default: now)")
+    parser.add_argument("--zone", default=None, metavar="IANA_ZONE",
+                        help="the zone of reset times printed without one, e.g. Europe/Berlin "
+                             "(default: UTC)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of readable lines")
 
@@ -65,6 +76,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"fsm classify: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}",
                   file=sys.stderr)
             return 2
+    local = None
+    if args.zone is not None:
+        local = zoneinfo_zone(args.zone)
+        if local is None:
+            print(f"fsm classify: --zone: unknown time zone {args.zone!r}", file=sys.stderr)
+            return 2
+    args.zone_resolver = zone_resolver(local)
+    if args.now_ms is None:
+        import time
+
+        args.now_ms = time.time() * 1000
     if args.jsonl is not None:
         return _run_jsonl(args)
 
@@ -75,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if message == "-":
         message = sys.stdin.buffer.read().decode("utf-8", errors="replace").rstrip("\n")
     usage = Usage(input=args.input_tokens, cache_read=args.cache_read_tokens)
-    result = classify(args.stop_reason, message, usage, args.context_window, now_ms=args.now_ms)
+    result = classify(args.stop_reason, message, usage, args.context_window, now_ms=args.now_ms,
+                      zone=args.zone_resolver)
     if args.json:
         print(json.dumps(_fields(result)))
         return 0
@@ -83,13 +106,32 @@ def run(args: argparse.Namespace) -> int:
         f"{result.retry_hint_ms} ms ({_human(result.retry_hint_ms)})")
     print(f"kind:        {result.kind}")
     print(f"rule:        {result.rule}")
+    print(f"family:      {result.family}")
     print(f"usage limit: {'yes' if result.usage_limit else 'no'}")
     print(f"retry hint:  {hint}")
     return 0
 
 
+def zoneinfo_zone(name: str) -> tzinfo | None:
+    """The IANA zone named ``name`` in any case (``america/santiago``) from this machine's zone
+    database, or None when unknown or empty: the host kernel's resolver
+    (:func:`fsm.host.kernel.default_zone`)."""
+    from fsm.host.kernel import default_zone
+
+    return default_zone(name)
+
+
+def zone_resolver(local: tzinfo | None = None) -> Callable[[str], tzinfo | None]:
+    """A :data:`fsm.core.hints.ZoneResolver` for a shell: named zones from :func:`zoneinfo_zone`
+    (the kernel's resolver), and ``local`` (None: UTC) for times printed without a zone (the
+    name ``""``)."""
+    def resolve(name: str) -> tzinfo | None:
+        return local if name == "" else zoneinfo_zone(name)
+    return resolve
+
+
 def _fields(result: Any) -> dict[str, Any]:
-    return {"kind": result.kind, "rule": result.rule, "usageLimit": result.usage_limit,
+    return {"kind": result.kind, "rule": result.rule, "family": result.family, "usageLimit": result.usage_limit,
             "retryHintMs": result.retry_hint_ms}
 
 
@@ -106,7 +148,8 @@ def _human(ms: int) -> str:
 
 
 def _open(path: str) -> BinaryIO:
-    return sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    from fsm.commands.common import open_input
+    return sys.stdin.buffer if path == "-" else open_input(path, what="--jsonl")  # FIFO, /dev/zero refused
 
 
 def _run_jsonl(args: argparse.Namespace) -> int:
@@ -117,6 +160,9 @@ def _run_jsonl(args: argparse.Namespace) -> int:
         stream = _open(args.jsonl)
     except OSError as exc:
         print(f"fsm classify: cannot read {args.jsonl}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # not a regular file
+        print(f"fsm classify: {exc}", file=sys.stderr)
         return 1
     out = sys.stdout.buffer
     failed = 0
@@ -129,7 +175,7 @@ def _run_jsonl(args: argparse.Namespace) -> int:
                 obj = _parse_line(line)
                 usage = Usage.from_json(obj.get("usage"))
                 result = classify_facts(obj["stopReason"], obj["message"], usage, obj["contextWindow"],
-                                        now_ms=args.now_ms, **obj["facts"])
+                                        now_ms=args.now_ms, zone=args.zone_resolver, **obj["facts"])
             except ValueError as exc:
                 failed += 1
                 print(f"fsm classify: line {number}: {exc}", file=sys.stderr)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import stat
 import sys
 import uuid
 from dataclasses import dataclass
@@ -23,13 +25,76 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = [
-    "StartupError", "load_host_options",
+    "InputFileError", "MAX_INPUT_BYTES", "check_input_file", "open_input", "read_input",
+    "StartupError", "configure_logging", "load_host_options", "register_configured_secrets",
     "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_coordinator",
     "load_credentials", "load_settings", "open_session", "session_path",
 ]
 
 DEFAULT_SESSION_DIR = os.path.join(".fsm", "sessions")
 """Where session logs go by default, relative to the working folder (``--session-dir``)."""
+
+
+MAX_INPUT_BYTES = 64 << 20
+"""What a command reads of one input file at most (a script, a settings file's second look,
+an old declaration): 64 MiB. Streams read line by line (traces, ``classify --jsonl``) are
+bounded per line instead."""
+
+
+class InputFileError(ValueError):
+    """An input file a command refuses: not a regular file (a FIFO, a device, a folder, a
+    socket), or larger than the bound. ``str()`` names the file and the problem."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def open_input(path: str | os.PathLike, *, what: str = "input file") -> Any:
+    """``path`` opened for reading in binary mode, or :class:`InputFileError` at once when it
+    is not a regular file: the open never blocks (``O_NONBLOCK``: a FIFO without a writer
+    would wait forever) and ``/dev/zero`` is refused before a byte is read. ``OSError`` when
+    it cannot be opened (missing, no permission)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputFileError(f"{what} {os.fspath(path)} is {_kind(mode)}, not a file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def check_input_file(path: str | os.PathLike, *, what: str = "input file") -> None:
+    """:class:`InputFileError` when ``path`` exists and is not a regular file (checked
+    without blocking); a missing file is left to the reader's own message."""
+    try:
+        open_input(path, what=what).close()
+    except FileNotFoundError:
+        pass
+
+
+def read_input(path: str | os.PathLike, *, what: str = "input file",
+               limit_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit_bytes``
+    (:data:`MAX_INPUT_BYTES`): :class:`InputFileError` for a FIFO, a device, a folder or a
+    bigger file, ``OSError`` when it cannot be read. ``"-"`` reads standard input, bounded
+    the same way."""
+    if os.fspath(path) == "-":
+        data = sys.stdin.buffer.read(limit_bytes + 1)
+    else:
+        with open_input(path, what=what) as fh:
+            data = fh.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise InputFileError(f"{what} {os.fspath(path)} is larger than {limit_bytes} bytes")
+    return data
 
 
 def _clip(text: str, limit: int) -> str:
@@ -64,8 +129,7 @@ def load_settings(path: str | None, *, prog: str,
     for w in caught:
         warn(f"{prog}: settings {path}: {_clip(str(w.message), 300)}")
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = json.loads(read_input(path, what="settings file", limit_bytes=1 << 20))
         unused = sorted(k for k in data if k != "retry") if isinstance(data, dict) else []
     except (OSError, ValueError, RecursionError):
         unused = []
@@ -129,6 +193,34 @@ def load_coordinator(url: str | None):  # -> Coordinator | None
     return coordinator_from_url(url)
 
 
+def configure_logging(level: int | str, fmt: str, *, stream: Any = None) -> None:
+    """Send log records of ``level`` and above to ``stream`` (default stderr) in ``fmt``, as
+    ``logging.basicConfig`` does (a root logger that has handlers already keeps them), and put
+    every handler of the root logger behind the scrubbing layer
+    (:class:`fsm.core.redact.ScrubbingFilter`: registered secrets and key shapes become
+    ``[redacted]``, DEBUG's header dumps included, each record clipped to 64 KiB)."""
+    from fsm.core.redact import ScrubbingFilter
+    logging.basicConfig(stream=sys.stderr if stream is None else stream, level=level, format=fmt)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, ScrubbingFilter) for f in handler.filters):
+            handler.addFilter(ScrubbingFilter())
+
+
+def register_configured_secrets(args: argparse.Namespace,
+                                environ: Any = None) -> None:
+    """Add what a command was configured with to the process's secrets
+    (:data:`fsm.core.redact.SECRETS`), so that no output shows them: ``--api-key``, the
+    provider's key variables, the credentials inside ``--base-url`` / ``OPENAI_BASE_URL`` and
+    ``--redis`` (``user:password@``, ``?password=``, ``?key=``...)."""
+    from fsm.core.redact import register_secret, register_url
+    environ = os.environ if environ is None else environ
+    register_secret(getattr(args, "api_key", None), environ.get("OPENAI_API_KEY"),
+                    environ.get("ANTHROPIC_API_KEY"))
+    for url in (getattr(args, "base_url", None), environ.get("OPENAI_BASE_URL"),
+                environ.get("ANTHROPIC_BASE_URL"), getattr(args, "redis", None)):
+        register_url(url)
+
+
 class StartupError(ValueError):
     """A command-line option a host cannot start with; ``str()`` is the message to print."""
 
@@ -142,6 +234,7 @@ def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any,
     """
     from fsm.core.settings import SettingsError
     from fsm.core.text import ApiKeyError, check_configured_api_key
+    register_configured_secrets(args)
     try:  # a key that cannot go into a header would leak into every error text
         check_configured_api_key(args.api_key)
     except ApiKeyError as exc:
@@ -178,6 +271,26 @@ class SessionParts:
                 self.trace.close()
 
 
+def _check_output(path: Path, what: str) -> None:
+    """``OSError`` naming ``path`` when it exists and is not a regular file (a FIFO would
+    block the start, ``/dev/zero`` swallows a log, a folder cannot be one)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise OSError(f"{what} {path} is {_kind(mode)}, not a file")
+
+
+def _remove(made: list[Path]) -> None:
+    """Remove what a start that failed created: the file, then its new folders (when empty)."""
+    for p in reversed(made):
+        try:
+            p.rmdir() if p.is_dir() else p.unlink()
+        except OSError:
+            pass
+
+
 def open_session(provider: Any, *, settings: Any = None, context_window: int = 0,
                  session_id: str | None = None, log_path: str | Path | None = None,
                  trace_file: str | Path | None = None, credentials: Any = None,
@@ -187,7 +300,8 @@ def open_session(provider: Any, *, settings: Any = None, context_window: int = 0
     ``log_path`` may contain ``{id}`` (replaced by the session id, a new UUID hex when
     ``session_id`` is None); None writes no log. ``trace_file`` None writes no trace. The other
     keyword arguments go to the session. Raises ``OSError`` when the log or the trace cannot be
-    opened (nothing is left open then).
+    opened, or one of them exists and is not a regular file (nothing is left open then, and
+    the files and folders this call created are removed again).
     """
     from fsm.host.session import AgentSession
     from fsm.host.session_log import SessionLog
@@ -195,21 +309,33 @@ def open_session(provider: Any, *, settings: Any = None, context_window: int = 0
     session_id = session_id or uuid.uuid4().hex
     path = None
     session_log = None
+    made: list[Path] = []  # what this call created, removed again when it cannot start
     if log_path is not None:
         path = Path(str(log_path).replace("{id}", session_id))
+        _check_output(path, "session log")
+        made = [p for p in reversed(path.parents) if not p.exists()]
+        if not path.exists():
+            made.append(path)
         secrets = [k for k in (getattr(provider, "api_key", None), getattr(provider, "_api_key", None))
                    if isinstance(k, str) and k]
-        session_log = SessionLog(path, session_id, secrets=secrets)
-    session = AgentSession(provider, settings=settings, context_window=context_window,
-                           session_log=session_log, session_id=session_id,
-                           credentials=credentials, **session_kwargs)
-    trace = None
-    if trace_file is not None:
-        from fsm.review.audit import TraceWriter
         try:
-            trace = TraceWriter(trace_file, model=session.brain)
+            session_log = SessionLog(path, session_id, secrets=secrets)
         except OSError:
-            if session_log is not None:
-                session_log.close()
+            _remove(made)
             raise
+    trace = None
+    try:
+        if trace_file is not None:
+            _check_output(Path(trace_file), "trace file")
+        session = AgentSession(provider, settings=settings, context_window=context_window,
+                               session_log=session_log, session_id=session_id,
+                               credentials=credentials, **session_kwargs)
+        if trace_file is not None:
+            from fsm.review.audit import TraceWriter
+            trace = TraceWriter(trace_file, model=session.brain)
+    except BaseException:
+        if session_log is not None:
+            session_log.close()
+        _remove(made)
+        raise
     return SessionParts(session, path, trace)

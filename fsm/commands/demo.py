@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from fsm.commands.common import load_settings, open_session
+from fsm.commands.common import load_settings, open_session, read_input
 
 HELP = "run one prompt through scripted provider failures (529, 503) and explain each decision"
 
@@ -136,13 +136,22 @@ async def _main(args: argparse.Namespace) -> int:
         settings = load_settings(args.settings, prog="demo")
         script = DEMO_SCRIPT
         if args.script:
-            script = validate_script(json.loads(Path(args.script).read_text(encoding="utf-8")))
+            script = validate_script(json.loads(read_input(args.script, what="script")))
     except (SettingsError, ValueError, OSError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     trace_path = Path(args.trace) if args.trace else out / "trace.jsonl"
+    try:  # refused before anything is written: one line, no traceback, no file left
+        for path, what in ((trace_path, "--trace"), (out / "session.jsonl", "--out")):
+            if path.exists() and not path.is_file():
+                raise OSError(f"{what} {path} is not a file")
+        if out.exists() and not out.is_dir():
+            raise OSError(f"--out {out} is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"demo: cannot write into {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     log_path = out / "session.jsonl"
     _print("Part 1: the settings given (the defaults unless --settings names a file).")
 

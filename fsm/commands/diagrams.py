@@ -92,6 +92,11 @@ def _diff(args: argparse.Namespace) -> int:
     out = args.out or DIFF_OUT
     try:
         if args.diff is not None:
+            from fsm.commands.common import check_input_file
+            try:  # a FIFO or /dev/zero is refused at once
+                check_input_file(args.diff, what="--diff")
+            except ValueError as exc:
+                raise DD.DiffError(str(exc)) from None
             old, old_name = DD.load_file(args.diff), args.diff
         else:
             old, old_name = DD.load_ref(args.diff_ref), args.diff_ref

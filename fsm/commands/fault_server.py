@@ -60,11 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(path: str) -> object:
-    if path == "-":
-        data = json.load(sys.stdin)
-    else:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+    from fsm.commands.common import read_input
+    data = json.loads(read_input(path, what="script"))  # a FIFO or /dev/zero is refused at once
     # A scenario file ({"server": {"script": [...]}}) carries its script inside.
     if isinstance(data, dict) and isinstance(data.get("server"), dict) and "script" in data["server"]:
         return data["server"]["script"]

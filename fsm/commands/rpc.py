@@ -22,7 +22,8 @@ import argparse
 import os
 import sys
 
-from fsm.commands.common import DEFAULT_SESSION_DIR, StartupError, add_session_arguments, load_host_options, session_path
+from fsm.commands.common import (DEFAULT_SESSION_DIR, StartupError, add_session_arguments, configure_logging,
+                                 load_host_options, session_path)
 
 HELP = "serve an agent session with auto-retry over JSON lines on stdin/stdout (RPC mode)"
 
@@ -120,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         os.dup2(null, 1)
         os.close(null)
     try:
-        logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level),
-                            format="fsm rpc: %(levelname)s %(name)s: %(message)s")
+        configure_logging(getattr(logging, args.log_level),
+                          "fsm rpc: %(levelname)s %(name)s: %(message)s")
         if not args.model:
             return _error("--model must not be empty")
         if not (args.timeout > 0 and args.timeout < float("inf")):

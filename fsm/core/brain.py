@@ -283,7 +283,7 @@ class _Policy:
 
     __slots__ = ("owner", "state", "settings", "attempt", "chain_id", "max", "timer",
                  "fact_timer", "chain_start_ms", "actions", "message", "cls", "facts", "reason",
-                 "random", "plan", "source", "model", "fallback_count", "last_error",
+                 "random", "plan", "source", "recs", "model", "fallback_count", "last_error",
                  "waiting_for", "refusal")
 
     def __init__(self, owner: "RetryBrain", settings: RetrySettings,
@@ -310,6 +310,11 @@ class _Policy:
         self.last_error = ""  # the chain's last error text (for an end without a turn)
         self.waiting_for = "backoff"  # what the pending backoff waits for: backoff | budget
         self.refusal: tuple[int, bool, int | None] = (0, False, None)  # request_refused facts
+        self.recs: tuple[L.Recorder, ...] = ()  # this brain's own recorders
+
+    def recorders(self) -> tuple[L.Recorder, ...]:
+        """This brain's recorders (the engines add the context's)."""
+        return self.recs
 
     # ---------------------------------------------------------------- guards
     def retry_enabled(self) -> bool:
@@ -638,43 +643,54 @@ class _Policy:
 
 _MACHINE = L.build_machine(_Policy)
 _EVENTS = _MACHINE.events
+_context_recorders = L.context_recorders
 
 
 # ---------------------------------------------------------------------------- the lean path
 
-def _compile_dispatch() -> dict[tuple[str, str], tuple[tuple[tuple[tuple[str, bool], ...], str | None,
-                                                             str | None], ...]]:
+_Candidate = tuple[tuple[tuple[str, bool], ...], "str | None", "str | None", str,
+                   tuple[str, ...]]
+
+
+def _compile_dispatch() -> dict[tuple[str, str], tuple[_Candidate, ...]]:
     """The declaration as a dispatch table: (state, trigger) -> the cell's candidates in the
-    order ``transitions`` tries them, each ``(guards, effect, dest)``; ``guards`` is
-    ``((name, expected), ...)`` in ``transitions``' evaluation order (the row's conditions,
-    then its ``unless`` names), ``dest`` None for an ignored cell. Derived from
+    order written, each ``(guards, effect, dest, row_id, labels)``; ``guards`` is ``((name,
+    expected), ...)`` in the order the row writes them, ``labels`` the same guards as written
+    (``name`` / ``!name``, what a record shows), ``dest`` None for an ignored cell. Derived from
     :data:`fsm.core.lifecycle.TRANSITIONS` / :data:`~fsm.core.lifecycle.IGNORED` only."""
-    table: dict[tuple[str, str], list] = {}
+    table: dict[tuple[str, str], list[_Candidate]] = {}
     for row in L.TRANSITIONS:
-        guards = tuple((g, True) for g in row.conditions) + tuple((g, False) for g in row.unless)
-        table.setdefault((row.source, row.trigger), []).append((guards, row.effect, row.dest))
+        guards = tuple((g.lstrip("!"), not g.startswith("!")) for g in row.guards)
+        table.setdefault((row.source, row.trigger), []).append(
+            (guards, row.effect, row.dest, row.id, tuple(row.guards)))
     for ig in L.IGNORED:
-        table.setdefault((ig.source, ig.trigger), []).append(((), None, None))
+        table.setdefault((ig.source, ig.trigger), []).append(((), None, None, ig.id, ()))
     return {cell: tuple(candidates) for cell, candidates in table.items()}
 
 
 _DISPATCH = _compile_dispatch()
 
 
-def _fire_declared(p: _Policy, trigger: str) -> None:
-    """Run ``trigger`` on ``p`` through the ``transitions`` machine (what recorders see)."""
+def _fire_declared(p: _Policy, trigger: str, recorders: tuple[L.Recorder, ...] = ()) -> None:
+    """Run ``trigger`` on ``p`` through the ``transitions`` machine: the reference engine the
+    compiled one is tested against. It reports to the brain's and the context's recorders
+    itself (``recorders`` is taken for the same signature as :func:`_fire_compiled`)."""
     _EVENTS[trigger].trigger(p)
 
 
-def _fire_compiled(p: _Policy, trigger: str) -> None:
+def _fire_compiled(p: _Policy, trigger: str, recorders: tuple[L.Recorder, ...] = ()) -> None:
     """Run ``trigger`` on ``p`` through :data:`_DISPATCH`: the same candidates, guards (in the
-    same order, stopping at the first that fails), state change and effect as
-    :func:`_fire_declared`, at a fraction of the cost. Used only while no recorder is
-    installed, so an audit always sees the ``transitions`` engine itself."""
+    order written, stopping at the first that fails), state change and effect as
+    :func:`_fire_declared`, at a fraction of the cost. This is the engine that serves; with
+    ``recorders`` it reports each candidate tried to them, the same records as the
+    ``transitions`` engine reports (docs/policy.md §7)."""
     candidates = _DISPATCH.get((p.state, trigger))
     if candidates is None:  # unreachable for a validated declaration; as transitions says it
         raise MachineError(f"Can't trigger event {trigger} from state {p.state}!")
-    for guards, effect, dest in candidates:
+    if recorders:
+        _fire_recorded(p, trigger, candidates, recorders)
+        return
+    for guards, effect, dest, _, _ in candidates:
         for name, expected in guards:
             if getattr(p, name)() != expected:  # transitions' Condition.check compares so
                 break
@@ -683,6 +699,32 @@ def _fire_compiled(p: _Policy, trigger: str) -> None:
                 p.state = dest
                 getattr(p, effect)()
             return
+
+
+def _fire_recorded(p: _Policy, trigger: str, candidates: tuple[_Candidate, ...],
+                   recorders: tuple[L.Recorder, ...]) -> None:
+    source = p.state
+    owner = p.owner
+    for guards, effect, dest, row_id, labels in candidates:
+        outcomes: list[tuple[str, bool]] = []
+        passed = True
+        for (name, expected), label in zip(guards, labels):
+            passed = getattr(p, name)() == expected
+            outcomes.append((label, passed))
+            if not passed:
+                break
+        if not passed:
+            L.report(recorders, owner, L.TransitionRecord(row_id, source, trigger, dest,
+                                                          tuple(outcomes), "rejected", L.VERSION))
+            continue
+        if dest is not None:
+            p.state = dest
+            getattr(p, effect)()
+        L.report(recorders, owner, L.TransitionRecord(row_id, source, trigger, dest,
+                                                      tuple(outcomes),
+                                                      "taken" if dest is not None else "ignored",
+                                                      L.VERSION))
+        return
 
 
 # ---------------------------------------------------------------------------- the brain
@@ -785,6 +827,20 @@ class RetryBrain:
     def timer_id(self) -> int:
         """The id of the current (or last) backoff timer."""
         return self._p.timer
+
+    # ------------------------------------------------------------------ recording
+    def add_recorder(self, recorder: L.Recorder) -> None:
+        """Report every transition this brain tries to ``recorder(brain, record)`` (a
+        :class:`fsm.core.lifecycle.TransitionRecord`), besides the context's recorders
+        (:func:`fsm.core.lifecycle.recording`). Adding one twice adds it once."""
+        p = self._p
+        if recorder not in p.recs:
+            p.recs = p.recs + (recorder,)
+
+    def remove_recorder(self, recorder: L.Recorder) -> None:
+        """Stop reporting to ``recorder``; an unknown one is ignored."""
+        p = self._p
+        p.recs = tuple(r for r in p.recs if r is not recorder)
 
     # ------------------------------------------------------------------ settings
     def update_settings(self, settings: RetrySettings) -> None:
@@ -895,10 +951,7 @@ class RetryBrain:
         p.plan = None
         p.source = p.state
         try:
-            if L._RecordingTransition.recording:
-                _fire_declared(p, trigger)
-            else:
-                _fire_compiled(p, trigger)
+            _fire_compiled(p, trigger, p.recs + _context_recorders())
         finally:
             p.actions = []
             p.plan = None

@@ -1,8 +1,12 @@
 """Retry hints: how long a provider asks us to wait, parsed from an error message's text.
 
-Pure functions, no I/O. The wall clock is read only for absolute hints (an HTTP date, an epoch,
-"try again at Jul 5th, 2026 8:19 PM"), and it can be injected (``now_ms``) so tests and replays
-are deterministic.
+Pure functions: no I/O, no clock, no time zone database. An absolute hint (an HTTP date, an
+epoch, an RFC 3339 reset time, "try again at Jul 5th, 2026 8:19 PM", "resets 3pm") is resolved
+against the ``now_ms`` the host passes (epoch milliseconds from the host's own clock); without
+it an absolute hint is no hint. A time without a zone is read in UTC unless the host's zone
+resolver names one for it; a named zone ("resets 3pm (Europe/Berlin)") is resolved by the
+host's resolver (:data:`ZoneResolver`), and without one it is unknown (no hint rather than a
+wrong one). So the same message gives the same hint on any machine, under any ``TZ``.
 
 Formats understood (docs/policy.md §2 "Usage limits", plus what the corpus shows), best first when a
 message carries several:
@@ -23,11 +27,14 @@ message carries several:
    schedule in the progressive ("Retrying in 32 seconds… (attempt 7/10)", "Waiting for 10
    seconds", "Waiting 1000ms before pinging") is not the server's hint and is skipped
 9. absolute: "usage limit reached|1749924000" (Claude, epoch seconds), ``"resets_at": N``,
-   "reset at 3pm (America/Santiago)", "try again at Jul 5th, 2026 8:19 PM" (no zone: the local
-   zone, as the apps that print it use), "regain access on 2026-06-01 at 00:00 UTC"
+   "reset at 3pm (America/Santiago)", "try again at Jul 5th, 2026 8:19 PM" (no zone: UTC, or
+   the zone the host's resolver gives for ``""``), "regain access on 2026-06-01 at 00:00 UTC".
+   A time of day already past today is the next one; on a daylight-saving fall-back night the
+   earliest of the two readings still ahead is taken (a 10-minute reset stays 10 minutes)
 
 A value that is negative, not a plain ASCII decimal number (``1e3``, ``1e309``, Arabic-Indic or
-fullwidth digits), in the past, or longer than :data:`MAX_HINT_MS` (7 days) is ignored, and the
+fullwidth digits), in the past, or longer than :data:`MAX_HINT_MS` (400 days, docs/policy.md
+§13.6: a wait the server states in any unit up to 400 days is a real hint) is ignored, and the
 next candidate is tried (``docs/policy.md §2``: absurd values are ignored). Only the first 256 occurrences of each trigger word
 are looked at, so an adversarial message cannot make parsing slow.
 """
@@ -35,18 +42,25 @@ are looked at, so an adversarial message cannot make parsing slow.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from email.utils import parsedate_to_datetime
-from functools import lru_cache
+from collections.abc import Callable
 
-__all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "HeaderHint", "header_hint",
-           "should_retry_header", "normalize_text", "parse_hint_at", "parse_normalized_hint_ms", "parse_retry_hint_ms"]
+__all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "HeaderHint", "ZoneResolver", "header_hint",
+           "should_retry_header", "normalize_text", "padded_normal_form", "parse_hint_at", "parse_normalized_hint_ms", "parse_retry_hint_ms"]
 
-MAX_HINT_MS = 7 * 24 * 3600 * 1000
-"""Hints longer than this (7 days, in ms) are treated as absurd and ignored."""
+MAX_HINT_MS = 400 * 24 * 3600 * 1000
+"""Hints longer than this (400 days, in ms) are treated as absurd and ignored (docs/policy.md
+§13.6: a wait the server states in any unit up to 400 days is a real hint)."""
+
+ZoneResolver = Callable[[str], "tzinfo | None"]
+"""The host's time-zone resolver: ``zone(name) -> tzinfo | None``. ``name`` is an IANA zone
+name as the message writes it, lower-cased (``"america/santiago"``; resolve it in any case), or
+``""`` for a time printed without a zone (return the zone such times are in, or None for UTC).
+None: unknown. The core has none of its own: without one, named zones are unknown and zone-less
+times are UTC."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,15 +84,16 @@ def normalize_text(text: str) -> str:
     error); every run of whitespace (newlines included: terminals wrap error texts) collapsed
     to one space; leading and trailing space stripped. Linear in the length of ``text``.
     """
-    return _normalize(text)[1:]
+    return padded_normal_form(text)[1:]
 
 
 # ASCII whitespace other than the space itself (str.split()'s set), mapped to spaces.
 _ASCII_WS = str.maketrans({c: " " for c in "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"})
 
 
-def _normalize(text: str) -> str:
-    """" " + :func:`normalize_text` (the classifier scans it with a leading space)."""
+def padded_normal_form(text: str) -> str:
+    """" " + :func:`normalize_text`: the classifier scans the normal form with a leading space, so
+    that its first word starts after a non-word character too."""
     t = text.lower()
     if "\\" in t:
         t = t.replace("\\n", " ").replace("\\r", " ").replace("\\t", " ")
@@ -110,8 +125,8 @@ def _normalize(text: str) -> str:
 _NUM = r"(\d{1,15}(?:\.\d{1,9})?)(?![\de]|\.\d)"
 _SEP = r"\\{0,3}[\"']?\s?[:=]\s?\\{0,3}[\"']?"  # `: `, `=`, `": "` and `\": \"` (escaped JSON)
 _UNIT = (r"(?:milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h"
-         r"|days?|d|weeks?|w)(?![a-z])")
-_DURATION = (rf"\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}"
+         r"|days?|d|weeks?|w|months?|mos?|years?|yrs?)(?![a-z])")
+_DURATION = (rf"(?:\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}|(?:an?|one) (?:hour|minute|second|day|week|month)(?![a-z]))"
              rf"(?:(?:,? and |, | )?\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}){{0,5}}")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?) ?([a-z]+)", re.ASCII)
 _UNIT_MS = {
@@ -121,7 +136,39 @@ _UNIT_MS = {
     "h": 3_600_000, "hr": 3_600_000, "hrs": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
     "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
     "w": 604_800_000, "week": 604_800_000, "weeks": 604_800_000,
+    "mo": 2_592_000_000, "mos": 2_592_000_000, "month": 2_592_000_000, "months": 2_592_000_000,
+    "y": 31_536_000_000, "yr": 31_536_000_000, "yrs": 31_536_000_000, "year": 31_536_000_000,
+    "years": 31_536_000_000,
 }
+# Durations in the providers' other languages (docs/policy.md §13.6): Spanish, French, German,
+# Portuguese words, and the Chinese, Japanese and Korean units that follow a number.
+_I18N_UNIT_MS = {
+    "segundo": 1000, "segundos": 1000, "seg": 1000, "seconde": 1000, "secondes": 1000,
+    "sekunde": 1000, "sekunden": 1000, "sek": 1000,
+    "minuto": 60_000, "minutos": 60_000, "minute": 60_000, "minutes": 60_000, "minuten": 60_000,
+    "min": 60_000,
+    "hora": 3_600_000, "horas": 3_600_000, "heure": 3_600_000, "heures": 3_600_000,
+    "stunde": 3_600_000, "stunden": 3_600_000, "std": 3_600_000,
+    "día": 86_400_000, "días": 86_400_000, "dia": 86_400_000, "dias": 86_400_000,
+    "jour": 86_400_000, "jours": 86_400_000, "tag": 86_400_000, "tage": 86_400_000,
+    "tagen": 86_400_000,
+    "semana": 604_800_000, "semanas": 604_800_000, "semaine": 604_800_000, "semaines": 604_800_000,
+    "woche": 604_800_000, "wochen": 604_800_000,
+    "秒": 1000, "秒钟": 1000, "秒鐘": 1000, "초": 1000,
+    "分": 60_000, "分钟": 60_000, "分鐘": 60_000, "분": 60_000,
+    "小时": 3_600_000, "小時": 3_600_000, "个小时": 3_600_000, "個小時": 3_600_000,
+    "時間": 3_600_000, "시간": 3_600_000,
+    "天": 86_400_000, "日": 86_400_000, "일": 86_400_000,
+}
+_I18N_WORD_UNIT = (r"(?:segundos?|seg|secondes?|sekunden?|sek|minutos?|minutes?|minuten?|min|horas?"
+                   r"|heures?|stunden?|std|d[íi]as?|jours?|tagen?|tag|semanas?|semaines?|wochen?)(?![a-zà-ÿ])")
+_I18N_DURATION = (rf"\d{{1,9}}(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}"
+                  rf"(?:(?:,? (?:y|et|und|e) |, | )\d{{1,9}}(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}){{0,3}}")
+_I18N_DURATION_PART = re.compile(r"(\d+(?:[.,]\d+)?) ?([a-zà-ÿ]+|[^\x00-\x7f]{1,3})")
+# Chinese, Japanese, Korean: "30秒后重试", "5分钟后再试", "30秒後に再試行", "30초 후에 다시 시도":
+# a number and a unit, followed by "after".
+_CJK_UNIT = r"(?:秒钟|秒鐘|秒|分钟|分鐘|分|个小时|個小時|小时|小時|時間|天|日|초|분|시간|일)"
+_CJK_RE = re.compile(rf"((?:\d{{1,9}}(?:\.\d{{1,3}})? ?{_CJK_UNIT} ?){{1,4}})(?:之后|以后|以後|后|後|후|뒤)")
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _HTTP_DATE = (r"((?:mon|tue|wed|thu|fri|sat|sun)[a-z]{0,6}, \d{1,2}[ -][a-z]{3}[ -]\d{2,4}"
               r" \d{2}:\d{2}:\d{2} (?:gmt|utc|[+-]\d{4}))")
@@ -154,19 +201,27 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("ratelimit_reset", rf"ratelimit-reset(?:-[a-z-]{{1,30}})?{_SEP}(?:{_ISO}|({_DURATION})|{_NUM})"),
     ("ratelimit_reset_iso", rf"ratelimit-[a-z-]{{1,30}}-reset{_SEP}{_ISO}"),
     ("estimated_time", rf"estimated_time{_SEP}{_NUM}"),
-    ("phrase", rf"(?:retry|try again|wait|reset|resets"
+    ("phrase", rf"(?:retry|try again|wait|reset|resets|refresh(?:es|ed)?|renew(?:s|ed)?|come back"
                rf"|available again|available|等待)"
                rf"(?: in| after| for)?:? ?(?:about |approximately |approx\. |~)?({_DURATION})"),
     ("epoch_pipe", r"limit reached\|(\d{10,13})(?!\d)"),
     ("resets_at", rf"resets?[-_]at{_SEP}(\d{{10,13}})(?![\d.])"),
-    ("absolute", rf"(?:try again|retry|resets?|available again|available|regain access)"
+    ("phrase_i18n", rf"(?:r[ée]essay|essayez|int[ée]nt[ae]|vuelv|reint[ée]nt|tente|tentar|aguarde|espere"
+                    rf"|versuch|warte|attendez|patientez)"
+                    rf"[^.;!?]{{0,40}}?(?:(?:en|dans|em|in|nach|após|apos|después de|despues de|tras"
+                    rf"|pendant|durante|por|für) )?({_I18N_DURATION})"),
+    ("absolute", rf"(?:try again|retry|resets?|refresh(?:es|ed)?|come back|available again|available"
+                 rf"|regain access)"
                  rf"(?: at| on| after)? {_ABS_START}"),
 )
 _PRIORITY = {name: i for i, (name, _) in enumerate(_KINDS)}
 _HINT_RE = re.compile("|".join(f"(?:{pattern})(?P<{name}>)" for name, pattern in _KINDS), re.ASCII)
 HINT_TRIGGERS: tuple[str, ...] = (
     "retry", "try again", "wait", "reset", "ratelimit", "estimated_time",
-    "available", "等待", "limit reached|", "regain access")
+    "available", "等待", "limit reached|", "regain access", "refresh", "renew", "come back",
+    "réessay", "reessay", "essayez", "inténta", "inténte", "intenta", "intente", "vuelv",
+    "reintént", "reintent", "tente", "tentar", "aguarde", "espere", "versuch", "warte",
+    "attendez", "patientez")
 """Every hint starts with one of these words (in the normal form); the classifier finds them
 during its own scan and passes their positions to :func:`parse_hint_at`."""
 _MAX_PER_TRIGGER = 256
@@ -187,21 +242,25 @@ _ABS_RE = re.compile(
 )
 
 
-def parse_retry_hint_ms(text: str, *, now_ms: float | None = None) -> int | None:
+def parse_retry_hint_ms(text: str, *, now_ms: float | None = None,
+                        zone: ZoneResolver | None = None) -> int | None:
     """The retry hint carried by an error message, in milliseconds, or ``None``.
 
     ``text`` is the provider's error text as-is (any case, any whitespace). ``now_ms`` is the
-    wall clock in epoch milliseconds, used only for absolute hints (HTTP dates, epochs, times of
-    day); default ``time.time() * 1000``. Relative hints are rounded to the nearest ms.
+    host's clock in epoch milliseconds, used only for absolute hints (HTTP dates, epochs, times
+    of day); None: absolute hints are not resolved (no hint). ``zone``: the host's
+    :data:`ZoneResolver` for named zones and zone-less times (None: named zones unknown,
+    zone-less times UTC). Relative hints are rounded to the nearest ms.
 
     Returns an ``int`` between 0 and :data:`MAX_HINT_MS` inclusive, or ``None`` when the text
     carries no usable hint (none at all, negative, NaN, in the past or absurdly long). Never
     raises for any ``str``. See the module docstring for the formats and their precedence.
     """
-    return parse_normalized_hint_ms(normalize_text(text), now_ms=now_ms)
+    return parse_normalized_hint_ms(normalize_text(text), now_ms=now_ms, zone=zone)
 
 
-def parse_normalized_hint_ms(t: str, *, now_ms: float | None = None) -> int | None:
+def parse_normalized_hint_ms(t: str, *, now_ms: float | None = None,
+                             zone: ZoneResolver | None = None) -> int | None:
     """:func:`parse_retry_hint_ms` for a text already in :func:`normalize_text` form.
 
     Only the first 256 occurrences of each trigger word (:data:`HINT_TRIGGERS`) are looked
@@ -217,10 +276,11 @@ def parse_normalized_hint_ms(t: str, *, now_ms: float | None = None) -> int | No
             if anywhere or i == 0 or _WORD_CHAR.match(t, i - 1) is None:
                 positions.append(i)
             i = t.find(trigger, i + 1)
-    return parse_hint_at(t, positions, now_ms=now_ms)
+    return parse_hint_at(t, positions, now_ms=now_ms, zone=zone)
 
 
-def parse_hint_at(t: str, positions: list[int], *, now_ms: float | None = None) -> int | None:
+def parse_hint_at(t: str, positions: list[int], *, now_ms: float | None = None,
+                  zone: ZoneResolver | None = None) -> int | None:
     """The best hint among those starting at ``positions`` (indexes of trigger words in the
     normal form ``t``), in ms, or ``None``. See :func:`parse_retry_hint_ms`."""
     candidates = []
@@ -229,22 +289,39 @@ def parse_hint_at(t: str, positions: list[int], *, now_ms: float | None = None) 
         if m is not None:
             kind = m.lastgroup
             candidates.append((_PRIORITY[kind], i, kind, m))  # type: ignore[index]
+    if not t.isascii():
+        for count, m in enumerate(_CJK_RE.finditer(t)):
+            if count >= _MAX_PER_TRIGGER:
+                break
+            candidates.append((_PRIORITY["phrase_i18n"], m.start(), "phrase_cjk", m))
     if not candidates:
         return None
     if len(candidates) > 1:
         candidates.sort(key=lambda c: (c[0], c[1]))
-    clock = [now_ms]
+    when = _When(now_ms, zone)
     for _, _, kind, m in candidates:
-        value = _value(kind, m, t, clock)
+        value = _value(kind, m, t, when)
         if value is not None:
             return value
     return None
 
 
-def _now(clock: list[float | None]) -> float:
-    if clock[0] is None:
-        clock[0] = time.time() * 1000
-    return clock[0]  # type: ignore[return-value]
+@dataclass(frozen=True, slots=True)
+class _When:
+    """The host's clock reading (epoch ms, or None: unknown) and zone resolver."""
+
+    now: float | None
+    zone: ZoneResolver | None
+
+    def resolve(self, name: str) -> tzinfo | None:
+        """The host's zone named ``name`` (``""``: the zone of zone-less times), or None."""
+        if self.zone is None:
+            return None
+        try:
+            found = self.zone(name)
+        except Exception:  # noqa: BLE001 - a host's resolver failing is an unknown zone
+            return None
+        return found if isinstance(found, tzinfo) else None
 
 
 def _round(ms: float) -> int | None:
@@ -255,18 +332,32 @@ def _round(ms: float) -> int | None:
 
 def _duration_ms(text: str) -> int | None:
     total = 0.0
+    if text[:1].isalpha():  # "an hour", "a minute", "one day"
+        text = "1 " + text.split(" ", 1)[1]
     for number, unit in _DURATION_PART.findall(text):
         total += float(number) * _UNIT_MS[unit]
     return _round(total)
 
 
-def _epoch_ms(value: float, clock: list[float | None]) -> int | None:
+def _i18n_duration_ms(text: str) -> int | None:
+    total = 0.0
+    for number, unit in _I18N_DURATION_PART.findall(text):
+        size = _I18N_UNIT_MS.get(unit)
+        if size is None:
+            return None
+        total += float(number.replace(",", ".")) * size
+    return _round(total)
+
+
+def _epoch_ms(value: float, when: _When) -> int | None:
     """Epoch seconds (10 digits) or milliseconds (13 digits) → ms from now."""
+    if when.now is None:
+        return None
     epoch_ms = value if value >= 1e12 else value * 1000
-    return _round(epoch_ms - _now(clock))
+    return _round(epoch_ms - when.now)
 
 
-def _value(kind: str, m: re.Match[str], t: str, clock: list[float | None]) -> int | None:
+def _value(kind: str, m: re.Match[str], t: str, when: _When) -> int | None:
     groups = [g for g in m.groups() if g is not None and g != ""]
     if kind == "ms_header":
         return _round(float(groups[0]))
@@ -274,7 +365,7 @@ def _value(kind: str, m: re.Match[str], t: str, clock: list[float | None]) -> in
         raw = groups[0]
         if raw[0].isdigit():
             return _round(float(raw) * 1000)
-        return _http_date_ms(raw, clock)
+        return _http_date_ms(raw, when)
     if kind == "retry_delay_json":
         number, unit = groups[0], groups[1]
         return _round(float(number) * (1 if unit == "ms" else 1000))
@@ -285,71 +376,52 @@ def _value(kind: str, m: re.Match[str], t: str, clock: list[float | None]) -> in
         return _round(float(groups[0]) * 1000)
     if kind == "ratelimit_reset_ms":
         value = float(groups[0])
-        return _epoch_ms(value, clock) if value >= 1e12 else _round(value)
+        return _epoch_ms(value, when) if value >= 1e12 else _round(value)
     if kind == "ratelimit_reset":
         raw = groups[0]
         if "-" in raw[1:5] or ":" in raw:
-            return _iso_ms(raw, clock)
+            return _iso_ms(raw, when)
         if not raw.replace(".", "", 1).isdigit():
             return _duration_ms(raw)
         value = float(raw)
-        return _epoch_ms(value, clock) if value >= 1e9 else _round(value * 1000)
+        return _epoch_ms(value, when) if value >= 1e9 else _round(value * 1000)
     if kind == "ratelimit_reset_iso":
-        return _iso_ms(groups[0], clock)
+        return _iso_ms(groups[0], when)
     if kind == "phrase":
         return _duration_ms(groups[0])
+    if kind in ("phrase_i18n", "phrase_cjk"):
+        return _i18n_duration_ms(groups[0])
     if kind in ("epoch_pipe", "resets_at"):
-        return _epoch_ms(float(groups[0]), clock)
-    return _absolute_ms(t, m.end(), clock)
+        return _epoch_ms(float(groups[0]), when)
+    return _absolute_ms(t, m.end(), when)
 
 
-def _http_date_ms(raw: str, clock: list[float | None]) -> int | None:
+def _http_date_ms(raw: str, when: _When) -> int | None:
+    if when.now is None:
+        return None
     try:
-        when = parsedate_to_datetime(raw)
+        date_time = parsedate_to_datetime(raw)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return _round(when.timestamp() * 1000 - _now(clock))
+    if date_time.tzinfo is None:
+        date_time = date_time.replace(tzinfo=timezone.utc)
+    return _round(date_time.timestamp() * 1000 - when.now)
 
 
-def _iso_ms(raw: str, clock: list[float | None]) -> int | None:
+def _iso_ms(raw: str, when: _When) -> int | None:
+    if when.now is None:
+        return None
     m = _ISO_PARTS.match(raw)
     if m is None:  # pragma: no cover - _ISO and _ISO_PARTS accept the same texts
         return None
     year, month, day, hour, minute, second, fraction, zone = m.groups()
-    tz = _offset(zone) if zone and zone[0] in "+-" else timezone.utc  # no zone: UTC
+    tz = _offset(zone) if zone and zone[0] in "+-" else timezone.utc  # no zone: UTC (RFC 3339 headers)
     try:
-        when = datetime(int(year), int(month), int(day), int(hour), int(minute),
-                        int(second or 0), tzinfo=tz)
+        date_time = datetime(int(year), int(month), int(day), int(hour), int(minute),
+                             int(second or 0), tzinfo=tz)
     except ValueError:
         return None
-    return _round(when.timestamp() * 1000 + float(fraction or 0) * 1000 - _now(clock))
-
-
-_ZONE_NAMES: dict[str, str] | None = None
-
-
-@lru_cache(maxsize=512)
-def _zone(name: str) -> tzinfo | None:
-    """An IANA zone from its lower-case name (``america/santiago``), or ``None``; cached (a
-    failed lookup costs a file-system probe and an exception)."""
-    global _ZONE_NAMES
-    from zoneinfo import ZoneInfo, available_timezones  # imported here: rarely needed
-
-    try:
-        return ZoneInfo("/".join(part.title() for part in name.split("/")))
-    except (ValueError, OSError, KeyError):
-        pass
-    if _ZONE_NAMES is None:
-        _ZONE_NAMES = {key.lower(): key for key in available_timezones()}
-    key = _ZONE_NAMES.get(name)
-    if key is None:
-        return None
-    try:
-        return ZoneInfo(key)
-    except (ValueError, OSError, KeyError):  # pragma: no cover - listed yet unreadable
-        return None
+    return _round(date_time.timestamp() * 1000 + float(fraction or 0) * 1000 - when.now)
 
 
 def _offset(text: str) -> timezone:
@@ -360,8 +432,11 @@ def _offset(text: str) -> timezone:
     return timezone(-delta if text[0] == "-" else delta)
 
 
-def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
+def _absolute_ms(t: str, pos: int, when: _When) -> int | None:
     """A date and/or time of day starting at ``t[pos]`` → ms from now (next occurrence)."""
+    now = when.now
+    if now is None:
+        return None
     m = _ABS_RE.match(t, pos)
     if m is None:
         return None
@@ -375,7 +450,7 @@ def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
         hour, minute, second = int(g["h24"]), int(g["m24"]), int(g["s24"] or 0)
     zone: tzinfo | None
     if g["zone"]:
-        zone = timezone.utc if g["zone"] in ("utc", "gmt", "z") else _zone(g["zone"])
+        zone = timezone.utc if g["zone"] in ("utc", "gmt", "z") else when.resolve(g["zone"])
         if zone is None:
             return None  # a zone we do not know: better no hint than a wrong one
     elif g["zabbr"]:
@@ -383,13 +458,10 @@ def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
     elif g["off"]:
         zone = _offset(g["off"])
     else:
-        zone = None  # the local zone, as the apps printing such times use
-    now = _now(clock)
+        zone = when.resolve("") or timezone.utc  # no zone: UTC unless the host says otherwise
     try:
-        now_dt = datetime.fromtimestamp(now / 1000, zone if zone is not None else timezone.utc)
-        if zone is None:
-            now_dt = now_dt.astimezone()
-    except (OverflowError, OSError, ValueError):  # an injected clock outside datetime's range
+        now_dt = datetime.fromtimestamp(now / 1000, zone)
+    except (OverflowError, OSError, ValueError):  # a clock outside datetime's range
         return None
     try:
         if g["mon"]:
@@ -405,30 +477,29 @@ def _absolute_ms(t: str, pos: int, clock: list[float | None]) -> int | None:
             day = date(year, month, int(g["dday"]))
         else:
             day = now_dt.date()
-        when = datetime(day.year, day.month, day.day, hour, minute, second, tzinfo=zone)
     except ValueError:
         return None
-    if zone is None:
-        when = when.astimezone()  # naive → local
-    when_ms = when.timestamp() * 1000
-    if when_ms < now:
-        if not (g["mon"] or g["iy"] or g["dmon"]):
-            when_ms = _next_day(day, hour, minute, second, zone) * 1000
-        elif g["mon"] and not g["year"]:
+    days = [day]
+    if not (g["mon"] or g["iy"] or g["dmon"]):
+        days.append(day + timedelta(days=1))  # a time of day: today's, else tomorrow's
+    elif g["mon"] and not g["year"]:
+        try:
+            days.append(day.replace(year=day.year + 1))  # "Jul 5": this year's, else next year's
+        except ValueError:
+            pass
+    readings = []
+    for d in days:
+        for fold in (0, 1):  # both readings of a wall time repeated by a fall-back
             try:
-                nxt = when.replace(year=when.year + 1)
-            except ValueError:
-                return None
-            when_ms = nxt.timestamp() * 1000
-    return _round(when_ms - now)
+                readings.append(datetime(d.year, d.month, d.day, hour, minute, second,
+                                         tzinfo=zone, fold=fold).timestamp() * 1000)
+            except (ValueError, OverflowError):
+                continue
+    ahead = [ms for ms in readings if ms >= now]
+    if not ahead:
+        return _round(min(readings) - now) if readings else None  # in the past: ignored
+    return _round(min(ahead) - now)
 
-
-def _next_day(day: date, hour: int, minute: int, second: int, zone: tzinfo | None) -> float:
-    nxt = day + timedelta(days=1)
-    when = datetime(nxt.year, nxt.month, nxt.day, hour, minute, second, tzinfo=zone)
-    if zone is None:
-        when = when.astimezone()
-    return when.timestamp()
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,7 +535,7 @@ _PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
-                now_ms: float | None = None) -> HeaderHint | None:
+                now_ms: float | None = None, zone: ZoneResolver | None = None) -> HeaderHint | None:
     """The retry hint carried by response headers (keys lower-cased), or ``None``.
 
     Best first: ``retry-after-ms`` (milliseconds), ``retry-after`` (seconds or an HTTP date,
@@ -475,7 +546,8 @@ def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
     ``*-remaining*`` header is ``0`` (the limit that was hit) are preferred, and of them the
     longest wait. Values are read with the same grammar as texts (:func:`parse_retry_hint_ms`),
     so an absurd, negative, non-ASCII or exponent value is ignored. ``now_ms``: epoch ms for
-    absolute values (default: now).
+    absolute values from the host's clock (None: absolute values give no hint); ``zone``: as
+    for :func:`parse_retry_hint_ms`.
     """
     if not headers:
         return None
@@ -487,7 +559,7 @@ def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
             # "0x10", "3,4" are neither and are ignored rather than read by their prefix.
             if not (_PLAIN_NUMBER.fullmatch(plain) or (name == "retry-after" and plain[:1].isalpha())):
                 continue
-            ms = parse_normalized_hint_ms(f"{name}: {normalize_text(value)}", now_ms=now_ms)
+            ms = parse_normalized_hint_ms(f"{name}: {normalize_text(value)}", now_ms=now_ms, zone=zone)
             if ms is not None:
                 return HeaderHint(ms, name, value)
     if not rate_limited:
@@ -496,7 +568,7 @@ def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
     for name, value in headers.items():
         if not isinstance(value, str) or not _RESET_HEADER.fullmatch(name):
             continue
-        ms = parse_normalized_hint_ms(f"{name}: {normalize_text(value)}", now_ms=now_ms)
+        ms = parse_normalized_hint_ms(f"{name}: {normalize_text(value)}", now_ms=now_ms, zone=zone)
         if ms is not None:
             hit = str(headers.get(_remaining_name(name), "")).strip() == "0"
             found.append((hit, ms, HeaderHint(ms, name, value)))

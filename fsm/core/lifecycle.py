@@ -13,12 +13,20 @@ The table is written literally, one row per line::
 ``source`` is a state or the group ``at_rest`` (a row written once for its four member states).
 Guards are names of predicates on the brain's private policy model; ``!name`` must be false.
 Inside one (state, trigger) cell the guarded rows are mutually exclusive and together total
-(checked by :func:`validate`); they are tried in the order written. The one allowed gap is a
-stale timer (``timer_is_current`` false drops the fact).
+(checked by :func:`validate` when this module is imported: an invalid declaration cannot be
+run or drawn); rows are tried in the order written, and so are the guards of a row. The one
+allowed gap is a stale timer (``timer_is_current`` false drops the fact).
+
+What ran is recorded by the engine that runs it (``docs/policy.md`` §7): a recorder is scoped,
+either to the current context (:func:`recording`, :func:`add_recorder`; an asyncio task or
+thread started inside inherits it) or to one brain (``RetryBrain.add_recorder``); no global list
+exists that one test could clear for another.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import itertools
 import json
@@ -38,8 +46,8 @@ __all__ = [
     "RETRY_ENABLED", "HAS_RETRIES_LEFT", "REPLAY_SAFE", "FALLBACK_DUE", "HINT_WITHIN_WAIT",
     "WITHIN_DEADLINE", "BUDGET_ALLOWS", "BUDGET_WAITS", "TIMER_IS_CURRENT", "GUARDS", "EFFECTS", "TABLE",
     "Row", "Ignored", "DeclaredRow", "ROWS", "TRANSITIONS", "IGNORED", "INITIAL", "VERSION",
-    "validate", "cells", "declaration", "TransitionRecord", "Recorder", "add_recorder",
-    "remove_recorder", "build_machine",
+    "EFFECT_WORDS", "validate", "cells", "declaration", "TransitionRecord", "Recorder", "add_recorder",
+    "remove_recorder", "recording", "context_recorders", "report", "build_machine",
 ]
 
 # States: adjectives or participles.
@@ -132,31 +140,48 @@ GUARDS: dict[str, str] = {
 }
 
 EFFECTS: dict[str, str] = {
-    "start_chain": "attempt 1; emit auto_retry_start; drop the failed message; start backoff",
-    "next_attempt": "attempt + 1; emit auto_retry_start; drop the failed message; start backoff",
-    "settle_turn": "no retry: the prompt may return; compaction check",
-    "end_exhausted": "emit auto_retry_end (exhausted); the prompt may return",
-    "end_output_streamed": "emit auto_retry_end (output_streamed); the prompt may return",
-    "end_hint_too_long": "emit auto_retry_end (hint_too_long); the prompt may return",
-    "end_deadline": "emit auto_retry_end (deadline); the prompt may return",
-    "end_budget": "emit auto_retry_end (budget); the prompt may return",
-    "end_disabled": "emit auto_retry_end (disabled); the prompt may return",
-    "end_fatal": "emit auto_retry_end (fatal); the prompt may return",
-    "end_overflow": "emit auto_retry_end (overflow); compaction",
-    "end_succeeded": "emit auto_retry_end (success); the prompt may return",
-    "end_cancelled": "emit auto_retry_end (cancelled); the prompt may return",
-    "end_continue_failed": "emit auto_retry_end (continue_failed); the prompt may return",
-    "continue_turn": "continue the turn on the next loop tick",
-    "retry_at_once": "cancel the timer; continue the turn on the next loop tick",
-    "cancel_backoff": "cancel the timer; emit auto_retry_end (cancelled); the prompt may return",
-    "fall_back": "next fallback model; emit retry_fallback, start (delay 0)",
-    "wait_for_budget": "emit start (delaySource budget); wait for the budget's slot",
-    "recheck_budget": "wait for the budget's next slot (no new start)",
-    "deadline_in_backoff": "cancel the timer; emit end (deadline)",
-    "abort_attempt": "abort the attempt; emit end (deadline)",
-    "end_refused": "emit end (hint_too_long, attempt 0)",
+    "start_chain": "turn ends; auto_retry_start (attempt 1); drop message; backoff",
+    "next_attempt": "turn ends; auto_retry_start (attempt + 1); drop message; backoff",
+    "settle_turn": "no retry: turn ends; budget credit (a success); compaction; prompt done",
+    "end_exhausted": "turn ends; auto_retry_end (exhausted); compaction; prompt done",
+    "end_output_streamed": "turn ends; auto_retry_end (output_streamed); compaction; prompt done",
+    "end_hint_too_long": "turn ends; auto_retry_end (hint_too_long); compaction; prompt done",
+    "end_deadline": "turn ends; auto_retry_end (deadline); compaction; prompt done",
+    "end_budget": "turn ends; auto_retry_end (budget); compaction; prompt done",
+    "end_disabled": "turn ends; auto_retry_end (disabled); compaction; prompt done",
+    "end_fatal": "turn ends; auto_retry_end (fatal); compaction; prompt done",
+    "end_overflow": "turn ends; auto_retry_end (overflow); compaction; prompt done",
+    "end_succeeded": "turn ends; auto_retry_end (succeeded); budget credit; compaction; prompt done",
+    "end_cancelled": "turn ends (an aborted turn); auto_retry_end (cancelled); prompt done",
+    "end_continue_failed": "auto_retry_end (continue_failed); prompt done",
+    "continue_turn": "continue (on the next loop tick)",
+    "retry_at_once": "cancel timer; continue (on the next loop tick)",
+    "cancel_backoff": "cancel timer; auto_retry_end (cancelled); prompt done",
+    "fall_back": "turn ends; retry_fallback; auto_retry_start (next model, delay 0); drop message; backoff",
+    "wait_for_budget": "turn ends; auto_retry_start (delaySource budget); drop message; backoff to the budget's slot",
+    "recheck_budget": "backoff to the budget's next slot (no new start)",
+    "deadline_in_backoff": "cancel timer; auto_retry_end (deadline); prompt done",
+    "abort_attempt": "abort the attempt; auto_retry_end (deadline); prompt done",
+    "end_refused": "auto_retry_end (hint_too_long, attempt 0); prompt done",
 }
-"""Every effect the table names, in a reader's words (what it emits, what it starts)."""
+"""Every effect the table names, in a reader's words: the actions it returns, in their order,
+as ``; ``-separated phrases of :data:`EFFECT_WORDS` (a ``label: `` before a phrase and a
+``(note)`` after it are the reader's; ``auto_retry_end``'s note is its ``endReason``). A test
+runs every effect and checks the two agree."""
+
+EFFECT_WORDS: dict[str, str] = {
+    "turn ends": "EmitTurnEnd: the turn's message_end, turn_end and agent_end",
+    "auto_retry_start": "Emit(auto_retry_start)",
+    "auto_retry_end": "Emit(auto_retry_end), its endReason in parentheses",
+    "drop message": "DropFailedMessage: the failed message leaves the runtime context",
+    "backoff": "StartBackoff: the backoff timer starts",
+    "cancel timer": "CancelBackoff",
+    "continue": "ContinueTurn",
+    "budget credit": "CreditRetryBudget (only with a retry budget set)",
+    "compaction": "CheckCompaction: the compaction hook is consulted",
+    "prompt done": "PromptMayReturn: the work the prompt started is over",
+}
+"""The phrases of :data:`EFFECTS` and the brain action each one names."""
 
 _GO = ("retry_enabled, has_retries_left, replay_safe, !fallback_due, hint_within_wait, "
        "within_deadline, budget_allows")
@@ -453,6 +478,8 @@ def _version() -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+validate()  # at import: nothing can run or draw a declaration with a gap or an overlap
+
 VERSION: str = _version()
 """A short hash of the declaration; traces carry it so the audit never mixes versions."""
 
@@ -484,37 +511,62 @@ class TransitionRecord(NamedTuple):
 
 
 Recorder = Callable[[object, TransitionRecord], None]
-"""``recorder(owner, record)``: ``owner`` is the brain (or runner) whose machine ran."""
+"""``recorder(owner, record)``: ``owner`` is the brain whose machine ran."""
 
-_recorders: list[Recorder] = []
+_CONTEXT_RECORDERS: contextvars.ContextVar[tuple[Recorder, ...]] = contextvars.ContextVar(
+    "fsm_lifecycle_recorders", default=())
+
+
+def context_recorders() -> tuple[Recorder, ...]:
+    """The recorders of the current context (what a machine firing here reports to)."""
+    return _CONTEXT_RECORDERS.get()
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder) -> Iterator[Recorder]:
+    """``with recording(recorder):`` — ``recorder`` hears every transition tried in this context
+    (and in the asyncio tasks and ``asyncio.to_thread`` calls started inside it) until the block
+    ends; then the recorders are exactly those before it, whatever happened inside."""
+    token = _CONTEXT_RECORDERS.set(_CONTEXT_RECORDERS.get() + (recorder,))
+    try:
+        yield recorder
+    finally:
+        _CONTEXT_RECORDERS.reset(token)
 
 
 def add_recorder(recorder: Recorder) -> None:
-    """Call ``recorder`` for every transition tried on any machine of this process."""
-    _recorders.append(recorder)
-    _RecordingTransition.recording = True
+    """Add ``recorder`` to the current context's recorders (see :func:`recording`; tasks
+    started afterwards inherit it). Adding one twice adds it once."""
+    current = _CONTEXT_RECORDERS.get()
+    if recorder not in current:
+        _CONTEXT_RECORDERS.set(current + (recorder,))
 
 
 def remove_recorder(recorder: Recorder) -> None:
-    """Stop calling ``recorder``; unknown recorders are ignored."""
-    if recorder in _recorders:
-        _recorders.remove(recorder)
-    _RecordingTransition.recording = bool(_recorders)
+    """Remove ``recorder`` from the current context's recorders; only that one, and an unknown
+    one is ignored (a recorder cannot remove another's)."""
+    current = _CONTEXT_RECORDERS.get()
+    if recorder in current:
+        _CONTEXT_RECORDERS.set(tuple(r for r in current if r is not recorder))
+
+
+def report(recorders: tuple[Recorder, ...], owner: object, record: TransitionRecord) -> None:
+    """Hand ``record`` of ``owner``'s machine to each of ``recorders``, in order."""
+    for rec in recorders:
+        rec(owner, record)
 
 
 class _RecordingTransition(Transition):
-    """A ``transitions.Transition`` that reports every try, guard outcome and ignored cell."""
+    """A ``transitions.Transition`` that reports every try, guard outcome and ignored cell to
+    the recorders of the firing model (``model.recorders()``) and of the context."""
 
-    recording = False
     row_id = ""
     ignored = False
 
     def _eval_conditions(self, event_data):
-        if not self.recording:
-            return super()._eval_conditions(event_data)
         outcomes: list[tuple[str, bool]] = []
         passed = True
-        for cond in self.conditions:
+        for cond in self.conditions:  # in the order the row writes them (build_machine)
             passed = cond.check(event_data)
             outcomes.append((cond.func if cond.target else "!" + cond.func, passed))
             if not passed:
@@ -524,43 +576,48 @@ class _RecordingTransition(Transition):
 
     def execute(self, event_data):  # type: ignore[override]
         ok = super().execute(event_data)
-        if self.recording:
+        model = event_data.model
+        owned = getattr(model, "recorders", None)
+        recorders = (owned() if owned is not None else ()) + _CONTEXT_RECORDERS.get()
+        if recorders:
             outcome = ("ignored" if self.ignored else "taken") if ok else "rejected"
-            self._report(event_data, getattr(event_data, "guard_outcomes", ()), outcome)
+            record = TransitionRecord(self.row_id, self.source, event_data.event.name, self.dest,
+                                      getattr(event_data, "guard_outcomes", ()), outcome, VERSION)
+            report(recorders, getattr(model, "owner", model), record)
         return ok
-
-    def _report(self, event_data, outcomes: tuple, outcome: str) -> None:
-        record = TransitionRecord(self.row_id, self.source, event_data.event.name, self.dest,
-                                  outcomes, outcome, VERSION)
-        owner = getattr(event_data.model, "owner", event_data.model)  # the brain, not its model
-        for rec in tuple(_recorders):
-            rec(owner, record)
 
 
 class _LifecycleMachine(Machine):
     transition_cls = _RecordingTransition
 
 
-def build_machine(model: type | None = None) -> Machine:
-    """Build the ``transitions`` machine from the declaration.
+def build_machine(model: type | None = None,
+                  rows: tuple[DeclaredRow, ...] | None = None) -> Machine:
+    """Build the ``transitions`` machine from the declaration (or from ``rows``, a table
+    parsed by :func:`parse_table`, validated the same way).
 
     ``model`` is the class of the objects the machine will fire on (the brain's private policy
     model); :func:`validate` checks that it has every guard and effect. One machine serves
     every model: models are not added to it (that would cost memory and an O(n) membership
     check each); a model fires a trigger with ``machine.events[trigger].trigger(model)``.
     ``auto_transitions`` is off, ignored cells are internal transitions (``dest=None``) and
-    any undeclared cell raises ``MachineError``. Raises ``ValueError`` for a bad declaration.
+    any undeclared cell raises ``MachineError``. A row's guards are tried in the order written
+    (``transitions`` itself would try every ``conditions`` guard before the ``unless`` ones).
+    Raises ``ValueError`` for a bad declaration.
     """
-    validate(model)
+    validate(model, rows)
+    transitions, ignored = (TRANSITIONS, IGNORED) if rows is None else _expand(rows)
     machine = _LifecycleMachine(model=None, states=list(STATES), initial=INITIAL,
                                 auto_transitions=False, ignore_invalid_triggers=False,
                                 send_event=False)
-    for row in TRANSITIONS:
+    for row in transitions:
         machine.add_transition(row.trigger, row.source, row.dest, conditions=row.conditions or None,
                                unless=row.unless or None, after=row.effect)
         tr = machine.events[row.trigger].transitions[row.source][-1]
         tr.row_id = row.id
-    for ig in IGNORED:
+        written = {(g.lstrip("!"), not g.startswith("!")): i for i, g in enumerate(row.guards)}
+        tr.conditions.sort(key=lambda c: written[(c.func, c.target)])
+    for ig in ignored:
         machine.add_transition(ig.trigger, ig.source, None)
         tr = machine.events[ig.trigger].transitions[ig.source][-1]
         tr.row_id = ig.id

@@ -12,7 +12,8 @@ the session log, a store or stderr:
   a marker naming how much was left out, and its tail, at most ``limit_bytes`` UTF-8 bytes in
   all, never cutting a character in two (``docs/policy.md §8b.10``: error text kept in events,
   the runtime context and the log is clipped to 8 KB).
-- :func:`scrub_secrets` replaces credentials in a text with :data:`REDACTED`.
+- :func:`scrub_secrets` replaces credentials in a text with :data:`REDACTED` (it lives in
+  :mod:`fsm.core.redact`, the one scrubbing layer, and is re-exported here).
 - :func:`safe_error_text` is the three in one for an error text (clean, scrub, clip), at a
   cost that does not grow with the text.
 - :func:`check_api_key` refuses an API key that cannot go into an HTTP header (a trailing CR
@@ -22,23 +23,18 @@ the session log, a store or stderr:
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
+
+from fsm.core.redact import MIN_SECRET_LENGTH, REDACTED, scrub_secrets  # the one scrubbing layer
 
 __all__ = ["ApiKeyError", "CLIP_LIMIT_BYTES", "REDACTED", "StreamJoiner", "check_api_key",
            "check_configured_api_key", "clean_text", "clip_text", "safe_error_text",
-           "scrub_secrets"]
+           "safe_message", "scrub_secrets"]
 
 CLIP_LIMIT_BYTES = 8192
 """The default bound of :func:`clip_text`, in UTF-8 bytes (``docs/policy.md §8b.10``)."""
-
-REDACTED = "[redacted]"
-"""What :func:`scrub_secrets` puts where a credential was."""
-
-MIN_SECRET_LENGTH = 8
-"""Secrets shorter than this are not replaced by value: a placeholder key such as ``"x"``
-would otherwise redact every ``x`` of a text. Real API keys are 20 characters and more."""
 
 _MIN_CLIP_BYTES = 64
 
@@ -173,68 +169,6 @@ def safe_error_text(s: str, secrets: Iterable[str | None] = (),
     return _excerpt(head_src, tail_src, len(s), limit_bytes)
 
 
-# Shapes of credentials that need no list of secrets: an OpenAI/Anthropic-style key
-# (``sk-…``, ``sk-proj-…``, ``sk-ant-api03-…``) and the value of a bearer token. Both must hold
-# a digit and be long, so words ("sk-learn", "Bearer tokens", "bearer authentication") stay.
-# Each pattern starts with a literal, so the regex engine skips ahead to it: linear and fast
-# even on a 10 MB body. The character before the match is checked in Python.
-_KEY_SHAPE = re.compile(r"sk-[A-Za-z0-9_-]{16,}")
-_BEARER_SHAPES = tuple(re.compile(word + r"(\s+)([A-Za-z0-9._~+/=-]{12,})")
-                       for word in ("Bearer", "bearer", "BEARER"))
-
-
-_ASCII_DIGIT = re.compile(r"[0-9]")
-
-
-def _looks_random(token: str) -> bool:
-    return _ASCII_DIGIT.search(token) is not None
-
-
-def _starts_a_word(text: str, start: int, word_chars: str) -> bool:
-    return start == 0 or text[start - 1] not in word_chars
-
-
-_KEY_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
-_ALNUM = _KEY_CHARS[:-2]
-
-
-def scrub_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """``text`` with every credential replaced by :data:`REDACTED`.
-
-    Replaced: every occurrence of each string of ``secrets`` that has at least
-    :data:`MIN_SECRET_LENGTH` characters (also with surrounding whitespace stripped, since a
-    malformed key with a trailing CR shows up in errors as the key plus ``\\r``); ``None`` and
-    short entries are skipped. Also replaced without being listed: ``sk-`` keys of at least 16
-    more letters, digits, ``-`` or ``_`` that hold a digit, and the token after ``Bearer`` when
-    it has at least 12 token characters and a digit (``"Bearer [redacted]"``). Longer secrets
-    are replaced first, so a secret that contains another leaves no fragment. Linear in the
-    text per secret; ``TypeError`` when ``text`` is not a ``str``.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"scrub_secrets expects a str, got {type(text).__name__}")
-    values: set[str] = set()
-    for secret in secrets:
-        if not isinstance(secret, str):
-            continue
-        for form in (secret, secret.strip()):
-            if len(form) >= MIN_SECRET_LENGTH:
-                values.add(form)
-    for value in sorted(values, key=len, reverse=True):
-        if value in text:
-            text = text.replace(value, REDACTED)
-    if "sk-" in text:
-        text = _KEY_SHAPE.sub(
-            lambda m: REDACTED if _looks_random(m.group(0)) and _starts_a_word(m.string, m.start(), _KEY_CHARS)
-            else m.group(0), text)
-    for shape in _BEARER_SHAPES:
-        if shape.pattern[:6] in text:
-            text = shape.sub(
-                lambda m: m.group(0)[:m.start(2) - m.start()] + REDACTED
-                if _looks_random(m.group(2)) and _starts_a_word(m.string, m.start(), _ALNUM)
-                else m.group(0), text)
-    return text
-
-
 class ApiKeyError(ValueError):
     """An API key that cannot be sent; ``source`` names where it came from (never the key)."""
 
@@ -299,3 +233,31 @@ def check_configured_api_key(cli_value: str | None, *, flag: str = "--api-key",
     value = (os.environ if environ is None else environ).get(env_name)
     if value:
         check_api_key(value, env_name)
+
+
+def safe_message(message: Any, secrets: Iterable[str | None] = ()) -> Any:
+    """An assistant message as it may be kept in an event, the context or a log: its text
+    cleaned (:func:`clean_text`), its ``error_message`` made safe (:func:`safe_error_text`:
+    credentials scrubbed, clipped to 8 KB), its ``error_type`` / ``error_code`` and each
+    header value scrubbed and clipped to 256 bytes (``docs/policy.md §8b.10``). Returns the
+    message itself when nothing changed, else a copy (``dataclasses.replace``). Works on any
+    dataclass with those fields (:class:`fsm.core.messages.AssistantMessage`)."""
+    secrets = tuple(secrets)
+    changes: dict[str, Any] = {}
+    text = getattr(message, "text", None)
+    if isinstance(text, str) and text:
+        kept = clean_text(text)
+        if kept is not text:
+            changes["text"] = kept
+    for name, limit in (("error_message", CLIP_LIMIT_BYTES), ("error_type", 256), ("error_code", 256)):
+        value = getattr(message, name, None)
+        if isinstance(value, str):
+            kept = safe_error_text(value, secrets, limit_bytes=limit)
+            if kept != value:
+                changes[name] = kept
+    headers = getattr(message, "headers", None)
+    if headers:
+        kept_headers = {k: safe_error_text(str(v), secrets, limit_bytes=256) for k, v in headers.items()}
+        if kept_headers != dict(headers):
+            changes["headers"] = kept_headers
+    return dataclasses.replace(message, **changes) if changes else message

@@ -1,8 +1,9 @@
 """Fleet mode: what sessions in many processes and machines agree on (``docs/fleet.md``).
 
 A *coordinator* keyed by (provider, model, credential id) holds the shared cooldowns (from
-any session's retry hint), the retry budget (gRPC retry throttling) and the credentials'
-usage-limit marks. :class:`InProcessCoordinator` is the embedded default (one per process:
+any session's retry hint), the retry budget (gRPC retry throttling, with a floor and a wait
+mode), the pacing of the fleet's requests (:mod:`fsm.core.pacing`), the fallback mark and the
+credentials' usage-limit marks, in coordinator protocol v3: durations in, time left out. :class:`InProcessCoordinator` is the embedded default (one per process:
 :func:`default_coordinator`); :class:`RedisCoordinator` shares them through a Redis server;
 :class:`GuardedCoordinator` puts a short deadline and a local fallback around a remote one
 so that a slow or stopped Redis never stalls or breaks a session. The shell reads the

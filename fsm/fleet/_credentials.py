@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from fsm.host.credentials import DEFAULT_BLOCK_MS, _validate_credentials
+from fsm.host.credentials import DEFAULT_BLOCK_MS, validate_credentials
 from fsm.fleet._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
 from fsm.fleet._redis import (DEFAULT_PREFIX, SCRIPTS, KeySpace, RedisCoordinator, check_url, client_options,
                               limited_from_replies, queue_limited_read, safe_reason)
@@ -30,7 +30,7 @@ def load_credentials(path: str | Path) -> dict[str, list[str]]:
     if isinstance(data, dict) and isinstance(data.get("providers"), dict):
         data = {p: (e.get("keys") if isinstance(e, dict) else e) for p, e in data["providers"].items()}
     try:
-        return _validate_credentials(data)
+        return validate_credentials(data)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
@@ -63,7 +63,7 @@ class RedisCredentialStore:
         if isinstance(credentials, str | Path):
             self._keys = load_credentials(credentials)
         else:
-            self._keys = _validate_credentials(credentials)
+            self._keys = validate_credentials(credentials)
         if coordinator is None:
             if url is None:
                 raise ValueError("RedisCredentialStore needs url= or coordinator=")

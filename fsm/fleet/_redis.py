@@ -316,28 +316,7 @@ end
 return redis.call('ZCARD', KEYS[1])
 """
 
-# KEYS[1] limited set. Returns {id, ms left, id, ms left, ...} of the marks still running;
-# a set of the wrong type or a score beyond MAX_LEFT_MS is dropped.
-LIMITED = _LUA_COMMON + """
-local ty = ktype(KEYS[1])
-if ty == 'none' then return {} end
-if ty ~= 'zset' then redis.call('DEL', KEYS[1]) return {} end
-local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', NOW), '+inf', 'WITHSCORES')
-local out = {}
-for i = 1, #rows, 2 do
-  local u = num(rows[i + 1])
-  if u ~= nil and u - NOW <= MAXLEFT then
-    table.insert(out, rows[i])
-    table.insert(out, math.ceil(u - NOW))
-  else
-    redis.call('ZREM', KEYS[1], rows[i])
-  end
-end
-return out
-"""
-
-SCRIPTS = {"admit": ADMIT, "credit": CREDIT, "learn": LEARN, "left": LEFT,
-           "mark": MARK_LIMITED, "limited": LIMITED}
+SCRIPTS = {"admit": ADMIT, "credit": CREDIT, "learn": LEARN, "left": LEFT, "mark": MARK_LIMITED}
 
 
 def _part(text: str) -> str:
@@ -380,8 +359,10 @@ class KeySpace:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``: safe for errors and logs."""
-    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """``url`` with its password and credential parameters (``?password=``) replaced by
+    ``***``: safe for errors and logs (:func:`fsm.core.redact.redact_url`)."""
+    from fsm.core.redact import redact_url as redact
+    return redact(url)
 
 
 def check_url(url: Any) -> str:
@@ -394,14 +375,14 @@ def check_url(url: Any) -> str:
 
 def safe_reason(exc: BaseException, url: str | None = None) -> str:
     """A short description of ``exc`` for an event: the server's URL, the error's class and
-    message, clipped, with the URL's password (if any) removed."""
+    message, clipped, with every credential of the URL (``user:password@``, ``?password=``)
+    and every registered secret removed (:mod:`fsm.core.redact`)."""
+    from fsm.core.redact import scrub_secrets, url_secrets
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = text[:4096]
     if url:
-        password = urllib.parse.urlsplit(url).password
-        if password:
-            text = text.replace(password, "***")
         text = f"{redact_url(url)}: {text}"
-    return text[:300]
+    return scrub_secrets(text, url_secrets(url))[:300]
 
 
 def client_options(socket_timeout_s: float, *, asyncio: bool = True) -> dict[str, Any]:
@@ -706,21 +687,4 @@ def limited_from_replies(replies: Any) -> dict[str, int]:
             left = clamp_left(score - now)
             if isinstance(member, str) and left > 0:
                 out[member] = max(left, out.get(member, 0))
-    return out
-
-
-def parse_limited(reply: Any) -> dict[str, int]:
-    """The ``LIMITED`` script's flat reply as credential id -> ms left (bad rows skipped)."""
-    out: dict[str, int] = {}
-    if not isinstance(reply, list):
-        return out
-    for i in range(0, len(reply) - 1, 2):
-        member, left = reply[i], clamp_left(reply[i + 1])
-        if isinstance(member, bytes):
-            try:
-                member = member.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-        if isinstance(member, str) and left > 0:
-            out[member] = max(left, out.get(member, 0))
     return out

@@ -174,6 +174,11 @@ class Chain:
         else:
             cls = self.kernel.classify(message, self.context_window)
         if cls.kind != "none":
+            # As the runner: events and errors show the failure scrubbed (the credentials the
+            # request carried, of any shape) and clipped (fsm.core.redact).
+            from fsm.core.redact import request_secrets
+            from fsm.core.text import safe_message
+            message = safe_message(message, request_secrets(exc))
             self.message, self.cls = message, cls
         return message, cls
 

@@ -41,7 +41,7 @@ from fsm.core.text import ApiKeyError, check_api_key
 
 __all__ = ["DEFAULT_BLOCK_MS", "DEFAULT_TIMEOUT_S", "IDLE_GRACE_MS", "KEY_TIMEOUT_S", "CredentialFileError",
            "CredentialLockTimeout", "CredentialStore", "CredentialStoreError",
-           "InMemoryCredentialStore", "JsonFileCredentialStore"]
+           "InMemoryCredentialStore", "JsonFileCredentialStore", "validate_credentials"]
 
 DEFAULT_BLOCK_MS = 60_000
 """How long a credential is blocked when the provider gave no hint (ms)."""
@@ -160,7 +160,9 @@ def _limited(state: Mapping[str, Any], now_ms: int) -> int:
     return sum(1 for until in state.get("blockedUntil", {}).values() if until > now_ms)
 
 
-def _validate_credentials(credentials: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+def validate_credentials(credentials: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``{provider: [key, ...]}`` checked and copied (a key listed twice counts once). Raises
+    ``TypeError`` / ``ValueError`` naming the provider or the entry (never a key's text)."""
     if not isinstance(credentials, Mapping):
         raise TypeError(f"credentials must map provider -> list of keys, got {type(credentials).__name__}")
     out: dict[str, list[str]] = {}
@@ -223,7 +225,7 @@ class InMemoryCredentialStore(_AsyncMethods):
 
     def __init__(self, credentials: Mapping[str, Sequence[str]], *,
                  clock: Callable[[], float] = _wall_ms) -> None:
-        self._keys = _validate_credentials(credentials)
+        self._keys = validate_credentials(credentials)
         self._state: dict[str, dict[str, Any]] = {p: {} for p in self._keys}
         self._clock = clock
         self._lock = threading.Lock()
@@ -310,7 +312,7 @@ class JsonFileCredentialStore(_AsyncMethods):
         self._counts: dict[str, int] = {}  # keys per provider, as of the last read of the file
         self._clock = clock
         self.lock_timeout_s = lock_timeout_s
-        given = _validate_credentials(credentials or {})
+        given = validate_credentials(credentials or {})
         with self._locked() as tx:
             providers = tx.data["providers"]
             for provider, keys in given.items():
@@ -353,6 +355,7 @@ class JsonFileCredentialStore(_AsyncMethods):
             raise CredentialFileError(f"credential store {self.path}: cannot open its lock "
                                       f"{lock_path.name}: {exc.strerror or exc}") from None
         try:
+            self._match_owner(fd)
             self._lock(fd, deadline)
             self._remove_stale_temporaries()
             tx = _Tx({})
@@ -363,6 +366,27 @@ class JsonFileCredentialStore(_AsyncMethods):
             self._counts = {p: len(set(e["keys"])) for p, e in tx.data["providers"].items()}  # a key listed twice counts once
         finally:
             os.close(fd)  # releases the lock
+
+    def _match_owner(self, fd: int) -> None:
+        """Give a lock file this process created the owner, group and permission bits of the
+        store file (else of its folder): a lock left by a process run as root on a user's
+        store would otherwise be root's, mode 0600, and the user could never take it again.
+        Only a process that may change owners (root) changes them; never fails the call."""
+        try:
+            lock = os.fstat(fd)
+            if lock.st_uid != os.geteuid():
+                return  # not ours: someone else's lock is left as it is
+            try:
+                ref = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                ref = os.stat(self.path.parent)
+            if os.geteuid() == 0 and (lock.st_uid, lock.st_gid) != (ref.st_uid, ref.st_gid):
+                os.fchown(fd, ref.st_uid, ref.st_gid)
+            mode = stat.S_IMODE(ref.st_mode) & 0o666 if stat.S_ISREG(ref.st_mode) else 0o600
+            if mode and stat.S_IMODE(lock.st_mode) != mode | stat.S_IRUSR | stat.S_IWUSR:
+                os.fchmod(fd, mode | stat.S_IRUSR | stat.S_IWUSR)
+        except OSError:
+            pass
 
     def _remove_stale_temporaries(self) -> None:
         # Called with the lock held: only a writer holding it creates temporary files, so any

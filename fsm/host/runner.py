@@ -32,9 +32,13 @@ Exceptions, in this order (docs/policy.md §10):
 - a chain (or a refusal at rest) that ends without success — every case where an
   ``auto_retry_end`` with ``success: false`` was emitted: :class:`RetryChainError` with
   ``end_reason``, ``attempts``, ``classification`` and the last exception as ``__cause__``;
-- cancelling the task that awaits the call (or ``KeyboardInterrupt`` in :meth:`run_sync`)
-  during a chain: the chain ends ``cancelled``, its end event is emitted, and the
-  cancellation propagates.
+- cancelling the task that awaits the call, or any other ``BaseException`` during a chain
+  (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit`` when the awaiting coroutine is
+  closed, the caller's own): the chain ends ``cancelled``, its end event is emitted, and the
+  exception propagates;
+- a callable that returns no awaitable (:meth:`run`: a generator, None) or an awaitable
+  (:meth:`run_sync`): a ``TypeError`` saying so, raised as it is on the first call and as
+  the ``__cause__`` of a ``RetryChainError`` (``fatal``) when a chain runs.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
 from fsm.core.classify import Classification
 from fsm.core.events import AutoRetryEnd, Event, RequestDelayed
 from fsm.core.messages import AssistantMessage
+from fsm.core.redact import register_secret, request_secrets
+from fsm.core.text import safe_message
 from fsm.core.settings import RetrySettings, SettingsError
 from fsm.host.chain import RETRY_OWNER
 from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
@@ -77,6 +83,18 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
     LookupError, AttributeError, TypeError, NameError, AssertionError, ArithmeticError,
     NotImplementedError, ImportError, SyntaxError)
 """Exception classes that mean a bug in the caller's code: fatal whatever their text."""
+
+
+def _client_secrets(fn: Any) -> tuple[str, ...]:
+    """The API key of the SDK client a bound method belongs to (``client.chat.completions
+    .create``: the resource's ``_client.api_key``), else ``()``. Never raises."""
+    try:
+        owner = getattr(fn, "__self__", None)
+        client = getattr(owner, "_client", None) or owner
+        key = getattr(client, "api_key", None)
+    except Exception:
+        return ()
+    return (key,) if isinstance(key, str) and key else ()
 
 
 def _is_sdk_error(exc: BaseException) -> bool:
@@ -216,8 +234,20 @@ class _Call:
         else:
             cls = self.kernel.classify(message, runner.context_window, now_ms)
         if cls.kind != "none":
+            # What events, RetryChainError and logs may show: credentials of any shape the
+            # call was made with scrubbed, the text clipped as the session clips it.
+            message = safe_message(message, self.secrets(exc))
             self.message, self.cls = message, cls
         return message, cls
+
+    def secrets(self, exc: BaseException | None) -> tuple[str, ...]:
+        """The runner's ``secrets``, the key of the callable's SDK client and the
+        credentials the failed request carried (its headers and URL), all registered with
+        the process's scrubbing layer (:mod:`fsm.core.redact`)."""
+        found = request_secrets(exc) + _client_secrets(self.fn)
+        if found:
+            register_secret(*found)
+        return self.runner.secrets + found
 
     def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts | None) -> None:
         self.delay = None
@@ -312,6 +342,9 @@ class RetryRunner:
         context_window: the model's context window in tokens, for the silent-overflow rule.
         to_message: ``to_message(exc) -> AssistantMessage``: how an exception reads (default:
             :func:`fsm.providers.sdk_errors.error_message`, the one mapping of SDK and transport errors).
+        secrets: credentials that no event, log or :class:`RetryChainError` may show, of any
+            shape (the callable's SDK client key and the credentials a failed request carried
+            are found without being listed; ``sk-…`` keys and bearer tokens always are).
         zone: the time-zone resolver for reset times named in a zone
             (:func:`fsm.host.kernel.default_zone`; None = named zones are unknown).
     """
@@ -321,7 +354,7 @@ class RetryRunner:
                  clock: Any = None, sleep: Callable[[float], Any] | None = None,
                  random: Callable[[], float] = _random.random, context_window: int = 0,
                  to_message: Callable[[BaseException], AssistantMessage] | None = None,
-                 zone: ZoneResolver | None = default_zone) -> None:
+                 zone: ZoneResolver | None = default_zone, secrets: Any = ()) -> None:
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
         if sleep is not None and not callable(sleep):
@@ -338,6 +371,10 @@ class RetryRunner:
         self.context_window = context_window
         self.to_message = to_message or _sdk.error_message
         self.zone = zone
+        if isinstance(secrets, str):
+            secrets = (secrets,)
+        self.secrets: tuple[str, ...] = tuple(v for v in secrets if isinstance(v, str) and v)
+        register_secret(*self.secrets)
         self._fallback: tuple[str | None, int] | None = None  # (fallback in use, primary's mark)
 
     def _emit(self, event: Event) -> None:
@@ -366,13 +403,18 @@ class RetryRunner:
                     pending, result, exc = _RAISED, None, failure
                 if pending is not _RAISED:
                     if type(pending) is not _COROUTINE and not inspect.isawaitable(pending):
-                        raise TypeError(f"{_name(fn)} returned {type(pending).__name__}, not an "
-                                        "awaitable: use fsm.retrying_sync (RetryRunner.run_sync) "
-                                        "for a synchronous callable")
-                    try:
-                        result, exc = await self._bounded(pending, call), None
-                    except Exception as failure:
-                        result, exc = None, failure
+                        _close(pending)
+                        # The caller's mistake: a fatal failure of this attempt, so that a
+                        # chain already running ends (RetryChainError from this TypeError); a
+                        # first call raises it as it is.
+                        result, exc = None, TypeError(
+                            f"{_name(fn)} returned {type(pending).__name__}, not an awaitable: use "
+                            "fsm.retrying_sync (RetryRunner.run_sync) for a synchronous callable")
+                    else:
+                        try:
+                            result, exc = await self._bounded(pending, call), None
+                        except Exception as failure:
+                            result, exc = None, failure
                 kernel = call.kernel
                 now = kernel.now_ms()
                 message, cls = call.judge(result, exc, now)
@@ -390,8 +432,12 @@ class RetryRunner:
                     call.perform(call.brain.backoff_elapsed(call.timer))
                 elif not await self._recheck_budget(call):
                     return call.outcome(result, cls)
-        except asyncio.CancelledError:
-            call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
+        except BaseException:
+            # Cancellation, KeyboardInterrupt, SystemExit, GeneratorExit (the awaiting
+            # coroutine closed) or any BaseException at any await: the chain that runs ends
+            # ``cancelled`` (its auto_retry_end is emitted, synchronously: no await here), then
+            # the exception goes on. Ignored by the brain when no chain runs.
+            _end_chain(call)
             raise
         finally:
             RETRY_OWNER.reset(owner)
@@ -507,10 +553,9 @@ class RetryRunner:
                 except Exception as failure:
                     result, exc = None, failure
                 if inspect.isawaitable(result):
-                    if inspect.iscoroutine(result):
-                        result.close()  # never awaited: no "was never awaited" warning
-                    raise TypeError(f"{_name(fn)} returned an awaitable: use fsm.retrying "
-                                    "(RetryRunner.run) for an async callable")
+                    _close(result)  # never awaited: no "was never awaited" warning
+                    result, exc = None, TypeError(f"{_name(fn)} returned an awaitable: use "
+                                                  "fsm.retrying (RetryRunner.run) for an async callable")
                 now = call.kernel.now_ms()
                 message, cls = call.judge(result, exc, now)
                 call.decide(message, cls, call.kernel.local_facts(now_ms=now))
@@ -518,8 +563,8 @@ class RetryRunner:
                     return call.outcome(result, cls)
                 sleep(call.delay / 1000)
                 call.perform(call.brain.backoff_elapsed(call.timer))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            call.perform(call.brain.prompt_cancelled())
+        except BaseException:  # KeyboardInterrupt, SystemExit, ...: the chain ends first
+            _end_chain(call)
             raise
 
     # -------------------------------------------------------------- decorator
@@ -535,6 +580,24 @@ class RetryRunner:
         def run_blocking(*args: Any, **kwargs: Any) -> Any:
             return self.run_sync(fn, *args, **kwargs)
         return run_blocking
+
+
+def _end_chain(call: _Call) -> None:
+    """End the running chain (``cancelled``), if any, whatever stops the run; an exception
+    raised while its end is emitted (a listener's BaseException) does not hide the first."""
+    try:
+        call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
+    except BaseException:  # noqa: BLE001 - the exception that stopped the run goes on
+        log.exception("ending the retry chain failed")
+
+
+def _close(value: Any) -> None:
+    """Close a coroutine or generator the runner will not run (no "never awaited" warning)."""
+    if inspect.iscoroutine(value) or inspect.isgenerator(value):
+        try:
+            value.close()
+        except Exception:  # noqa: BLE001 - its own clean-up failing is not the caller's error
+            pass
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -297,9 +297,7 @@ class AgentSession:
                 what = "a retry chain is active" if self.is_retrying else "a turn is running"
                 raise SessionBusyError(f"cannot prompt: {what}; pass streaming_behavior='steer' or "
                                        "'follow_up' to queue the message")
-            behavior = "steer" if streaming_behavior == "steer" else "follow_up"
-            self._queue.append((UserMessage(text, self._stamp()), behavior))
-            self._emit(self._queue_event())
+            self.queue_message(text, streaming_behavior)
             return
         owner = self._prompt_owner = object()
         try:
@@ -319,6 +317,25 @@ class AgentSession:
         finally:
             if self._prompt_owner is owner:
                 self._prompt_owner = None
+
+    def queue_message(self, text: str, behavior: str = "follow_up") -> None:
+        """Queue a user message without starting a turn, as the original's ``steer`` /
+        ``followUp`` do: while the session is busy it goes out with the next continue or turn;
+        while it is idle it waits for the next :meth:`prompt`, which sends it first (one
+        request, not one per message). Emits the queue update. ``behavior`` is ``"steer"`` or
+        ``"follow_up"``; ``TypeError`` / ``ValueError`` as :meth:`prompt` (nothing queued)."""
+        if not isinstance(text, str):
+            raise TypeError(f"message text must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"message text is not valid Unicode: {exc.object[exc.start:exc.end]!r} "
+                             f"at character {exc.start}") from None
+        if behavior not in STREAMING_BEHAVIORS:
+            raise ValueError(f"behavior must be 'steer' or 'follow_up', got {behavior!r}")
+        self._queue.append((UserMessage(text, self._stamp()),
+                            "steer" if behavior == "steer" else "follow_up"))
+        self._emit(self._queue_event())
 
     def abort_retry(self) -> None:
         """Cancel a pending backoff (§5), or a first request's wait (the resilient profile:

@@ -47,6 +47,7 @@ from typing import Any
 from fsm.core.classify import ERROR_CODES
 from fsm.core.hints import header_hint
 from fsm.core.messages import AssistantMessage, Usage
+from fsm.core.text import clip_text, safe_error_text
 
 __all__ = [
     "BODY_LIMIT",
@@ -142,7 +143,7 @@ def _error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFac
         if isinstance(body, Mapping):
             return stream_error_facts({"error": body})
         return ErrorFacts(_mask(f"Stream error: {getattr(exc, 'message', '') or exc}"))
-    text = str(exc)
+    text = clip_text(str(exc))  # before any copy: the text may be 100 MB
     head = f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
     causes = _cause_chain(exc)
     return ErrorFacts(_mask(head + (f" ({'; '.join(causes)})" if causes else "")))
@@ -322,8 +323,11 @@ def _hint_suffix(headers: Mapping[str, str] | None, status: int | None, error_ty
 
 
 def _mask(text: str) -> str:
-    """Bearer tokens and ``sk-…`` keys replaced by ``***`` (an SDK error can echo a header)."""
-    return _SECRET.sub(lambda m: (m.group(1) or "") + "***", text)
+    """``text`` through the scrubbing layer and clipped to 8 KB
+    (:func:`fsm.core.text.safe_error_text`: a 100 MB exception text costs microseconds, not
+    seconds), then the remaining bearer tokens and ``sk-…`` keys replaced by ``***`` (an SDK
+    error can echo a header)."""
+    return _SECRET.sub(lambda m: (m.group(1) or "") + "***", safe_error_text(text))
 
 
 def _cause_chain(exc: BaseException) -> list[str]:
@@ -333,7 +337,7 @@ def _cause_chain(exc: BaseException) -> list[str]:
     and the root cause (``ConnectionRefusedError``…) is the part worth reading.
     """
     parts: list[str] = []
-    seen = {str(exc)}
+    seen = {clip_text(str(exc), 1024)}
     first: BaseException | None = None
     pending = [exc.__cause__ or exc.__context__]
     visited = {id(exc)}
@@ -345,7 +349,7 @@ def _cause_chain(exc: BaseException) -> list[str]:
         if isinstance(cause, asyncio.CancelledError):
             # anyio's timeouts are cancel scopes; their text only names a scope's address.
             continue
-        first, text = first or cause, str(cause)
+        first, text = first or cause, clip_text(str(cause), 1024)
         if isinstance(cause, BaseExceptionGroup):
             pending = list(cause.exceptions) + pending
         elif text and text not in seen:

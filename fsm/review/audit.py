@@ -1,7 +1,9 @@
 """Transition coverage of the retry lifecycle: recording, trace files and the audit (docs/policy.md §7).
 
-Recording hooks into :func:`fsm.core.lifecycle.add_recorder`, which reports every *tried*
-transition of every machine in the process as a :class:`fsm.core.lifecycle.TransitionRecord`:
+Recording hooks into the engine that runs the brain: a recorder hears every *tried* transition
+as a :class:`fsm.core.lifecycle.TransitionRecord`, either of every brain firing in the current
+context (:func:`fsm.core.lifecycle.recording` / :func:`~fsm.core.lifecycle.add_recorder`; the
+asyncio tasks started inside inherit it) or of one brain (``RetryBrain.add_recorder``):
 
 - :class:`Collector` counts records in memory per (row id, outcome); the pytest plugin
   (:mod:`fsm.review.pytest_plugin`) uses it;
@@ -68,8 +70,9 @@ Counts = dict[tuple[str, str], int]
 class Collector:
     """In-memory counts of tried transitions: ``counts[(row id, outcome)] -> int``.
 
-    A recorder for :func:`fsm.core.lifecycle.add_recorder`; ``model`` restricts it to one brain.
-    Use :meth:`install` / :meth:`uninstall` or ``with Collector() as c:``.
+    A recorder of the current context (:func:`fsm.core.lifecycle.add_recorder`); ``model``
+    restricts it to one brain. Use :meth:`install` / :meth:`uninstall` or ``with Collector() as
+    c:``.
     """
 
     __slots__ = ("counts", "model")
@@ -151,7 +154,16 @@ class TraceWriter:
         header = {"type": "trace", "version": L.VERSION, "machine": MACHINE}
         self._file.write(json.dumps(header) + "\n")
         self._file.flush()
-        L.add_recorder(self)
+        self._attach()
+
+    def _attach(self) -> None:
+        # A brain records to its own recorders; otherwise the current context's.
+        add = getattr(self.model, "add_recorder", None)
+        (add or L.add_recorder)(self)
+
+    def _detach(self) -> None:
+        remove = getattr(self.model, "remove_recorder", None)
+        (remove or L.remove_recorder)(self)
 
     def __call__(self, model: object, record: L.TransitionRecord) -> None:
         if self.model is not None and model is not self.model:
@@ -169,7 +181,7 @@ class TraceWriter:
         except (OSError, ValueError, AttributeError) as exc:
             # A trace is an observer: it must never break the session it watches.
             self.error = exc
-            L.remove_recorder(self)
+            self._detach()
             warnings.warn(f"trace {self.path}: recording stopped after {self.records} records:"
                           f" {exc}", RuntimeWarning, stacklevel=2)
 
@@ -179,7 +191,7 @@ class TraceWriter:
 
     def close(self) -> None:
         """Stop recording, flush and close the file; closing twice does nothing."""
-        L.remove_recorder(self)
+        self._detach()
         if self._file is not None:
             f, self._file = self._file, None
             f.close()

@@ -10,8 +10,9 @@ project's additions as extra fields only:
   ``docs/policy.md``).
 - ``get_messages`` → ``{"messages": [...]}``, the runtime context (what the next request
   carries: a failed attempt that was retried is not in it), as :func:`message_json`.
-- ``steer`` / ``follow_up`` queue a message while the session is busy (delivered with the
-  next turn, never shortening a backoff); on an idle session they start a turn.
+- ``steer`` / ``follow_up`` queue a message, busy or idle, and never start a turn: while busy
+  it is delivered with the next turn (never shortening a backoff); while idle it waits for
+  the next ``prompt``, which sends it first, in the same request (as the original does).
 - ``retry_now`` ends a backoff at once; outside a backoff it is ignored (success, like
   ``abort_retry``).
 """
@@ -110,10 +111,10 @@ class RpcServer:
         self._respond(cmd, data={"text": text})
 
     async def _cmd_steer(self, cmd: Command) -> None:
-        await self._queue_behind_abort(cmd, "steer")
+        await self._queue_behind_abort(cmd, "steer", start=False)
 
     async def _cmd_follow_up(self, cmd: Command) -> None:
-        await self._queue_behind_abort(cmd, "follow_up")
+        await self._queue_behind_abort(cmd, "follow_up", start=False)
 
     async def _cmd_retry_now(self, cmd: Command) -> None:
         self.session.retry_now()
@@ -146,7 +147,11 @@ class RpcServer:
     async def _cmd_prompt(self, cmd: Command) -> None:
         await self._queue_behind_abort(cmd, cmd.fields.get("streamingBehavior"))
 
-    async def _queue_behind_abort(self, cmd: Command, behavior: str | None) -> None:
+    async def _queue_behind_abort(self, cmd: Command, behavior: str | None, *,
+                                  start: bool = True) -> None:
+        """Run a ``prompt`` (``start``) or queue a ``steer`` / ``follow_up`` message (never a
+        turn of its own, busy or idle, as in the original), after an abort still in progress."""
+        go = self._start_prompt if start else self._queue_message
         previous = self._control
         if previous is not None and not previous.done():
             async def run() -> None:
@@ -156,10 +161,18 @@ class RpcServer:
                     # client is gone, so no new turn (and no request to the model) is started.
                     self._respond(cmd, False, error=f"{cmd.type} not sent: the server is shutting down")
                     return
-                await self._start_prompt(cmd, behavior)
+                await go(cmd, behavior)
             self._control = self._spawn(run())
             return
-        await self._start_prompt(cmd, behavior)
+        await go(cmd, behavior)
+
+    async def _queue_message(self, cmd: Command, behavior: str | None) -> None:
+        try:
+            self.session.queue_message(cmd.fields["message"], behavior or "follow_up")
+        except (TypeError, ValueError) as exc:
+            self._respond(cmd, False, error=str(exc))
+        else:
+            self._respond(cmd)
 
     async def _start_prompt(self, cmd: Command, behavior: str | None) -> None:
         import asyncio

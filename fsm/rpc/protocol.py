@@ -34,6 +34,8 @@ import math
 import re
 from typing import Any, Callable, NamedTuple
 
+from fsm.core.redact import contains_secret, scrub_value
+
 __all__ = [
     "COMMAND_FIELDS", "Command", "CommandError", "LineFramer", "LineTooLong", "MAX_LINE_BYTES",
     "IGNORED_TYPES", "NOT_IMPLEMENTED", "STREAMING_BEHAVIORS", "encode_line", "parse_command", "response",
@@ -326,7 +328,10 @@ def encode_line(obj: Any) -> bytes:
     """One protocol line: compact UTF-8 JSON, U+2028/U+2029 escaped, ``\\n`` at the end.
 
     Strings that cannot be UTF-8 (lone surrogates from a ``"\\ud800"`` escape) fall back to an
-    all-ASCII encoding. NaN and infinities are written as null, so the line stays JSON.
+    all-ASCII encoding. NaN and infinities are written as null, so the line stays JSON. Every
+    string of the line goes through the scrubbing layer (:func:`fsm.core.redact.scrub_secrets`:
+    the registered secrets and key shapes become ``[redacted]``); a line without any costs
+    one scan.
     """
     try:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_json_default,
@@ -334,6 +339,8 @@ def encode_line(obj: Any) -> bytes:
     except ValueError:
         text = json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"),
                           default=_json_default)
+    if contains_secret(text):  # rare: scrub the strings only, never a number
+        text = json.dumps(scrub_value(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
     text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     try:
         data = text.encode("utf-8")

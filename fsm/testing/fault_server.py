@@ -53,6 +53,7 @@ Command line: ``python -m fsm fault-server --script FILE`` (see :mod:`fsm.comman
 from __future__ import annotations
 
 import collections
+import io
 import ipaddress
 import json
 import math
@@ -96,6 +97,16 @@ MAX_RECORDS = 10_000
 
 TIMEOUT_S = 30.0
 """Default ``timeout_s``: a connection that sends nothing (or takes no bytes) this long is closed."""
+
+MAX_HEADER_BYTES = 64 << 10
+"""Default ``max_header_bytes``: a request line and headers bigger than this are answered 431."""
+
+MAX_HEADERS = 100
+"""Default ``max_headers``: a request with more header lines is answered 431."""
+
+MAX_PENDING = 4096
+"""Connections whose request head is still arriving, at most; past it the oldest is closed
+(so that a flood of slow clients cannot lock new ones out)."""
 
 _CHUNK_LINE_LIMIT = 1024
 _TRAILER_LINES_LIMIT = 100
@@ -282,6 +293,55 @@ def _wait_sent(conn: socket.socket, stopping: threading.Event, timeout_s: float 
         stopping.wait(0.001)
 
 
+class _HeadTooLarge(Exception):
+    """A request line and headers past ``max_header_bytes`` or ``max_headers`` (answered 431)."""
+
+
+def _head_end(buf: bytes | bytearray, start: int = 0) -> int | None:
+    """The length of the request head at the start of ``buf`` (request line, headers and the
+    blank line), or None while it is incomplete; ``start`` skips what was searched before."""
+    if buf[:2] == b"\r\n":
+        return 2
+    if buf[:1] == b"\n":
+        return 1
+    start = max(0, start - 3)
+    ends = [i + 3 for i in (buf.find(b"\n\r\n", start),) if i >= 0]
+    ends += [i + 2 for i in (buf.find(b"\n\n", start),) if i >= 0]
+    return min(ends) if ends else None
+
+
+_TOO_LARGE_BODY = b'{"error": {"message": "request headers are too large", "type": "invalid_request_error"}}'
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+              b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY))
+
+
+class _Prefixed(io.RawIOBase):
+    """A raw stream that yields ``prefix`` (bytes already read from a socket) then ``inner``."""
+
+    def __init__(self, prefix: bytes, inner: Any) -> None:
+        self._prefix = memoryview(prefix)
+        self._inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._prefix:
+            n = min(len(b), len(self._prefix))
+            b[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        data = self._inner.read1(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            super().close()
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fsm-fault-server/1"
@@ -293,6 +353,86 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = self.server.owner.timeout_s  # StreamRequestHandler applies it to the socket
         super().setup()
         self.server.track(self.connection, True)
+        # The serving thread read the first request head (and maybe more) before handing the
+        # connection over: it is read from here first.
+        self._first_head = self.server.prefixes.pop(self.connection, b"")
+
+    def _read_head(self) -> bytes:
+        """The next request head from the connection: at most ``max_header_bytes`` and
+        ``max_headers`` lines (else :class:`_HeadTooLarge`), all of it within ``timeout_s``
+        (else ``TimeoutError``: a client dripping a byte now and then is closed all the
+        same). ``b""`` when the client closed the connection."""
+        owner = self.server.owner
+        limit, max_lines = owner.max_header_bytes, owner.max_headers + 1
+        deadline = time.monotonic() + owner.timeout_s
+        buf = bytearray()
+        lines = 0
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the request head did not arrive in time")
+                self.connection.settimeout(left)
+                data = self.rfile.peek(1)  # at most one read from the socket
+                if not data:
+                    return bytes(buf)
+                cut = data.find(b"\n")
+                piece = self.rfile.read(min(cut + 1 if cut >= 0 else len(data), limit + 1 - len(buf)))
+                buf += piece
+                if len(buf) > limit:
+                    raise _HeadTooLarge()
+                if piece.endswith(b"\n"):
+                    lines += 1
+                    if lines > max_lines:
+                        raise _HeadTooLarge()
+                    if _head_end(buf, len(buf) - len(piece)) is not None:
+                        return bytes(buf)
+        finally:
+            self.connection.settimeout(owner.timeout_s)
+
+    def handle_one_request(self) -> None:
+        """One request, as the standard library's, with a bounded request head (431 past
+        ``max_header_bytes`` / ``max_headers``) that must arrive within ``timeout_s``."""
+        try:
+            if self._first_head:
+                head, self._first_head = self._first_head, b""
+                end = _head_end(head) or len(head)
+                if end < len(head):  # a body or a next request came with the head
+                    self.rfile = io.BufferedReader(_Prefixed(head[end:], self.rfile))
+                head = head[:end]
+            else:
+                head = self._read_head()
+        except _HeadTooLarge:
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.close_connection = True
+            self.send_error(431, "Request header fields too large",
+                            f"at most {self.server.owner.max_headers} headers and "
+                            f"{self.server.owner.max_header_bytes} bytes")
+            return
+        except (TimeoutError, OSError):
+            self.close_connection = True
+            return
+        if not head:
+            self.close_connection = True
+            return
+        cut = head.find(b"\n") + 1
+        self.raw_requestline = head[:cut]
+        real, self.rfile = self.rfile, io.BytesIO(head[cut:])
+        try:
+            parsed = self.parse_request()
+        finally:
+            self.rfile = real
+        if not parsed:
+            return
+        method = getattr(self, "do_" + self.command, None)
+        if method is None:
+            self.send_error(501, f"Unsupported method ({self.command!r})")
+            return
+        try:
+            method()
+            self.wfile.flush()
+        except TimeoutError:
+            self.close_connection = True
 
     def finish(self) -> None:
         try:
@@ -565,6 +705,7 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, owner: "FaultServer", address: tuple[str, int]) -> None:
         self.owner = owner
+        self.prefixes: dict[socket.socket, bytes] = {}  # the head read before a handler started
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
         if ":" in address[0]:
@@ -615,7 +756,12 @@ class FaultServer:
     and without a record; at most ``max_records`` records are kept and their bodies hold at
     most ``max_log_bytes`` request bytes (the oldest go first; :attr:`chat_count` still counts
     every chat request); a connection that sends or takes nothing for ``timeout_s`` seconds is
-    closed. ``host`` must be a loopback address unless ``allow_remote`` is true (``""``,
+    closed, and so is one whose request head (request line and headers) has not arrived whole
+    within ``timeout_s`` (a slowloris client dripping a byte now and then); a head over
+    ``max_header_bytes`` (64 KiB) or ``max_headers`` (100 lines) is answered 431 and closed. A
+    new connection holds no thread until its first head has arrived (the serving thread reads
+    heads with a selector, at most :data:`MAX_PENDING` at once, the oldest closed first), so
+    slow or silent clients never keep others from being served. ``host`` must be a loopback address unless ``allow_remote`` is true (``""``,
     ``0.0.0.0``, ``::`` or a LAN address let anyone on the network use the server):
     ``ValueError`` otherwise. With ``verbose``, each answered request is logged to stderr as
     one JSON line, credential-like query parameters and headers redacted
@@ -626,6 +772,7 @@ class FaultServer:
                  *, model: str = "fault-model", verbose: bool = False, allow_remote: bool = False,
                  max_body_bytes: int = MAX_BODY_BYTES, max_log_bytes: int = MAX_LOG_BYTES,
                  max_records: int = MAX_RECORDS, timeout_s: float = TIMEOUT_S,
+                 max_header_bytes: int = MAX_HEADER_BYTES, max_headers: int = MAX_HEADERS,
                  capacity: Any = None) -> None:
         self.script = validate_script(list(script or []))
         self.capacity = capacity  # capacity mode (fsm.testing.capacity.Capacity): refuses first
@@ -635,7 +782,8 @@ class FaultServer:
                              "server answers anyone; pass allow_remote=True (--allow-remote) if "
                              "that is meant, or use 127.0.0.1")
         for name, value in (("max_body_bytes", max_body_bytes), ("max_log_bytes", max_log_bytes),
-                            ("max_records", max_records)):
+                            ("max_records", max_records), ("max_header_bytes", max_header_bytes),
+                            ("max_headers", max_headers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a whole number ≥ 0, got {value!r}")
         if not (_is_number(timeout_s) and 0 < timeout_s < math.inf):
@@ -647,6 +795,8 @@ class FaultServer:
         self.max_log_bytes = max_log_bytes
         self.max_records = max_records
         self.timeout_s = timeout_s
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
         self._lock = threading.Lock()
         self._requests: collections.deque[dict] = collections.deque()
         self._kept: collections.deque[dict] = collections.deque()  # records still holding a body
@@ -748,16 +898,94 @@ class FaultServer:
         return self
 
     def _serve(self) -> None:
-        # Our own accept loop instead of serve_forever(): stop() wakes it through a socket
-        # pair at once, where serve_forever() would only notice at its next poll.
-        self._httpd.timeout = _POLL_S  # handle_request() must not block if a client vanished
+        # Our own loop instead of serve_forever(): stop() wakes it through a socket pair at
+        # once. A new connection waits here, in the selector, until its first request head
+        # has arrived whole (bounded in bytes, lines and time); only then does it get a
+        # thread. A client that connects and sends nothing, or drips a byte now and then
+        # (slowloris), never holds a thread, and every other client is served meanwhile.
+        listener = self._httpd.socket
+        listener.setblocking(False)
+        pending: dict[socket.socket, list[Any]] = {}  # conn -> [address, head so far, deadline]
+        next_sweep = time.monotonic() + _POLL_S
         with selectors.DefaultSelector() as sel:
-            sel.register(self._httpd, selectors.EVENT_READ)
+            sel.register(listener, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
-            while not self._stopping.is_set():
-                for key, _ in sel.select():
-                    if key.fileobj is self._httpd and not self._stopping.is_set():
-                        self._httpd.handle_request()
+            try:
+                while not self._stopping.is_set():
+                    for key, _ in sel.select(_POLL_S):
+                        if self._stopping.is_set():
+                            break
+                        if key.fileobj is listener:
+                            self._accept(listener, sel, pending)
+                        elif key.fileobj is not self._wake_r:
+                            self._head_bytes(key.fileobj, sel, pending)
+                    now = time.monotonic()
+                    if now >= next_sweep:
+                        next_sweep = now + _POLL_S
+                        for conn in [c for c, (_, _, deadline) in pending.items() if deadline <= now]:
+                            self._drop(conn, sel, pending)
+            finally:
+                for conn in list(pending):
+                    self._drop(conn, sel, pending)
+
+    def _accept(self, listener: socket.socket, sel: Any, pending: dict) -> None:
+        for _ in range(64):  # a burst of connections, without starving the others
+            try:
+                conn, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE and the like: try again on the next round
+                return
+            conn.setblocking(False)
+            while len(pending) >= MAX_PENDING:
+                self._drop(next(iter(pending)), sel, pending)  # the oldest slow client
+            pending[conn] = [address, b"", time.monotonic() + self.timeout_s]
+            sel.register(conn, selectors.EVENT_READ)
+
+    def _head_bytes(self, conn: Any, sel: Any, pending: dict) -> None:
+        state = pending[conn]
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            return self._drop(conn, sel, pending)
+        searched = len(state[1])
+        state[1] += data
+        head = state[1]
+        end = _head_end(head, searched)
+        if (end is None and len(head) > self.max_header_bytes) or (end or 0) > self.max_header_bytes \
+                or head[:end or len(head)].count(b"\n") > self.max_headers + 1:
+            try:
+                conn.send(_TOO_LARGE)
+            except OSError:
+                pass
+            return self._drop(conn, sel, pending)
+        if end is None:
+            return
+        sel.unregister(conn)
+        address = pending.pop(conn)[0]
+        conn.setblocking(True)
+        self._httpd.prefixes[conn] = bytes(head)
+        try:
+            self._httpd.process_request(conn, address)  # a handler thread of its own
+        except Exception:  # no thread could be started: this client is not served
+            self._httpd.prefixes.pop(conn, None)
+            self._httpd.shutdown_request(conn)
+
+    @staticmethod
+    def _drop(conn: Any, sel: Any, pending: dict) -> None:
+        pending.pop(conn, None)
+        try:
+            sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.close()
+        except OSError:
+            pass
 
     def stop(self) -> None:
         """Stop serving, end pending delays and close open connections. Idempotent."""

@@ -77,12 +77,15 @@ class _ScreenLogHandler(logging.Handler):
     def __init__(self, chat: "ChatApp", level: str | int) -> None:
         super().__init__(level)
         self.chat = chat
+        from fsm.core.redact import ScrubbingFilter
+        self.addFilter(ScrubbingFilter())  # no secret on the screen either
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = (record.getMessage().splitlines() or [""])[0]
             if record.exc_info and record.exc_info[1] is not None:
-                text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+                from fsm.core.text import safe_error_text
+                text += f" ({safe_error_text(f'{type(record.exc_info[1]).__name__}: {record.exc_info[1]}', limit_bytes=1024)})"
             self.chat.print_lines([Line(f"{record.levelname.lower()}: {text}", "error")])
         except Exception:  # a log line must never take the application down
             self.handleError(record)

@@ -31,6 +31,7 @@ def test_one_message_prints_kind_rule_and_hint():
     assert proc.stdout.decode().splitlines() == [
         "kind:        retryable",
         "rule:        retryable.status_429",
+        "family:      rate_limit",
         "usage limit: no",
         "retry hint:  30000 ms (30s)",
     ]
@@ -47,7 +48,7 @@ def test_one_message_as_json():
     proc = fsm("--json", "prompt is too long: 219898 tokens > 200000 maximum")
     assert proc.returncode == 0
     assert json.loads(proc.stdout) == {"kind": "context_overflow", "rule": "overflow.prompt_too_long",
-                                       "usageLimit": False, "retryHintMs": None}
+                                       "family": "overflow", "usageLimit": False, "retryHintMs": None}
 
 
 def test_options_stop_reason_context_window_tokens_and_clock():
@@ -84,9 +85,9 @@ def test_jsonl_file_with_a_bad_line_in_the_middle(tmp_path):
     assert proc.returncode == 1
     assert lines(proc.stdout) == [
         {"message": "Overloaded", "id": 1, "kind": "retryable", "rule": "retryable.overloaded",
-         "usageLimit": False, "retryHintMs": None},
+         "family": "overloaded", "usageLimit": False, "retryHintMs": None},
         {"message": "prompt is too long", "id": 3, "kind": "context_overflow",
-         "rule": "overflow.prompt_too_long", "usageLimit": False, "retryHintMs": None},
+         "rule": "overflow.prompt_too_long", "family": "overflow", "usageLimit": False, "retryHintMs": None},
     ]
     assert proc.stderr.decode().splitlines() == [
         "fsm classify: line 2: invalid JSON: Expecting value at column 1"]

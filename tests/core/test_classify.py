@@ -16,6 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsm.core import classify as C
+from fsm.core.classify import decide as D
+from fsm.core.classify.rules import YIELDS_TO_HINT
+from fsm.core.classify import scanner as S
 from fsm.core.classify import (
     INWORD_RULES,
     OVERFLOW_RULES,
@@ -28,6 +31,7 @@ from fsm.core.classify import (
     classify_message,
 )
 from fsm.core.hints import MAX_HINT_MS, WORD_CHARS, normalize_text, parse_normalized_hint_ms
+from fsm.commands.classify import zone_resolver
 from fsm.core.messages import AssistantMessage, Usage
 
 DATA = Path(__file__).parents[1] / "data"
@@ -44,8 +48,13 @@ KINDS = {"retryable", "context_overflow", "fatal", "none"}
 CORPUS_NOW_MS = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1000
 
 
+# The host's zone resolver (the shell's zoneinfo): named zones known, zone-less times UTC.
+ZONE = zone_resolver()
+
+
 def _ms(dt: datetime) -> float:
-    return dt.timestamp() * 1000
+    """Epoch ms of ``dt``; a naive ``dt`` is UTC (never the machine's zone)."""
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp() * 1000
 
 
 # Corpus rows whose hint is absolute (a clock time, a date, an epoch): the corpus files them as
@@ -59,7 +68,7 @@ ABSOLUTE_HINTS: dict[str, tuple[float, int]] = {
     # "reset at 9am (America/Chicago)", asked at 8:30 there
     "claude-usage-limit-reset-at-9am-tz": (
         _ms(datetime(2026, 1, 10, 8, 30, tzinfo=ZoneInfo("America/Chicago"))), 1_800_000),
-    # "try again at Jul 5th, 2026 8:19 PM" (no zone: local time), asked 19 minutes before
+    # "try again at Jul 5th, 2026 8:19 PM" (no zone: UTC), asked 19 minutes before
     "codex-usage-limit-try-again-at-en": (_ms(datetime(2026, 7, 5, 20, 0)), 19 * 60_000),
 }
 USAGE_LIMIT_ROWS = {
@@ -78,18 +87,17 @@ PREFIX = {"retryable": "retryable.", "context_overflow": "overflow.", "fatal": "
 # --- every corpus row -----------------------------------------------------------------------
 
 def row_now_ms(row: dict) -> float:
-    """A row's clock: its ``now`` (ISO 8601; without an offset, the local time, as the message
-    prints it), else the corpus's fixed clock."""
+    """A row's clock: its ``now`` (ISO 8601; without an offset, UTC, as a zone-less time in the
+    message is read), else the corpus's fixed clock."""
     if "now" not in row:
         return CORPUS_NOW_MS
-    when = datetime.fromisoformat(row["now"])
-    return (when if when.tzinfo else when.astimezone()).timestamp() * 1000
+    return _ms(datetime.fromisoformat(row["now"]))
 
 
 @pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
 def test_corpus_row(row):
     now_ms, absolute = ABSOLUTE_HINTS.get(row["id"], (row_now_ms(row), None))
-    result = classify("error", row["message"], now_ms=now_ms)
+    result = classify("error", row["message"], now_ms=now_ms, zone=ZONE)
     assert result.kind == row["expected"], (result, row["notes"])
     assert result.rule.startswith(PREFIX[result.kind])
     assert result.usage_limit == row.get("usage_limit", row["id"] in USAGE_LIMIT_ROWS)
@@ -391,7 +399,7 @@ def test_d3_traps_are_not_server_errors(message):
 @pytest.mark.parametrize("message, usage_limit, hint", [
     ("You've hit your usage limit. Try again in 3 hours.", True, 10_800_000),
     ('{"type":"usage_limit_reached","resets_in_seconds":60}', True, 60_000),
-    ("5-hour limit reached ∙ resets 3pm", True, 3_600_000),  # 3pm local, asked at 2pm local
+    ("5-hour limit reached ∙ resets 3pm", True, 3_600_000),  # 3pm UTC (no zone), asked at 2pm UTC
     ("Weekly limit reached", True, None),
     ("Rate limit reached for gpt-4 in organization org-x. Please try again in 20s.", False, 20_000),
     ("503 Service Unavailable (retry-after: 5)", False, 5_000),
@@ -425,18 +433,18 @@ def test_rule_rows_are_well_formed():
         # a word-start alternative must begin with a literal: the scan's first-character
         # filter and the one-alternative-per-position trie depend on it
         if not rule.anywhere:
-            for alt in C._alternatives(rule.pattern):
-                assert alt[:1] > "\x7f" or C._literal_prefix(alt.lstrip("^")), (rule.id, alt)
-        assert rule.family and re.fullmatch(r"[a-z0-9_]+", rule.family)
+            for alt in S.alternatives(rule.pattern):
+                assert alt[:1] > "\x7f" or S.literal_prefix(alt.lstrip("^")), (rule.id, alt)
+        assert rule.family in C.FAMILIES and rule.family not in ("none", "other"), rule.id
         assert len(rule.source) > 10
         compiled = re.compile(rule.pattern)
         assert compiled.groups == 0, f"{rule.id}: use (?:...), not capturing groups"
         unescaped = re.sub(r"\\.", "", rule.pattern)
         assert unescaped == unescaped.lower(), f"{rule.id}: patterns match lower-case text"
     assert {rule.family for rule in USAGE_LIMIT_RULES} == {"usage_limit"}
-    assert {rule.family for rule in OVERFLOW_RULES} <= {"context_overflow", "request_size"}
+    assert {rule.family for rule in OVERFLOW_RULES} == {"overflow"}
     families = {rule.family for rule in RETRYABLE_RULES}
-    assert {"overloaded", "rate_limit", "server_5xx", "network", "retry_delay"} <= families
+    assert {"overloaded", "rate_limit", "server_error", "network", "retry_later", "stalled", "timeout"} <= families
 
 
 RULE_EXAMPLES = {
@@ -505,6 +513,17 @@ RULE_EXAMPLES = {
     "retryable.timeout": "Request timed out.",
     "retryable.stream_stalled": "stream stalled: no response within 30 s",
     "retryable.attempt_timeout": "attempt timed out after 120 s",
+    "overflow.length_validation": "Input length (160062 tokens) exceeds the maximum allowed length (59862 tokens).",
+    "overflow.context_size_exceeded": "500 Internal Server Error: context size has been exceeded",
+    "fatal.quota_value_zero": "Quota exceeded for metric: free_tier_requests, quota_limit_value: '0'",
+    "fatal.host_undefined": "request to http://undefined/v1/messages failed, reason: getaddrinfo ENOTFOUND undefined",
+    "fatal.route_not_found": "502 Bad Gateway: <pre>Cannot POST /v1/chat/completions</pre>",
+    "retryable.gateway_no_response": '400 {"error":[{"code":2005,"message":"Failed to get response from provider"}]}',
+    "retryable.free_quota_window": "402 Payment Required: daily free quota used up, come back in 3h47m",
+    "retryable.request_failed_retry": "The request failed, please retry.",
+    "retryable.try_again_i18n": "Error interno. Por favor, inténtalo de nuevo en 30 segundos.",
+    "retryable.rate_limit_i18n": "Demasiadas solicitudes",
+    "retryable.overloaded_i18n": "Le serveur est surchargé",
     "retryable.retry_delay": "Please retry after 30 seconds",
     # the v2 families
     "overflow.request_above_limit": "Error code: 429 - Request too large for gpt-4o in organization "
@@ -546,20 +565,23 @@ def test_rule_example_is_decided_by_its_rule(rule_id, message):
 _BOUND = re.compile(f"[^{WORD_CHARS}]")
 
 
-def _reference_regexes(rules):
-    """Each rule as one plain regex with the same word-start semantics as the compiled scan."""
+def _reference_regexes(rules, word_start_only=False):
+    """Each rule as one plain regex with the same word-start semantics as the compiled scan
+    (``word_start_only``: without the alternatives looked for anywhere)."""
     out = []
     for rule in rules:
-        alts = C._alternatives(rule.pattern)
+        alts = S.alternatives(rule.pattern)
         parts = []
         for alt in alts:
             if alt.startswith("^"):
                 parts.append(r"\A (?:" + alt[1:] + ")")
             elif alt[:1] > "\x7f" or rule.anywhere:
-                parts.append(f"(?:{alt})")
+                if not word_start_only:
+                    parts.append(f"(?:{alt})")
             else:
                 parts.append(f"(?<=[^{WORD_CHARS}])(?:{alt})")
-        out.append((rule, re.compile("|".join(parts))))
+        if parts:
+            out.append((rule, re.compile("|".join(parts))))
     return out
 
 
@@ -567,6 +589,9 @@ _REF_OVERFLOW = _reference_regexes(OVERFLOW_RULES)
 _REF_PERMANENT = _reference_regexes(PERMANENT_RULES)
 _REF_RETRYABLE = _reference_regexes(tuple(r for r in STATUS_RULES if r.id.startswith("retryable."))
                                     + RETRYABLE_RULES + USAGE_LIMIT_RULES)
+_REF_RETRYABLE_WORD_START = _reference_regexes(
+    tuple(r for r in STATUS_RULES if r.id.startswith("retryable.")) + RETRYABLE_RULES + USAGE_LIMIT_RULES,
+    word_start_only=True)
 _REF_STATUS = _reference_regexes(STATUS_RULES)
 _REF_ANYWHERE = _reference_regexes(INWORD_RULES)
 _GUARD_IDS = {"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"}
@@ -585,7 +610,12 @@ def _leftmost(table, t, keep=lambda rule: True):
 
 
 def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
-    """docs/policy.md §2 applied rule by rule, with no compilation tricks."""
+    """docs/policy.md §2 applied rule by rule, with no compilation tricks (the family refined by
+    the text as the classifier does)."""
+    return D._refine(_reference_verdict(stop_reason, message, usage, window, now_ms), message)
+
+
+def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
     if stop_reason != "error":
         return Classification("none", "stop_reason.not_error")
     if not message or message.isspace():
@@ -599,7 +629,13 @@ def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
         return Classification("context_overflow", above[0].id)  # even inside a 429
     if (overflow or silent) and not guard:
         return Classification("context_overflow", overflow.id if overflow else "overflow.silent_usage")
-    strict = _leftmost(_REF_PERMANENT, t, lambda r: r.id != "fatal.exceeded_current_quota")
+    strict = _leftmost(_REF_PERMANENT, t, lambda r: r.id not in YIELDS_TO_HINT)
+    if strict is not None and strict.id in D._USAGE_WINDOW_ONLY:
+        retryable = _leftmost(_REF_RETRYABLE_WORD_START, t) or _leftmost(_REF_RETRYABLE, t)
+        usage = any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
+        hint = parse_normalized_hint_ms(t, now_ms=now_ms)
+        if usage and retryable is not None and (hint is not None or D._states_a_reset(t)):
+            return Classification("retryable", retryable.id, True, hint)
     if strict is not None:
         return Classification("fatal", strict.id)
     # the innermost (last) status marker decides over the families
@@ -611,13 +647,13 @@ def reference_classify(stop_reason, message, usage=None, window=0, now_ms=None):
     if last is not None and last[1].id.startswith("fatal."):
         return Classification("fatal", last[1].id)
     yielding = _leftmost(_REF_PERMANENT, t)
-    retryable = _leftmost(_REF_RETRYABLE, t, lambda r: r.id != "retryable.cn_rate_limit")
+    retryable = _leftmost(_REF_RETRYABLE_WORD_START, t)
     if retryable is None:
         retryable = _leftmost(_REF_RETRYABLE, t) or _leftmost(_REF_ANYWHERE, t)
     usage_limit = (any(rx.search(t) for rule, rx in _REF_RETRYABLE if rule.id in _USAGE_IDS)
                    or "perday" in t or "perhour" in t)
     hint = parse_normalized_hint_ms(t, now_ms=now_ms)
-    if yielding is not None and (retryable is None or (hint is None and not C._names_a_quota_window(t))):
+    if yielding is not None and (retryable is None or (hint is None and not D._names_a_quota_window(t))):
         return Classification("fatal", yielding.id)
     if retryable is None:
         return Classification("fatal", "fatal.unmatched")
@@ -660,8 +696,8 @@ def test_compiled_scan_agrees_with_the_reference_on_mixed_texts(text, input_toke
 @given(_texts)
 def test_needles_are_necessary_for_the_429_guard(text):
     t = " " + normalize_text(text)
-    if C._subset(frozenset({C._G})).regex.search(t) is not None:
-        assert any(needle in t for needle in C._GUARD_NEEDLES)
+    if D._subset(frozenset({D._G})).regex.search(t) is not None:
+        assert any(needle in t for needle in D._GUARD_NEEDLES)
 
 
 def test_very_many_matches_take_the_staged_path_with_the_same_decisions():
@@ -768,7 +804,7 @@ def test_a_voided_anchored_overflow_goes_on_to_the_next_steps():
 def test_patterns_with_capturing_groups_are_refused():
     bad = C.Rule("overflow.bad", "context_overflow", "(prompt) too long", "test")
     with pytest.raises(ValueError, match="capturing groups"):
-        C._compile([(C._OVERFLOW, bad)], frozenset())
+        S.compile_rules([(S.OVERFLOW, bad)], frozenset())
 
 
 # --- regressions ------------------------------------------------------------------------------
@@ -799,3 +835,68 @@ def test_classification_reads_the_whole_text_before_any_clipping():
     # the verdict at the end of a long body (past the 8 KB kept in events) still decides
     body = "x " * 10_000 + "Your credit balance is too low"
     assert classify("error", "503 " + body).rule == "fatal.credit_balance"
+
+
+# --- families (docs/classification.md "Families") ---------------------------------------------
+
+@pytest.mark.parametrize("result, family", [
+    (lambda: classify("error", "529 Overloaded"), "overloaded"),
+    (lambda: classify("error", '{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'),
+     "overloaded"),
+    (lambda: classify("error", "503 The engine is currently overloaded, please try again later"), "overloaded"),
+    (lambda: C.classify_facts("error", "Service Unavailable", status=503), "server_error"),
+    (lambda: C.classify_facts("error", "The server is overloaded", status=503), "overloaded"),
+    (lambda: C.classify_facts("error", "x", status=529), "overloaded"),
+    (lambda: C.classify_facts("error", "x", error_type="overloaded_error", status=400), "overloaded"),
+    (lambda: classify("error", "429 Too Many Requests"), "rate_limit"),
+    (lambda: classify("error", "Claude AI usage limit reached"), "usage_limit"),
+    (lambda: classify("error", "502 Bad Gateway"), "server_error"),
+    (lambda: classify("error", "read ECONNRESET"), "network"),
+    (lambda: classify("error", "stream stalled: no data for 60 s"), "stalled"),
+    (lambda: classify("error", "attempt timed out after 120 s"), "timeout"),
+    (lambda: classify("error", "prompt is too long: 250000 tokens > 200000 maximum"), "overflow"),
+    (lambda: classify("error", "Your credit balance is too low"), "billing"),
+    (lambda: classify("error", "401 invalid x-api-key"), "auth"),
+    (lambda: classify("error", "400 Bad Request: messages.0.content is required"), "invalid_request"),
+    (lambda: classify("error", "something odd happened"), "other"),
+    (lambda: classify("stop", None), "none"),
+])
+def test_family_of_a_verdict(result, family):
+    """Each verdict carries its family; 529, overloaded_error and 'overloaded' text are overloaded."""
+    assert result().family == family
+
+
+def test_family_outside_the_closed_set_is_refused():
+    """A Classification built by hand with an unknown family raises, naming it."""
+    with pytest.raises(ValueError, match="'bogus'"):
+        Classification("retryable", "x", family="bogus")
+    assert Classification("retryable", "retryable.status_429").family == "rate_limit"
+    assert Classification("retryable", "structured.status_529").family == "overloaded"
+    assert Classification("fatal", "structured.code_insufficient_quota").family == "billing"
+
+
+@pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
+def test_corpus_row_family_is_in_the_closed_set(row):
+    """Every corpus verdict has a family of the set, consistent with its kind."""
+    result = classify("error", row["message"], now_ms=CORPUS_NOW_MS, zone=ZONE)
+    assert result.family in C.FAMILIES
+    if result.kind == "context_overflow":
+        assert result.family == "overflow"
+    if result.usage_limit:
+        assert result.family == "usage_limit"
+    if result.kind == "retryable":
+        assert result.family in ("overloaded", "rate_limit", "usage_limit", "server_error", "network",
+                                 "stalled", "timeout", "retry_later")
+
+
+def test_a_free_window_with_a_stated_reset_is_a_usage_limit_even_without_a_clock():
+    """A 402 / insufficient_quota free window with a reset stays retryable without now_ms; billing stays fatal."""
+    message = ('API Error: 402 {"error":{"message":"Free quota used (30 requests / 5h). Resets at '
+               '10:00 UTC.","type":"insufficient_quota","code":"free_quota_exceeded"}}')
+    for result in (classify("error", message),
+                   C.classify_facts("error", message, status=402, error_type="insufficient_quota")):
+        assert (result.kind, result.usage_limit, result.family) == ("retryable", True, "usage_limit")
+        assert result.retry_hint_ms is None
+    assert classify("error", message, now_ms=_ms(datetime(2026, 6, 6, 8, 0))).retry_hint_ms == 7_200_000
+    assert classify("error", '402 {"type":"insufficient_quota"} please retry in 5s').kind == "fatal"
+    assert C.classify_facts("error", "usage limit reached", status=402).kind == "fatal"

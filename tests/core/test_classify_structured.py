@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from fsm.core.classify import ERROR_CODES, FATAL_STATUSES, RETRYABLE_STATUSES, classify, classify_facts, classify_message
 from fsm.core.hints import header_hint
+from fsm.commands.classify import zone_resolver
 from fsm.core.messages import AssistantMessage, Usage
 from fsm.providers.sdk_errors import status_error_facts
 
@@ -33,11 +34,15 @@ def facts(row: dict) -> dict:
 
 
 def row_now_ms(row: dict) -> float:
-    """A row's clock (``now``, ISO 8601, local time without an offset), else :data:`NOW_MS`."""
+    """A row's clock (``now``, ISO 8601, UTC without an offset), else :data:`NOW_MS`."""
     if "now" not in row:
         return NOW_MS
     when = datetime.fromisoformat(row["now"])
-    return (when if when.tzinfo else when.astimezone()).timestamp() * 1000
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp() * 1000
+
+
+ZONE = zone_resolver()
+"""The host's zone resolver (the shell's zoneinfo): named zones known, zone-less times UTC."""
 
 
 STRUCTURED_ROWS = [row for row in CORPUS if any(v is not None for v in facts(row).values())]
@@ -90,8 +95,8 @@ def test_structured_and_text_paths_agree_on_provider_bodies(status, body, header
 @pytest.mark.parametrize("row", STRUCTURED_ROWS, ids=[row["id"] for row in STRUCTURED_ROWS])
 def test_structured_and_text_paths_agree_on_the_corpus(row):
     now_ms = row_now_ms(row)
-    structured = classify_facts("error", row["message"], now_ms=now_ms, **facts(row))
-    text_only = classify("error", row["message"], now_ms=now_ms)
+    structured = classify_facts("error", row["message"], now_ms=now_ms, zone=ZONE, **facts(row))
+    text_only = classify("error", row["message"], now_ms=now_ms, zone=ZONE)
     assert structured.kind == text_only.kind == row["expected"], (structured, text_only)
     assert structured.usage_limit == text_only.usage_limit == row.get("usage_limit", text_only.usage_limit)
     if row.get("retry_hint_ms") is not None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import support
+
 NOW_MS = 1_781_870_400_000  # 2026-06-19 12:00:00 UTC, the host's time passed as a fact
 
 SCRIPT = textwrap.dedent(r'''
@@ -47,7 +49,7 @@ SCRIPT = textwrap.dedent(r'''
 
 
 def decisions(wall_s: float, tz: str) -> dict:
-    env = dict(os.environ, TZ=tz, PYTHONPATH=os.getcwd())
+    env = dict(support.env(), TZ=tz)
     done = subprocess.run([sys.executable, "-c", SCRIPT, repr(wall_s), str(NOW_MS)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,10 +1,12 @@
-"""Schema of the second provider-error corpus, ``tests/data/provider-errors-v2.jsonl``.
+"""Schema of the later provider-error corpora, ``tests/data/provider-errors-v2.jsonl`` and
+``tests/data/provider-errors-v3.jsonl``.
 
 Every row is a real error message copied from a public report, with the class and retry hint
 the classification rules of ``docs/policy.md §2`` give it (``docs/corpus.md`` explains the
 fields and how the rows were collected). This module checks the *data*: that each row is well
-formed, cites its public source, carries no secret and stays small. Whether the classifier
-agrees with a row is checked by the classification tests, not here.
+formed, cites its public source, carries no secret and stays small, and that a later file adds
+messages the earlier ones do not hold. Whether the classifier agrees with a row is checked by
+the classification tests, not here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 
 DATA = Path(__file__).parents[1] / "data"
 V2_PATH = DATA / "provider-errors-v2.jsonl"
+V3_PATH = DATA / "provider-errors-v3.jsonl"
 V1_PATH = DATA / "provider-errors.jsonl"
 
 CLASSES = {"retryable", "context_overflow", "fatal"}
@@ -111,34 +114,58 @@ def row_problems(row: Any) -> list[str]:
 
 
 V2 = _load(V2_PATH)
+V3 = _load(V3_PATH)
 V1 = _load(V1_PATH)
+LATER = {"v2": (V2_PATH, V2, V1), "v3": (V3_PATH, V3, V1 + V2)}
+"""Each later file, its rows, and the rows of the files before it."""
 
 
-@pytest.mark.parametrize("row", V2, ids=[str(row.get("id")) for row in V2])
+@pytest.mark.parametrize("row", V2 + V3, ids=[str(row.get("id")) for row in V2 + V3])
 def test_row_is_well_formed(row):
     """Each row has the documented fields, a known class, a public source and no secret."""
     assert row_problems(row) == []
 
 
-def test_every_line_is_a_json_object():
+@pytest.mark.parametrize("name", sorted(LATER))
+def test_every_line_is_a_json_object(name):
     """The file is JSON lines: one object per non-empty line, UTF-8."""
-    for number, line in enumerate(V2_PATH.read_text("utf-8").splitlines(), 1):
+    path = LATER[name][0]
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
         if line.strip():
             assert isinstance(json.loads(line), dict), f"line {number}"
 
 
-def test_ids_are_unique_sorted_and_new():
-    """Ids are unique within the file, sorted, and do not reuse an id of the first corpus."""
-    ids = [row["id"] for row in V2]
+@pytest.mark.parametrize("name", sorted(LATER))
+def test_ids_are_unique_sorted_and_new(name):
+    """Ids are unique within the file, sorted, and do not reuse an id of an earlier corpus."""
+    _, rows, earlier = LATER[name]
+    ids = [row["id"] for row in rows]
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
-    assert not set(ids) & {row["id"] for row in V1}
+    assert not set(ids) & {row["id"] for row in earlier}
 
 
-def test_messages_are_not_copies_of_the_first_corpus():
-    """A row adds a message the first corpus does not already hold (up to case and spacing)."""
-    v1_messages = {_normal(row["message"]) for row in V1}
-    assert [row["id"] for row in V2 if _normal(row["message"]) in v1_messages] == []
+@pytest.mark.parametrize("name", sorted(LATER))
+def test_messages_are_not_copies_of_an_earlier_corpus(name):
+    """A row adds a message no earlier corpus already holds (up to case and spacing)."""
+    _, rows, earlier = LATER[name]
+    earlier_messages = {_normal(row["message"]) for row in earlier}
+    assert [row["id"] for row in rows if _normal(row["message"]) in earlier_messages] == []
+
+
+def test_third_corpus_is_large_dated_and_covers_the_round_families():
+    """At least 120 rows from public threads; every class; the families of the third round and
+    the providers the earlier files had few of are all there."""
+    assert len(V3) >= 120
+    assert {row["expected"] for row in V3} == CLASSES
+    families = {row["family"] for row in V3}
+    assert {"context_overflow", "quota_zero", "usage_limit", "gateway_relay", "network",
+            "rate_limit_hint", "billing", "websocket", "local_runtime"} <= families
+    providers = " ".join(row["provider"].lower() for row in V3)
+    for name in ("minimax", "volcengine", "siliconflow", "hugging face", "cursor", "copilot",
+                 "vllm", "sglang", "llama.cpp", "ollama", "lm studio", "new-api"):
+        assert name in providers, name
+    assert all(row["source"].startswith("https://github.com/") for row in V3)
 
 
 def test_corpus_is_large_and_balanced():

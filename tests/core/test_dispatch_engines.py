@@ -1,10 +1,10 @@
 """The brain's two engines agree: the ``transitions`` machine and the compiled dispatch table.
 
-Without a recorder the brain runs the compiled table (:func:`fsm.core.brain._fire_compiled`); with
-one it runs the ``transitions`` machine (:func:`fsm.core.brain._fire_declared`) so the audit sees
-exactly what runs. Both are derived from the one declaration; these tests prove that for every
-(state, trigger) cell and every combination of its guards' values they try the same guards in
-the same order and produce the same state, counters and actions.
+The brain always runs the compiled table (:func:`fsm.core.brain._fire_compiled`), which records
+its own transitions; the ``transitions`` machine (:func:`fsm.core.brain._fire_declared`) is the
+reference. Both are derived from the one declaration; these tests prove that for every (state,
+trigger) cell and every combination of its guards' values they try the same guards in the order
+written and produce the same state, counters, actions and transition records.
 """
 
 import itertools
@@ -68,11 +68,13 @@ def _policy(state, trigger, env, calls):
 
 def _run(engine, state, trigger, env):
     calls: list[str] = []
+    records: list = []
     p = _policy(state, trigger, env, calls)
     p.actions = []
-    engine(p, trigger)
+    with L.recording(lambda owner, record: records.append((owner is p.owner, record))):
+        engine(p, trigger, L.context_recorders())
     return (p.state, p.attempt, p.chain_id, p.max, p.timer, p.chain_start_ms, tuple(p.actions),
-            tuple(calls))
+            tuple(calls), tuple(records))
 
 
 CASES = [(s, t, combo) for s, t in L.cells()
@@ -87,7 +89,7 @@ def test_the_matrix_is_the_whole_declaration():
 
 @pytest.mark.parametrize("state,trigger,combo", CASES)
 def test_both_engines_agree_on_every_cell_and_guard_combination(state, trigger, combo):
-    """Same guards tried in the same order, same state, counters and actions."""
+    """Same guards tried in the same order, same state, counters, actions and records."""
     env = dict(zip(_cell_guards(state, trigger), combo))
     declared = _run(B._fire_declared, state, trigger, env)
     compiled = _run(B._fire_compiled, state, trigger, env)
@@ -100,34 +102,63 @@ def test_the_compiled_table_is_derived_from_the_declaration_only():
     for (state, trigger), candidates in B._DISPATCH.items():
         rows = [r for r in L.TRANSITIONS if (r.source, r.trigger) == (state, trigger)]
         if not rows:
-            assert candidates == (((), None, None),)
+            assert [c[:3] for c in candidates] == [((), None, None)]
         else:
-            assert [(c[1], c[2]) for c in candidates] == [(r.effect, r.dest) for r in rows]
+            assert [(c[1], c[2], c[3]) for c in candidates] == [(r.effect, r.dest, r.id) for r in rows]
 
 
-def test_the_brain_uses_the_transitions_engine_while_a_recorder_listens(monkeypatch):
-    """The audit sees exactly what runs: with a recorder, every fact goes through transitions."""
+def test_the_engine_that_serves_records_its_own_transitions(monkeypatch):
+    """With a recorder listening the brain still runs the compiled table, and it reports."""
     seen = []
-    monkeypatch.setattr(B, "_fire_compiled", lambda p, t: pytest.fail("compiled path used"))
-    recorder = lambda owner, record: seen.append((owner, record.row))  # noqa: E731
-    L.add_recorder(recorder)
-    try:
+    monkeypatch.setattr(B, "_fire_declared", lambda *a: pytest.fail("transitions engine used"))
+    with L.recording(lambda owner, record: seen.append((owner, record.row))):
         brain = RetryBrain()
-        brain.turn_ended(AssistantMessage("error", error_message="529 Overloaded"))
-    finally:
-        L.remove_recorder(recorder)
+        brain.turn_ended(AssistantMessage("error", error_message="529 Overloaded", timestamp_ms=0))
     assert seen and seen[0][0] is brain
     assert seen[-1][1] == "idle--turn_failed_retryable[" + L._GO.replace(" ", "") + "]->backing_off"
 
 
-def test_without_a_recorder_the_compiled_engine_runs(monkeypatch):
-    """The lean path is the one taken when nobody records (the transition-coverage recorder of
-    ``make test`` is switched off for this one test, so it runs in CI too)."""
-    monkeypatch.setattr(L._RecordingTransition, "recording", False)
-    monkeypatch.setattr(B, "_fire_declared", lambda p, t: pytest.fail("transitions path used"))
-    brain = RetryBrain()
-    actions = brain.turn_ended(AssistantMessage("error", error_message="529 Overloaded"))
-    assert brain.state == "backing_off" and any(isinstance(a, B.StartBackoff) for a in actions)
+def test_a_brain_s_own_recorder_hears_only_that_brain():
+    """A recorder added to one brain hears its transitions and no other brain's."""
+    seen = []
+    mine, other = RetryBrain(), RetryBrain()
+    mine.add_recorder(lambda owner, record: seen.append(owner))
+    for brain in (mine, other):
+        brain.turn_ended(AssistantMessage("error", error_message="529 Overloaded", timestamp_ms=0))
+    assert seen and set(map(id, seen)) == {id(mine)}
+
+
+def test_clearing_the_context_s_recorders_inside_a_block_cannot_switch_off_the_outer_one():
+    """A test that empties the recorders inside its own scope leaves the outer recorder on."""
+    outer = []
+    with L.recording(lambda owner, record: outer.append(record.row)):
+        with L.recording(lambda owner, record: None) as inner:
+            L.remove_recorder(inner)
+        assert not hasattr(L, "_recorders")  # no global list exists to clear
+        RetryBrain().turn_ended(AssistantMessage("stop", timestamp_ms=0))
+    assert outer == ["idle--turn_succeeded->idle"]
+
+
+def test_guards_are_tried_in_the_order_written():
+    """A row written ``[!b, a]`` tries ``b`` first, in both engines (transitions alone would
+    try its ``conditions`` before its ``unless``)."""
+    old = "at_rest     + turn_failed_retryable [retry_enabled, !has_retries_left]"
+    new = "at_rest     + turn_failed_retryable [!has_retries_left, retry_enabled]"
+    assert old in L.TABLE
+    rows = L.parse_table(L.TABLE.replace(old, new))
+    machine = L.build_machine(B._Policy, rows)
+    calls: list[str] = []
+    env = {g: True for g in L.GUARDS}
+    env["has_retries_left"] = False
+    p = _policy("idle", "turn_failed_retryable", env, calls)
+    p.actions = []
+    records = []
+    with L.recording(lambda owner, record: records.append(record)):
+        machine.events["turn_failed_retryable"].trigger(p)
+    tried = {r.row: [g for g, _ in r.guards] for r in records}
+    assert tried["idle--turn_failed_retryable[!has_retries_left,retry_enabled]->exhausted"] == [
+        "!has_retries_left", "retry_enabled"]
+    assert p.state == "exhausted"
 
 
 FACTS = ["retryable", "hinted", "fatal", "overflow", "ok", "aborted", "elapsed", "stale",
@@ -153,9 +184,11 @@ def test_random_walks_with_real_guards_agree(case, monkeypatch):
                           budget_allows=rng.random() < 0.8, cooldown_ms=rng.choice([0, 2000, 9000]))
         results = []
         for brain, engine in zip(brains, engines):
-            monkeypatch.setattr(L._RecordingTransition, "recording", False)
-            monkeypatch.setattr(B, "_fire_compiled", engine)  # the engine _fire takes unrecorded
-            results.append((_step(brain, fact, facts), brain.state, brain.attempt, brain.timer_id))
+            records: list = []
+            monkeypatch.setattr(B, "_fire_compiled", engine)  # the engine _fire takes
+            with L.recording(lambda owner, record: records.append(record)):
+                results.append((_step(brain, fact, facts), brain.state, brain.attempt,
+                                brain.timer_id, tuple(records)))
             monkeypatch.undo()
         assert results[0] == results[1]
 

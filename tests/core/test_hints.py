@@ -10,12 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fsm.commands.classify import zone_resolver
 from fsm.core.hints import MAX_HINT_MS, normalize_text, parse_retry_hint_ms
 
 # A fixed clock: 2026-06-14T12:00:00Z, a Sunday.
 NOW = datetime(2026, 6, 14, 12, 0, 0, tzinfo=timezone.utc)
 NOW_MS = NOW.timestamp() * 1000
 DAY_MS = 86_400_000
+# The host's zone resolver (the shell's zoneinfo): named zones known, zone-less times UTC.
+ZONE = zone_resolver()
 
 
 def at(**delta: float) -> datetime:
@@ -23,7 +26,7 @@ def at(**delta: float) -> datetime:
 
 
 def parse(text: str) -> int | None:
-    return parse_retry_hint_ms(text, now_ms=NOW_MS)
+    return parse_retry_hint_ms(text, now_ms=NOW_MS, zone=ZONE)
 
 
 # --- one test per format ------------------------------------------------------------------
@@ -148,9 +151,9 @@ def test_time_of_day_in_a_named_zone_is_the_next_occurrence():
     zone = ZoneInfo("America/Santiago")
     now = datetime(2026, 6, 14, 12, 0, tzinfo=zone)
     text = "Claude usage limit reached. Your limit will reset at 3pm (America/Santiago)."
-    assert parse_retry_hint_ms(text, now_ms=now.timestamp() * 1000) == 3 * 3_600_000
+    assert parse_retry_hint_ms(text, now_ms=now.timestamp() * 1000, zone=ZONE) == 3 * 3_600_000
     later = datetime(2026, 6, 14, 16, 0, tzinfo=zone)  # 3pm has passed: tomorrow's
-    assert parse_retry_hint_ms(text, now_ms=later.timestamp() * 1000) == 23 * 3_600_000
+    assert parse_retry_hint_ms(text, now_ms=later.timestamp() * 1000, zone=ZONE) == 23 * 3_600_000
 
 
 def test_claude_code_resets_phrasings():
@@ -158,16 +161,64 @@ def test_claude_code_resets_phrasings():
     now = datetime(2026, 10, 8, 9, 0, tzinfo=zone)
     now_ms = now.timestamp() * 1000
     assert parse_retry_hint_ms("5-hour limit reached ∙ resets 10:30am (Europe/Rome)",
-                               now_ms=now_ms) == 90 * 60_000
+                               now_ms=now_ms, zone=ZONE) == 90 * 60_000
     assert parse_retry_hint_ms("Weekly limit reached ∙ resets Oct 9 at 10am (Europe/Rome)",
-                               now_ms=now_ms) == 25 * 3_600_000
+                               now_ms=now_ms, zone=ZONE) == 25 * 3_600_000
 
 
-def test_absolute_date_without_zone_is_local_time():
-    target = datetime(2026, 7, 5, 20, 19)  # naive: local, as the Codex app prints it
-    now_ms = target.timestamp() * 1000 - 600_000
+def test_absolute_date_without_zone_is_utc_unless_the_host_names_one():
+    """A time printed without a zone is UTC; a host resolver that answers "" names its zone."""
     text = "You've hit your usage limit. ... or try again at Jul 5th, 2026 8:19 PM."
-    assert parse_retry_hint_ms(text, now_ms=now_ms) == 600_000
+    utc_ms = datetime(2026, 7, 5, 20, 19, tzinfo=timezone.utc).timestamp() * 1000
+    assert parse_retry_hint_ms(text, now_ms=utc_ms - 600_000) == 600_000
+    assert parse_retry_hint_ms(text, now_ms=utc_ms - 600_000, zone=ZONE) == 600_000
+    new_york = ZoneInfo("America/New_York")
+    local_ms = datetime(2026, 7, 5, 20, 19, tzinfo=new_york).timestamp() * 1000
+    assert parse_retry_hint_ms(text, now_ms=local_ms - 600_000, zone=zone_resolver(new_york)) == 600_000
+
+
+def test_named_zone_without_a_resolver_is_unknown():
+    """A core without the host's zone resolver gives no hint for a named zone rather than a guess."""
+    now_ms = datetime(2026, 6, 14, 12, 0, tzinfo=ZoneInfo("America/Santiago")).timestamp() * 1000
+    text = "Your limit will reset at 3pm (America/Santiago)."
+    assert parse_retry_hint_ms(text, now_ms=now_ms) is None
+    assert parse_retry_hint_ms(text, now_ms=now_ms, zone=lambda name: None) is None
+    assert parse_retry_hint_ms("resets at 3pm (UTC)", now_ms=now_ms) is not None
+
+
+def test_a_failing_resolver_is_an_unknown_zone():
+    """A host resolver that raises or returns a non-zone is treated as not knowing the zone."""
+    def broken(name):
+        raise RuntimeError("zone database gone")
+    assert parse_retry_hint_ms("resets at 3pm (Europe/Berlin)", now_ms=NOW_MS, zone=broken) is None
+    assert parse_retry_hint_ms("resets at 3pm (Europe/Berlin)", now_ms=NOW_MS,
+                               zone=lambda name: "Europe/Berlin") is None
+    assert parse_retry_hint_ms("resets at 3pm", now_ms=NOW_MS, zone=broken) == 3 * 3_600_000
+
+
+def test_daylight_saving_fall_back_keeps_a_ten_minute_reset():
+    """On a fall-back night a reset 10 minutes ahead in the repeated hour is 10 minutes, not 24 h."""
+    new_york = ZoneInfo("America/New_York")
+    # 2026-11-01 01:45 EST, the second 01:45 of the night (06:45Z); the reset is 01:55 EST
+    now = datetime(2026, 11, 1, 1, 45, tzinfo=new_york, fold=1)
+    text = "You've hit your limit · resets 1:55am (America/New_York)"
+    assert parse_retry_hint_ms(text, now_ms=now.timestamp() * 1000, zone=ZONE) == 10 * 60_000
+    # the first 01:45 (EDT): the first 01:55 is 10 minutes ahead too
+    first = datetime(2026, 11, 1, 1, 45, tzinfo=new_york, fold=0)
+    assert parse_retry_hint_ms(text, now_ms=first.timestamp() * 1000, zone=ZONE) == 10 * 60_000
+    # a zone-less time read in the host's zone behaves the same
+    local = zone_resolver(new_york)
+    assert parse_retry_hint_ms("limit reached, resets 1:55am", now_ms=now.timestamp() * 1000,
+                               zone=local) == 10 * 60_000
+
+
+def test_daylight_saving_spring_forward_time_is_still_ahead():
+    """A reset at a wall time skipped by a spring-forward is read as the instant after the gap."""
+    new_york = ZoneInfo("America/New_York")
+    now = datetime(2026, 3, 8, 1, 50, tzinfo=new_york)  # 06:50Z; 02:00-03:00 does not exist
+    hint = parse_retry_hint_ms("resets 2:30am (America/New_York)", now_ms=now.timestamp() * 1000,
+                               zone=ZONE)
+    assert hint is not None and hint < 3_600_000
 
 
 def test_zone_names_in_any_case_and_offsets():
@@ -226,8 +277,8 @@ def test_an_unusable_candidate_falls_back_to_the_next():
     "retry-after: -5",
     "retry-after: NaN",
     "retry-after: soon",
-    "try again in 8 days",  # absurd: more than 7 days
-    "retry-after-ms: 604800001",
+    "try again in 401 days",  # absurd: more than 400 days
+    "retry-after-ms: 34560000001",
     "Retry your request with the ID or ARN of an inference profile",
     '"totalRetryDelay":274',  # the AWS SDK's own retries, not a hint
     "(reached max retries: 4)",
@@ -242,17 +293,24 @@ def test_no_usable_hint(text):
     assert parse(text) is None
 
 
-def test_seven_days_is_the_limit():
-    assert parse("retry-after-ms: 604800000") == MAX_HINT_MS
-    assert parse("retry-after: 604800") == MAX_HINT_MS
-    assert parse("retry-after: 604801") is None
+def test_four_hundred_days_is_the_limit():
+    """docs/policy.md §13.6: a stated wait up to 400 days in any unit is a real hint."""
+    assert MAX_HINT_MS == 400 * DAY_MS
+    assert parse("retry-after-ms: 34560000000") == MAX_HINT_MS
+    assert parse("retry-after: 34560000") == MAX_HINT_MS
+    assert parse("retry-after: 34560001") is None
+    assert parse("try again in 8 days") == 8 * DAY_MS
+    assert parse("Please try again in 3 weeks") == 21 * DAY_MS
 
 
-def test_default_clock_is_now():
+def test_without_a_clock_absolute_hints_give_none():
+    """The core reads no clock: without the host's now_ms only relative hints are read."""
     assert parse_retry_hint_ms("retry-after: 3") == 3000
-    soon = datetime.now(timezone.utc) + timedelta(hours=1)
-    hint = parse_retry_hint_ms(f"x-ratelimit-reset: {int(soon.timestamp())}")
-    assert hint is not None and abs(hint - 3_600_000) < 5_000
+    soon = NOW + timedelta(hours=1)
+    assert parse_retry_hint_ms(f"x-ratelimit-reset: {int(soon.timestamp())}") is None
+    assert parse_retry_hint_ms("retry-after: Sun, 14 Jun 2026 12:00:30 GMT") is None
+    assert parse_retry_hint_ms("resets 3pm (UTC)") is None
+    assert parse_retry_hint_ms(f"x-ratelimit-reset: {int(soon.timestamp())}", now_ms=NOW_MS) == 3_600_000
 
 
 def test_only_bounded_work_on_repeated_triggers():

@@ -229,8 +229,7 @@ async def test_a_store_holding_its_lock_for_5_s_stalls_neither_the_chain_nor_the
 
 async def test_a_cancelled_prompt_task_records_its_own_trace_row():
     seen = []
-    L.add_recorder(lambda owner, record: seen.append(record.row))
-    try:
+    with L.recording(lambda owner, record: seen.append(record.row)):
         session, provider, clock, events = make([error(OVERLOADED), hang()])
         task = asyncio.ensure_future(session.prompt("hi"))
         await clock.advance(2)
@@ -238,9 +237,6 @@ async def test_a_cancelled_prompt_task_records_its_own_trace_row():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    finally:
-        L._recorders.clear()
-        L._RecordingTransition.recording = False
     assert "continuing--prompt_cancelled->cancelled" in seen
     assert not any("continue_failed" in row and "->exhausted" in row for row in seen)
     end = of(events, "auto_retry_end")[0]

@@ -658,8 +658,8 @@ def test_refusal_cascades_are_one_line_and_the_guard_order_is_listed_once():
     assert [(c.source, c.trigger) for c in found] == [
         ("at_rest", "turn_failed_retryable"), ("continuing", "turn_failed_retryable")]
     order = list(found[0].order)
-    assert order == ["retry_enabled", "has_retries_left", "replay_safe", "hint_within_wait",
-                     "within_deadline", "budget_allows"]
+    assert order == ["retry_enabled", "has_retries_left", "replay_safe", "!fallback_due",
+                     "hint_within_wait", "within_deadline", "budget_allows"]
     source = D.render_review_dot(diagram)
     edges = {a["id"]: text for _, _, a, text in review_dot_edges(source)}
     for edge in ("at_rest->exhausted", "continuing->exhausted"):
@@ -770,7 +770,9 @@ def failures_declaration() -> dict:
     """The declaration with what the failures work adds (new triggers, a guard, rows), to check
     the review diagram still reads: labels clear, one picture."""
     decl = json.loads(json.dumps(L.declaration()))
-    decl["triggers"] += ["deadline_passed", "request_refused", "fallback_due"]
+    decl["triggers"] += [t for t in ("deadline_passed", "request_refused", "fallback_due")
+                         if t not in decl["triggers"]]
+    declared = {r["id"] for r in decl["rows"]}
     decl["guards"]["fallback_allowed"] = "a fallback model is configured and not yet used"
     decl["effects"].update({"end_deadline_passed": "emit auto_retry_end (deadline); the prompt "
                             "may return", "end_refused": "emit auto_retry_end (refused); the "
@@ -785,6 +787,8 @@ def failures_declaration() -> dict:
     groups = decl["groups"]
     for source, trigger, dest, guards, effect in extra:
         rid = f"{source}--{trigger}" + (f"[{','.join(guards)}]" if guards else "") + f"->{dest}"
+        if rid in declared:  # the declaration already has it (the failures work landed)
+            continue
         decl["rows"].append({"id": rid, "source": source, "trigger": trigger, "dest": dest,
                              "guards": guards, "effect": effect, "spec": "", "ignored": False})
         for member in groups.get(source, [source]):

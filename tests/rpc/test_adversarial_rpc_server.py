@@ -348,7 +348,7 @@ def test_classify_garbage_inputs(tmp_path):
     proc = run_cli("classify", "--jsonl", str(empty))
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
     proc = run_cli("classify", "--jsonl", str(tmp_path))
-    assert proc.returncode == 1 and b"Is a directory" in proc.stderr and b"Traceback" not in proc.stderr
+    assert proc.returncode == 1 and b"is a folder, not a file" in proc.stderr and b"Traceback" not in proc.stderr
     big = json.dumps({"message": "x" * 20_000_000 + " 529 overloaded"}).encode() + b"\n"
     proc = run_cli("classify", "--jsonl", "-", stdin=big + b"\x00" * 10 + b"\n" + b"[" * 100000 + b"\n")
     assert proc.returncode == 1

@@ -261,20 +261,28 @@ class Cascade:
 
 
 def cascades(rows: Sequence[DeclaredRow]) -> tuple[Cascade, ...]:
-    """The refusal cascades among declared ``rows``, in declaration order: a cell with a row
-    whose guards are all positive (two or more) and at least two rows of the shape
-    ``guards[:k] + [¬guards[k]]``."""
-    found = []
+    """The refusal cascades among declared ``rows``, in declaration order, at most one per
+    (source, trigger) cell: the row whose guards (two or more) have the most refusals, a
+    refusal being a row to another state whose guards start with ``guards[:k]`` and then the
+    opposite of ``guards[k]`` (it may name more guards after that one, as ``¬budget_allows ∧
+    ¬budget_waits``; a row to the same state, such as the fallback switch, is no refusal);
+    at least two refusals make a cascade."""
+    best: dict[tuple[str, str], Cascade] = {}
+    order: list[tuple[str, str]] = []
     for go in rows:
-        if len(go.guards) < 2 or any(g.startswith("!") for g in go.guards):
+        if len(go.guards) < 2:
             continue
         refusals = []
         for k, guard in enumerate(go.guards):
-            want = go.guards[:k] + ("!" + guard,)
-            row = next((r for r in rows if (r.source, r.trigger, r.guards)
-                        == (go.source, go.trigger, want)), None)
+            opposite = guard[1:] if guard.startswith("!") else "!" + guard
+            want = go.guards[:k] + (opposite,)
+            row = next((r for r in rows if (r.source, r.trigger) == (go.source, go.trigger)
+                        and r.guards[:k + 1] == want and r.dest != go.dest), None)
             if row is not None:
                 refusals.append((guard, row))
-        if len(refusals) >= 2:
-            found.append(Cascade(go.source, go.trigger, go.guards, tuple(refusals)))
-    return tuple(found)
+        cell = (go.source, go.trigger)
+        if len(refusals) >= 2 and (cell not in best or len(refusals) > len(best[cell].refusals)):
+            if cell not in best:
+                order.append(cell)
+            best[cell] = Cascade(go.source, go.trigger, go.guards, tuple(refusals))
+    return tuple(best[cell] for cell in order)

@@ -166,27 +166,20 @@ async def test_a_restart_of_redis_does_not_hand_a_spent_fleet_its_budget():
 
 
 class SlowRedis(RedisCoordinator):
-    """A Redis coordinator whose admissions reach the server only after ``delay_s`` (a slow
-    network), counted as sent (in flight) meanwhile."""
+    """A Redis coordinator whose admissions reach the server only once the test sets
+    ``release`` (a slow network), counted as sent (in flight) meanwhile."""
 
-    delay_s = 0.2
     admitted = 0
 
     async def admit(self, *args, **kwargs):
         import asyncio
         task = asyncio.current_task()
         self.in_flight.add(task)
-        await asyncio.sleep(self.delay_s)
+        await self.release.wait()
         answer = await super().admit(*args, **kwargs)
         self.admitted += 1
         self.in_flight.discard(task)
         return answer
-
-    async def before_decision(self, *args, **kwargs):
-        import asyncio
-        self.in_flight.add(asyncio.current_task())
-        await asyncio.sleep(self.delay_s)
-        return await super().before_decision(*args, **kwargs)  # its admit counts and leaves
 
 
 @pytest.mark.parametrize("how", ["abort", "deadline", "abort-before-v3"])
@@ -195,21 +188,23 @@ async def test_an_abort_while_redis_answers_gives_back_the_token(redis_server, p
     the guard's deadline) never leaks the token Redis took for it."""
     import asyncio
     inner = SlowRedis.from_url(redis_server.url, prefix=prefix)
+    inner.release = asyncio.Event()
     g = GuardedCoordinator(inner, timeout_s=0.05 if how == "deadline" else 5.0)
     if how == "abort-before-v3":
         call = asyncio.ensure_future(g.before_decision(KEY, 0, BUDGET))
     else:
         call = asyncio.ensure_future(g.admit(KEY, retry=True, budget=BUDGET, pacing=None))
     if how == "deadline":
-        assert (await call).budget is True, "answered locally"
+        assert (await call).budget is True and not g.available, "answered locally"
     else:
         await asyncio.sleep(0.05)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-    for _ in range(100):  # until the late admission has reached Redis and its clean-up ran
+    inner.release.set()  # now the admission reaches Redis, after nobody waits for it
+    for _ in range(100):  # until it has and its clean-up ran
         await asyncio.sleep(0.02)
-        if not inner.in_flight and not g._background:
+        if inner.admitted and not inner.in_flight and not g._background:
             break
     assert inner.admitted == 1, "the admission did reach Redis"
     assert await RedisCoordinator.tokens(inner, KEY, BUDGET) == 10, "the token came back"

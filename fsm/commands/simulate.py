@@ -13,8 +13,9 @@ Runs the standard scenarios against the policies in a deterministic, virtual-tim
 "peak_load_x_capacity", "drain_s"}}}}`` (failure_rate as a fraction); two runs with the same
 arguments write the same bytes. ``--svg DIR`` draws each scenario's load over time against
 capacity (``DIR/SCENARIO.svg``). ``--settings FILE`` adds the policy ``settings``: the brain
-with that file's settings (one in-process coordinator per process). Exit status: 0, or 2 for
-bad arguments.
+with that file's settings (one in-process coordinator per process). The ideal always runs:
+the resilient profile's targets, printed under each table, are measured against it. Exit
+status: 0, or 2 for bad arguments.
 """
 
 from __future__ import annotations

@@ -128,17 +128,34 @@ class BrainPolicy:
         self.settings = settings
         self.messages = messages
         self.key = CoordKey("sim", "model")
+        self.kernel_clock: EpochClock | None = EpochClock(clock)
         uses = settings.honors_hints or settings.budget is not None
         if coordinators is None or not uses:
             self.coords: list[Any] | None = None
         else:
             count = 1 if coordinators == "fleet" else PROCESSES
-            self.coords = [InProcessCoordinator(monotonic_ms=clock) for _ in range(count)]
+            self.coords = [InProcessCoordinator(clock=clock) for _ in range(count)]
 
     def coordinator(self, session: int) -> Any:
         if self.coords is None:
             return None
         return self.coords[session % len(self.coords)]
+
+
+class EpochClock:
+    """The virtual clock as a host clock (``time_ms()``: epoch ms, :data:`EPOCH_MS` at t = 0)."""
+
+    __slots__ = ("virtual",)
+
+    def __init__(self, virtual: Callable[[], float]) -> None:
+        self.virtual = virtual
+
+    def time_ms(self) -> int:
+        return EPOCH_MS + int(self.virtual())
+
+
+def _no_event(event: Any) -> None:
+    """The simulation's sessions have no listeners."""
 
 
 class BrainRetrier:
@@ -147,9 +164,13 @@ class BrainRetrier:
     The host part, as :mod:`fsm.host` does it: before a retryable failure is handed over, the
     coordinator is read (cooldown left, a budget take); after the decision its actions are
     carried out (a backoff timer, a cooldown learned, a token returned, a success credited).
+    A policy without a coordinator runs through the real host kernel
+    (:class:`fsm.host.kernel.HostKernel` in its synchronous mode, on the virtual clock); one
+    with a coordinator speaks to the coordinator's synchronous calls itself, since the kernel's
+    writes are asyncio tasks and the simulation has no event loop.
     """
 
-    __slots__ = ("brain", "policy", "coord", "rng", "failed")
+    __slots__ = ("brain", "policy", "coord", "rng", "failed", "kernel", "step", "_t")
 
     def __init__(self, policy: BrainPolicy, session: int, rng: random.Random) -> None:
         self.brain = RetryBrain(policy.settings, random=rng.random)
@@ -157,6 +178,12 @@ class BrainRetrier:
         self.policy = policy
         self.coord = policy.coordinator(session)
         self.failed = False
+        self.kernel = None
+        self.step: tuple[int, int, int] | None = None
+        if self.coord is None and policy.kernel_clock is not None:
+            from fsm.host.kernel import HostKernel
+            self.kernel = HostKernel(self.brain, emit=_no_event, clock=policy.kernel_clock,
+                                     use_coordinator=False)
 
     def start(self, t: int) -> tuple[int, int, int]:
         return SEND, t, 0
@@ -179,11 +206,39 @@ class BrainRetrier:
         else:
             msg, cls = m.error[answer.kind], m.classification(answer)
         self.failed = not answer.ok
+        kernel = self.kernel
+        if kernel is not None:
+            self.step = None
+            self._t = t
+            kernel.turn_ended(msg, 0, cls, kernel.local_facts(), self._host)
+            return self._taken()
         return self.carry_out(t, self.brain.turn_ended(msg, classification=cls,
                                                        facts=self.facts(t, answer)))
 
     def timer(self, t: int, token: int) -> tuple[int, int, int]:
+        kernel = self.kernel
+        if kernel is not None:
+            self.step = None
+            self._t = t
+            kernel.perform(self.brain.backoff_elapsed(token), self._host)
+            return self._taken()
         return self.carry_out(t, self.brain.backoff_elapsed(token))
+
+    def _host(self, action: Any) -> None:
+        """The host-loop actions the kernel hands back (the next step of the call)."""
+        kind = type(action)
+        t = self._t
+        if kind is StartBackoff:
+            self.step = (WAIT, t + action.delay_ms, action.timer_id)
+        elif kind is ContinueTurn:
+            self.step = (SEND, t, 0)
+        elif kind is PromptMayReturn:
+            self.step = (DONE_FAIL if self.failed else DONE_OK, t, 0)
+
+    def _taken(self) -> tuple[int, int, int]:
+        if self.step is None:
+            raise RuntimeError("the kernel handed back no next step")
+        return self.step
 
     def carry_out(self, t: int, actions: list) -> tuple[int, int, int]:
         step = None

@@ -133,6 +133,8 @@ class Pacer:
             if rate is not None:
                 best = self._best(t)
                 if rate < best / 2:
+                    if rate <= 2 * self.s.floor_rps:   # back from an outage: the capacity is
+                        self.w_max = max(self.w_max, best)  # known to reach the best seen lately
                     rate = best / 2                # fast recovery: capacity is back
                 dt = t - self.last_grow
                 if dt > 0:

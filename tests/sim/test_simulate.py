@@ -222,3 +222,19 @@ def test_the_wait_budget_lets_half_the_bucket_go_then_only_the_floor():
     budget.credit()
     budget.credit()
     assert budget.allow(101)
+
+
+def test_the_seed_runs_through_the_host_kernel():
+    """A brain policy without a coordinator is hosted by the real HostKernel on the virtual
+    clock; one with a coordinator speaks to the coordinator itself."""
+    from fsm.host.kernel import HostKernel
+    from fsm.sim.engine import VirtualClock
+    from fsm.sim.policies import BrainPolicy, BrainRetrier, Messages
+
+    clock = VirtualClock()
+    clock.now = 1234
+    seed = BrainRetrier(BrainPolicy(RetrySettings(), Messages(), clock, None), 0, random.Random(1))
+    assert isinstance(seed.kernel, HostKernel) and seed.kernel.now_ms() == 1_767_225_601_234
+    honor = BrainRetrier(BrainPolicy(RetrySettings(retry_hints="honor"), Messages(), clock, "fleet"),
+                         0, random.Random(1))
+    assert honor.kernel is None and honor.coord is not None

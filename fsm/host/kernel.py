@@ -336,7 +336,10 @@ class HostKernel:
         settings = self.brain.settings
         key = self.key()
         args = _coord_admit_args(settings, retry=retry, floor_slot_due=floor_slot_due)
-        if _coord_at_once(coordinator) is not None:  # no I/O: it answers at once, never late
+        if _coord_at_once(coordinator) is not None or getattr(coordinator, "self_bounded", False):
+            # no I/O, or a coordinator that bounds itself and answers locally when late (the
+            # guarded one): an extra timeout would only turn its local answer into a default
+            # under load (docs/fleet.md "How a session uses it")
             self._token_from = coordinator
             return _coord_admission(await coordinator.admit(key, **args))
         task = asyncio.ensure_future(coordinator.admit(key, **args))

@@ -581,9 +581,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "maxElapsedMs": 600_000,
         "maxRetries": 100,
         "afterOutput": "retry",
-        # docs/fleet.md: the budget waits (a floor of retries per second shared by the fleet),
-        # the fleet paces, the stall watchdog is on, a usage limit is not waited out
-        "budget": {"maxTokens": 100, "tokenRatio": 0.1, "mode": "wait", "minRetriesPerSecond": 10},
+        # the stall watchdog is on, a usage limit is not waited out (docs/policy.md §1)
         "idleTimeoutMs": 300_000,
         "waitForUsageReset": False,
     },
@@ -592,7 +590,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 "Profiles"). ``"seed"`` (the default) is the reference behaviour; ``"resilient"`` bounds a chain
 by time rather than by count, honours hints with upward jitter and, with a fleet's coordinator,
 admits first requests and paces them (docs/fleet.md). The resilient profile's budget in wait
-mode, pacing and stall-watchdog keys are part of it (docs/fleet.md)."""
+mode and pacing stay opt-in for now (docs/policy.md §1 says why); the stall watchdog is on."""
 
 
 def profile_settings(name: Any, *, base: "RetrySettings | None" = None) -> "RetrySettings":

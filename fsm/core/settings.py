@@ -588,8 +588,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 """``retry.profile``: named sets of values under the keys the user sets (docs/policy.md §1,
 "Profiles"). ``"seed"`` (the default) is the reference behaviour; ``"resilient"`` bounds a chain
-by time rather than by count, honours hints with upward jitter and, with a fleet's coordinator,
-admits first requests and paces them (docs/fleet.md). The resilient profile's budget in wait
+by time rather than by count, honours hints with upward jitter and admits first requests through the
+coordinator (docs/fleet.md "First requests"). The resilient profile's budget in wait
 mode and pacing stay opt-in for now (docs/policy.md §1 says why); the stall watchdog is on."""
 
 

@@ -1,64 +1,89 @@
-# retry-fsm: every target does its own set-up (virtualenv, packages, Graphviz `dot`).
+# retry-fsm: every target does its own set-up, and says what it installs and why before it
+# installs it: uv (in .uv/, with pip), the virtualenv .venv from uv.lock, and the system
+# programs the tests drive (Graphviz `dot`, `redis-server`, Node.js).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# uv: the one on PATH, else a private copy in .uv/ (installed with pip on first use).
+UV ?= $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.uv/bin/uv)
 
-.PHONY: setup .dot .redis .node demo test diagrams diagrams-diff bench clean
+.PHONY: setup .dot .redis .node demo test test-locked test-lowest typecheck dist diagrams \
+	diagrams-diff bench clean
 
 setup: $(STAMP) .dot .redis
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+# A system package through whatever package manager the machine has; $(1) apt name, $(2) dnf
+# name, $(3) Homebrew name. The caller has already said what it installs and why.
+define system_install
+if command -v apt-get >/dev/null 2>&1; then \
+  $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(1); \
+elif command -v dnf >/dev/null 2>&1; then $(SUDO) dnf install -y $(2); \
+elif command -v brew >/dev/null 2>&1; then brew install $(3); \
+else echo "no apt-get, dnf or brew here: please install $(1) yourself" >&2; exit 1; fi
+endef
+
+$(UV):
+	@echo "installing uv into .uv/ with pip: it creates the virtualenv from uv.lock (the locked versions)"
+	$(PYTHON) -m venv .uv
+	.uv/bin/python -m pip install --disable-pip-version-check uv
+
+# The virtualenv: the library with every extra and the dev tools, at the versions of uv.lock.
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	@echo "installing the locked packages into $(VENV) (uv sync --frozen --all-extras): the library, every extra and the test tools"
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --all-extras --python $(PYTHON)
 	@touch $(STAMP)
 
-# Graphviz's `dot` renders the SVG diagrams; install it through the system package manager.
+# Graphviz's `dot` renders the SVG diagrams (make diagrams, the transition-coverage picture).
 .dot:
 	@command -v dot >/dev/null 2>&1 || { \
-	  echo "installing Graphviz (dot)"; \
-	  if command -v apt-get >/dev/null 2>&1; then \
-	    $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; \
-	  elif command -v dnf >/dev/null 2>&1; then $(SUDO) dnf install -y graphviz; \
-	  elif command -v brew >/dev/null 2>&1; then brew install graphviz; \
-	  else echo "please install Graphviz (the dot binary)" >&2; exit 1; fi; }
+	  echo "installing Graphviz (system package): its dot program draws the SVG diagrams and the transition-coverage picture"; \
+	  $(call system_install,graphviz,graphviz,graphviz); }
 	@command -v dot >/dev/null 2>&1
 
 # Node.js runs pi's own RPC client in tests/conformance (the client itself is installed from the
 # npm registry into ~/.cache/retry-fsm/npm by the test set-up, outside the checkout).
 .node:
 	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { \
-	  echo "installing Node.js (node, npm)"; \
-	  if command -v apt-get >/dev/null 2>&1; then \
-	    $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
-	  elif command -v dnf >/dev/null 2>&1; then $(SUDO) dnf install -y nodejs npm; \
-	  elif command -v brew >/dev/null 2>&1; then brew install node; \
-	  else echo "please install Node.js (node and npm)" >&2; exit 1; fi; }
+	  echo "installing Node.js and npm (system packages): the conformance tests run pi's own RPC client against our server"; \
+	  $(call system_install,nodejs npm,nodejs npm,node); }
 	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 
 # The fleet tests and benchmarks start their own throw-away `redis-server` (no persistence, a
-# free loopback port); install the server binary through the system package manager.
+# free loopback port).
 .redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server"; \
-	  if command -v apt-get >/dev/null 2>&1; then \
-	    $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
-	  elif command -v dnf >/dev/null 2>&1; then $(SUDO) dnf install -y redis; \
-	  elif command -v brew >/dev/null 2>&1; then brew install redis; \
-	  else echo "please install Redis (the redis-server binary)" >&2; exit 1; fi; }
+	  echo "installing redis-server (system package): the fleet tests start their own throw-away Redis on a free loopback port"; \
+	  $(call system_install,redis-server,redis,redis); }
 	@command -v redis-server >/dev/null 2>&1
 
-demo: setup
+# The demo needs the virtualenv only (the openai SDK and the fault server are in it).
+demo: $(STAMP)
 	$(PY) -m fsm demo
+
+# Everything CI checks (bash .ci/run): the suite on the locked versions with its coverage gates,
+# the core/runner/SDK tests on the lowest versions the metadata allows, the strict type check of
+# fsm/core, and the wheel and sdist. Each step runs whatever the others' outcome; the first
+# failure's status is the target's.
+test: setup .node
+	@status=0; \
+	echo "== 1/4 the suite on the locked versions (uv.lock)"; \
+	$(MAKE) --no-print-directory test-locked || status=$$?; \
+	echo "== 2/4 core, runner and SDK providers on the lowest versions pyproject.toml allows"; \
+	$(MAKE) --no-print-directory test-lowest || { [ $$status != 0 ] || status=$$?; }; \
+	echo "== 3/4 strict type check of fsm/core (mypy --strict)"; \
+	$(MAKE) --no-print-directory typecheck || { [ $$status != 0 ] || status=$$?; }; \
+	echo "== 4/4 the wheel and the sdist (python -m build, twine check, contents)"; \
+	$(MAKE) --no-print-directory dist || { [ $$status != 0 ] || status=$$?; }; \
+	exit $$status
 
 # COVERAGE_FILE is absolute so that the subprocesses the tests start (rpc, chat, demo, classify)
 # write their coverage data next to ours, whatever their working folder.
 # The transition coverage of the run is then drawn (build/transition-coverage.svg, per state:
 # -states.svg) and written as Markdown (build/transition-coverage.md), whatever the tests'
 # outcome; pytest's status wins.
-test: setup .node
+test-locked: setup .node
 	@mkdir -p build
 	@status=0; COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=95 \
 	  --transition-coverage --transition-coverage-fail-under=100 \
@@ -68,6 +93,20 @@ test: setup .node
 	  > build/transition-coverage.txt \
 	  && echo "transition coverage: build/transition-coverage.svg (picture), build/transition-coverage.md (report)"; \
 	exit $$status
+
+# A throw-away virtualenv (build/venv-lowest) with transitions, openai and anthropic at their
+# lower bounds (uv's lowest-direct resolution); see .ci/lowest-direct.
+test-lowest: $(STAMP)
+	bash .ci/lowest-direct $(UV) $(abspath $(PY))
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+dist: $(STAMP)
+	@rm -rf build/dist
+	$(PY) -m build --outdir build/dist
+	$(PY) -m twine check --strict build/dist/*
+	$(PY) .ci/check-dist build/dist
 
 diagrams: setup
 	$(PY) -m fsm diagrams --out diagrams

@@ -141,6 +141,7 @@ ORDER = (
     "pacing_peak_ratio", "pacing_peak_ratio_unpaced", "pacing_refused_per_call",
     "pacing_refused_per_call_unpaced", "pacing_chain_ends_lost",
 )
+ORDER += tuple(name for name in TARGETS if name.startswith("sim_") and name not in ORDER)
 
 
 def unit_of(name: str) -> str:

@@ -5,12 +5,14 @@ The lifecycle is declared once (:mod:`fsm.core.lifecycle`), errors are classifie
 :class:`AgentSession`. The names below are imported on first use, so ``import fsm`` is cheap.
 """
 
+from typing import TYPE_CHECKING
+
 from fsm._lazy import lazy_exports
 from fsm._moved import install as _install_moved_paths
 
 _install_moved_paths()
 
-__version__ = "0.1.0"
+from fsm._version import __version__
 
 _EXPORTS = {
     # Run anyone's call under the brain (docs/embedding.md).
@@ -71,3 +73,23 @@ def __getattr__(name: str):
                       DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(module), name)
     return _lazy_getattr(name)
+
+
+if TYPE_CHECKING:  # type checkers see the real names (py.typed); at run time: on first use
+    # "X as X": an explicit re-export (PEP 484), as __all__ is computed
+    from fsm.core.brain import (RetryBrain as RetryBrain, TurnFacts as TurnFacts)
+    from fsm.core.classify import (Classification as Classification,
+                                   classify_message as classify_message)
+    from fsm.core.events import (AutoRetryEnd as AutoRetryEnd, AutoRetryStart as AutoRetryStart,
+                                 CANCELLED_TEXT as CANCELLED_TEXT, Event as Event)
+    from fsm.core.messages import (AssistantMessage as AssistantMessage, Usage as Usage,
+                                   UserMessage as UserMessage)
+    from fsm.core.protocols import (CredentialStore as CredentialStore, Provider as Provider)
+    from fsm.core.settings import (BudgetSettings as BudgetSettings, RetrySettings as RetrySettings,
+                                   SettingsError as SettingsError)
+    from fsm.host.kernel import (HostKernel as HostKernel)
+    from fsm.host.runner import (ContextOverflowError as ContextOverflowError, retry as retry,
+                                 RetryChainError as RetryChainError, retrying as retrying,
+                                 retrying_sync as retrying_sync, RetryRunner as RetryRunner)
+    from fsm.host.session import (AgentSession as AgentSession,
+                                  SessionBusyError as SessionBusyError)

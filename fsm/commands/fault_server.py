@@ -1,7 +1,10 @@
-"""``python -m fsm fault-server --script FILE``: serve a scripted, fault-injecting
-OpenAI-compatible endpoint (see :mod:`fsm.testing.fault_server` for the script format).
+"""``python -m fsm fault-server --script FILE``: serve a scripted, fault-injecting model API —
+OpenAI Chat Completions (``POST /v1/chat/completions``) and Anthropic Messages (``POST
+/v1/messages``) from the same script (see :mod:`fsm.testing.fault_server` for the format).
 
-The first stdout line is the base URL (``http://127.0.0.1:PORT/v1``); the server then runs
+The first stdout line is the base URL (``http://127.0.0.1:PORT/v1``), which both SDKs take as
+printed (``openai.OpenAI(base_url=URL)``, ``anthropic.Anthropic(base_url=URL)``: the routes
+match on their ending, so the Anthropic SDK's ``URL/v1/messages`` is served); the server then runs
 until SIGINT or SIGTERM (exit status 0). A bad script is refused before anything is bound:
 the error names the entry's index, and the exit status is 2. So is a ``--host`` that other
 machines can reach (``''``, ``0.0.0.0``, ``::``), unless ``--allow-remote`` is given; then a
@@ -16,10 +19,16 @@ import signal
 import sys
 import threading
 
-HELP = "serve a scripted fault-injecting OpenAI-compatible endpoint (for testing clients)"
+HELP = ("serve a scripted fault-injecting model API: OpenAI /v1/chat/completions and Anthropic "
+        "/v1/messages (for testing clients)")
 
 
-EPILOG = """script: a JSON list, one entry per chat request; after the list, plain successes.
+EPILOG = """APIs: POST /v1/chat/completions (OpenAI Chat Completions), POST /v1/messages (Anthropic
+Messages), GET /v1/models. The first line printed is the base URL; give it as printed to either
+SDK: openai.OpenAI(base_url=URL) or anthropic.Anthropic(base_url=URL). A request that does not
+ask to stream gets one JSON answer (a chat.completion or a Message) even for a stream entry.
+
+script: a JSON list, one entry per request (both APIs count together); after the list, plain successes.
 entry keys (all optional):
   status, json, headers      an HTTP answer, e.g. {"status": 529, "json": {...}, "headers": {"retry-after": "2"}}
   body                       a raw text body instead of json

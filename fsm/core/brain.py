@@ -39,11 +39,10 @@ them *before* handing the turn's end over, and does what the actions ask *after*
 
 from __future__ import annotations
 
-import inspect
 import random as _random
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 from transitions import MachineError
 
@@ -235,8 +234,6 @@ _TRIGGER_BY_KIND = {
     "none": L.TURN_SUCCEEDED,
 }
 _DEFAULT_SETTINGS = RetrySettings()
-# The classifier takes the host's zone resolver once its hints do (docs/classification.md).
-_CLASSIFY_TAKES_ZONE = "zone" in inspect.signature(classify_message).parameters
 
 
 # ---------------------------------------------------------------------------- words
@@ -495,6 +492,7 @@ class _Policy:
     def _schedule(self, *, turn_end: bool = True, arm: bool | None = None) -> None:
         delay, source = self._plan()
         message, cls, facts = self.message, self.cls, self.facts
+        assert message is not None and cls is not None  # a retry follows a failed turn
         self.timer += 1
         self.waiting_for = "backoff"
         self.last_error = message.error_message or ""
@@ -516,6 +514,7 @@ class _Policy:
             self.actions.append(ArmDeadline(limit, self.chain_id))
 
     def settle_turn(self) -> None:
+        assert self.message is not None and self.cls is not None  # a turn ended
         self.attempt = 0
         self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"))
         if self.cls.kind == "none" and self.settings.budget is not None:
@@ -523,16 +522,16 @@ class _Policy:
         self.actions += (CheckCompaction(self.message, self.cls.kind), PromptMayReturn(None))
 
     def end_exhausted(self) -> None:
-        self._end(False, "exhausted", self.message.error_message or "")
+        self._end(False, "exhausted", self._error())
 
     def end_disabled(self) -> None:
-        self._end(False, "disabled", self.message.error_message or "")
+        self._end(False, "disabled", self._error())
 
     def end_fatal(self) -> None:
-        self._end(False, "fatal", self.message.error_message or "")
+        self._end(False, "fatal", self._error())
 
     def end_overflow(self) -> None:
-        self._end(False, "overflow", self.message.error_message or "")
+        self._end(False, "overflow", self._error())
 
     def end_output_streamed(self) -> None:
         self._refuse("output_streamed", 'the failed turn had already streamed output and '
@@ -550,7 +549,7 @@ class _Policy:
         start = self._chain_start(now)
         at = now + self._plan()[0]
         self._refuse("deadline", f"the retry would go out at {_clock_text(at, now)}, after the chain's "
-                     f"deadline of retry.maxElapsedMs = {duration_text(self.settings.max_elapsed_ms)} "
+                     f"deadline of retry.maxElapsedMs = {duration_text(self.settings.max_elapsed_ms or 0)} "
                      f"(started {_clock_text(start)})")
 
     def deadline_in_backoff(self) -> None:
@@ -590,6 +589,7 @@ class _Policy:
         self._refuse("budget", f"the shared retry budget is spent{size}: not retrying into an outage")
 
     def end_succeeded(self) -> None:
+        assert self.message is not None and self.cls is not None  # a turn ended
         self.actions.append(EmitTurnEnd("message"))
         self._emit_end(True, "succeeded", None)
         self.actions.append(EmitTurnEnd("agent"))
@@ -615,8 +615,12 @@ class _Policy:
         self.timer += 1
         self._end(False, "cancelled", CANCELLED_TEXT, compaction=False)
 
+    def _error(self) -> str:
+        """The failed turn's error text ("" when there is none)."""
+        return (self.message.error_message or "") if self.message is not None else ""
+
     def _refuse(self, reason: str, why: str) -> None:
-        error = self.message.error_message or ""
+        error = self._error()
         self._end(False, reason, f"{why}; last error: {error}" if error else why,
                   reset_at=self._reset_at())
 
@@ -627,6 +631,7 @@ class _Policy:
             self.actions += (EmitTurnEnd("message"), EmitTurnEnd("agent"))
         self._emit_end(success, reason, final_error, reset_at)
         if turn and compaction:
+            assert self.message is not None and self.cls is not None
             self.actions.append(CheckCompaction(self.message, self.cls.kind))
         self.actions.append(PromptMayReturn(reason))
 
@@ -696,6 +701,7 @@ def _fire_compiled(p: _Policy, trigger: str, recorders: tuple[L.Recorder, ...] =
                 break
         else:
             if dest is not None:  # a transition row always names its effect (the table's grammar)
+                assert effect is not None
                 p.state = dest
                 getattr(p, effect)()
             return
@@ -718,6 +724,7 @@ def _fire_recorded(p: _Policy, trigger: str, candidates: tuple[_Candidate, ...],
                                                           tuple(outcomes), "rejected", L.VERSION))
             continue
         if dest is not None:
+            assert effect is not None  # a transition row always names its effect
             p.state = dest
             getattr(p, effect)()
         L.report(recorders, owner, L.TransitionRecord(row_id, source, trigger, dest,
@@ -868,9 +875,7 @@ class RetryBrain:
             cls = classification
         else:
             f = facts or _NO_FACTS
-            cls = (classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
-                   if _CLASSIFY_TAKES_ZONE else
-                   classify_message(message, context_window, now_ms=f.now_ms))
+            cls = classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
         trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p = self._p
         p.message, p.cls, p.facts = message, cls, facts or _NO_FACTS
@@ -947,11 +952,13 @@ class RetryBrain:
     # ------------------------------------------------------------------ engine
     def _fire(self, trigger: str) -> list[Action]:
         p = self._p
-        p.actions = actions = []
+        actions: list[Action] = []
+        p.actions = actions
         p.plan = None
         p.source = p.state
         try:
-            _fire_compiled(p, trigger, p.recs + _context_recorders())
+            recs = p.recs
+            _fire_compiled(p, trigger, recs + _context_recorders() if recs else _context_recorders())
         finally:
             p.actions = []
             p.plan = None

@@ -37,7 +37,7 @@ DELAY_SOURCES: tuple[str, ...] = ("backoff", "hint", "cooldown", "switch", "fall
 """The ``delaySource`` values of ``auto_retry_start``: what decided the delay."""
 
 
-class Event(Mapping):
+class Event(Mapping[str, Any]):
     """Base class: ``type`` (the wire ``type``), ``to_json()``, and a read-only mapping view."""
 
     type: ClassVar[str] = ""
@@ -205,7 +205,7 @@ class TurnEnd(Event):
 
     type: ClassVar[str] = "turn_end"
     message: Mapping[str, Any]
-    tool_results: tuple = ()
+    tool_results: tuple[Any, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "message": dict(self.message), "toolResults": list(self.tool_results)}
@@ -253,7 +253,7 @@ class AgentEnd(Event):
     """The turn's run ended; ``messages`` are the messages it added (JSON shapes)."""
 
     type: ClassVar[str] = "agent_end"
-    messages: tuple = ()
+    messages: tuple[Any, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "messages": [dict(m) for m in self.messages]}

@@ -283,12 +283,12 @@ def parse_hint_at(t: str, positions: list[int], *, now_ms: float | None = None,
                   zone: ZoneResolver | None = None) -> int | None:
     """The best hint among those starting at ``positions`` (indexes of trigger words in the
     normal form ``t``), in ms, or ``None``. See :func:`parse_retry_hint_ms`."""
-    candidates = []
+    candidates: list[tuple[int, int, str, re.Match[str]]] = []
     for i in positions:
         m = _HINT_RE.match(t, i)
-        if m is not None:
+        if m is not None and m.lastgroup is not None:
             kind = m.lastgroup
-            candidates.append((_PRIORITY[kind], i, kind, m))  # type: ignore[index]
+            candidates.append((_PRIORITY[kind], i, kind, m))
     if not t.isascii():
         for count, m in enumerate(_CJK_RE.finditer(t)):
             if count >= _MAX_PER_TRIGGER:

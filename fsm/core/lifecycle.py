@@ -32,9 +32,10 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from transitions import Machine, Transition
+from transitions.core import EventData
 
 __all__ = [
     "IDLE", "BACKING_OFF", "CONTINUING", "SUCCEEDED", "EXHAUSTED", "CANCELLED",
@@ -140,7 +141,7 @@ GUARDS: dict[str, str] = {
 }
 
 EFFECTS: dict[str, str] = {
-    "start_chain": "turn ends; auto_retry_start (attempt 1); drop message; backoff",
+    "start_chain": "turn ends; auto_retry_start (attempt 1); drop message; backoff; arm deadline",
     "next_attempt": "turn ends; auto_retry_start (attempt + 1); drop message; backoff",
     "settle_turn": "no retry: turn ends; budget credit (a success); compaction; prompt done",
     "end_exhausted": "turn ends; auto_retry_end (exhausted); compaction; prompt done",
@@ -157,12 +158,12 @@ EFFECTS: dict[str, str] = {
     "continue_turn": "continue (on the next loop tick)",
     "retry_at_once": "cancel timer; continue (on the next loop tick)",
     "cancel_backoff": "cancel timer; auto_retry_end (cancelled); prompt done",
-    "fall_back": "turn ends; retry_fallback; auto_retry_start (next model, delay 0); drop message; backoff",
-    "wait_for_budget": "turn ends; auto_retry_start (delaySource budget); drop message; backoff to the budget's slot",
-    "recheck_budget": "backoff to the budget's next slot (no new start)",
+    "fall_back": "turn ends; retry_fallback; switch model; auto_retry_start (next model, delay 0); drop message; backoff; arm deadline (a chain's first retry)",
+    "wait_for_budget": "turn ends; auto_retry_start (delaySource budget); drop message; backoff (to the budget's slot); arm deadline (a chain's first retry)",
+    "recheck_budget": "backoff (to the budget's next slot, no new start)",
     "deadline_in_backoff": "cancel timer; auto_retry_end (deadline); prompt done",
     "abort_attempt": "abort the attempt; auto_retry_end (deadline); prompt done",
-    "end_refused": "auto_retry_end (hint_too_long, attempt 0); prompt done",
+    "end_refused": "attempt 0: auto_retry_end (hint_too_long); prompt done",
 }
 """Every effect the table names, in a reader's words: the actions it returns, in their order,
 as ``; ``-separated phrases of :data:`EFFECT_WORDS` (a ``label: `` before a phrase and a
@@ -180,6 +181,10 @@ EFFECT_WORDS: dict[str, str] = {
     "budget credit": "CreditRetryBudget (only with a retry budget set)",
     "compaction": "CheckCompaction: the compaction hook is consulted",
     "prompt done": "PromptMayReturn: the work the prompt started is over",
+    "retry_fallback": "Emit(retry_fallback): from, to, reason",
+    "switch model": "SwitchModel: the next attempts use the fallback model",
+    "abort the attempt": "AbortAttempt: the host aborts the attempt in flight",
+    "arm deadline": "ArmDeadline: the chain's deadline timer starts (retry.maxElapsedMs set)",
 }
 """The phrases of :data:`EFFECTS` and the brain action each one names."""
 
@@ -363,6 +368,7 @@ def _expand(rows: tuple[DeclaredRow, ...]) -> tuple[tuple[Row, ...], tuple[Ignor
             if d.ignored:
                 ignored.append(Ignored(state, d.trigger, d.spec, d.id))
             else:
+                assert d.dest is not None  # validated: only an ignored line has no dest
                 transitions.append(Row(state, d.trigger, d.dest, d.guards, d.effect, d.spec, d.id))
     return tuple(transitions), tuple(ignored)
 
@@ -433,7 +439,7 @@ def cells() -> Iterator[tuple[str, str]]:
             yield s, t
 
 
-def declaration() -> dict:
+def declaration() -> dict[str, Any]:
     """The declaration as plain JSON-able data (what diagrams, the diff and the audit read).
 
     Keys: ``states``, ``initial``, ``groups``, ``triggers``, ``guards`` and ``effects`` (name
@@ -504,7 +510,7 @@ class TransitionRecord(NamedTuple):
     outcome: str
     version: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"row": self.row, "source": self.source, "trigger": self.trigger,
                 "dest": self.dest, "guards": {g: ok for g, ok in self.guards},
                 "outcome": self.outcome, "version": self.version}
@@ -517,9 +523,9 @@ _CONTEXT_RECORDERS: contextvars.ContextVar[tuple[Recorder, ...]] = contextvars.C
     "fsm_lifecycle_recorders", default=())
 
 
-def context_recorders() -> tuple[Recorder, ...]:
-    """The recorders of the current context (what a machine firing here reports to)."""
-    return _CONTEXT_RECORDERS.get()
+context_recorders: Callable[[], tuple[Recorder, ...]] = _CONTEXT_RECORDERS.get
+"""``context_recorders()``: the recorders of the current context (what a machine firing here
+reports to)."""
 
 
 @contextlib.contextmanager
@@ -563,18 +569,19 @@ class _RecordingTransition(Transition):
     row_id = ""
     ignored = False
 
-    def _eval_conditions(self, event_data):
+    def _eval_conditions(self, event_data: EventData) -> bool:
         outcomes: list[tuple[str, bool]] = []
         passed = True
         for cond in self.conditions:  # in the order the row writes them (build_machine)
             passed = cond.check(event_data)
-            outcomes.append((cond.func if cond.target else "!" + cond.func, passed))
+            name = cond.func if isinstance(cond.func, str) else getattr(cond.func, "__name__", "?")
+            outcomes.append((name if cond.target else "!" + name, passed))
             if not passed:
                 break
-        event_data.guard_outcomes = tuple(outcomes)
+        event_data.guard_outcomes = tuple(outcomes)  # type: ignore[attr-defined]  # read by execute()
         return passed
 
-    def execute(self, event_data):  # type: ignore[override]
+    def execute(self, event_data: EventData) -> bool:
         ok = super().execute(event_data)
         model = event_data.model
         owned = getattr(model, "recorders", None)
@@ -611,15 +618,19 @@ def build_machine(model: type | None = None,
                                 auto_transitions=False, ignore_invalid_triggers=False,
                                 send_event=False)
     for row in transitions:
-        machine.add_transition(row.trigger, row.source, row.dest, conditions=row.conditions or None,
-                               unless=row.unless or None, after=row.effect)
+        conditions: list[str | Callable[..., bool | None]] = list(row.conditions)
+        unless: list[str | Callable[..., bool | None]] = list(row.unless)
+        machine.add_transition(row.trigger, row.source, row.dest, conditions=conditions or None,
+                               unless=unless or None, after=row.effect)
         tr = machine.events[row.trigger].transitions[row.source][-1]
+        assert isinstance(tr, _RecordingTransition)
         tr.row_id = row.id
         written = {(g.lstrip("!"), not g.startswith("!")): i for i, g in enumerate(row.guards)}
-        tr.conditions.sort(key=lambda c: written[(c.func, c.target)])
+        tr.conditions.sort(key=lambda c: written[(str(c.func), c.target)])
     for ig in ignored:
         machine.add_transition(ig.trigger, ig.source, None)
         tr = machine.events[ig.trigger].transitions[ig.source][-1]
+        assert isinstance(tr, _RecordingTransition)
         tr.row_id = ig.id
         tr.ignored = True
     return machine

@@ -187,7 +187,7 @@ def normalize_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """``headers`` as a plain dict with lower-cased keys (HTTP header names are
     case-insensitive, RFC 9110 §5.1). Raises ``ValueError`` naming the entry when a name or a
     value is not a string."""
-    if not isinstance(headers, Mapping) and not hasattr(headers, "items"):
+    if not isinstance(headers, Mapping) and not hasattr(headers, "items"):  # type: ignore[unreachable]
         raise ValueError(f"headers must be a mapping of names to values, got {headers!r:.80}")
     out: dict[str, str] = {}
     for name, value in headers.items():

@@ -149,7 +149,7 @@ def _measure(state: PacerState, now_ms: float) -> PacerState:
 
 
 def _cubic_k(w_max: float, settings: PacingSettings) -> float:
-    return (w_max * (1.0 - settings.beta) / settings.scale) ** (1.0 / 3.0)
+    return float((w_max * (1.0 - settings.beta) / settings.scale) ** (1.0 / 3.0))
 
 
 def observe(state: PacerState, now_ms: float, throttled: bool,

@@ -1,22 +1,42 @@
 """Retry settings (docs/policy.md §1): validation, the settings file's JSON shape, backoff.
 
-The settings file has the shape ``{"retry": {"enabled", "maxRetries", "baseDelayMs", ...}}``
-(the shape agent harnesses already use); keys this project does not use (such as
-``retry.provider``, an HTTP client's own retry) are ignored with a warning, never an error. Reading
-the file is a shell's job (:mod:`fsm.host.settings_file`; :meth:`RetrySettings.load` delegates).
+Spelling: the settings file and RPC use the original's camelCase (``{"retry": {"maxRetries":
+5}}``, the shape agent harnesses already use); the Python API uses snake_case
+(``RetrySettings(max_retries=5)``). :meth:`RetrySettings.coerce` is the one entry for a host's
+``settings=`` argument: a ``RetrySettings``, the file's shape ``{"retry": {...}}`` or the inner
+object ``{"maxRetries": 5}``.
+
+Keys (docs/policy.md §1):
+
+- an unknown key raises :class:`SettingsError` naming it and the nearest known key
+  (``retry.maxRetry: unknown key; did you mean retry.maxRetries?``); a snake_case key in a
+  mapping names its camelCase spelling (``max_retries`` → ``maxRetries``). No silent warnings.
+- the original's own keys (:data:`ORIGINAL_RETRY_KEYS`: ``retry.provider``, its HTTP client's
+  retry) are accepted and ignored; :attr:`RetrySettings.ignored_keys` lists them and
+  :meth:`RetrySettings.from_json` names them once in a :class:`UserWarning`, which the shells
+  print as one log line.
+- other top-level groups of the file (the original's ``theme``, ``compaction``…) belong to
+  other programs and are not read.
+- a ``RetrySettings`` tells a key the user set from a default (:meth:`RetrySettings.is_set`),
+  so that a layer of lower precedence (a profile) never overrides a value the user wrote.
+
+Reading the file is a shell's job (:mod:`fsm.host.settings_file`; :meth:`RetrySettings.load`
+delegates).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import random as _random
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 __all__ = ["RetrySettings", "BudgetSettings", "PacingSettings", "SettingsError", "BUDGET_MODES", "JITTER_MODES", "RETRY_HINT_MODES",
-           "AFTER_OUTPUT_MODES", "MAX_RETRIES_LIMIT", "MAX_DELAY_LIMIT_MS"]
+           "AFTER_OUTPUT_MODES", "MAX_RETRIES_LIMIT", "MAX_DELAY_LIMIT_MS", "ORIGINAL_RETRY_KEYS",
+           "known_keys", "nearest_key"]
 
 JITTER_MODES: tuple[str, ...] = ("none", "full", "equal")
 RETRY_HINT_MODES: tuple[str, ...] = ("ignore", "honor")
@@ -53,23 +73,90 @@ _KEYS = {
     "waitForUsageReset": "wait_for_usage_reset",
     "providers": "providers",
 }
+"""camelCase key of the ``retry`` group → the :class:`RetrySettings` field. Every setting is
+listed here (failures, sim and fleet add theirs in their own blocks below)."""
+
+_MACHINERY = frozenset({"set_keys", "ignored_keys"})
+"""Fields of :class:`RetrySettings` that are not settings."""
+
+
+def known_keys() -> tuple[str, ...]:
+    """The camelCase keys of the ``retry`` group, as the settings file spells them."""
+    return tuple(_KEYS)
+
+
+ORIGINAL_RETRY_KEYS: tuple[str, ...] = ("provider",)
+"""Keys of the original's own ``retry`` group that this project does not use (``provider``:
+the original's HTTP-client retry, ``{"maxRetries": 0, "maxRetryDelayMs": ...}``): accepted,
+ignored and listed once (docs/policy.md §1). Never suggested for a misspelt key."""
 
 
 class SettingsError(ValueError):
-    """A setting has a wrong type or an out-of-range value; ``key`` and ``value`` name it."""
+    """A setting has a wrong type or an out-of-range value, or a key is unknown.
 
-    def __init__(self, key: str, value: Any, expected: str) -> None:
-        try:
-            shown = repr(value)
-        except ValueError:  # an int too long to print (sys.get_int_max_str_digits)
-            shown = f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
+    ``key`` names it (camelCase, dotted below ``retry``: ``budget.maxTokens``), ``value`` is
+    the value given (None for an unknown key) and ``suggestion`` the nearest known key for an
+    unknown one (None when nothing is near).
+    """
+
+    def __init__(self, key: str, value: Any, expected: str, *, suggestion: str | None = None,
+                 unknown: bool = False) -> None:
         name = f"retry.{key}" if key else "retry settings"
-        super().__init__(f"{name}: expected {expected}, got {shown}")
+        if unknown:
+            text = f"{_clip(name)}: unknown key; " + (f"did you mean retry.{suggestion}?" if suggestion
+                                                      else expected)
+        else:
+            text = f"{name}: expected {expected}, got {_shown(value)}"
+        super().__init__(text)
         self.key = key
         self.value = value
+        self.suggestion = suggestion
         self.expected = expected
+
+    @classmethod
+    def unknown_key(cls, key: str, known: "tuple[str, ...] | list[str]", where: str = "") -> "SettingsError":
+        """The error for ``key`` (under ``where``, e.g. ``"budget."``) that is none of ``known``."""
+        near = nearest_key(key, known)
+        shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+        return cls(where + key, None, f"the known keys are {shown}",
+                   suggestion=None if near is None else where + near, unknown=True)
+
+
+def _shown(value: Any) -> str:
+    try:
+        shown = repr(value)
+    except ValueError:  # an int too long to print (sys.get_int_max_str_digits)
+        shown = f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    return _clip(shown)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _camel(key: str) -> str:
+    """``max_retries`` → ``maxRetries``."""
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def nearest_key(key: str, known: "tuple[str, ...] | list[str]") -> str | None:
+    """The known key ``key`` most likely means, or None.
+
+    A snake_case spelling names its camelCase key (``max_retries`` → ``maxRetries``); a
+    different case (``maxretries``) its key; otherwise the closest by
+    :func:`difflib.get_close_matches` (ratio ≥ 0.6). The original's keys
+    (:data:`ORIGINAL_RETRY_KEYS`) are never suggested.
+    """
+    if not isinstance(key, str) or len(key) > 200:
+        return None
+    candidates = [k for k in known if k not in ORIGINAL_RETRY_KEYS]
+    camel = _camel(key)
+    for k in candidates:
+        if k == camel or k.lower() == key.lower() or k.lower() == camel.lower():
+            return k
+    close = difflib.get_close_matches(camel, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _check_int(key: str, value: Any, lo: int, hi: int) -> int:
@@ -80,7 +167,7 @@ def _check_int(key: str, value: Any, lo: int, hi: int) -> int:
             raise SettingsError(key, value, f"an integer from {lo} to {hi}")
     if not lo <= value <= hi:
         raise SettingsError(key, value, f"an integer from {lo} to {hi}")
-    return value
+    return int(value)
 
 
 # --- fleet: retry budget and pacing (owned by the fleet work; docs/fleet.md) ----------------
@@ -162,7 +249,7 @@ class BudgetSettings:
                                                 "minRetriesPerSecond}")
         unknown = sorted(str(k) for k in data if k not in _BUDGET_KEYS)
         if unknown:
-            raise SettingsError("budget", unknown[0], "only the keys " + ", ".join(_BUDGET_KEYS))
+            raise SettingsError.unknown_key(unknown[0], list(_BUDGET_KEYS), "budget.")
         return cls(data.get("maxTokens", 100), data.get("tokenRatio", 0.1),
                    data.get("mode", "refuse"), data.get("minRetriesPerSecond", 0.0))
 
@@ -239,7 +326,7 @@ class PacingSettings:
             raise SettingsError("pacing", data, "null or an object {" + ", ".join(_PACING_KEYS) + "}")
         unknown = sorted(str(k) for k in data if k not in _PACING_KEYS)
         if unknown:
-            raise SettingsError("pacing", unknown[0], "only the keys " + ", ".join(_PACING_KEYS))
+            raise SettingsError.unknown_key(unknown[0], list(_PACING_KEYS), "pacing.")
         return cls(**{_PACING_KEYS[k]: v for k, v in data.items()})
 
 # --- end of the fleet block -------------------------------------------------------------------
@@ -300,6 +387,12 @@ class RetrySettings:
     wait_for_usage_reset: bool = False
     providers: "tuple[tuple[str, Mapping[str, Any]], ...]" = ()
 
+    # ---- the settings machinery (not a setting): keep these two last -----------------------
+    set_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """snake_case names of the fields the user set (see :meth:`is_set`)."""
+    ignored_keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """The original's keys that were given and ignored, dotted (``("retry.provider",)``)."""
+
     def __post_init__(self) -> None:
         _check_section_13(self)
         if not isinstance(self.enabled, bool):
@@ -329,6 +422,26 @@ class RetrySettings:
                                 "one of " + ", ".join(f'"{p}"' for p in PROFILES))
         object.__setattr__(self, "pacing", PacingSettings.from_json(
             self.pacing.to_json() if isinstance(self.pacing, PacingSettings) else self.pacing))
+        # A field counts as set when the caller named it (set_keys, a mapping's keys) or when it
+        # differs from its default (a Python caller's RetrySettings(max_retries=5)).
+        names = {f.name for f in fields(self) if f.name not in _MACHINERY}
+        given = frozenset(self.set_keys)
+        strange = sorted(given - names)
+        if strange:
+            raise SettingsError.unknown_key(strange[0], sorted(_KEYS), "set_keys:")
+        differs = {f.name for f in fields(self) if f.name in names and getattr(self, f.name) != f.default}
+        object.__setattr__(self, "set_keys", given | differs)
+        object.__setattr__(self, "ignored_keys", tuple(self.ignored_keys))
+
+    def is_set(self, key: str) -> bool:
+        """Whether the user set ``key`` (snake_case ``max_retries`` or camelCase ``maxRetries``)
+        rather than leaving it to its default: named in a mapping or file (even with the
+        default's value), or given a value other than the default. ``SettingsError`` for a key
+        that is no setting."""
+        name = _KEYS.get(key, key)
+        if name not in {f.name for f in fields(self)} or name in _MACHINERY:
+            raise SettingsError.unknown_key(key, sorted(_KEYS))
+        return name in self.set_keys
 
     @property
     def has_stall_watchdog(self) -> bool:
@@ -365,8 +478,8 @@ class RetrySettings:
         return self.retry_hints == "honor"
 
     def with_enabled(self, enabled: bool) -> "RetrySettings":
-        """A copy with ``enabled`` changed (validated)."""
-        return replace(self, enabled=enabled)
+        """A copy with ``enabled`` changed (validated) and counted as set."""
+        return replace(self, enabled=enabled, set_keys=self.set_keys | {"enabled"})
 
     def nominal_delay_ms(self, attempt: int) -> int:
         """``base_delay_ms × 2^(attempt−1)``, capped by ``max_delay_ms`` (ms, no jitter).
@@ -424,33 +537,62 @@ class RetrySettings:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, base: "RetrySettings | None" = None) -> "RetrySettings":
-        """Load from the settings-file shape ``{"retry": {...}}`` (other top-level keys ignored).
+        """Load from the settings-file shape ``{"retry": {...}}`` (camelCase keys).
 
-        Missing keys keep the value of ``base`` (the defaults when ``base`` is None). Unknown
-        keys inside ``retry`` are ignored with a :class:`UserWarning` naming them. Raises
-        :class:`SettingsError` for a bad value; nothing is half-applied.
+        Missing keys keep the value of ``base`` (the defaults when ``base`` is None); the keys
+        given count as set (:meth:`is_set`). Other top-level groups are not read (the file is
+        shared with other programs), but a retry key written at the top level raises (it would
+        otherwise be silently ignored). Raises :class:`SettingsError` for a bad value or an
+        unknown key (naming the nearest known key); nothing is half-applied. The original's
+        own keys (:data:`ORIGINAL_RETRY_KEYS`) are ignored, listed in :attr:`ignored_keys` and
+        named once in a :class:`UserWarning`.
         """
         if not isinstance(data, Mapping):
             raise SettingsError("", data, "a JSON object at the top level")
-        if "retry" not in data and any(k in _KEYS for k in data):
-            flat = ", ".join(sorted(str(k) for k in data if k in _KEYS)[:5])
-            warnings.warn(f"retry settings: {flat} at the top level are ignored; the file's shape "
-                          'is {"retry": {...}}', UserWarning, stacklevel=2)
+        if "retry" not in data:
+            flat = sorted(str(k) for k in data if k in _KEYS or k in ORIGINAL_RETRY_KEYS)
+            if flat:
+                raise SettingsError("", flat[0], 'the retry keys inside "retry" ({"retry": {"'
+                                    + _clip(flat[0], 40) + '": ...}}), not at the top level')
         retry = data.get("retry", {})
         if retry is None:
             retry = {}
+        return cls._from_retry(retry, base=base, stacklevel=3)
+
+    @classmethod
+    def _from_retry(cls, retry: Any, *, base: "RetrySettings | None", stacklevel: int) -> "RetrySettings":
+        """The inner ``retry`` object (camelCase keys) over ``base``; see :meth:`from_json`."""
         if not isinstance(retry, Mapping):
             raise SettingsError("", retry, "an object under \"retry\"")
-        unknown = sorted(str(k) for k in retry if k not in _KEYS and k != "profile")
-        if unknown:
-            shown = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:10])
-            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-            warnings.warn(f"retry settings: ignoring unknown keys {shown}{more}",
-                          UserWarning, stacklevel=2)
-        fields = {_KEYS[k]: v for k, v in retry.items() if k in _KEYS}
+        for key in retry:
+            if key not in _KEYS and key not in ORIGINAL_RETRY_KEYS and key != "profile":
+                raise SettingsError.unknown_key(str(key), [*_KEYS, "profile"])
+        ignored = tuple(f"retry.{k}" for k in ORIGINAL_RETRY_KEYS if k in retry)
+        given = {_KEYS[k]: v for k, v in retry.items() if k in _KEYS}
+        start = base or cls()
         if "profile" in retry:  # profile < top-level keys (docs/policy.md §1, "Profiles")
-            base = profile_settings(retry["profile"], base=base)
-        return replace(base or cls(), **fields)
+            start = profile_settings(retry["profile"], base=start)
+        result = replace(start, **given, set_keys=start.set_keys | given.keys(),
+                         ignored_keys=tuple(dict.fromkeys(start.ignored_keys + ignored)))
+        if ignored:
+            warnings.warn(f"retry settings: ignoring the original's own keys {', '.join(ignored)} "
+                          "(this project is the only retry layer)", UserWarning, stacklevel=stacklevel)
+        return result
+
+    @classmethod
+    def coerce(cls, settings: "RetrySettings | Mapping[str, Any] | None") -> "RetrySettings | None":
+        """A host's ``settings=`` argument as settings: a ``RetrySettings`` as is, None as None
+        (the host's defaults), a mapping in the file's shape ``{"retry": {...}}`` or the inner
+        object ``{"maxRetries": 5, "retryHints": "honor"}`` (camelCase: a snake_case key raises
+        :class:`SettingsError` suggesting the camelCase one). ``TypeError`` for anything else."""
+        if settings is None or isinstance(settings, RetrySettings):
+            return settings
+        if isinstance(settings, Mapping):
+            if "retry" in settings:
+                return cls.from_json(settings)
+            return cls._from_retry(settings, base=None, stacklevel=3)
+        raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
+                        f"{{'maxRetries': 5}} (or {{'retry': {{...}}}}), got {type(settings).__name__}")
 
     @classmethod
     def load(cls, path: str | Path) -> "RetrySettings":

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from fsm._extras import require
 from fsm.host.credentials import DEFAULT_BLOCK_MS, validate_credentials
 from fsm.fleet._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
 from fsm.fleet._redis import (DEFAULT_PREFIX, SCRIPTS, KeySpace, RedisCoordinator, check_url, client_options,
@@ -151,7 +152,7 @@ class RedisCredentialStore:
     # -- blocking (the fsm.host.credentials protocol) ----------------------------------------------
     def _sync_client(self) -> Any:
         if self._sync is None and self._url is not None:
-            import redis
+            redis = require("redis", extra="redis", feature="the Redis credential store (fsm.fleet)")
             self._sync = redis.Redis.from_url(check_url(self._url), **client_options(self._timeout_s, asyncio=False))
             self._sync_mark = self._sync.register_script(SCRIPTS["mark"])
         return self._sync

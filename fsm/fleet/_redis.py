@@ -42,6 +42,7 @@ import urllib.parse
 import weakref
 from typing import Any
 
+from fsm._extras import require
 from fsm.core.settings import PacingSettings
 from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, WAIT_RECHECK_MS, floor_interval_ms
 from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, CoordinatorError, CoordinatorKeyError, CoordKey, check_duration,
@@ -389,6 +390,7 @@ def client_options(socket_timeout_s: float, *, asyncio: bool = True) -> dict[str
     """Connection options for a coordinator's client: short socket timeouts and one immediate
     retry on a broken connection only (a pooled connection the server closed by restarting);
     never a retry on a timeout, since the guard answers from local state instead."""
+    require("redis", extra="redis", feature="the Redis coordinator (fsm.fleet)")
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     if asyncio:
@@ -440,10 +442,10 @@ class RedisCoordinator:
         TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` commands
         (and so connections) at once, more wait their turn, so that hundreds of sessions in a
         process do not open hundreds of connections. ``ValueError`` for a bad URL."""
-        import redis.asyncio
-        pool = redis.asyncio.ConnectionPool.from_url(
+        redis_asyncio = require("redis.asyncio", extra="redis", feature="the Redis coordinator (fsm.fleet)")
+        pool = redis_asyncio.ConnectionPool.from_url(
             check_url(url), max_connections=max_connections, **client_options(socket_timeout_s))
-        client = redis.asyncio.Redis.from_pool(pool)
+        client = redis_asyncio.Redis.from_pool(pool)
         return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url,
                    max_connections=max_connections)
 

@@ -81,6 +81,7 @@ HOST_LOOP_ACTIONS: tuple[type, ...] = (
 them to the host, in order. (``AbortAttempt`` joins them when it is declared.)"""
 
 _WRITES = (B.RecordCooldown, B.ReturnRetryToken, B.CreditRetryBudget)
+_EMIT = B.Emit
 
 
 @functools.lru_cache(maxsize=256)
@@ -114,13 +115,6 @@ def describe_error(exc: BaseException) -> str:
     except Exception:  # an exception whose __str__ raises: its class name is all we have
         text = ""
     return safe_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-
-
-try:  # the classifier takes the host's zone resolver once its hints do (docs/classification.md)
-    import inspect as _inspect
-    _CLASSIFY_TAKES_ZONE = "zone" in _inspect.signature(classify_message).parameters
-except (TypeError, ValueError):  # pragma: no cover - a builtin cannot be introspected
-    _CLASSIFY_TAKES_ZONE = False
 
 
 class HostKernel:
@@ -167,7 +161,7 @@ class HostKernel:
         self.scrub = scrub
         self.use_coordinator = use_coordinator
         self._unsubscribe: Callable[[], None] | None = None
-        self._writes: set[asyncio.Task] = set()
+        self._writes: set[asyncio.Task] | None = None  # created with the first write
         self._token_from: Any = None  # the coordinator that gave this decision's budget token
         if coordinator is not None:
             self._subscribe()
@@ -187,9 +181,7 @@ class HostKernel:
         """Classify ``message`` against the host's time (``now_ms``; default :meth:`now_ms`)
         and zone resolver (docs/policy.md §2; absolute hints are measured from that time)."""
         now = self.now_ms() if now_ms is None else now_ms
-        if _CLASSIFY_TAKES_ZONE:
-            return classify_message(message, context_window, now_ms=now, zone=self.zone)
-        return classify_message(message, context_window, now_ms=now)
+        return classify_message(message, context_window, now_ms=now, zone=self.zone)
 
     def needs_world(self, cls: Classification) -> bool:
         """True when the facts for ``cls`` need an await (the credential store or the
@@ -209,6 +201,15 @@ class HostKernel:
         s = self.brain.settings
         return self.use_coordinator and (s.honors_hints or s.budget is not None
                                          or (s.pacing is not None and s.pacing.enabled))
+
+    def quick_facts(self, cls: Classification, *, now_ms: int | None = None,
+                    output_streamed: bool = False) -> TurnFacts | None:
+        """The facts for ``cls`` when they need no await (:meth:`local_facts`), or None when the
+        world must be asked (:meth:`gather`): one call on a host's common path."""
+        if cls.kind == "retryable" and self.needs_world(cls):
+            return None
+        return TurnFacts(now_ms=self.now_ms() if now_ms is None else now_ms,
+                         output_streamed=output_streamed, zone=self.zone)
 
     def local_facts(self, *, now_ms: int | None = None, output_streamed: bool = False) -> TurnFacts:
         """The facts that need no await: the time, whether output was streamed, the zone."""
@@ -255,13 +256,9 @@ class HostKernel:
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             return
-        write = asyncio.ensure_future(_bounded_write(_coord_record(
-            coordinator, self.key(), success=False, throttled=not output_streamed, budget=None,
-            pacing=pacing)))
-        self._writes.add(write)
-        _IN_FLIGHT.add(write)
-        write.add_done_callback(self._writes.discard)
-        write.add_done_callback(_IN_FLIGHT.discard)
+        write = self._spawn(_coord_record(coordinator, self.key(), success=False,
+                                          throttled=not output_streamed, budget=None,
+                                          pacing=pacing))
         await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
 
     async def recheck_budget(self, *, now_ms: int | None = None) -> TurnFacts:
@@ -365,12 +362,16 @@ class HostKernel:
         self._token_from = local
         return _coord_admission(await local.admit(key, **args))
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task:
+        """Run a coordinator write in the background, bounded; kept alive until it ends."""
         task = asyncio.get_running_loop().create_task(_bounded_write(coro))
+        if self._writes is None:
+            self._writes = set()
         self._writes.add(task)
         _IN_FLIGHT.add(task)  # kept alive after the host that asked for it is gone
         task.add_done_callback(self._writes.discard)
         task.add_done_callback(_IN_FLIGHT.discard)
+        return task
 
     async def ask_store(self, name: str, *args: Any, timeout: float) -> Any:
         """Call the credential store's ``name`` (its async ``a<name>`` when it has one; a
@@ -457,18 +458,21 @@ class HostKernel:
                                            facts=facts), host)
 
     # ------------------------------------------------------------------ 3. the actions
-    def perform(self, actions: list[B.Action], host: Callable[[B.Action], Any]) -> None:
+    def perform(self, actions: list[B.Action], host: Callable[[B.Action], Any],
+                wanted: tuple[type, ...] | None = None) -> None:
         """Carry out ``actions`` in order: ``Emit`` → ``emit``; a coordinator write → a
         background task (none without a coordinator in use); every other action →
-        ``host(action)`` at its place in the order."""
+        ``host(action)`` at its place in the order (only the types in ``wanted``, when given:
+        a host with no use for the others)."""
+        emit = self.emit
         for action in actions:
             kind = type(action)
-            if kind is B.Emit:
-                self.emit(action.event)
+            if kind is _EMIT:
+                emit(action.event)
             elif kind in _WRITES:
                 if self.use_coordinator:
                     self._write(action)
-            else:
+            elif wanted is None or kind in wanted:
                 host(action)
 
     def _write(self, action: B.Action) -> None:
@@ -616,7 +620,7 @@ def _coord_in_process(clock: Any) -> Any:
     from fsm.fleet import InProcessCoordinator
     if clock is None or getattr(clock, "time_ms", None) is None:
         return InProcessCoordinator()
-    return InProcessCoordinator(monotonic_ms=clock.time_ms)
+    return InProcessCoordinator(clock=clock.time_ms)
 
 
 async def _coord_read(coordinator: Any, key: Any, now_ms: int,

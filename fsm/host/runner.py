@@ -27,10 +27,13 @@ Exceptions, in this order (docs/policy.md §10):
 
 - a context overflow, first failure or inside a chain: :class:`ContextOverflowError` (the
   caller compacts and calls again);
-- a first failure that starts no chain (fatal, retry disabled): the caller's own exception,
-  re-raised unchanged (for a returned failed message: the message is returned);
-- a chain (or a refusal at rest) that ends without success — every case where an
-  ``auto_retry_end`` with ``success: false`` was emitted: :class:`RetryChainError` with
+- a first failure that starts no chain — fatal, retry disabled (``enabled: false``), or refused
+  at rest (``maxRetries: 0``, a guard refused on the first failure; its ``auto_retry_end``
+  with ``attempt: 0`` is emitted): the caller's own exception, re-raised (``except
+  openai.RateLimitError`` keeps working), with a ``__notes__`` line naming why it was not
+  retried (``retry-fsm: not retried (endReason: exhausted, attempt 0)``); for a returned
+  failed message, the message is returned;
+- a chain that started (attempt ≥ 1) and ends without success: :class:`RetryChainError` with
   ``end_reason``, ``attempts``, ``classification`` and the last exception as ``__cause__``;
 - cancelling the task that awaits the call, or any other ``BaseException`` during a chain
   (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit`` when the awaiting coroutine is
@@ -57,7 +60,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
 from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
-from fsm.core.classify import Classification
+from fsm.core.classify import Classification, classify_message
 from fsm.core.events import AutoRetryEnd, Event, RequestDelayed
 from fsm.core.messages import AssistantMessage
 from fsm.core.redact import register_secret, request_secrets
@@ -75,6 +78,8 @@ T = TypeVar("T")
 EventListener = Callable[[Event], Any]
 
 _OK = AssistantMessage("stop", timestamp_ms=0)
+_OK_CLS = classify_message(_OK)  # what a returned value classifies as, once
+_BACKOFF = (B.StartBackoff, B.SwitchModel)  # the host-loop actions the runner carries out
 _RAISED = object()  # the callable raised before returning an awaitable
 _COROUTINE = types.CoroutineType
 
@@ -103,7 +108,8 @@ def _is_sdk_error(exc: BaseException) -> bool:
 
 
 class RetryChainError(Exception):
-    """A retry chain (or a policy refusal at rest) ended without success.
+    """A retry chain that started (attempt ≥ 1) ended without success. A refusal at rest
+    (attempt 0) re-raises the caller's own exception instead (see the module docstring).
 
     Attributes: ``end_reason`` (the ``auto_retry_end`` ``endReason``: ``exhausted``,
     ``fatal``, ``disabled``, ``hint_too_long``, ``deadline``, ``budget``, ``output_streamed``,
@@ -152,20 +158,15 @@ class ContextOverflowError(Exception):
 
 
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings | None:
-    if isinstance(settings, Mapping):
-        settings = RetrySettings.from_json({"retry": settings})
-    if settings is None or isinstance(settings, RetrySettings):
-        if settings is not None:
-            settings = _without_profile_watchdog(settings)
-            for key, value in (("firstTokenTimeoutMs", settings.first_token_timeout_ms),
-                               ("idleTimeoutMs", settings.idle_timeout_ms)):
-                if value is not None:  # docs/policy.md §13.1: the runner sees no stream
-                    raise SettingsError(key, value, "null in the runner, which sees no stream "
-                                        "(a stall watchdog needs the deltas; use "
-                                        "attemptTimeoutMs)")
-        return settings
-    raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
-                    f"{{'maxRetries': 5}}, got {type(settings).__name__}")
+    settings = RetrySettings.coerce(settings)  # {"retry": {...}} or the inner object, camelCase
+    if settings is not None:
+        settings = _without_profile_watchdog(settings)
+        for key, value in (("firstTokenTimeoutMs", settings.first_token_timeout_ms),
+                           ("idleTimeoutMs", settings.idle_timeout_ms)):
+            if value is not None:  # docs/policy.md §13.1: the runner sees no stream
+                raise SettingsError(key, value, "null in the runner, which sees no stream "
+                                    "(a stall watchdog needs the deltas; use attemptTimeoutMs)")
+    return settings
 
 
 def _without_profile_watchdog(settings: RetrySettings) -> RetrySettings:
@@ -189,20 +190,21 @@ def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str
     return module.split(".")[0] or "runner", model if isinstance(model, str) and model else "default"
 
 
-class _Call:
-    """The state of one run: its brain and kernel, the last failure, the pending end. Private."""
+class _Call(HostKernel):
+    """One run: its brain and the host kernel around it (the call *is* the kernel: one object
+    per call), the last failure, the pending end. Private."""
 
-    __slots__ = ("runner", "brain", "kernel", "calls", "exc", "message", "cls", "end", "delay",
-                 "timer", "key", "fn", "kwargs", "model")
+    __slots__ = ("runner", "calls", "exc", "message", "cls", "end", "delay", "timer",
+                 "cached_key", "fn", "kwargs", "model")
 
     def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
                  sync: bool = False) -> None:
-        self.runner = runner
-        self.brain = brain = RetryBrain(runner.settings, random=runner.random)
         # a sync run has no loop: no coordinator (docs/embedding.md)
-        self.kernel = HostKernel(brain, emit=self.emit, clock=runner.clock,
-                                 coordinator=None if sync else runner.coordinator,
-                                 key=self.coord_key, zone=runner.zone, use_coordinator=not sync)
+        HostKernel.__init__(self, RetryBrain(runner.settings, random=runner.random),
+                            emit=self.on_event, clock=runner.clock,
+                            coordinator=None if sync else runner.coordinator,
+                            key=self.coord_key, zone=runner.zone, use_coordinator=not sync)
+        self.runner = runner
         self.calls = 0
         self.exc: BaseException | None = None
         self.message: AssistantMessage | None = None
@@ -210,15 +212,17 @@ class _Call:
         self.end: AutoRetryEnd | None = None
         self.delay: int | None = None
         self.timer = 0
-        self.key: Any = None
+        self.cached_key: Any = None
         self.fn = fn
         self.kwargs = kwargs
         model = kwargs.get("model")
         self.model: str | None = model if isinstance(model, str) else None  # the model in use
 
     # -------------------------------------------------------------- an attempt ended
-    def judge(self, result: Any, exc: BaseException | None,
-              now_ms: int | None) -> tuple[AssistantMessage, Classification]:
+    def judge(self, result: Any, exc: BaseException | None
+              ) -> tuple[AssistantMessage, Classification, int | None]:
+        """The attempt's message, its classification and the host's time (None for a plain
+        success, which needs no time)."""
         runner = self.runner
         if exc is not None:
             self.exc = exc
@@ -226,19 +230,20 @@ class _Call:
         elif isinstance(result, AssistantMessage):
             message = result
         else:
-            message = _OK
+            return _OK, _OK_CLS, None  # a returned value: a success, whatever it is
+        now = self.now_ms()
         if exc is not None and isinstance(exc, PROGRAMMING_ERRORS) and not _is_sdk_error(exc):
             # A bug in the caller's code is never transient, whatever its text says
             # (KeyError("overloaded") is not an overload).
             cls = Classification("fatal", "runner.programming_error")
         else:
-            cls = self.kernel.classify(message, runner.context_window, now_ms)
+            cls = self.classify(message, runner.context_window, now)
         if cls.kind != "none":
             # What events, RetryChainError and logs may show: credentials of any shape the
             # call was made with scrubbed, the text clipped as the session clips it.
             message = safe_message(message, self.secrets(exc))
             self.message, self.cls = message, cls
-        return message, cls
+        return message, cls, now
 
     def secrets(self, exc: BaseException | None) -> tuple[str, ...]:
         """The runner's ``secrets``, the key of the callable's SDK client and the
@@ -253,13 +258,15 @@ class _Call:
         self.delay = None
         if facts is not None and self.model is not None:
             facts = dataclasses.replace(facts, model=self.model)
-        self.kernel.turn_ended(message, self.runner.context_window, cls, facts, self.host)
+        self.perform(self.brain.turn_ended(message, self.runner.context_window,
+                                           classification=cls, facts=facts),
+                     self.host, _BACKOFF)
 
-    def perform(self, actions: list[B.Action]) -> None:
+    def carry_out(self, actions: list[B.Action]) -> None:
         self.delay = None
-        self.kernel.perform(actions, self.host)
+        self.perform(actions, self.host, _BACKOFF)
 
-    def emit(self, event: Event) -> None:
+    def on_event(self, event: Event) -> None:
         if type(event) is AutoRetryEnd:
             self.end = event
         self.runner._emit(event)
@@ -272,7 +279,7 @@ class _Call:
             # the primary writes its (runner-wide) fallback mark
             runner = self.runner
             if runner._fallback is None or runner._fallback[0] is None:
-                now = self.kernel.now_ms() or 0
+                now = self.now_ms() or 0
                 runner._fallback = (None, now + action.revert_ms)
             self.model = action.to_model
             self.kwargs = {**self.kwargs, "model": action.to_model}
@@ -289,9 +296,19 @@ class _Call:
             if cls.kind == "context_overflow":
                 raise ContextOverflowError(None, 0, self.calls, cls, self.message) from self.exc
             if self.exc is not None:
+                if cls.kind == "retryable" and not self.brain.settings.enabled:
+                    self.exc.add_note("retry-fsm: not retried (retry.enabled is false)")
                 raise self.exc
             return result
         if end.success:
+            return result
+        if end.attempt == 0 and end.end_reason != "overflow":
+            # A refusal at rest (maxRetries 0, a guard refused on the first failure): no chain
+            # started, so the caller's own exception, as for retry disabled, with the end
+            # event's reason in its notes (docs/policy.md §10).
+            if self.exc is not None:
+                self.exc.add_note(f"retry-fsm: not retried (endReason: {end.end_reason}, attempt 0)")
+                raise self.exc
             return result
         if end.end_reason == "overflow":
             raise ContextOverflowError("overflow", end.attempt, self.calls, self.cls,
@@ -300,16 +317,13 @@ class _Call:
                               self.message) from self.exc
 
     def coord_key(self) -> Any:
-        if self.key is None:
+        if self.cached_key is None:
             key = self.runner.key
             if key is None:
                 from fsm.fleet import CoordKey
                 key = CoordKey(*_default_key(self.fn, self.kwargs))
-            self.key = key
-        return self.key
-
-    def close(self) -> None:
-        self.kernel.close()
+            self.cached_key = key
+        return self.cached_key
 
 
 class RetryRunner:
@@ -415,21 +429,19 @@ class RetryRunner:
                             result, exc = await self._bounded(pending, call), None
                         except Exception as failure:
                             result, exc = None, failure
-                kernel = call.kernel
-                now = kernel.now_ms()
-                message, cls = call.judge(result, exc, now)
-                if kernel.uses_coordinator():
-                    kernel.record_outcome(cls)  # the pacer's signal (docs/fleet.md "Pacing")
-                if kernel.needs_world(cls):
-                    facts = await kernel.gather(cls, now_ms=now)
+                message, cls, now = call.judge(result, exc)
+                if call.uses_coordinator():
+                    call.record_outcome(cls)  # the pacer's signal (docs/fleet.md "Pacing")
+                if cls.kind == "none":  # a success: the brain needs no fact of the world
+                    facts = None
                 else:  # nothing to ask the coordinator: no await on the common path
-                    facts = kernel.local_facts(now_ms=now)
+                    facts = call.quick_facts(cls, now_ms=now) or await call.gather(cls, now_ms=now)
                 call.decide(message, cls, facts)
                 if call.delay is None:
                     return call.outcome(result, cls)
                 await self._wait(call.delay)
                 if not call.brain.waits_for_budget:
-                    call.perform(call.brain.backoff_elapsed(call.timer))
+                    call.carry_out(call.brain.backoff_elapsed(call.timer))
                 elif not await self._recheck_budget(call):
                     return call.outcome(result, cls)
         except BaseException:
@@ -449,11 +461,11 @@ class RetryRunner:
         (a ``request_delayed`` event first); a cooldown beyond ``maxHintWaitMs`` refuses it:
         one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}`` and
         :class:`RetryChainError` (``calls`` 0, no ``__cause__``), the callable never called."""
-        kernel, settings = call.kernel, call.brain.settings
-        now = kernel.now_ms()
-        cooldown, pacing = await kernel.admit_first(now_ms=now)
+        settings = call.brain.settings
+        now = call.now_ms()
+        cooldown, pacing = await call.admit_first(now_ms=now)
         if settings.honors_hints and cooldown > settings.max_hint_wait_ms:
-            call.perform(call.brain.request_refused(cooldown, now_ms=now))
+            call.carry_out(call.brain.request_refused(cooldown, now_ms=now))
             end = call.end
             raise RetryChainError(end.end_reason if end else "hint_too_long", 0, 0, None,
                                   end.final_error if end else None, None)
@@ -467,11 +479,11 @@ class RetryRunner:
         """A retry waited for the budget's floor slot (wait mode, docs/policy.md §13.7): ask
         again, and wait again while it refuses. True: the retry goes; False: the chain ended."""
         while True:
-            facts = await call.kernel.recheck_budget()
+            facts = await call.recheck_budget()
             actions = call.brain.backoff_elapsed(call.timer, facts)
             if facts.budget_taken and not any(isinstance(a, B.ContinueTurn) for a in actions):
                 actions.append(B.ReturnRetryToken())  # the retry does not go after all
-            call.perform(actions)
+            call.carry_out(actions)
             if call.brain.waits_for_budget and call.delay is not None:
                 await self._wait(call.delay)
                 continue
@@ -556,13 +568,13 @@ class RetryRunner:
                     _close(result)  # never awaited: no "was never awaited" warning
                     result, exc = None, TypeError(f"{_name(fn)} returned an awaitable: use "
                                                   "fsm.retrying (RetryRunner.run) for an async callable")
-                now = call.kernel.now_ms()
-                message, cls = call.judge(result, exc, now)
-                call.decide(message, cls, call.kernel.local_facts(now_ms=now))
+                message, cls, now = call.judge(result, exc)
+                call.decide(message, cls, None if cls.kind == "none"
+                            else call.local_facts(now_ms=now))
                 if call.delay is None:
                     return call.outcome(result, cls)
                 sleep(call.delay / 1000)
-                call.perform(call.brain.backoff_elapsed(call.timer))
+                call.carry_out(call.brain.backoff_elapsed(call.timer))
         except BaseException:  # KeyboardInterrupt, SystemExit, ...: the chain ends first
             _end_chain(call)
             raise
@@ -586,7 +598,7 @@ def _end_chain(call: _Call) -> None:
     """End the running chain (``cancelled``), if any, whatever stops the run; an exception
     raised while its end is emitted (a listener's BaseException) does not hide the first."""
     try:
-        call.perform(call.brain.prompt_cancelled())  # ignored when no chain runs
+        call.carry_out(call.brain.prompt_cancelled())  # ignored when no chain runs
     except BaseException:  # noqa: BLE001 - the exception that stopped the run goes on
         log.exception("ending the retry chain failed")
 
@@ -609,28 +621,45 @@ def _resolve(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
+RUNNER_OPTIONS: tuple[str, ...] = ("settings", "on_event", "coordinator", "key", "clock", "sleep",
+                                   "random", "context_window", "to_message")
+"""The keywords :func:`retrying` and :func:`retrying_sync` keep for the runner (never passed to
+the callable): :class:`RetryRunner`'s arguments."""
+
+
 async def retrying(fn: Callable[..., Awaitable[T]], /, *args: Any,
                    settings: RetrySettings | Mapping[str, Any] | None = None,
                    on_event: EventListener | None = None, coordinator: Any = None,
-                   clock: Any = None, **kwargs: Any) -> T:
+                   key: Any = None, clock: Any = None, sleep: Callable[[float], Any] | None = None,
+                   random: Callable[[], float] = _random.random, context_window: int = 0,
+                   to_message: Callable[[BaseException], AssistantMessage] | None = None,
+                   **kwargs: Any) -> T:
     """``await fn(*args, **kwargs)`` under the retry brain (see the module docstring).
 
-    ``settings``, ``on_event``, ``coordinator`` and ``clock`` are the runner's (as
-    :class:`RetryRunner`); every other keyword goes to ``fn``. For more options (``sleep``,
-    ``random``, ``key``, ``context_window``) or a callable that itself takes one of those four
-    names, build a :class:`RetryRunner` and call :meth:`RetryRunner.run`.
+    The keywords of :data:`RUNNER_OPTIONS` (``settings``, ``on_event``, ``coordinator``,
+    ``key``, ``clock``, ``sleep``, ``random``, ``context_window``, ``to_message``) are the
+    runner's, as :class:`RetryRunner` takes them, and never reach ``fn``; every other keyword
+    goes to ``fn``. For a callable that itself takes one of those names, build a
+    :class:`RetryRunner` and call :meth:`RetryRunner.run` (or pass a ``functools.partial``).
     """
-    return await RetryRunner(settings, on_event=on_event, coordinator=coordinator,
-                             clock=clock).run(fn, *args, **kwargs)
+    return await RetryRunner(settings, on_event=on_event, coordinator=coordinator, key=key,
+                             clock=clock, sleep=sleep, random=random, context_window=context_window,
+                             to_message=to_message).run(fn, *args, **kwargs)
 
 
 def retrying_sync(fn: Callable[..., T], /, *args: Any,
                   settings: RetrySettings | Mapping[str, Any] | None = None,
-                  on_event: EventListener | None = None,
-                  sleep: Callable[[float], Any] | None = None, **kwargs: Any) -> T:
+                  on_event: EventListener | None = None, key: Any = None, clock: Any = None,
+                  sleep: Callable[[float], Any] | None = None,
+                  random: Callable[[], float] = _random.random, context_window: int = 0,
+                  to_message: Callable[[BaseException], AssistantMessage] | None = None,
+                  **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` under the retry brain, for synchronous callables; backoffs
-    wait with ``sleep`` (default ``time.sleep``). As :func:`retrying` otherwise."""
-    return RetryRunner(settings, on_event=on_event, sleep=sleep).run_sync(fn, *args, **kwargs)
+    wait with ``sleep`` (default ``time.sleep``). The runner's keywords never reach ``fn``, as
+    for :func:`retrying` (a sync run takes no ``coordinator``)."""
+    return RetryRunner(settings, on_event=on_event, key=key, clock=clock, sleep=sleep,
+                       random=random, context_window=context_window,
+                       to_message=to_message).run_sync(fn, *args, **kwargs)
 
 
 def retry(fn: Callable[..., Any] | None = None, /, *,

@@ -1,16 +1,14 @@
-"""An optional package, imported where it is used, or an error that says which extra brings it."""
+"""An optional package, imported where it is used, or an error that says which extra brings it:
+the integrations' name for the one helper, :func:`fsm._extras.require`."""
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
+
+from fsm._extras import require as _require
 
 
 def require(module: str, extra: str) -> ModuleType:
-    """``import module``, or ``ImportError`` naming the line to run:
-    ``pip install 'retry-fsm[extra]'``."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"{module} is not installed: this part of retry-fsm needs the "
-                          f"'{extra}' extra: pip install 'retry-fsm[{extra}]'") from exc
+    """``import module``, or :class:`fsm._extras.MissingExtraError` (an ``ImportError``) naming
+    the line to run: ``pip install 'retry-fsm[extra]'``."""
+    return _require(module, extra=extra, feature=f"the {extra} integration (fsm.integrations)")

@@ -30,8 +30,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opentelemetry import metrics, trace
-from opentelemetry.trace import Status, StatusCode
+from fsm._extras import require
+
+trace = require("opentelemetry.trace", extra="otel", feature="fsm.integrations.otel")
+metrics = require("opentelemetry.metrics", extra="otel", feature="fsm.integrations.otel")
+Status, StatusCode = trace.Status, trace.StatusCode
 
 __all__ = ["RetryTelemetry", "SPAN_NAME", "ATTEMPT_EVENT"]
 

@@ -21,11 +21,13 @@ import os
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-import anthropic
-
+from fsm._extras import require
 from fsm.providers._clients import cached_client
 from fsm.providers import sdk_errors as _sdk
 from fsm.core.messages import AssistantMessage, Usage
+
+anthropic = require("anthropic", extra="anthropic",
+                    feature="the Anthropic provider (fsm.providers.anthropic_messages)")
 
 __all__ = ["AnthropicMessagesProvider", "TRUNCATED_MESSAGE", "DEFAULT_MAX_TOKENS", "STOP_REASONS"]
 

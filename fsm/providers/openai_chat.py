@@ -33,12 +33,13 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-import openai
-
+from fsm._extras import require
 from fsm.providers._clients import cached_client
 from fsm.core.messages import AssistantMessage, Usage
 from fsm.core.protocols import Provider  # re-exported: the protocol lives in fsm.core.protocols
 from fsm.providers.sdk_errors import ErrorFacts, error_facts
+
+openai = require("openai", extra="openai", feature="the OpenAI provider (fsm.providers.openai_chat)")
 
 __all__ = [
     "KNOWN_FINISH_REASONS",

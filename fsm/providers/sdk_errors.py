@@ -21,7 +21,10 @@ the runner):
 - a connection failure or a timeout of either SDK (``APIConnectionError``, ``APITimeoutError``)
   and the transport errors of ``httpx``/``httpx2`` and ``httpcore`` underneath
   (``ConnectError``, ``ReadTimeout``, ``RemoteProtocolError``…): the SDK's text followed by the
-  chain of causes, ``Connection error. (ConnectError: [Errno 111] Connection refused)``;
+  chain of causes, ``Connection error. (ConnectError: [Errno 111] Connection refused)``. A bare
+  transport error (the Anthropic SDK lets a dropped stream's ``ReadError`` through; older
+  ``openai`` releases too) reads the same: ``Connection error.`` (or ``Request timed out.`` for
+  a timeout) and its chain, so one failure has one text whichever SDK saw it;
 - any other exception: ``"<Type>: <text> (<causes>)"``.
 
 The retry hints the server sent are appended to the text as ``(retry-after: 20)`` — the one
@@ -73,6 +76,13 @@ event, a log or a file)."""
 _SDK_MODULES = ("openai", "anthropic")
 _STREAM_HEADERS = frozenset({"retry-after", "retry-after-ms", "x-should-retry", "request-id", "x-request-id"})
 _TRANSPORT_MODULES = ("httpx", "httpx2", "httpcore", "httpcore2")
+_TRANSPORT_FAILURES = frozenset({"TransportError", "NetworkError", "ProtocolError", "TimeoutException"})
+"""httpx/httpcore base classes of a failure to reach or read the server (httpx's
+``TransportError`` tree; httpcore's ``NetworkError``, ``ProtocolError``, ``TimeoutException``)."""
+CONNECTION_TEXT = "Connection error."
+"""The SDKs' ``APIConnectionError`` text, also used for a bare transport error."""
+TIMEOUT_TEXT = "Request timed out."
+"""The SDKs' ``APITimeoutError`` text, also used for a bare transport timeout."""
 _RATE_FAMILIES = ("rate_limit", "usage_limit")
 _TITLE = re.compile(r"<title[^>]{0,100}>\s*([^<]{1,200}?)\s*</title>", re.IGNORECASE)
 _SECRET = re.compile(r"(?i)(bearer\s+)[^\s'\"\\]{4,}|\bsk-[A-Za-z0-9_\-]{6,}")
@@ -143,6 +153,14 @@ def _error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFac
         if isinstance(body, Mapping):
             return stream_error_facts({"error": body})
         return ErrorFacts(_mask(f"Stream error: {getattr(exc, 'message', '') or exc}"))
+    transport = _class_names(exc, _TRANSPORT_MODULES)
+    if transport & _TRANSPORT_FAILURES:
+        # A bare transport error (raised mid-stream, where one SDK wraps it and the other does
+        # not) reads as the SDKs' own connection error, so the same failure has the same words
+        # through either SDK and through a transport.
+        head = TIMEOUT_TEXT if "TimeoutException" in transport else CONNECTION_TEXT
+        causes = _cause_chain(exc, include_self=True)
+        return ErrorFacts(_mask(f"{head} ({'; '.join(causes)})"))
     text = clip_text(str(exc))  # before any copy: the text may be 100 MB
     head = f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
     causes = _cause_chain(exc)
@@ -330,17 +348,18 @@ def _mask(text: str) -> str:
     return _SECRET.sub(lambda m: (m.group(1) or "") + "***", safe_error_text(text))
 
 
-def _cause_chain(exc: BaseException) -> list[str]:
-    """``Name: text`` of each distinct, non-empty text among the exception's causes.
+def _cause_chain(exc: BaseException, *, include_self: bool = False) -> list[str]:
+    """``Name: text`` of each distinct, non-empty text among the exception's causes (and the
+    exception itself first with ``include_self``); when none has a text, the first one's name.
 
     Suppressed contexts are followed too: httpx re-raises its transport errors ``from None``,
     and the root cause (``ConnectionRefusedError``…) is the part worth reading.
     """
     parts: list[str] = []
-    seen = {clip_text(str(exc), 1024)}
+    seen = set() if include_self else {clip_text(str(exc), 1024)}
     first: BaseException | None = None
-    pending = [exc.__cause__ or exc.__context__]
-    visited = {id(exc)}
+    pending: list[BaseException | None] = [exc] if include_self else [exc.__cause__ or exc.__context__]
+    visited = set() if include_self else {id(exc)}
     while pending and len(parts) < 5:
         cause = pending.pop(0)
         if cause is None or id(cause) in visited:

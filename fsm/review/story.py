@@ -120,8 +120,10 @@ def _guards_text(step: Step) -> str:
 
 def _events(diagram: Diagram, effect: str | None) -> str:
     words = diagram.effect_text(effect)
-    found = re.findall(r"emit (\w+)(?: \((\w+)\))?", words)
-    return ", ".join(f"{name} ({why})" if why else name for name, why in found)
+    # the event phrases of fsm.core.lifecycle.EFFECT_WORDS; auto_retry_end's note is its endReason
+    found = re.findall(r"\b(auto_retry_start|auto_retry_end)(?: \((\w+)\))?", words)
+    return ", ".join(f"{name} ({why})" if why and name == "auto_retry_end" else name
+                     for name, why in found)
 
 
 def _row_text(step: Step) -> str:

@@ -290,8 +290,9 @@ def session_state(session: Any, *, session_file: str | None = None,
     runs inside this session), ``steeringMode`` / ``followUpMode`` (``"all"``), ``sessionFile``
     (only when a log is written, as there), ``sessionId``, ``autoCompactionEnabled``,
     ``messageCount``, ``pendingMessageCount``. Added here: ``autoRetryEnabled``, ``isRetrying``,
-    ``retryAttempt``, ``retryState``, ``retrySettings`` and ``queuedMessageCount`` (the same
-    number as ``pendingMessageCount``, under its earlier name).
+    ``retryAttempt``, ``retryState``, ``retrySettings``, ``ignoredSettings`` (the original's
+    settings keys given and ignored, e.g. ``["retry.provider"]``; docs/policy.md §1) and
+    ``queuedMessageCount`` (the same number as ``pendingMessageCount``, under its earlier name).
     """
     queued = len(session.queued_messages)
     state: dict[str, Any] = {
@@ -314,6 +315,7 @@ def session_state(session: Any, *, session_file: str | None = None,
         "retryAttempt": session.retry_attempt,
         "retryState": session.brain.state,
         "retrySettings": session.settings.to_json(),
+        "ignoredSettings": list(session.settings.ignored_keys),
         "queuedMessageCount": queued,
     })
     return state

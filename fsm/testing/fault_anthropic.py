@@ -7,7 +7,11 @@ Same script, same entry keys and the same request counter as the chat completion
   typically ``{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}``
   with status 529).
 - a success without ``stream`` answers a ``message`` object, or the event stream below when the
-  request asked to stream.
+  request asked to stream. A ``stream`` entry answers a request that did not ask to stream
+  with one ``message`` object too (its text deltas joined; ``finish_reason`` and ``usage`` as
+  below), or, when it holds an ``error`` event, that error body with the status the API gives
+  it (``overloaded_error`` 529, ``rate_limit_error`` 429, ``api_error`` 500…); ``drop`` and
+  ``no_done`` entries always stream.
 - ``stream``: the SSE events ``message_start``, ``content_block_start``, then per item a
   ``content_block_delta`` (a string: a ``text_delta``) or the object sent verbatim as one event
   named by its ``type`` (``{"type": "error", "error": {...}}`` is an SSE ``error`` event inside
@@ -65,7 +69,25 @@ def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
             return handler._send_json(200, _message(req, index, model, "ok", "end_turn", None),
                                       "completion", headers)
         entry = {"stream": ["ok"], **entry}
+    elif not req.get("stream") and status == 200 and not entry.get("drop") and not entry.get("no_done"):
+        # A request that did not ask to stream gets the same answer as one Message object (the
+        # SDK would otherwise hand the SSE text back as a string); an error event becomes the
+        # error body with the status the API answers it with.
+        errors = [item for item in entry["stream"] if isinstance(item, dict) and item.get("type") == "error"]
+        if errors:
+            kind = errors[0].get("error", {}).get("type") if isinstance(errors[0].get("error"), dict) else None
+            return handler._send_json(_ERROR_STATUS.get(kind, 500), errors[0], "json", headers)
+        text = "".join(item for item in entry["stream"] if isinstance(item, str))
+        return handler._send_json(200, _message(req, index, model, text, entry.get("finish_reason", "end_turn"),
+                                                entry.get("usage")), "completion", headers)
     return _stream(handler, entry, req, index, status, headers, model)
+
+
+_ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
+                 "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
+                 "api_error": 500, "overloaded_error": 529}
+"""The HTTP status the Messages API answers an error type with, outside a stream
+(https://docs.anthropic.com/en/api/errors)."""
 
 
 def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,

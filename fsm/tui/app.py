@@ -17,6 +17,10 @@ import json
 import logging
 from typing import Any
 
+from fsm._extras import require
+
+require("prompt_toolkit", extra="tui", feature="the terminal front end (python -m fsm chat)")
+
 from prompt_toolkit.application import Application
 from prompt_toolkit.buffer import Buffer
 from prompt_toolkit.filters import Condition

@@ -67,6 +67,9 @@ ACTION_WORDS = {
     B.CreditRetryBudget: "budget credit",
     B.CheckCompaction: "compaction",
     B.PromptMayReturn: "prompt done",
+    B.SwitchModel: "switch model",
+    B.AbortAttempt: "abort the attempt",
+    B.ArmDeadline: "arm deadline",
 }
 KIND = {"turn_failed_retryable": Classification("retryable", "retryable.overloaded", False, 3000),
         "turn_failed_fatal": Classification("fatal", "fatal.unmatched"),
@@ -80,8 +83,9 @@ def words_of(action):
     if isinstance(action, B.Emit):
         if isinstance(action.event, AutoRetryStart):
             return "auto_retry_start"
-        assert isinstance(action.event, AutoRetryEnd)
-        return f"auto_retry_end ({action.event.end_reason})"
+        if isinstance(action.event, AutoRetryEnd):
+            return f"auto_retry_end ({action.event.end_reason})"
+        return action.event.type
     return ACTION_WORDS[type(action)]
 
 

@@ -65,14 +65,17 @@ def test_integral_float_is_accepted_as_int():
     assert RetrySettings.from_json({"retry": {"baseDelayMs": 50.0}}).base_delay_ms == 50
 
 
-def test_original_shape_with_unknown_keys_warns_and_ignores():
+def test_original_shape_with_the_originals_keys_warns_once_and_ignores():
+    """The original's retry.provider is accepted, ignored, listed once; other groups are not read."""
     data = {"retry": {"enabled": True, "maxRetries": 3, "baseDelayMs": 50, "provider": {"maxRetries": 0}},
             "theme": "dark"}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         s = RetrySettings.from_json(data)
     assert s == RetrySettings(base_delay_ms=50)
-    assert any("provider" in str(w.message) for w in caught)
+    assert s.ignored_keys == ("retry.provider",)
+    assert [str(w.message) for w in caught] == [
+        "retry settings: ignoring the original's own keys retry.provider (this project is the only retry layer)"]
 
 
 def test_nothing_half_applied_on_error():
@@ -237,7 +240,8 @@ def test_hinted_delay_gets_positive_only_jitter():
     assert RetrySettings().hinted_delay_ms(10_000, lambda: 0.999) == 10_000
 
 
-def test_flat_retry_keys_at_the_top_level_are_named_in_a_warning():
-    """Attack report: RetrySettings.from_json({"baseDelayMs": 20}) silently gave the defaults."""
-    with pytest.warns(UserWarning, match=r"baseDelayMs at the top level are ignored"):
-        assert RetrySettings.from_json({"baseDelayMs": 20}) == RetrySettings()
+def test_flat_retry_keys_at_the_top_level_raise():
+    """Attack report: RetrySettings.from_json({"baseDelayMs": 20}) silently gave the defaults;
+    it is now a SettingsError (no silent warnings, docs/policy.md §1)."""
+    with pytest.raises(SettingsError, match=r'retry settings: expected the retry keys inside "retry"'):
+        RetrySettings.from_json({"baseDelayMs": 20})

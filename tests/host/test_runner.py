@@ -76,10 +76,12 @@ async def test_a_fatal_first_failure_is_re_raised_unchanged_and_starts_no_chain(
 
 
 async def test_retry_disabled_re_raises_a_retryable_failure_unchanged():
+    """enabled false: the caller's exception itself, with a note saying why it was not retried."""
     reset = ConnectionResetError("Connection reset by peer")
     with pytest.raises(ConnectionResetError) as info:
         await fast(settings={"enabled": False}).run(Script(reset))
     assert info.value is reset
+    assert info.value.__notes__ == ["retry-fsm: not retried (retry.enabled is false)"]
 
 
 async def test_exhaustion_raises_the_chain_error_with_the_last_exception_chained():
@@ -105,14 +107,24 @@ async def test_a_fatal_error_inside_a_chain_raises_the_chain_error():
     assert info.value.__cause__ is denied
 
 
-async def test_a_refusal_at_rest_raises_the_chain_error_with_attempt_zero():
-    """maxRetries 0: the reference behaviour's end {success:false, attempt:0}; an end was emitted, so the
-    caller gets the chain error (end reason exhausted), cause chained."""
+async def test_a_refusal_at_rest_re_raises_the_callers_exception_with_the_end_reason_noted():
+    """maxRetries 0: the reference behaviour's end {success:false, attempt:0} is emitted, and the
+    caller gets its own exception (as with enabled false), the end reason in its notes."""
     reset = ConnectionResetError("Connection reset by peer")
-    with pytest.raises(RetryChainError) as info:
-        await fast(settings={"maxRetries": 0}).run(Script(reset))
-    assert (info.value.end_reason, info.value.attempts, info.value.calls) == ("exhausted", 0, 1)
-    assert info.value.__cause__ is reset
+    events = []
+    with pytest.raises(ConnectionResetError) as info:
+        await fast(settings={"maxRetries": 0}, on_event=events.append).run(Script(reset))
+    assert info.value is reset
+    assert info.value.__notes__ == ["retry-fsm: not retried (endReason: exhausted, attempt 0)"]
+    assert [(e.type, e["attempt"], e["endReason"]) for e in events] == [("auto_retry_end", 0, "exhausted")]
+
+
+def test_a_refusal_at_rest_in_a_sync_run_re_raises_too():
+    """run_sync keeps the same contract for maxRetries 0."""
+    reset = ConnectionResetError("Connection reset by peer")
+    with pytest.raises(ConnectionResetError) as info:
+        fsm.retrying_sync(Script(reset).sync, settings={"maxRetries": 0})
+    assert info.value is reset and "endReason: exhausted" in info.value.__notes__[0]
 
 
 @pytest.mark.parametrize("first", [True, False])
@@ -128,11 +140,14 @@ async def test_a_context_overflow_raises_the_overflow_error_first_or_inside_a_ch
 
 
 async def test_a_hint_longer_than_the_wait_ends_the_chain_at_once():
-    """retryHints honor + a 2 h reset: no request is sent into a known failure."""
+    """retryHints honor + a 2 h reset: no request is sent into a known failure; refused on the
+    first failure (attempt 0), the caller's exception comes back with the end reason noted."""
     limited = RuntimeError("429 usage limit reached, try again in 2h 13m")
-    with pytest.raises(RetryChainError) as info:
-        await fast(settings={"retryHints": "honor"}).run(Script(limited))
-    assert info.value.end_reason == "hint_too_long" and info.value.calls == 1
+    fn = Script(limited)
+    with pytest.raises(RuntimeError) as info:
+        await fast(settings={"retryHints": "honor"}).run(fn)
+    assert info.value is limited and fn.calls == 1
+    assert info.value.__notes__[-1] == "retry-fsm: not retried (endReason: hint_too_long, attempt 0)"
     assert no_sleep.waits == []
 
 
@@ -355,9 +370,9 @@ async def test_the_coordinator_is_read_before_and_written_after_each_decision():
 async def test_a_budget_refusal_ends_the_chain_and_a_slow_coordinator_is_not_waited_for():
     refuse = RetryRunner({"baseDelayMs": 1, "budget": {}}, sleep=no_sleep,
                          coordinator=FakeCoordinator(allowed=False))
-    with pytest.raises(RetryChainError) as info:
+    with pytest.raises(ConnectionResetError) as info:  # refused at attempt 0: the caller's own
         await refuse.run(Script(ConnectionResetError("reset by peer")))
-    assert info.value.end_reason == "budget"
+    assert "endReason: budget" in info.value.__notes__[-1]
     slow = RetryRunner({"baseDelayMs": 1, "budget": {}}, sleep=no_sleep,
                        coordinator=FakeCoordinator(slow=True))
     assert await asyncio.wait_for(slow.run(Script(ConnectionResetError("reset by peer"))), 2) == "ok"
@@ -379,8 +394,8 @@ def _expected(script, max_retries):
         return ContextOverflowError, 1, False
     if first == "fatal":
         return "same", 1, False
-    if max_retries == 0:
-        return RetryChainError, 1, True
+    if max_retries == 0:  # a refusal at rest: the caller's own exception, its end emitted
+        return "reraise", 1, True
     for i, item in enumerate(script[1:], 1):
         if item == "ok":
             return "ok", i + 1, True
@@ -410,6 +425,10 @@ async def test_random_scripts_follow_the_exception_rules(case):
         with pytest.raises(ValueError) as info:
             await runner.run(fn)
         assert info.value is OUTCOMES["fatal"]
+    elif expected == "reraise":
+        with pytest.raises(Exception) as info:
+            await runner.run(fn)
+        assert info.value is OUTCOMES[script[0]]
     else:
         with pytest.raises(expected) as info:
             await runner.run(fn)

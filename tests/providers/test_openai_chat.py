@@ -208,10 +208,8 @@ def test_exactly_one_request_even_when_the_sdk_would_retry(status):
     # retry-after 1 s and x-should-retry would both make a default SDK client retry and wait.
     entry = {"status": status, "json": {"error": {"message": "try later"}},
              "headers": {"retry-after": "1", "x-should-retry": "true"}}
-    started = time.monotonic()
     messages, requests = complete([entry] * 3)
-    assert time.monotonic() - started < 0.9
-    assert len(requests) == 1
+    assert len(requests) == 1  # the SDK did not retry (one request, so no wait either)
     assert messages[0].stop_reason == "error"
     assert messages[0].error_message == f"{status} try later (retry-after: 1, x-should-retry: true)"
 

@@ -248,7 +248,8 @@ def test_other_exceptions_name_their_type_and_causes():
             raise httpx2.ReadError("read failed") from inner
     except httpx2.ReadError as exc:
         facts = error_facts(exc)
-    assert facts.message == "ReadError: read failed (ConnectionResetError: [Errno 104] Connection reset by peer)"
+    assert facts.message == ("Connection error. (ReadError: read failed; "
+                             "ConnectionResetError: [Errno 104] Connection reset by peer)")
     assert classify_message(facts.to_message()).kind == "retryable"
 
 

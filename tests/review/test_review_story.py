@@ -54,8 +54,8 @@ def test_the_path_comes_first_and_fits_a_screen(tmp_path, capsys):
     assert steps == [["idle", "→", "backing_off"], ["backing_off", "→", "continuing"],
                      ["continuing", "→", "backing_off"], ["backing_off", "→", "continuing"],
                      ["continuing", "→", "succeeded"], ["succeeded", "→", "exhausted"]]
-    assert " 6 ✓, fallback_due ✗ " in lines[2] and lines[2].rstrip().endswith("auto_retry_start")
-    assert "auto_retry_end (success)" in lines[6]
+    assert " 6 ✓, fallback_due ✗" in lines[2] and lines[2].rstrip().endswith("auto_retry_start")
+    assert "auto_retry_end (succeeded)" in lines[6]
     # the refusal: the guard values that took the row, the rows tried before it
     assert "retry_enabled ✓, has_retries_left ✗ (2 rows rejected)" in lines[7]
     assert "auto_retry_end (exhausted)" in lines[7]

@@ -420,7 +420,7 @@ def test_stdout_carries_protocol_lines_only(tmp_path, provider):
     assert server.noise == []
     err = bytes(server.stderr)
     assert b"NOISE print" in err and b"NOISE fd1" in err
-    assert b"ignoring unknown keys provider" in err and b"theme" in err
+    assert b"ignoring the original's own keys retry.provider" in err and b"theme" in err
 
 
 def test_bad_settings_file_exits_2_naming_the_key(tmp_path):

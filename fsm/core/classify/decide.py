@@ -34,7 +34,7 @@ nothing here reads a clock or the machine's time zone.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -202,7 +202,7 @@ _O, _PS, _PY, _R, _U, _G, _ST = ("overflow", "strict_permanent", "yielding_perma
 
 
 def _category_rules(category: str) -> list[tuple[int, Rule]]:
-    keep = {
+    keep: Callable[[int, Rule], bool] = {
         _O: lambda tag, rule: tag == OVERFLOW,
         _PS: lambda tag, rule: (tag == PERMANENT and rule.id not in YIELDS_TO_HINT
                                 and rule.id not in _STATUS_IDS),
@@ -256,7 +256,7 @@ _SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
 _UNMATCHED = Classification("fatal", "fatal.unmatched")
 _RESULT: dict[tuple[str, bool], Classification] = {}
 for _tag, _rule in _TAGGED[:-1] + [(RETRYABLE, r) for r in INWORD_RULES]:
-    _RESULT[_rule.id, False] = Classification(  # type: ignore[arg-type]
+    _RESULT[_rule.id, False] = Classification(
         ("context_overflow", "fatal", "retryable")[_tag], _rule.id)
     _RESULT[_rule.id, True] = Classification("retryable", _rule.id, True)
 

@@ -139,7 +139,7 @@ class _Trie:
         node.ends.append((rank, rest, owner))
 
     def emit(self, owners: list[int]) -> str:
-        parts: list[tuple[int, int, str | tuple[str, _Trie] | tuple[str, int]]] = []
+        parts: list[tuple[int, int, tuple[str, _Trie] | tuple[str, int]]] = []
         for order, (unit, child) in enumerate(self.children.items()):
             parts.append((child.rank, order, (unit, child)))
         for order, (rank, rest, owner) in enumerate(self.ends, len(parts)):
@@ -161,7 +161,8 @@ def _char_filter(trie: _Trie) -> str:
     Conservative where an alternative's second character is not a literal."""
     if trie.ends:  # pragma: no cover - every table alternative starts with a literal
         return ""
-    firsts, seconds = set(), set()
+    firsts: set[str] = set()
+    seconds: set[str] = set()
     for unit, child in trie.children.items():
         firsts.add(unit[-1])
         seconds.update(u[-1] for u in child.children)

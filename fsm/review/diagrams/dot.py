@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
+from fsm._extras import require
 from fsm.review.diagrams.model import (ADDED, AND, CHANGED, NOT, REMOVED, REVIEW, Diagram,
                                        DiagramError, DrawnRow, EdgeMark, ReviewEdge, State,
                                        cascades, review_edges)
@@ -17,7 +18,7 @@ from fsm.review.diagrams.style import CLUSTERS, FILLS, PALETTE, REVIEW_EDGE
 
 def dot_text(text: str) -> str:
     # Free text (docs, specs) must not be read as a DOT escape or an HTML label.
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     return graphviz.nohtml(text.replace("\\", "\\\\"))
 
@@ -64,7 +65,7 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     mark counts as not covered; ``summary`` (lines joined by ``"; "``) heads the legend, which
     explains the three.
     """
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     colours = {t: PALETTE[i % len(PALETTE)] for i, (t, _) in enumerate(diagram.triggers)}
     g = graphviz.Digraph(diagram.name)
@@ -133,7 +134,7 @@ def render_svg(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
 def svg_of(graph) -> bytes:
     """Lay out a :class:`graphviz.Digraph` with ``dot`` into SVG bytes; see :func:`render_svg`
     for the errors."""
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     try:
         return graph.pipe(format="svg")
@@ -315,7 +316,7 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
     each row in its status colour with its counts, each edge as its rows' status, ``summary``
     (lines joined by ``"; "``) heading a legend of the three statuses.
     """
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     drawn = tuple(DrawnRow(r) for r in diagram.rows) if drawn is None else tuple(drawn)
     if policy is None and summary is None and diff is None:

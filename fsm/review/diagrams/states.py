@@ -12,6 +12,7 @@ are listed under it. Written by :func:`fsm.review.diagrams.files.write_all` as
 
 from __future__ import annotations
 
+from fsm._extras import require
 from fsm.review.diagrams.dot import dot_text, html_text, review_label, svg_of
 from fsm.review.diagrams.model import Diagram, DrawnRow, ReviewEdge
 from fsm.review.diagrams.style import FILLS, REVIEW_EDGE, group_words, wrap
@@ -43,7 +44,7 @@ def _from_words(diagram: Diagram, source: str, state: str) -> tuple[str, str]:
 
 def build_state_digraph(diagram: Diagram, state: str):
     """The small :class:`graphviz.Digraph` of ``state``; ``KeyError`` if there is no such state."""
-    import graphviz
+    graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     s = diagram.state(state)
     incoming, outgoing = state_rows(diagram, state)

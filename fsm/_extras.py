@@ -1,0 +1,72 @@
+"""Optional packages: one import helper, so that a missing extra fails where it is used, with the
+exact line to run.
+
+``pip install retry-fsm`` installs the core only (the brain, the lifecycle, the classifier, the
+runner and the session, with ``transitions``). Everything else is an *extra* named after its
+layer (pyproject.toml ``[project.optional-dependencies]``; README "Install")::
+
+    openai = require("openai", extra="openai", feature="the OpenAI provider")
+
+raises :class:`MissingExtraError` when ``openai`` is not installed::
+
+    the OpenAI provider needs the package 'openai', which is not installed:
+    pip install 'retry-fsm[openai]'
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = ["EXTRAS", "MissingExtraError", "require", "install_line"]
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "openai": ("openai",),
+    "anthropic": ("anthropic",),
+    "redis": ("redis",),
+    "tui": ("prompt_toolkit",),
+    "diagrams": ("graphviz",),
+    "otel": ("opentelemetry",),
+    "httpx2": ("httpx2",),
+    "tenacity": ("tenacity",),
+    "langchain": ("langchain", "langchain_core"),
+    "pydantic-ai": ("pydantic_ai",),
+}
+"""Extra name → the top-level modules it provides (as pyproject.toml declares them)."""
+
+
+class MissingExtraError(ImportError):
+    """An optional package is not installed. ``extra`` names the extra that installs it,
+    ``install`` is the command to run (``pip install 'retry-fsm[openai]'``); ``name`` is the
+    missing module (as :class:`ImportError`'s)."""
+
+    def __init__(self, module: str, extra: str, feature: str) -> None:
+        self.extra = extra
+        self.install = install_line(extra)
+        super().__init__(f"{feature} needs the package {module.split('.')[0]!r}, which is not "
+                         f"installed: {self.install}", name=module)
+
+
+def install_line(extra: str) -> str:
+    """``pip install 'retry-fsm[EXTRA]'``; ``ValueError`` for an extra that is not declared."""
+    if extra not in EXTRAS and extra != "all":
+        raise ValueError(f"unknown extra {extra!r}; the extras are {', '.join(sorted(EXTRAS))}, all")
+    return f"pip install 'retry-fsm[{extra}]'"
+
+
+def require(module: str, *, extra: str, feature: str) -> ModuleType:
+    """``importlib.import_module(module)``, or :class:`MissingExtraError` naming ``extra`` when
+    the module (or its top-level package) is not installed.
+
+    Only a missing *top-level* package becomes :class:`MissingExtraError`; an installed package
+    whose own import fails (a broken install, an incompatible version) keeps its own error, so
+    the real cause is not hidden.
+    """
+    install_line(extra)  # an undeclared extra is a bug here, not the user's
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.split(".")[0]
+        if exc.name == top:
+            raise MissingExtraError(module, extra, feature) from None
+        raise

@@ -1,0 +1,105 @@
+"""Settings spelling, unknown keys and precedence marks (docs/policy.md §1): camelCase in files
+and mappings, snake_case in Python, an unknown key named with the nearest known one."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import fsm
+from fsm.core.settings import ORIGINAL_RETRY_KEYS, RetrySettings, SettingsError, known_keys, nearest_key
+
+
+@pytest.mark.parametrize("key,near", [
+    ("maxRetry", "maxRetries"), ("max_retries", "maxRetries"), ("base_delay_ms", "baseDelayMs"),
+    ("maxretries", "maxRetries"), ("retryHint", "retryHints"), ("jiter", "jitter"),
+])
+def test_an_unknown_key_names_the_nearest_known_key(key, near):
+    """A misspelt or snake_case key in the file's retry group raises, naming the key and its
+    nearest known key."""
+    with pytest.raises(SettingsError) as info:
+        RetrySettings.from_json({"retry": {key: 5}})
+    assert info.value.key == key and info.value.suggestion == near
+    assert str(info.value) == f"retry.{key}: unknown key; did you mean retry.{near}?"
+
+
+def test_an_unknown_key_with_nothing_near_lists_the_known_keys():
+    """A key like no other lists the known keys instead of guessing."""
+    with pytest.raises(SettingsError) as info:
+        RetrySettings.from_json({"retry": {"colour": "blue"}})
+    assert info.value.suggestion is None and "maxRetries" in str(info.value)
+
+
+def test_a_nested_unknown_key_is_named_with_its_path():
+    """An unknown key of the budget object names its dotted path and the nearest key."""
+    with pytest.raises(SettingsError, match=r"retry\.budget\.maxToken: unknown key; did you mean "
+                                            r"retry\.budget\.maxTokens\?"):
+        RetrySettings.from_json({"retry": {"budget": {"maxToken": 10}}})
+
+
+def test_the_originals_keys_are_never_suggested():
+    """`provider` is the original's key: accepted, and never offered for a near miss."""
+    assert nearest_key("providr", list(known_keys()) + list(ORIGINAL_RETRY_KEYS)) != "provider"
+    assert nearest_key("providr", list(ORIGINAL_RETRY_KEYS)) is None
+    assert "provider" in ORIGINAL_RETRY_KEYS
+
+
+def test_retry_keys_at_the_top_level_raise():
+    """`{"maxRetries": 5}` as a whole file would be silently ignored: it raises instead."""
+    with pytest.raises(SettingsError, match=r'inside "retry"') as info:
+        RetrySettings.from_json({"maxRetries": 5})
+    assert info.value.value == "maxRetries"
+    assert RetrySettings.from_json({"theme": "dark"}) == RetrySettings()  # other programs' groups
+
+
+def test_the_python_api_is_snake_case():
+    """RetrySettings takes snake_case; a camelCase keyword is a TypeError as for any class."""
+    assert RetrySettings(max_retries=5).max_retries == 5
+    with pytest.raises(TypeError):
+        RetrySettings(maxRetries=5)  # type: ignore[call-arg]
+
+
+def test_set_keys_tell_the_user_s_values_from_defaults():
+    """A key named in a mapping counts as set even with the default's value; a key left out
+    does not; a Python value other than the default does; from_json over a base keeps both."""
+    s = RetrySettings.from_json({"retry": {"maxRetries": 3, "jitter": "full"}})
+    assert s.is_set("maxRetries") and s.is_set("max_retries") and s.is_set("jitter")
+    assert not s.is_set("baseDelayMs")
+    assert RetrySettings(base_delay_ms=500).is_set("baseDelayMs")
+    assert not RetrySettings().is_set("enabled")
+    assert RetrySettings().with_enabled(True).is_set("enabled")
+    over = RetrySettings.from_json({"retry": {"baseDelayMs": 10}}, base=s)
+    assert {k for k in known_keys() if over.is_set(k)} == {"maxRetries", "jitter", "baseDelayMs"}
+    assert s == RetrySettings(jitter="full")  # set_keys take no part in equality
+    with pytest.raises(SettingsError, match="unknown key"):
+        s.is_set("maxRetry")
+
+
+def test_coerce_takes_the_file_shape_or_the_inner_object():
+    """A host's settings= takes RetrySettings, {"retry": {...}} or the inner object."""
+    inner = RetrySettings.coerce({"maxRetries": 5, "retryHints": "honor"})
+    outer = RetrySettings.coerce({"retry": {"maxRetries": 5, "retryHints": "honor"}})
+    assert inner == outer == RetrySettings(max_retries=5, retry_hints="honor")
+    assert RetrySettings.coerce(None) is None and RetrySettings.coerce(inner) is inner
+    with pytest.raises(TypeError, match="got list"):
+        RetrySettings.coerce([("maxRetries", 5)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("settings", [{"max_retries": 5}, {"retry": {"max_retries": 5}}])
+def test_the_runner_refuses_a_snake_case_key_suggesting_camel_case(settings):
+    """fsm.RetryRunner(settings=...) with a snake_case key raises SettingsError naming
+    maxRetries (no warning, no silent default)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SettingsError, match=r"retry\.max_retries: unknown key; did you mean retry\.maxRetries\?"):
+            fsm.RetryRunner(settings=settings)
+
+
+def test_the_runner_accepts_the_originals_keys_and_lists_them():
+    """The original's retry.provider given to the runner is ignored and listed once."""
+    with pytest.warns(UserWarning, match="retry.provider") as caught:
+        runner = fsm.RetryRunner(settings={"retry": {"maxRetries": 1, "provider": {"maxRetries": 0}}})
+    assert len(caught) == 1
+    assert runner.settings.max_retries == 1 and runner.settings.ignored_keys == ("retry.provider",)
+

@@ -1,4 +1,4 @@
-"""Issue 14 item 3: no credential appears in any file, event or log after a run with a
+"""No credential appears in any file, event or log after a run with a
 malformed key (a trailing CR, a space, an embedded LF from --api-key or OPENAI_API_KEY)."""
 
 from __future__ import annotations

@@ -266,11 +266,14 @@ def seconds_text(ms: int) -> str:
 def _clock_text(epoch_ms: int, now_ms: int | None = None) -> str:
     """``14:05 UTC`` (``14:05:07 UTC`` off the minute); with the date when it is not the day of
     ``now_ms`` (``2026-01-03 10:00 UTC``)."""
-    t = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-    text = t.strftime("%H:%M UTC") if epoch_ms % 60_000 == 0 else t.strftime("%H:%M:%S UTC")
-    if now_ms is not None and datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).date() != t.date():
-        text = t.strftime("%Y-%m-%d ") + text
-    return text
+    try:
+        t = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+        text = t.strftime("%H:%M UTC") if epoch_ms % 60_000 == 0 else t.strftime("%H:%M:%S UTC")
+        if now_ms is not None and datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).date() != t.date():
+            text = t.strftime("%Y-%m-%d ") + text
+        return text
+    except (OverflowError, ValueError, OSError):  # beyond the calendar (years 1–9999)
+        return f"epoch {epoch_ms} ms"
 
 
 # ---------------------------------------------------------------------------- the policy model

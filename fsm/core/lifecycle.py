@@ -210,14 +210,14 @@ at_rest     + request_refused / end_refused = exhausted  ; §13.7: a first reque
 at_rest     + backoff_elapsed / (ignored)  ; no backoff is pending: a stale timer
 at_rest     + retry_cancelled / (ignored)  ; no chain to cancel
 at_rest     + continue_failed / (ignored)  ; no chain is continuing
-at_rest     + retry_requested / (ignored)  ; §3 v2: retry now is ignored outside a backoff
+at_rest     + retry_requested / (ignored)  ; §3: retry now is ignored outside a backoff
 at_rest     + prompt_cancelled / (ignored)  ; no chain: the cancelled prompt has nothing to end
 at_rest     + deadline_passed / (ignored)  ; §3: no chain, no deadline
 backing_off + backoff_elapsed [timer_is_current, budget_allows] / continue_turn = continuing  ; §3: schedule continue; a stale timer never continues
 backing_off + backoff_elapsed [timer_is_current, !budget_allows] / recheck_budget = backing_off  ; §13.7: the budget still refuses; wait for its next slot, no new start
-backing_off + retry_requested / retry_at_once = continuing  ; §3 v2, §8b.5: retry now, same attempt, no new auto_retry_start
+backing_off + retry_requested / retry_at_once = continuing  ; §3, §8b.5: retry now, same attempt, no new auto_retry_start
 backing_off + retry_cancelled / cancel_backoff = cancelled  ; §3: end {{success:false, finalError:"Retry cancelled"}}
-backing_off + prompt_cancelled / cancel_backoff = cancelled  ; §3 v2: the host's prompt task was cancelled
+backing_off + prompt_cancelled / cancel_backoff = cancelled  ; §3: the host's prompt task was cancelled
 backing_off + deadline_passed / deadline_in_backoff = exhausted  ; §13.2, §13.7: the deadline ends the chain, also while waiting for the budget
 backing_off + turn_failed_retryable / (ignored)  ; no turn runs during a backoff
 backing_off + turn_failed_fatal / (ignored)  ; no turn runs during a backoff
@@ -240,7 +240,7 @@ continuing  + turn_failed_fatal / end_fatal = exhausted  ; §3 D6, §8.2: a fata
 continuing  + turn_overflowed / end_overflow = exhausted  ; §3 D6: overflow ends the chain, then goes to compaction
 continuing  + turn_aborted / end_cancelled = cancelled  ; §3 D6, §8.8: an aborted message is never a success
 continuing  + continue_failed / end_continue_failed = exhausted  ; §3 D6, §8.5: a rejected continue ends the chain
-continuing  + prompt_cancelled / end_cancelled = cancelled  ; §3 v2: the host's prompt task was cancelled
+continuing  + prompt_cancelled / end_cancelled = cancelled  ; §3: the host's prompt task was cancelled
 continuing  + deadline_passed / abort_attempt = exhausted  ; §13.2: the attempt in flight is aborted; the chain ends deadline whatever was streamed
 continuing  + backoff_elapsed / (ignored)  ; a stale timer: the backoff already elapsed
 continuing  + retry_cancelled / (ignored)  ; §3: the running turn decides the chain's end

@@ -344,7 +344,7 @@ class AgentSession:
         self._perform(self.brain.abort_retry())
 
     def retry_now(self) -> None:
-        """Retry now (§3 v2): during a backoff the timer is cancelled and the turn continues on
+        """Retry now (§3): during a backoff the timer is cancelled and the turn continues on
         the next loop tick with the same attempt number; ignored at any other time."""
         self._perform(self.brain.retry_now())
 
@@ -783,7 +783,7 @@ class AgentSession:
                 self._perform(self.brain.continue_failed(self._safe(f"continue failed: {_describe(exc)}")))
 
     def _cancel_chain(self) -> None:
-        """The prompt's task was cancelled from outside: a declared fact (§3 v2)."""
+        """The prompt's task was cancelled from outside: a declared fact (§3)."""
         self._perform(self.brain.prompt_cancelled())
         task = self._stream_task
         if task is not None and not task.done():

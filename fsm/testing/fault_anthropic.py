@@ -35,7 +35,7 @@ __all__ = ["answer"]
 
 
 def _sse(handler: Any, name: str, obj: Any) -> None:
-    handler._chunk(f"event: {name}\ndata: {json.dumps(obj)}\n\n".encode())
+    handler.chunk(f"event: {name}\ndata: {json.dumps(obj)}\n\n".encode())
 
 
 def _message(req: dict, index: int, model: str, text: str, stop: str, usage: Any) -> dict:
@@ -53,20 +53,20 @@ def _usage(text: str) -> dict:
 def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
     """Answer one ``/v1/messages`` request with ``entry`` (see the module docstring)."""
     delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
-    if delay and not handler._pause(delay):
-        return handler._client_gone(None, "client_gone_during_delay")
+    if delay and not handler.pause(delay):
+        return handler.client_gone(None, "client_gone_during_delay")
     status = entry.get("status", 200)
     headers = entry.get("headers", {})
     model = handler.server.owner.model
     if "body" in entry:
-        return handler._send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
+        return handler.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
     if "json" in entry:
-        return handler._send_json(status, entry["json"], "json", headers)
+        return handler.send_json(status, entry["json"], "json", headers)
     if "stream" not in entry:
         if status != 200:
-            return handler._send(status, b"", "text/plain; charset=utf-8", headers, "empty")
+            return handler.send(status, b"", "text/plain; charset=utf-8", headers, "empty")
         if not req.get("stream"):
-            return handler._send_json(200, _message(req, index, model, "ok", "end_turn", None),
+            return handler.send_json(200, _message(req, index, model, "ok", "end_turn", None),
                                       "completion", headers)
         entry = {"stream": ["ok"], **entry}
     elif not req.get("stream") and status == 200 and not entry.get("drop") and not entry.get("no_done"):
@@ -76,9 +76,9 @@ def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
         errors = [item for item in entry["stream"] if isinstance(item, dict) and item.get("type") == "error"]
         if errors:
             kind = errors[0].get("error", {}).get("type") if isinstance(errors[0].get("error"), dict) else None
-            return handler._send_json(_ERROR_STATUS.get(kind, 500), errors[0], "json", headers)
+            return handler.send_json(_ERROR_STATUS.get(kind, 500), errors[0], "json", headers)
         text = "".join(item for item in entry["stream"] if isinstance(item, str))
-        return handler._send_json(200, _message(req, index, model, text, entry.get("finish_reason", "end_turn"),
+        return handler.send_json(200, _message(req, index, model, text, entry.get("finish_reason", "end_turn"),
                                                 entry.get("usage")), "completion", headers)
     return _stream(handler, entry, req, index, status, headers, model)
 
@@ -107,8 +107,8 @@ def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
     chunk_delay = entry.get("chunk_delay_ms", 0)
     text = ""
     for i, item in enumerate(entry["stream"]):
-        if chunk_delay and i and not handler._pause(chunk_delay):
-            return handler._client_gone(status, "client_gone_mid_stream")
+        if chunk_delay and i and not handler.pause(chunk_delay):
+            return handler.client_gone(status, "client_gone_mid_stream")
         if isinstance(item, str):
             text += item
             _sse(handler, "content_block_delta", {"type": "content_block_delta", "index": 0,
@@ -117,13 +117,13 @@ def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
         name = item.get("type") if isinstance(item.get("type"), str) else "error"
         _sse(handler, name, item)
         if name == "error":  # the API ends the stream after an error event
-            handler._done(status, "stream_error")
-            return handler._chunk(b"")
+            handler.done(status, "stream_error")
+            return handler.chunk(b"")
     if entry.get("drop"):
         return _drop(handler, entry, status, chunk_delay)
     if entry.get("no_done"):
-        handler._done(status, "truncated")
-        return handler._chunk(b"")
+        handler.done(status, "truncated")
+        return handler.chunk(b"")
     usage = entry.get("usage", None) if "usage" in entry else {"output_tokens": max(1, len(text) // 4)}
     _sse(handler, "content_block_stop", {"type": "content_block_stop", "index": 0})
     delta: dict[str, Any] = {"type": "message_delta",
@@ -132,21 +132,21 @@ def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
     if usage is not None:
         delta["usage"] = usage
     _sse(handler, "message_delta", delta)
-    handler._done(status, "stream")
+    handler.done(status, "stream")
     _sse(handler, "message_stop", {"type": "message_stop"})
-    return handler._chunk(b"")
+    return handler.chunk(b"")
 
 
 def _drop(handler: Any, entry: dict, status: int, chunk_delay: float) -> None:
-    from fsm.testing.fault_server import _wait_sent
+    from fsm.testing.fault_server import wait_sent
 
-    if chunk_delay and entry["stream"] and not handler._pause(chunk_delay):
-        return handler._client_gone(status, "client_gone_mid_stream")
+    if chunk_delay and entry["stream"] and not handler.pause(chunk_delay):
+        return handler.client_gone(status, "client_gone_mid_stream")
     mode = entry.get("drop_mode", "rst")
-    handler._done(status, f"dropped_{mode}")
+    handler.done(status, f"dropped_{mode}")
     conn = handler.connection
     if mode == "rst":
-        _wait_sent(conn, handler.server.owner._stopping)  # the client sees the deltas, then the reset
+        wait_sent(conn, handler.server.owner.stopping)  # the client sees the deltas, then the reset
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     else:
         conn.shutdown(socket.SHUT_RDWR)

@@ -68,7 +68,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = ["DEFAULT_ENTRY", "ENTRY_KEYS", "FaultServer", "is_loopback", "redact_headers",
-           "redact_path", "validate_script"]
+           "redact_path", "validate_script", "wait_sent"]
 
 DEFAULT_ENTRY: dict[str, Any] = {}
 """What every chat request gets once the script is used up: a plain success (a stream of
@@ -272,7 +272,7 @@ def validate_script(obj: Any) -> list[dict]:
     return out
 
 
-def _wait_sent(conn: socket.socket, stopping: threading.Event, timeout_s: float = 2.0) -> None:
+def wait_sent(conn: socket.socket, stopping: threading.Event, timeout_s: float = 2.0) -> None:
     """Wait until the peer has acknowledged every byte written to ``conn`` (Linux), at most
     ``timeout_s``; elsewhere, wait a short fixed time."""
     try:
@@ -505,10 +505,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _pause(self, ms: float) -> bool:
+    def pause(self, ms: float) -> bool:
         """Wait ``ms``; ``False`` early when the client went away or the server stops."""
         deadline = time.monotonic() + ms / 1000.0
-        stopping = self.server.owner._stopping
+        stopping = self.server.owner.stopping
         with selectors.DefaultSelector() as sel:  # not select(): hundreds of fds may be open
             sel.register(self.connection, selectors.EVENT_READ)
             while (left := deadline - time.monotonic()) > 0:
@@ -527,10 +527,10 @@ class _Handler(BaseHTTPRequestHandler):
     # -- writing --------------------------------------------------------------------------
     # Each answer records its outcome just before its last bytes leave, so a client that has
     # read a whole answer always finds it recorded.
-    def _done(self, status: int | None, outcome: str) -> None:
+    def done(self, status: int | None, outcome: str) -> None:
         self.server.owner._update(self._rec, status=status, outcome=outcome)
 
-    def _send(self, status: int, data: bytes, ctype: str, headers: dict[str, str], outcome: str) -> None:
+    def send(self, status: int, data: bytes, ctype: str, headers: dict[str, str], outcome: str) -> None:
         self.send_response(status)
         headers = dict(headers)
         if status in _NO_BODY_STATUSES:  # no body and no framing headers (RFC 9110 §15.3.5)
@@ -541,19 +541,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("content-length", str(len(data)))
         for name, value in headers.items():
             self.send_header(name, value)
-        self._done(status, outcome)
+        self.done(status, outcome)
         self.end_headers()
         if data:
             self.wfile.write(data)
 
-    def _send_json(self, status: int, obj: Any, outcome: str, headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(obj).encode(), "application/json", headers or {}, outcome)
+    def send_json(self, status: int, obj: Any, outcome: str, headers: dict[str, str] | None = None) -> None:
+        self.send(status, json.dumps(obj).encode(), "application/json", headers or {}, outcome)
 
-    def _chunk(self, payload: bytes) -> None:
+    def chunk(self, payload: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
 
     def _event(self, obj: Any) -> None:
-        self._chunk(b"data: " + (obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n\n")
+        self.chunk(b"data: " + (obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n\n")
 
     # -- routes ---------------------------------------------------------------------------
     def _is(self, suffix: str) -> bool:
@@ -563,7 +563,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._rec, _ = self.server.owner._record(self.command, self.path, None, chat=False,
                                                  headers=self._header_dict())
         if self._is("/models"):
-            self._send_json(200, {"object": "list", "data": [
+            self.send_json(200, {"object": "list", "data": [
                 {"id": self.server.owner.model, "object": "model", "created": 0,
                  "owned_by": "fault-server"}]}, "models")
         else:
@@ -593,34 +593,34 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(entry, body if isinstance(body, dict) else {}, self._rec["index"])
         except OSError as exc:  # BrokenPipe, ConnectionReset: the client left mid-answer
             self.close_connection = True
-            self._done(None, f"client_gone:{type(exc).__name__}")
+            self.done(None, f"client_gone:{type(exc).__name__}")
 
     def _not_found(self) -> None:
-        self._send_json(404, {"error": {"message": f"no route for {self.command} {self.path}",
+        self.send_json(404, {"error": {"message": f"no route for {self.command} {self.path}",
                                         "type": "not_found_error"}}, "404")
 
-    def _client_gone(self, status: int | None, outcome: str) -> None:
+    def client_gone(self, status: int | None, outcome: str) -> None:
         self.close_connection = True
-        self._done(status, outcome)
+        self.done(status, outcome)
 
     def _answer(self, entry: dict, req: dict, index: int) -> None:
         if self._is("/messages"):  # the Anthropic Messages API, same script
             from fsm.testing.fault_anthropic import answer
             return answer(self, entry, req, index)
         delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
-        if delay and not self._pause(delay):
-            return self._client_gone(None, "client_gone_during_delay")
+        if delay and not self.pause(delay):
+            return self.client_gone(None, "client_gone_during_delay")
         status = entry.get("status", 200)
         headers = entry.get("headers", {})
         if "body" in entry:
-            return self._send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
+            return self.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
         if "json" in entry:
-            return self._send_json(status, entry["json"], "json", headers)
+            return self.send_json(status, entry["json"], "json", headers)
         if "stream" not in entry:
             if status != 200:
-                return self._send(status, b"", "text/plain; charset=utf-8", headers, "empty")
+                return self.send(status, b"", "text/plain; charset=utf-8", headers, "empty")
             if not req.get("stream"):
-                return self._send_json(200, self._completion(req, index), "completion", headers)
+                return self.send_json(200, self._completion(req, index), "completion", headers)
             entry = {**_PLAIN_STREAM, **entry}
         elif (req.get("stream") is False or ("stream" not in req and "messages" in req)) \
                 and status == 200 and not entry.get("drop") and not entry.get("no_done"):
@@ -629,8 +629,8 @@ class _Handler(BaseHTTPRequestHandler):
             text = "".join(item for item in entry["stream"] if isinstance(item, str))
             errors = [item for item in entry["stream"] if isinstance(item, dict) and "error" in item]
             if errors:
-                return self._send_json(200, errors[0], "json", headers)
-            return self._send_json(200, self._completion(req, index, text, entry.get("finish_reason", "stop")),
+                return self.send_json(200, errors[0], "json", headers)
+            return self.send_json(200, self._completion(req, index, text, entry.get("finish_reason", "stop")),
                                    "completion", headers)
         return self._stream(entry, req, index, status, headers)
 
@@ -650,22 +650,22 @@ class _Handler(BaseHTTPRequestHandler):
         chunk_delay = entry.get("chunk_delay_ms", 0)
         text = ""
         for i, item in enumerate(entry["stream"]):
-            if chunk_delay and i and not self._pause(chunk_delay):
-                return self._client_gone(status, "client_gone_mid_stream")
+            if chunk_delay and i and not self.pause(chunk_delay):
+                return self.client_gone(status, "client_gone_mid_stream")
             if isinstance(item, str):
                 text += item
                 item = {**base, "choices": [{"index": 0, "delta": {"content": item},
                                              "finish_reason": None}]}
             self._event(item)
         if entry.get("drop"):
-            if chunk_delay and entry["stream"] and not self._pause(chunk_delay):
-                return self._client_gone(status, "client_gone_mid_stream")
+            if chunk_delay and entry["stream"] and not self.pause(chunk_delay):
+                return self.client_gone(status, "client_gone_mid_stream")
             mode = entry.get("drop_mode", "rst")
-            self._done(status, f"dropped_{mode}")
+            self.done(status, f"dropped_{mode}")
             if mode == "rst":
                 # A reset throws away whatever is still in our send queue: let the client's
                 # kernel acknowledge the deltas first, so the client sees them, then the reset.
-                _wait_sent(self.connection, self.server.owner._stopping)
+                wait_sent(self.connection, self.server.owner.stopping)
                 # SO_LINGER 0: close() sends a TCP RST instead of a FIN.
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             else:
@@ -674,16 +674,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return None
         if entry.get("no_done"):
-            self._done(status, "truncated")
-            return self._chunk(b"")
+            self.done(status, "truncated")
+            return self.chunk(b"")
         self._event({**base, "choices": [{"index": 0, "delta": {},
                                           "finish_reason": entry.get("finish_reason", "stop")}]})
         usage = entry.get("usage", self._usage(text))
         if usage is not None:
             self._event({**base, "choices": [], "usage": usage})
-        self._done(status, "stream")
+        self.done(status, "stream")
         self._event("[DONE]")
-        return self._chunk(b"")
+        return self.chunk(b"")
 
     @staticmethod
     def _usage(text: str) -> dict[str, int]:
@@ -802,7 +802,7 @@ class FaultServer:
         self._kept: collections.deque[dict] = collections.deque()  # records still holding a body
         self._kept_bytes = 0
         self._chat_count = 0
-        self._stopping = threading.Event()
+        self.stopping = threading.Event()  # set by stop(): pauses, hangs and streams end at once
         self._httpd = _HTTPServer(self, (host, port))
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
@@ -911,9 +911,9 @@ class FaultServer:
             sel.register(listener, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
             try:
-                while not self._stopping.is_set():
+                while not self.stopping.is_set():
                     for key, _ in sel.select(_POLL_S):
-                        if self._stopping.is_set():
+                        if self.stopping.is_set():
                             break
                         if key.fileobj is listener:
                             self._accept(listener, sel, pending)
@@ -989,9 +989,9 @@ class FaultServer:
 
     def stop(self) -> None:
         """Stop serving, end pending delays and close open connections. Idempotent."""
-        if self._stopping.is_set():
+        if self.stopping.is_set():
             return
-        self._stopping.set()
+        self.stopping.set()
         self._wake_w.send(b"x")
         if self._thread is not None:
             self._thread.join()

@@ -4,6 +4,8 @@ Items 1 and 7 are about the host's awaits and queue; they are pinned in test_ses
 Item 10 (the RPC client) is pinned in the RPC tests.
 """
 
+import pytest
+
 from fsm.core.brain import (CancelBackoff, CheckCompaction, ContinueTurn, CreditRetryBudget, Emit,
                        PromptMayReturn, RecordCooldown, ReturnRetryToken, RetryBrain, StartBackoff,
                        TurnFacts)
@@ -140,7 +142,7 @@ def test_events_have_exactly_the_spec_fields_plus_extras():
     assert repr(brain).startswith("<RetryBrain state=succeeded")
 
 
-# ------------------------------------------------------------------ host contract (issue 10)
+# ------------------------------------------------------------------ host contract
 
 def test_a_fatal_first_turn_says_the_prompt_may_return():
     actions = RetryBrain().turn_ended(err("401 Incorrect API key provided"))
@@ -167,7 +169,7 @@ def test_a_cancelled_prompt_is_its_own_fact_not_a_failed_continue():
     assert events(actions)[0]["finalError"] == "Retry cancelled"
 
 
-# ------------------------------------------------------------------ policy v2 (issue 11)
+# ------------------------------------------------------------------ policy v2
 
 HONOR = RetrySettings(retry_hints="honor")
 
@@ -261,3 +263,18 @@ def test_a_success_credits_the_budget_only_when_it_is_on():
         AssistantMessage("stop", text="ok"))
     assert CreditRetryBudget() not in RetryBrain().turn_ended(AssistantMessage("stop", text="ok"))
     assert isinstance(RetryBrain().turn_ended(AssistantMessage("stop", text="ok"))[-2], CheckCompaction)
+
+
+@pytest.mark.parametrize("cooldown_ms", [2_600_000_000_000_00, 10**18, -(10**18)])
+def test_a_far_future_or_negative_time_never_breaks_a_decision(cooldown_ms):
+    """A cooldown or time beyond the calendar (a peer writing microseconds, a corrupt store)
+    reaches the brain as a fact: the turn is still decided and its end events still go out."""
+    from fsm.core.brain import EmitTurnEnd, RetryBrain, TurnFacts, _clock_text
+    from fsm.core.messages import AssistantMessage
+    from fsm.core.settings import RetrySettings
+    assert _clock_text(cooldown_ms, 0).startswith("epoch ")
+    brain = RetryBrain(RetrySettings(retry_hints="honor", max_hint_wait_ms=60_000))
+    failed = AssistantMessage("error", error_message="529 Overloaded", timestamp_ms=0)
+    actions = brain.turn_ended(failed, 0, facts=TurnFacts(now_ms=1_700_000_000_000,
+                                                         cooldown_ms=max(0, cooldown_ms)))
+    assert [a.part for a in actions if isinstance(a, EmitTurnEnd)] == ["message", "agent"]

@@ -77,7 +77,7 @@ USAGE_LIMIT_ROWS = {
     "codex-usage-limit-5d22h11m-glyph", "codex-usage-limit-add-credits",
     "codex-usage-limit-reached-free-602705s", "codex-usage-limit-reached-json-resets-in-seconds",
     "codex-usage-limit-try-again-at-en",
-    # quota windows per day are usage limits (docs/policy.md §2 v2)
+    # quota windows per day are usage limits (docs/policy.md §2)
     "bedrock-throttling-tokens-per-day", "g4f-500-token-limit-per-day", "groq-429-tpd-9m38s",
     "openai-rpd-7m12s",
 }

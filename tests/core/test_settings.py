@@ -124,7 +124,7 @@ def test_backoff_is_never_negative_nor_above_nominal(base, attempt, jitter, r):
 
 
 def test_duplicate_keys_are_refused_naming_the_key(tmp_path):
-    """Issue 14 item 6: {"maxRetries": -5, "maxRetries": 1} used to load as 1 (last wins)."""
+    """{"maxRetries": -5, "maxRetries": 1} used to load as 1 (last wins)."""
     p = tmp_path / "s.json"
     p.write_text('{"retry": {"baseDelayMs": 10, "maxRetries": -5, "maxRetries": 1}}')
     with pytest.raises(SettingsError, match=r"'retry\.maxRetries' is given more than once"):
@@ -139,7 +139,7 @@ def test_duplicate_keys_are_refused_naming_the_key(tmp_path):
 
 @pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo", "folder"])
 def test_only_regular_files_are_read(tmp_path, special):
-    """Issue 14 item 6: a FIFO or /dev/urandom hung forever; /dev/zero grew without bound."""
+    """A FIFO or /dev/urandom hung forever; /dev/zero grew without bound."""
     import os
     path = special
     if special == "fifo":
@@ -152,7 +152,7 @@ def test_only_regular_files_are_read(tmp_path, special):
 
 
 def test_a_settings_file_over_one_megabyte_is_refused(tmp_path):
-    """Issue 14 item 6 (docs/policy.md §8b.10): the size cap is 1 MiB."""
+    """(docs/policy.md §8b.10) The size cap is 1 MiB."""
     from fsm.host.settings_file import MAX_SETTINGS_BYTES
     p = tmp_path / "s.json"
     pad = MAX_SETTINGS_BYTES - len('{"retry": {"maxRetries": 2}, "pad": ""}')
@@ -164,7 +164,7 @@ def test_a_settings_file_over_one_megabyte_is_refused(tmp_path):
 
 
 def test_a_4301_digit_integer_names_its_key(tmp_path):
-    """Issue 14 item 6: the int-conversion limit used to error without naming the key."""
+    """The int-conversion limit used to error without naming the key."""
     p = tmp_path / "s.json"
     p.write_text('{"retry": {"maxRetries": ' + "9" * 4301 + "}}")
     with pytest.raises(SettingsError, match=r"retry\.maxRetries: .*<an integer of 4301 digits>"):
@@ -187,7 +187,7 @@ def test_load_refuses_bad_utf8_and_deep_nesting(tmp_path):
 
 
 def test_rpc_refuses_an_oversized_or_special_settings_file(tmp_path):
-    """Issue 14 item 6 end to end: the command exits 2 at once, naming the reason."""
+    """The command exits 2 at once, naming the reason."""
     import subprocess
     import sys
     from support import env

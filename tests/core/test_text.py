@@ -9,13 +9,13 @@ from fsm.core.text import (CLIP_LIMIT_BYTES, REDACTED, ApiKeyError, check_api_ke
 
 
 def test_clean_text_joins_a_surrogate_pair_split_across_two_deltas():
-    """Issue 14 item 1: "\\ud83d" then "\\ude00" (two JSON escapes) make one emoji."""
+    """The deltas "\\ud83d" then "\\ude00" (two JSON escapes) make one emoji."""
     first, second = json.loads('"\\ud83d"'), json.loads('"\\ude00"')
     assert clean_text("a" + first + second + "b") == "a\U0001F600b"
 
 
 def test_clean_text_replaces_a_lone_surrogate():
-    """Issue 14 item 1: a lone "\\ud800" in an error text becomes U+FFFD and encodes."""
+    """A lone "\\ud800" in an error text becomes U+FFFD and encodes."""
     out = clean_text("err \ud800 x \udfff")
     assert out == "err \ufffd x \ufffd"
     out.encode("utf-8")
@@ -37,7 +37,7 @@ def test_clip_text_keeps_short_text_whole():
 
 @pytest.mark.parametrize("unit", ["a", "é", "\u20ac", "\U0001F600", "\ud83d\ude00"])
 def test_clip_text_bounds_a_big_error_body_without_splitting_a_character(unit):
-    """Issue 14 item 8: a 10 MB body is kept as a bounded excerpt (head, marker, tail)."""
+    """A 10 MB body is kept as a bounded excerpt (head, marker, tail)."""
     body = "HEAD " + unit * 2_000_000 + " TAIL"
     out = clip_text(body)
     data = out.encode("utf-8")  # never a half character
@@ -68,7 +68,7 @@ KEY = "sk-proj-Abc123def456GHI789jkl012"
 
 
 def test_scrub_secrets_replaces_every_listed_secret_and_its_stripped_form():
-    """Issue 14 item 3: a key with a trailing CR shows up in httpx's error as the key + '\\r'."""
+    """A key with a trailing CR shows up in httpx's error as the key + '\\r'."""
     secret = "k3y-" + "Q" * 30 + "\r"
     text = f"Illegal header value b'Bearer {secret.strip()}\\r' and again {secret.strip()}"
     out = scrub_secrets(text, [secret, None, "x"])
@@ -112,7 +112,7 @@ def test_scrub_secrets_replaces_a_longer_secret_before_one_it_contains():
     ("", "is empty"),
 ])
 def test_check_api_key_names_source_and_problem_never_the_key(key, problem):
-    """Issue 14 item 3: a malformed key is refused at start-up; the error never echoes it."""
+    """A malformed key is refused at start-up; the error never echoes it."""
     with pytest.raises(ApiKeyError) as info:
         check_api_key(key, "OPENAI_API_KEY")
     message = str(info.value)
@@ -130,7 +130,7 @@ def test_check_api_key_accepts_a_good_key_and_none():
 
 
 def test_stream_joiner_keeps_an_emoji_split_across_two_deltas():
-    """Issue 14 item 1: each shown delta is clean, and no character is lost or broken."""
+    """Each shown delta is clean, and no character is lost or broken."""
     from fsm.core.text import StreamJoiner
     joiner = StreamJoiner()
     high, low = json.loads('"\\ud83d"'), json.loads('"\\ude00"')
@@ -140,7 +140,7 @@ def test_stream_joiner_keeps_an_emoji_split_across_two_deltas():
 
 
 def test_safe_error_text_scrubs_and_clips_at_a_cost_bounded_by_the_excerpt():
-    """Issue 14 items 3 and 8 in one call: what an error text may look like when kept."""
+    """What an error text may look like when kept."""
     from fsm.core.text import safe_error_text
     secret = "my-own-secret-value-123"
     small = f"401 {secret} {KEY}"

@@ -117,7 +117,7 @@ def test_file_store_is_safe_against_concurrent_writers(tmp_path):
     assert len(sessions) == 100, "an update was lost"
 
 
-# ------------------------------------------------------------------- issue 14 item 5 (and 3)
+# ------------------------------------------------------------------- credentials
 import asyncio
 import subprocess
 import sys
@@ -149,7 +149,7 @@ def write_store(path, entry):
     ("nope", "providers['p'] must be an object"),
 ])
 def test_file_store_validates_every_field_naming_path_and_field_never_the_key(tmp_path, entry, words):
-    """Issue 14 item 5: "keys":"abc" used the key 'a'; [1,2] the key 1; ["",""] the default."""
+    """A credentials file with "keys":"abc" used the key 'a'; [1,2] the key 1; ["",""] the default."""
     path = tmp_path / "creds.json"
     write_store(path, entry)
     with pytest.raises(CredentialFileError) as info:
@@ -169,7 +169,7 @@ def test_file_store_refuses_nan_in_blocked_until(tmp_path):
 
 @pytest.mark.parametrize("hint", [float("nan"), float("inf"), -5, "60", True, None])
 def test_an_absurd_hint_blocks_for_the_default_and_persists_a_whole_number(tmp_path, hint):
-    """Issue 14 item 5: NaN in blockedUntil was persisted."""
+    """NaN in blockedUntil was persisted."""
     clock = Clock()
     path = tmp_path / "creds.json"
     store = JsonFileCredentialStore(path, GOOD, clock=clock)
@@ -194,7 +194,7 @@ def test_keys_dropped_from_the_file_take_their_blocks_and_sessions_along(tmp_pat
 
 
 def test_idle_sessions_are_pruned_after_the_longest_block_plus_a_day(make_store):
-    """Issue 14 item 5 (docs/policy.md §8b.10): the per-session map stays bounded."""
+    """(docs/policy.md §8b.10) The per-session map stays bounded."""
     clock = Clock()
     store = make_store(GOOD, clock)
     store.mark_usage_limit_reached("p", "old", 7_200_000)  # a 2 h block: longest so far
@@ -253,7 +253,7 @@ async def test_coroutine_methods_of_both_stores(make_store):
 
 
 def test_file_store_refuses_a_symlink_a_read_only_file_and_a_folder(tmp_path):
-    """Issue 14 item 5: such files used to be replaced silently."""
+    """Such files used to be replaced silently."""
     real = tmp_path / "real.json"
     JsonFileCredentialStore(real, GOOD)
     link = tmp_path / "link.json"
@@ -296,7 +296,7 @@ def test_file_store_keeps_mode_0600_and_leaves_no_temporary_file(tmp_path):
 
 
 def test_temporary_files_of_killed_writers_are_removed(tmp_path):
-    """Issue 14 item 5: 48 temporary files holding every key were left after 60 kills."""
+    """48 temporary files holding every key were left after 60 kills."""
     path = tmp_path / "creds.json"
     store = JsonFileCredentialStore(path, GOOD)
     (tmp_path / ".creds.json.tmp-abc123").write_text('{"providers": {"p": {"keys": ["key-aaaaaaaa"]')
@@ -347,7 +347,7 @@ sys.stdin.read()
 
 
 async def test_a_lock_held_by_another_process_never_blocks_the_event_loop(tmp_path):
-    """Issue 14 item 5 under load: 200 concurrent marks while another process holds the lock."""
+    """200 concurrent marks while another process holds the lock."""
     path = tmp_path / "creds.json"
     store = JsonFileCredentialStore(path, GOOD, lock_timeout_s=0.2)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path) + ".lock"],

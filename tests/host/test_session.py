@@ -550,7 +550,7 @@ async def test_abort_retry_while_the_retried_turn_runs_lets_the_turn_decide():
 
 
 def test_scripted_provider_refuses_a_script_of_messages_at_construction():
-    """Issue 16: ScriptedProvider([AssistantMessage(...)]) used to fail on every call instead."""
+    """ScriptedProvider([AssistantMessage(...)]) used to fail on every call instead."""
     with pytest.raises(TypeError, match=r"script\[0\] must be an Outcome .*AssistantMessage"):
         ScriptedProvider([AssistantMessage("error", error_message="529 Overloaded")])
     with pytest.raises(TypeError, match="default must be an Outcome"):

@@ -32,7 +32,7 @@ def test_read_skips_and_reports_a_malformed_line(tmp_path):
 
 
 def test_surrogates_from_the_provider_never_break_a_write(tmp_path):
-    """Issue 14 item 1: a split surrogate pair in the text and a lone one in the error."""
+    """A split surrogate pair in the text and a lone one in the error."""
     path = tmp_path / "s.jsonl"
     log = SessionLog(path, "a")
     split = json.loads('"\\ud83d"') + json.loads('"\\ude00"')
@@ -45,7 +45,7 @@ def test_surrogates_from_the_provider_never_break_a_write(tmp_path):
 
 
 def test_error_text_is_clipped_and_scrubbed_before_it_is_written(tmp_path):
-    """Issue 14 items 3 and 8: a 10 MB JSON 529 body is kept as an 8 KB excerpt, keys removed."""
+    """A 10 MB JSON 529 body is kept as an 8 KB excerpt, keys removed."""
     path = tmp_path / "s.jsonl"
     secret = "my-own-secret-value-123"
     log = SessionLog(path, "a", secrets=[secret])
@@ -62,7 +62,7 @@ def test_error_text_is_clipped_and_scrubbed_before_it_is_written(tmp_path):
 
 
 def test_a_torn_last_line_is_skipped_and_later_entries_are_kept(tmp_path):
-    """Issue 14 item 4: a kill mid-write; the next session's entries start on a fresh line."""
+    """A kill mid-write; the next session's entries start on a fresh line."""
     path = tmp_path / "s.jsonl"
     log = SessionLog(path, "a")
     log.append(UserMessage("first"))
@@ -80,7 +80,7 @@ def test_a_torn_last_line_is_skipped_and_later_entries_are_kept(tmp_path):
 
 
 def test_an_entry_glued_onto_a_torn_line_by_an_older_writer_is_recovered(tmp_path):
-    """Issue 14 item 4: logs written before the fix may hold fragment + entry on one line."""
+    """Logs written before the fix may hold fragment + entry on one line."""
     path = tmp_path / "s.jsonl"
     entry = {"type": "message", "message": {"role": "user", "content": "kept"}}
     path.write_text('{"type": "session"}\n{"type": "mess' + json.dumps(entry) + "\n" + "{" * 1000 + "\n")
@@ -90,7 +90,7 @@ def test_an_entry_glued_onto_a_torn_line_by_an_older_writer_is_recovered(tmp_pat
 
 
 def test_a_new_log_is_private(tmp_path):
-    """Issue 14 item 9: conversation history is created 0600, like the credentials."""
+    """Conversation history is created 0600, like the credentials."""
     old = os.umask(0o022)
     try:
         log = SessionLog(tmp_path / "s.jsonl", "a")
@@ -138,7 +138,7 @@ def test_top_level_names_are_importable_and_lazy():
 
 
 def test_a_new_trace_is_private(tmp_path):
-    """Issue 14 item 9: traces written by TraceWriter are created 0600 as well."""
+    """Traces written by TraceWriter are created 0600 as well."""
     from fsm.review.audit import TraceWriter
     old = os.umask(0o022)
     try:
@@ -150,7 +150,7 @@ def test_a_new_trace_is_private(tmp_path):
 
 
 async def test_a_surrogate_pair_split_across_deltas_over_rpc_is_persisted_whole(tmp_path):
-    """Issue 14 item 1 end to end: the turn ends, is persisted as valid UTF-8, keeps the emoji."""
+    """The turn ends, is persisted as valid UTF-8, keeps the emoji."""
     import sys
     sys.path.insert(0, str(os.path.dirname(os.path.dirname(__file__))))
     from support import env

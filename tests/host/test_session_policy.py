@@ -45,7 +45,7 @@ async def run(session, clock, text="hi", step=0.5, limit=200_000):
     return waited
 
 
-# ------------------------------------------------------------------ the six reports (issue 11)
+# ------------------------------------------------------------------ the six reports
 
 async def test_hint_of_6_379_s_is_waited_out_with_honor_and_no_request_goes_out_before():
     text = "429 Rate limit reached for gpt-4o-mini on requests per min. Please try again in 6.379s."
@@ -167,7 +167,7 @@ async def test_retry_now_during_a_long_backoff_retries_within_one_loop_tick():
     assert session.brain.state == "succeeded"
 
 
-# ------------------------------------------------------------------ the host contract (issue 10)
+# ------------------------------------------------------------------ the host contract
 
 async def test_event_order_failed_turn_then_retry_start_then_successful_retry():
     session, provider, clock, events = make([error(OVERLOADED), ok("fine")])
@@ -244,7 +244,7 @@ async def test_a_cancelled_prompt_task_records_its_own_trace_row():
 
 
 async def test_abort_as_the_retried_answer_arrives_sends_no_further_request():
-    """Issue 14 item 2: abort() lands in the same moment the retried turn's 529 arrives."""
+    """Abort() lands in the same moment the retried turn's 529 arrives."""
     class Racing(ScriptedProvider):
         async def complete(self, messages, *, on_text=None, api_key=None):
             result = await super().complete(messages, on_text=on_text, api_key=api_key)
@@ -263,7 +263,7 @@ async def test_abort_as_the_retried_answer_arrives_sends_no_further_request():
     assert end["endReason"] == "cancelled"
 
 
-# ------------------------------------------------------------------ reliability (issue 14)
+# ------------------------------------------------------------------ reliability
 
 async def test_a_surrogate_pair_split_across_deltas_is_joined_and_the_turn_is_decided():
     class Splits(ScriptedProvider):

@@ -113,7 +113,7 @@ async def control(client: RpcClient, action: str, rng: random.Random) -> bool:
 
 @pytest.mark.parametrize("rng_seed", RNG_SEEDS)
 async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, rng_seed):
-    """Issue 14 "done when": a bounded randomized race over RPC, invariants on every run."""
+    """A bounded randomized race over RPC, invariants on every run."""
     rng = random.Random(rng_seed)
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"retry": {"maxRetries": MAX_RETRIES, "baseDelayMs": BASE_DELAY_MS}}))

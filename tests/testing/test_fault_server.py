@@ -465,20 +465,20 @@ def test_handler_bugs_are_reported_not_swallowed(monkeypatch, capsys):
 
 def test_wait_sent_gives_up_without_hanging(monkeypatch):
     import termios
-    from fsm.testing.fault_server import _wait_sent
+    from fsm.testing.fault_server import wait_sent
     stopping = threading.Event()
     left, right = socket.socketpair()
     try:
         left.sendall(b"x" * 1000)  # never read: the queue never drains
         started = time.monotonic()
-        _wait_sent(left, stopping, timeout_s=0.05)
+        wait_sent(left, stopping, timeout_s=0.05)
         assert 0.05 <= time.monotonic() - started < 1
         closed = socket.socket()
         closed.close()
-        _wait_sent(closed, stopping)  # ioctl fails: return at once
+        wait_sent(closed, stopping)  # ioctl fails: return at once
         monkeypatch.delattr(termios, "TIOCOUTQ")
         started = time.monotonic()
-        _wait_sent(left, stopping)  # elsewhere than Linux: a short fixed wait
+        wait_sent(left, stopping)  # elsewhere than Linux: a short fixed wait
         assert time.monotonic() - started < 1
     finally:
         left.close()
@@ -588,7 +588,7 @@ def test_command_bad_port_and_busy_port(tmp_path, capsys):
     assert f"fault-server: cannot listen on 127.0.0.1:{port}: " in capsys.readouterr().err
 
 
-# -- issue 14 item 10: a user-facing tool faces hostile input ----------------------------------
+# -- A user-facing tool faces hostile input ----------------------------------
 
 def raw_exchange(srv: FaultServer, data: bytes, timeout: float = 10) -> bytes:
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
@@ -697,7 +697,7 @@ def test_a_slow_client_is_dropped_after_the_timeout():
 
 
 def test_request_bodies_are_not_kept_forever():
-    """Issue 14 item 10: 3 x 200 MB bodies were kept (622 MB); now the log is bounded."""
+    """3 x 200 MB bodies were kept (622 MB); now the log is bounded."""
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * 300_000}]}
     size = len(json.dumps(big))
     with FaultServer(max_log_bytes=2 * size, max_records=4) as srv:
@@ -778,7 +778,7 @@ def test_too_many_trailer_lines_are_refused():
 
 
 def test_a_stream_entry_answers_a_non_streaming_request_with_one_completion_object():
-    """Issue 16: a scripted ``stream`` entry used to answer a non-streaming request with raw SSE."""
+    """A scripted ``stream`` entry used to answer a non-streaming request with raw SSE."""
     import json as _json
     import urllib.request
     with FaultServer([{"stream": ["Hel", "lo"]}]) as server:

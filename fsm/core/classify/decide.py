@@ -190,7 +190,7 @@ _QUOTA_WINDOW_RE = re.compile(r"per[ _-]?(?:second|minute|min|hour|day)(?![a-z])
 _INWORD_USAGE = ("perday", "perhour")  # retryable.inword_quota_window
 # A message that names a 429 (or throttling) is rate limiting, never overflow (docs/policy.md §2) ...
 _GUARD_IDS = frozenset({"retryable.status_429", "retryable.too_many_requests", "retryable.throttled"})
-# ... except a single request larger than the limit itself (docs/policy.md §2 v2).
+# ... except a single request larger than the limit itself (docs/policy.md §2).
 _BEATS_429 = frozenset({"overflow.request_above_limit"})
 # Substrings without which no guard rule can match (checked by the tests): `in` is far cheaper
 # than a regex scan, and most overflow messages have none of them.

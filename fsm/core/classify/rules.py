@@ -197,7 +197,7 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          r"request too large for|must be reduced in order to run successfully"
          r"|(?:request|input|prompt) (?:is |was )?(?:larger|bigger|greater) than (?:the |your |this )?"
          r"(?:per[ -]minute |rate |token |tpm )*limit",
-         "docs/policy.md §2 v2: one request larger than a per-minute token limit can never succeed "
+         "docs/policy.md §2: one request larger than a per-minute token limit can never succeed "
          "as it is, even inside a 429 (OpenAI/Groq 'Request too large for <model> … on tokens per "
          "min (TPM): Limit N, Requested M … must be reduced in order to run successfully')"),
     Rule("overflow.request_too_large", "overflow",
@@ -283,7 +283,7 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          r"余额不足|欠费|已停机|额度(?:不足|已用完|已用尽|已耗尽|用完)|请充值|充值后",
          "billing exhaustion as Zhipu ('余额不足或无可用资源包,请充值'), Moonshot, DashScope and "
          "DeepSeek write it in Chinese: balance insufficient, in arrears, quota used up, please "
-         "recharge; docs/policy.md §2 v2", anywhere=True),
+         "recharge; docs/policy.md §2", anywhere=True),
     Rule("fatal.spending_limit", "billing",
          r"spending (?:limit|cap)|billing[_ ]hard[_ ]limit|billing_not_active|account is not active"
          r"|premium request allowance|you have no (?:remaining )?quota|trial (?:has )?(?:expired|ended)",
@@ -507,7 +507,7 @@ USAGE_LIMIT_RULES: tuple[Rule, ...] = (
          r"(?:requests?|tokens?|calls?) per (?:day|hour)\b|per[ _-](?:day|hour)\b|free-models-per-day"
          r"|rp[dh](?![a-z0-9_])|tp[dh](?![a-z0-9_])|daily[ _-]?(?:quota|limit|request limit"
          r"|token limit)|(?:hourly|daily) (?:usage|rate) limit",
-         "docs/policy.md §2 v2: quota windows are usage limits (OpenAI 'requests per day (RPD)', "
+         "docs/policy.md §2: quota windows are usage limits (OpenAI 'requests per day (RPD)', "
          "Groq 'tokens per day (TPD)', OpenRouter 'free-models-per-day', Gemini "
          "'GenerateRequestsPerDayPerProjectPerModel')"),
 )
@@ -647,7 +647,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|closed))|(?: connection)?(?: to .{0,120}?)? (?:failed|closed|error|was closed|lost)"
          r"|(?: [a-z]{1,20})? (?:communication|connection) (?:error|failed|closed|lost))"
          r"|no close frame|abnormal closure",
-         "docs/policy.md §2 v2: WebSocket errors are transport failures (browsers 'WebSocket "
+         "docs/policy.md §2: WebSocket errors are transport failures (browsers 'WebSocket "
          "connection to … failed', websockets ConnectionClosedError, Codex/Realtime 'WebSocket "
          "closed', ws 'WebSocket is not open')"),
     Rule("retryable.no_response", "network",
@@ -679,7 +679,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|(?:please retry|retry) (?:your|the|this) request(?! with| using)"
          r"|you (?:can|may|should) retry(?! with| using)|try again (?:shortly|soon|momentarily"
          r"|in a (?:few|moment|little|bit))",
-         "docs/policy.md §2 v2: provider text that asks to try the request again (OpenAI 'You can "
+         "docs/policy.md §2: provider text that asks to try the request again (OpenAI 'You can "
          "retry your request', Anthropic/Gemini 'An unexpected error occurred. Please try your "
          "request again', 'try again shortly')"),
     Rule("retryable.request_failed_retry", "retry_later",

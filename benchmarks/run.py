@@ -49,6 +49,7 @@ GROUPS: dict[str, dict] = {
     "stores": {"full": {}, "quick": {"sessions": 20_000, "calls": 5, "marks": 50}, "timeout": 120},
     "runner": {"full": {}, "quick": {"number": 200, "repeat": 3, "warmup": 20}, "timeout": 180},
     "transport": {"full": {}, "quick": {"number": 30, "repeat": 3, "warmup": 5}, "timeout": 180},
+    "pacing": {"full": {}, "quick": {"compare": False}, "timeout": 400},
 }
 
 # name: (comparison, limit, note)
@@ -80,6 +81,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "store_after_prune_ratio": ("<=", 2, "JSON credential store: a call after 300k idle sessions "
                                 "were pruned ÷ a call on a fresh store"),
     "store_loop_lag_ms_locked": ("<=", 50, "200 marks waiting on a lock another process holds"),
+    "pacing_peak_ratio": ("<=", 2.0, "4 rpc --redis processes, resilient + pacing, demand 1.5x "
+                          "capacity: highest 1-s bin of requests sent / capacity"),
+    "pacing_chain_ends_lost": ("<=", 0, "auto_retry_start chains without their auto_retry_end"),
 }
 
 
@@ -134,6 +138,8 @@ ORDER = (
     "runner_us", "tenacity_runner_us", "stamina_us", "runner_ratio_vs_tenacity",
     "runner_ratio_vs_stamina", "runner_recorded_us",
     "transport_us", "httpx2_transport_us", "transport_ratio_vs_httpx2",
+    "pacing_peak_ratio", "pacing_peak_ratio_unpaced", "pacing_refused_per_call",
+    "pacing_refused_per_call_unpaced", "pacing_chain_ends_lost",
 )
 ORDER += tuple(name for name in TARGETS if name.startswith("sim_") and name not in ORDER)
 

@@ -81,6 +81,9 @@ class TurnFacts:
       ``retry.fallbackModels``); None = the primary, unnamed (docs/policy.md §13.3).
     - ``budget_slot_ms``: the budget is in wait mode (docs/policy.md §13.7) and refused: the
       ms until its next slot; None = a refusal ends the chain (``endReason: "budget"``).
+    - ``pacing_ms``: the ms until the pacing slot the coordinator reserved for the retry
+      (docs/fleet.md "Pacing"); the delay is at least this (``delaySource: "pacing"`` when it
+      decides). It counts toward the chain's deadline, not toward ``maxHintWaitMs``.
     - ``zone``: the host's time-zone resolver, ``zone(name) -> tzinfo | None`` (an IANA name
       such as ``"America/Santiago"``), used when the brain classifies the message itself; None
       = a reset time in a named zone is unknown (``docs/classification.md``).
@@ -96,6 +99,7 @@ class TurnFacts:
     note: str | None = None
     model: str | None = None
     budget_slot_ms: int | None = None
+    pacing_ms: int = 0
     zone: Callable[[str], tzinfo | None] | None = None
 
 
@@ -427,6 +431,9 @@ class _Policy:
                 slot = self.facts.budget_slot_ms
                 if not self.facts.budget_allows and slot is not None and slot > self.plan[0]:
                     self.plan = (slot, "budget")
+                pacing = self.facts.pacing_ms or 0
+                if pacing > self.plan[0]:  # max(backoff, hint/cooldown, pacer slot) (§14b.5)
+                    self.plan = (pacing, "pacing")
         return self.plan
 
     # ---------------------------------------------------------------- effects
@@ -803,6 +810,13 @@ class RetryBrain:
     def is_retrying(self) -> bool:
         """True while a chain is backing off or continuing."""
         return self._p.state in L.IN_CHAIN
+
+    @property
+    def waits_for_budget(self) -> bool:
+        """True while the pending backoff waits for the shared retry budget in wait mode
+        (``delaySource: "budget"``, docs/policy.md §13.7): when its timer fires the host asks
+        the budget again and passes the answer to :meth:`backoff_elapsed`."""
+        return self._p.state == L.BACKING_OFF and self._p.waiting_for == "budget"
 
     @property
     def is_backing_off(self) -> bool:

@@ -20,7 +20,7 @@ __all__ = [
     "CANCELLED_TEXT", "END_REASONS", "DELAY_SOURCES", "Event", "AutoRetryStart", "AutoRetryEnd",
     "AgentStart", "TurnStart", "TurnEnd", "MessageStart", "MessageUpdate", "MessageEnd",
     "AgentEnd", "QueueUpdate", "ExtensionError", "CoordinatorUnavailable", "CoordinatorRestored",
-    "RetryFallback", "EVENT_TYPES",
+    "RetryFallback", "RequestDelayed", "EVENT_TYPES",
 ]
 
 CANCELLED_TEXT = "Retry cancelled"
@@ -137,6 +137,28 @@ class AutoRetryEnd(Event):
             out["chainId"] = self.chain_id
         if self.reset_at_ms is not None:
             out["resetAt"] = self.reset_at_ms
+        return out
+
+
+@dataclass(frozen=True, eq=False, repr=False, slots=True)
+class RequestDelayed(Event):
+    """A chain's *first* request waits before it is sent (the resilient profile, docs/fleet.md
+    "First requests"): ``delay_ms`` (``delayMs``) for a known cooldown or the pacer's slot,
+    ``delay_source`` (``delaySource``) ``"cooldown"`` or ``"pacing"``, ``retry_at_ms``
+    (``retryAt``) the epoch ms it goes out (None when the host's clock gives no time). The
+    session is at rest meanwhile (``isRetrying`` false); ``abort()`` ends the turn
+    ``aborted`` with no request sent."""
+
+    type: ClassVar[str] = "request_delayed"
+    delay_ms: int
+    retry_at_ms: int | None = None
+    delay_source: str = "cooldown"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "delayMs": self.delay_ms}
+        if self.retry_at_ms is not None:
+            out["retryAt"] = self.retry_at_ms
+        out["delaySource"] = self.delay_source
         return out
 
 
@@ -288,6 +310,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (AutoRetryStart, AutoRetryEnd, AgentStart, TurnStart, TurnEnd,
                               MessageStart, MessageUpdate, MessageEnd, AgentEnd, QueueUpdate,
                               ExtensionError, CoordinatorUnavailable, CoordinatorRestored,
-                              RetryFallback)
+                              RetryFallback, RequestDelayed)
 }
 """Event class by wire ``type``."""

@@ -375,6 +375,7 @@ class RetrySettings:
     after_output: str = "retry"
     budget: BudgetSettings | None = None
     pacing: PacingSettings | None = None
+    profile: str = "seed"  # the profile these settings started from (``retry.profile``)
     # docs/policy.md §13 (validated by _check_section_13)
     first_token_timeout_ms: int | None = None
     idle_timeout_ms: int | None = None
@@ -416,6 +417,9 @@ class RetrySettings:
             raise SettingsError("afterOutput", self.after_output, 'one of "retry", "stop"')
         object.__setattr__(self, "budget", BudgetSettings.from_json(
             self.budget.to_json() if isinstance(self.budget, BudgetSettings) else self.budget))
+        if self.profile not in PROFILES:
+            raise SettingsError("profile", self.profile,
+                                "one of " + ", ".join(f'"{p}"' for p in PROFILES))
         object.__setattr__(self, "pacing", PacingSettings.from_json(
             self.pacing.to_json() if isinstance(self.pacing, PacingSettings) else self.pacing))
         # A field counts as set when the caller named it (set_keys, a mapping's keys) or when it
@@ -459,6 +463,14 @@ class RetrySettings:
             if key is not None and key in entries:
                 fields.update((_KEYS[k], v) for k, v in entries[key].items())
         return replace(self, **fields) if fields else self
+
+    @property
+    def admits_first_requests(self) -> bool:
+        """A chain's first request is admitted through the coordinator (a known cooldown
+        delays it or refuses it, the pacer gives it a slot): the ``resilient`` profile
+        (docs/fleet.md "First requests"). Under ``seed`` cooldowns never touch a first
+        request (docs/policy.md §8b)."""
+        return self.profile == "resilient"
 
     @property
     def honors_hints(self) -> bool:
@@ -512,6 +524,7 @@ class RetrySettings:
                 "afterOutput": self.after_output,
                 "budget": self.budget.to_json() if self.budget is not None else None,
                 "pacing": self.pacing.to_json() if self.pacing is not None else None,
+                "profile": self.profile,
                 "firstTokenTimeoutMs": self.first_token_timeout_ms,
                 "idleTimeoutMs": self.idle_timeout_ms,
                 "attemptTimeoutMs": self.attempt_timeout_ms,
@@ -710,13 +723,16 @@ PROFILES: dict[str, dict[str, Any]] = {
         "maxElapsedMs": 600_000,
         "maxRetries": 100,
         "afterOutput": "retry",
+        # the stall watchdog is on, a usage limit is not waited out (docs/policy.md §1)
+        "idleTimeoutMs": 300_000,
+        "waitForUsageReset": False,
     },
 }
 """``retry.profile``: named sets of values under the keys the user sets (docs/policy.md §1,
 "Profiles"). ``"seed"`` (the default) is the reference behaviour; ``"resilient"`` bounds a chain
-by time rather than by count, honours hints with upward jitter and, with a fleet's coordinator,
-admits first requests and paces them (docs/fleet.md). The resilient profile's budget in wait
-mode, pacing and stall-watchdog keys join this table when those keys exist."""
+by time rather than by count, honours hints with upward jitter and admits first requests through the
+coordinator (docs/fleet.md "First requests"). The resilient profile's budget in wait
+mode and pacing stay opt-in for now (docs/policy.md §1 says why); the stall watchdog is on."""
 
 
 def profile_settings(name: Any, *, base: "RetrySettings | None" = None) -> "RetrySettings":
@@ -727,4 +743,4 @@ def profile_settings(name: Any, *, base: "RetrySettings | None" = None) -> "Retr
     if not isinstance(name, str) or name not in PROFILES:
         raise SettingsError("profile", name, "one of " + ", ".join(f'"{p}"' for p in PROFILES))
     fields = {_KEYS[k]: v for k, v in PROFILES[name].items()}
-    return replace(base or RetrySettings(), **fields)
+    return replace(base or RetrySettings(), profile=name, **fields)

@@ -29,6 +29,7 @@ Every coordinator call is in the adapter section at the end of this module
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -192,18 +193,21 @@ class HostKernel:
             return False
         if cls.usage_limit and self.credentials is not None:
             return True
-        return self.use_coordinator and (settings.honors_hints or settings.budget is not None)
+        return self.uses_coordinator()
+
+    def uses_coordinator(self) -> bool:
+        """True when the settings need the coordinator: hints honoured, a retry budget, or
+        pacing (docs/fleet.md), on a host that has an event loop."""
+        s = self.brain.settings
+        return self.use_coordinator and (s.honors_hints or s.budget is not None
+                                         or (s.pacing is not None and s.pacing.enabled))
 
     def quick_facts(self, cls: Classification, *, now_ms: int | None = None,
                     output_streamed: bool = False) -> TurnFacts | None:
         """The facts for ``cls`` when they need no await (:meth:`local_facts`), or None when the
         world must be asked (:meth:`gather`): one call on a host's common path."""
-        if cls.kind == "retryable":
-            settings = self.brain.settings
-            if settings.enabled and ((cls.usage_limit and self.credentials is not None)
-                                     or (self.use_coordinator and (settings.honors_hints
-                                                                   or settings.budget is not None))):
-                return None  # as needs_world says
+        if cls.kind == "retryable" and self.needs_world(cls):
+            return None
         return TurnFacts(now_ms=self.now_ms() if now_ms is None else now_ms,
                          output_streamed=output_streamed, zone=self.zone)
 
@@ -235,15 +239,139 @@ class HostKernel:
             except Exception as exc:  # a broken or slow store: the normal backoff, said so
                 note = self.scrub(f"credential store failed: {describe_error(exc)}; normal backoff")
                 log.warning("%s", note)
-        cooldown, allowed, taken = 0, True, False
+        facts = TurnFacts(now_ms=now, output_streamed=output_streamed, credential_switched=switched,
+                          credential_count=count, note=note, zone=self.zone)
+        if self.uses_coordinator():
+            await self._record_throttle(cls, output_streamed)
+            facts = await self._admission_facts(facts, now, floor_slot_due=False)
+        return facts
+
+    async def _record_throttle(self, cls: Classification, output_streamed: bool) -> None:
+        """A retryable failure's capacity signal reaches the pacer *before* the retry's slot
+        is reserved (so the retry is paced by what its own failure taught), bounded by
+        :data:`COORDINATOR_TIMEOUT_S`; a late or failing write only costs sharing."""
+        pacing = self.brain.settings.pacing
+        if pacing is None or not pacing.enabled:
+            return
+        coordinator = self.coordinator()
+        if not _coord_v3(coordinator):
+            return
+        write = self._spawn(_coord_record(coordinator, self.key(), success=False,
+                                          throttled=not output_streamed, budget=None,
+                                          pacing=pacing))
+        await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
+
+    async def recheck_budget(self, *, now_ms: int | None = None) -> TurnFacts:
+        """The facts for a retry that waited for the retry budget's floor slot (budget in
+        wait mode, docs/policy.md §13.7): the coordinator is asked again with the slot due.
+        Never raises for a slow or failing coordinator (local state, as :meth:`gather`)."""
+        now = self.now_ms() if now_ms is None else now_ms
+        self._token_from = None
+        facts = TurnFacts(now_ms=now, zone=self.zone)
+        if not self.uses_coordinator():
+            return facts
+        return await self._admission_facts(facts, now, floor_slot_due=True)
+
+    async def _admission_facts(self, facts: TurnFacts, now: int | None, *,
+                               floor_slot_due: bool) -> TurnFacts:
+        """``facts`` with the coordinator's answer for a retry: the cooldown (hints honoured),
+        the budget's answer, the token taken, the pacing slot and the budget's floor slot."""
         settings = self.brain.settings
-        if self.use_coordinator and (settings.honors_hints or settings.budget is not None):
+        cooldown, ok, taken, pacing_ms, budget_wait = await self._admit(
+            now, retry=True, floor_slot_due=floor_slot_due)
+        budget = settings.budget
+        waits = (ok is False and budget is not None
+                 and getattr(budget, "mode", "refuse") == "wait")
+        return dataclasses.replace(
+            facts, cooldown_ms=cooldown if settings.honors_hints else 0,
+            budget_allows=ok is not False, budget_taken=taken,
+            budget_slot_ms=budget_wait if waits else None, pacing_ms=pacing_ms)
+
+    async def admit_first(self, *, now_ms: int | None = None) -> tuple[int, int]:
+        """Admission of a chain's *first* request through the coordinator (the resilient
+        profile, docs/fleet.md "First requests"): ``(cooldown_ms, pacing_ms)`` — the shared
+        cooldown left (0 when hints are ignored) and the ms until the pacing slot reserved for
+        the request (0: send now). No budget token is taken. A cooldown beyond
+        ``maxHintWaitMs`` comes back alone (nothing reserved): the request is refused. Never
+        raises for a slow or failing coordinator (local state)."""
+        if not self.uses_coordinator():
+            return 0, 0
+        now = self.now_ms() if now_ms is None else now_ms
+        cooldown, _, _, pacing_ms, _ = await self._admit(now, retry=False, floor_slot_due=False)
+        return (cooldown if self.brain.settings.honors_hints else 0), pacing_ms
+
+    def record_outcome(self, cls: Classification, *, output_streamed: bool = False) -> None:
+        """An answer came back: tell the coordinator's pacer, off the critical path
+        (docs/fleet.md "Pacing"). Any retryable failure without progress (nothing streamed:
+        a 429, 503, 529, a connection error, a stall) is a capacity signal; a success or any
+        other answer lets the rate grow. An aborted turn tells nothing. The budget's credit
+        stays the brain's ``CreditRetryBudget``."""
+        pacing = self.brain.settings.pacing
+        if pacing is None or not pacing.enabled or not self.use_coordinator:
+            return
+        if cls.kind == "aborted" or (cls.kind == "retryable" and self.needs_world(cls)):
+            return  # a retryable failure is told in gather(), before the retry's slot
+        coordinator = self.coordinator()
+        if not _coord_v3(coordinator):
+            return
+        throttled = cls.kind == "retryable" and not output_streamed
+        self._spawn(_coord_record(coordinator, self.key(), success=cls.kind == "none",
+                                  throttled=throttled, budget=None, pacing=pacing))
+
+    async def _admit(self, now: int | None, *, retry: bool,
+                     floor_slot_due: bool) -> tuple[int, bool | None, bool, int, int]:
+        """``(cooldown_ms, budget answer or None, token taken, pacing_ms, budget_wait_ms)``
+        from one bounded coordinator call (v3 ``admit``; a coordinator before v3 answers the
+        first two through ``before_decision``). Late or failing → the local state; a token a
+        late answer took is given back."""
+        coordinator = self.coordinator()
+        if not _coord_v3(coordinator):
+            if not retry:
+                return 0, None, False, 0, 0
             left, ok = await self._read(now)
-            cooldown = left if settings.honors_hints else 0
-            allowed, taken = ok is not False, ok is not None
-        return TurnFacts(now_ms=now, output_streamed=output_streamed, credential_switched=switched,
-                         credential_count=count, note=note, cooldown_ms=cooldown,
-                         budget_allows=allowed, budget_taken=taken, zone=self.zone)
+            return left, ok, ok is not None, 0, 0
+        settings = self.brain.settings
+        key = self.key()
+        args = _coord_admit_args(settings, retry=retry, floor_slot_due=floor_slot_due)
+        if _coord_at_once(coordinator) is not None or getattr(coordinator, "self_bounded", False):
+            # no I/O, or a coordinator that bounds itself and answers locally when late (the
+            # guarded one): an extra timeout would only turn its local answer into a default
+            # under load (docs/fleet.md "How a session uses it")
+            self._token_from = coordinator
+            return _coord_admission(await coordinator.admit(key, **args))
+        task = asyncio.ensure_future(coordinator.admit(key, **args))
+        budget = args["budget"] if retry else None
+        try:
+            done, _ = await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
+        except BaseException:  # cancelled while waiting: the late answer's token goes back
+            task.add_done_callback(functools.partial(_give_back_late_admission, coordinator, key, budget))
+            raise
+        if done and not task.cancelled() and task.exception() is None:
+            self._token_from = coordinator
+            return _coord_admission(task.result())
+        if done:
+            exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+            log.warning("coordinator failed: %s; deciding on local state", describe_error(exc))
+        else:
+            log.warning("coordinator did not answer within %g ms: deciding on local state",
+                        COORDINATOR_TIMEOUT_S * 1000)
+            task.add_done_callback(functools.partial(_give_back_late_admission, coordinator, key, budget))
+        local = getattr(coordinator, "fallback", None)
+        if local is None or not _coord_v3(local):
+            local = self._local_coordinator()
+        self._token_from = local
+        return _coord_admission(await local.admit(key, **args))
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task:
+        """Run a coordinator write in the background, bounded; kept alive until it ends."""
+        task = asyncio.get_running_loop().create_task(_bounded_write(coro))
+        if self._writes is None:
+            self._writes = set()
+        self._writes.add(task)
+        _IN_FLIGHT.add(task)  # kept alive after the host that asked for it is gone
+        task.add_done_callback(self._writes.discard)
+        task.add_done_callback(_IN_FLIGHT.discard)
+        return task
 
     async def ask_store(self, name: str, *args: Any, timeout: float) -> Any:
         """Call the credential store's ``name`` (its async ``a<name>`` when it has one; a
@@ -356,23 +484,24 @@ class HostKernel:
                 return
             coordinator = self.coordinator()
         kind = type(action)
+        v3 = _coord_v3(coordinator)
         if kind is B.RecordCooldown:
-            if action.until_ms is None:
+            if v3:  # v3: a duration, counted on the coordinator's clock
+                coro = coordinator.learn_cooldown(self.key(), action.wait_ms)
+            elif action.until_ms is None:
                 return
-            coro = _coord_learn_cooldown(coordinator, self.key(), action.wait_ms, action.until_ms)
+            else:
+                coro = _coord_learn_cooldown(coordinator, self.key(), action.wait_ms, action.until_ms)
         elif settings.budget is None:
             return
         elif kind is B.ReturnRetryToken:
             coro = _coord_return_token(self._token_from or coordinator, self.key(), settings.budget)
+        elif v3:
+            coro = _coord_record(coordinator, self.key(), success=True, throttled=False,
+                                 budget=settings.budget, pacing=None)
         else:
             coro = _coord_credit(coordinator, self.key(), settings.budget)
-        task = asyncio.get_running_loop().create_task(_bounded_write(coro))
-        if self._writes is None:
-            self._writes = set()
-        self._writes.add(task)
-        _IN_FLIGHT.add(task)  # kept alive after the host that asked for it is gone
-        task.add_done_callback(self._writes.discard)
-        task.add_done_callback(_IN_FLIGHT.discard)
+        self._spawn(coro)
 
     async def aclose(self) -> None:
         """Finish the coordinator's writes in flight and stop forwarding its events."""
@@ -417,6 +546,21 @@ def _give_back_late(coordinator: Any, key: Any, budget: Any, task: asyncio.Futur
 _IN_FLIGHT: set[asyncio.Task] = set()  # the coordinator's writes in flight (kept alive)
 
 
+def _give_back_late_admission(coordinator: Any, key: Any, budget: Any, task: asyncio.Future) -> None:
+    """An ``admit`` answered after the host stopped waiting: a token it took is given back."""
+    if budget is None or task.cancelled() or task.exception() is not None:
+        return
+    if not getattr(task.result(), "token_taken", False):
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # pragma: no cover - a done callback runs on the loop
+        return
+    write = loop.create_task(_bounded_write(_coord_return_token(coordinator, key, budget)))
+    _IN_FLIGHT.add(write)
+    write.add_done_callback(_IN_FLIGHT.discard)
+
+
 # ---------------------------------------------------------------------------- the loop's coordinator
 
 _LOOP_COORDINATORS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, Any]]" = (
@@ -439,10 +583,37 @@ def loop_coordinator(clock: Any = None) -> Any:
 
 
 # ---------------------------------------------------------------------------- the adapter
-# Every call into a coordinator is made here, in the coordinator protocol of docs/fleet.md
-# (today: ``before_decision(key, now_ms, budget) -> (cooldown_left_ms, allowed | None)``,
-# ``learn_cooldown(key, until_ms, now_ms)``, ``return_retry_token(key, budget)``,
-# ``credit_success(key, budget)``). A change of protocol is a change of this section only.
+# Every call into a coordinator is made here, in the coordinator protocol of docs/fleet.md.
+# Protocol v3 (a coordinator with ``admit``): ``admit(key, retry=, budget=, pacing=,
+# floor_slot_due=, max_wait_ms=) -> Admission`` (cooldown, budget answer, token taken, pacing
+# slot, budget floor slot in one atomic step), ``record_outcome(key, success=, throttled=,
+# budget=, pacing=)``, ``learn_cooldown(key, duration_ms)``, ``return_retry_token(key, budget)``.
+# Before v3 (still spoken to a coordinator without ``admit``): ``before_decision(key, now_ms,
+# budget) -> (cooldown_left_ms, allowed | None)``, ``learn_cooldown(key, until_ms, now_ms)``,
+# ``return_retry_token(key, budget)``, ``credit_success(key, budget)``. A change of protocol
+# is a change of this section only.
+
+def _coord_v3(coordinator: Any) -> bool:
+    """The coordinator speaks protocol v3 (it has ``admit``)."""
+    return callable(getattr(coordinator, "admit", None))
+
+
+def _coord_admit_args(settings: Any, *, retry: bool, floor_slot_due: bool) -> dict[str, Any]:
+    pacing = settings.pacing if settings.pacing is not None and settings.pacing.enabled else None
+    return {"retry": retry, "budget": settings.budget if retry else None, "pacing": pacing,
+            "floor_slot_due": floor_slot_due,
+            "max_wait_ms": settings.max_hint_wait_ms if settings.honors_hints else None}
+
+
+def _coord_admission(answer: Any) -> tuple[int, bool | None, bool, int, int]:
+    return (int(answer.cooldown_ms or 0), answer.budget, bool(answer.token_taken),
+            int(answer.pacing_ms or 0), int(answer.budget_wait_ms or 0))
+
+
+def _coord_record(coordinator: Any, key: Any, *, success: bool, throttled: bool, budget: Any,
+                  pacing: Any) -> Awaitable[Any]:
+    return coordinator.record_outcome(key, success=success, throttled=throttled, budget=budget,
+                                      pacing=pacing)
 
 def _coord_in_process(clock: Any) -> Any:
     """A new in-process coordinator reading ``clock`` (None = the machine's monotonic clock)."""

@@ -61,7 +61,7 @@ from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
 from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
 from fsm.core.classify import Classification, classify_message
-from fsm.core.events import AutoRetryEnd, Event
+from fsm.core.events import AutoRetryEnd, Event, RequestDelayed
 from fsm.core.messages import AssistantMessage
 from fsm.core.redact import register_secret, request_secrets
 from fsm.core.text import safe_message
@@ -166,12 +166,28 @@ class ContextOverflowError(Exception):
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings | None:
     settings = RetrySettings.coerce(settings)  # {"retry": {...}} or the inner object, camelCase
     if settings is not None:
+        settings = _without_profile_watchdog(settings)
         for key, value in (("firstTokenTimeoutMs", settings.first_token_timeout_ms),
                            ("idleTimeoutMs", settings.idle_timeout_ms)):
             if value is not None:  # docs/policy.md §13.1: the runner sees no stream
                 raise SettingsError(key, value, "null in the runner, which sees no stream "
                                     "(a stall watchdog needs the deltas; use attemptTimeoutMs)")
     return settings
+
+
+def _without_profile_watchdog(settings: RetrySettings) -> RetrySettings:
+    """The runner sees no stream: the stall watchdog a *profile* turns on (the resilient
+    profile's ``idleTimeoutMs``) is left out here, while a stall key the user gave still
+    raises (docs/policy.md §13.1). A value equal to the profile's counts as the profile's."""
+    from fsm.core.settings import PROFILES
+    profile = PROFILES.get(settings.profile, {})
+    fields = {}
+    for key, attr in (("firstTokenTimeoutMs", "first_token_timeout_ms"),
+                      ("idleTimeoutMs", "idle_timeout_ms")):
+        value = getattr(settings, attr)
+        if value is not None and profile.get(key) == value:
+            fields[attr] = None
+    return dataclasses.replace(settings, **fields) if fields else settings
 
 
 def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
@@ -401,6 +417,8 @@ class RetryRunner:
         call = _Call(self, fn, kwargs)
         owner = RETRY_OWNER.set(call)  # a retrying transport under this call passes through
         try:
+            if call.brain.settings.enabled and call.brain.settings.admits_first_requests:
+                await self._admit_first(call)
             while True:
                 call.calls += 1
                 kwargs = call.kwargs  # a fallback model replaces model= (docs/policy.md §13.3)
@@ -429,6 +447,8 @@ class RetryRunner:
                         except Exception as failure:
                             result, exc = None, failure
                 message, cls, now = call.judge(result, exc)
+                if call.uses_coordinator():
+                    call.record_outcome(cls)  # the pacer's signal (docs/fleet.md "Pacing")
                 if cls.kind == "none":  # a success: the brain needs no fact of the world
                     facts = None
                 else:  # nothing to ask the coordinator: no await on the common path
@@ -437,7 +457,10 @@ class RetryRunner:
                 if call.delay is None:
                     return call.outcome(result, cls)
                 await self._wait(call.delay)
-                call.carry_out(call.brain.backoff_elapsed(call.timer))
+                if not call.brain.waits_for_budget:
+                    call.carry_out(call.brain.backoff_elapsed(call.timer))
+                elif not await self._recheck_budget(call):
+                    return call.outcome(result, cls)
         except BaseException:
             # Cancellation, KeyboardInterrupt, SystemExit, GeneratorExit (the awaiting
             # coroutine closed) or any BaseException at any await: the chain that runs ends
@@ -448,6 +471,40 @@ class RetryRunner:
         finally:
             RETRY_OWNER.reset(owner)
             call.close()
+
+    async def _admit_first(self, call: _Call) -> None:
+        """Admit the call's first attempt through the coordinator (the resilient profile,
+        docs/fleet.md "First requests"): a known cooldown or the pacer's slot is waited out
+        (a ``request_delayed`` event first); a cooldown beyond ``maxHintWaitMs`` refuses it:
+        one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}`` and
+        :class:`RetryChainError` (``calls`` 0, no ``__cause__``), the callable never called."""
+        settings = call.brain.settings
+        now = call.now_ms()
+        cooldown, pacing = await call.admit_first(now_ms=now)
+        if settings.honors_hints and cooldown > settings.max_hint_wait_ms:
+            call.carry_out(call.brain.request_refused(cooldown, now_ms=now))
+            end = call.end
+            raise RetryChainError(end.end_reason if end else "hint_too_long", 0, 0, None,
+                                  end.final_error if end else None, None)
+        delay = max(cooldown, pacing)
+        if delay > 0:
+            source = "cooldown" if cooldown >= pacing else "pacing"
+            self._emit(RequestDelayed(delay, None if now is None else now + delay, source))
+            await self._wait(delay)
+
+    async def _recheck_budget(self, call: _Call) -> bool:
+        """A retry waited for the budget's floor slot (wait mode, docs/policy.md §13.7): ask
+        again, and wait again while it refuses. True: the retry goes; False: the chain ended."""
+        while True:
+            facts = await call.recheck_budget()
+            actions = call.brain.backoff_elapsed(call.timer, facts)
+            if facts.budget_taken and not any(isinstance(a, B.ContinueTurn) for a in actions):
+                actions.append(B.ReturnRetryToken())  # the retry does not go after all
+            call.carry_out(actions)
+            if call.brain.waits_for_budget and call.delay is not None:
+                await self._wait(call.delay)
+                continue
+            return call.brain.is_retrying
 
     def _model_for_new_call(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A new call starts on the fallback in use until the primary's mark expires

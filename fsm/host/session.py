@@ -136,6 +136,8 @@ class AgentSession:
         self._abort_turn = False
         self._prompt_owner: object | None = None  # the prompt() call that owns the session
         self._last_turn_aborted = False
+        self._first_wait: asyncio.Future | None = None  # a first request's admission wait
+        self._rechecks: set[asyncio.Task] = set()  # budget re-checks in flight
         self._turn_done = asyncio.Event()
         self._turn_done.set()
         self._partial: dict[str, Any] | None = None  # the assistant message being streamed
@@ -336,7 +338,9 @@ class AgentSession:
         self._emit(self._queue_event())
 
     def abort_retry(self) -> None:
-        """Cancel a pending backoff (§5); while a retried turn runs, the turn decides."""
+        """Cancel a pending backoff (§5), or a first request's wait (the resilient profile:
+        the turn ends ``aborted``, nothing sent); while a retried turn runs, the turn decides."""
+        self._end_first_wait()
         self._perform(self.brain.abort_retry())
 
     def retry_now(self) -> None:
@@ -349,6 +353,7 @@ class AgentSession:
 
         Once this returns, the chain sends no further request: a turn whose answer arrived
         in the same moment is taken as aborted, and the chain ends ``cancelled``."""
+        self._end_first_wait()
         self._perform(self.brain.abort())
         if self._turn_running:
             self._abort_turn = True
@@ -391,12 +396,17 @@ class AgentSession:
         return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model,
                                 timestamp_ms=self._stamp())
 
-    async def _run_turn(self, new: list[UserMessage]) -> AssistantMessage:
-        """Run one turn and hand its final message to the brain. Raises ContinueRejected."""
+    async def _run_turn(self, new: list[UserMessage]) -> AssistantMessage | None:
+        """Run one turn and hand its final message to the brain. Raises ContinueRejected.
+        None: a first request refused without sending (the resilient profile)."""
         self._turn_running = True
         self._turn_done.clear()
         actions: list[B.Action] = []
         try:
+            if (new and not self.brain.is_retrying and self.brain.settings.enabled
+                    and self.brain.settings.admits_first_requests):
+                if not await self._admit_first():
+                    return None  # refused without sending (request_refused, at rest)
             if self._queue:
                 new = [m for m, _ in self._queue] + new  # queued first: they were typed earlier
                 self._queue.clear()
@@ -442,6 +452,44 @@ class AgentSession:
                 log.warning("compaction hook failed: %s", exc)
         return message
 
+    async def _admit_first(self) -> bool:
+        """Admit a chain's first request through the coordinator (the resilient profile,
+        docs/fleet.md "First requests"): a known cooldown or the pacer's slot makes it wait at
+        rest, said in a ``request_delayed`` event and cancellable (``abort()`` /
+        ``abort_retry()``: the turn then ends ``aborted`` without a request); a cooldown beyond
+        ``maxHintWaitMs`` on the credential in use refuses it (the brain's
+        ``request_refused``: one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}``).
+        Returns False when refused."""
+        await self._read_fallback_mark()
+        self._settle_model_and_settings()
+        kernel, settings = self._kernel, self.brain.settings
+        now = kernel.now_ms()
+        cooldown, pacing = await kernel.admit_first(now_ms=now)
+        if settings.honors_hints and cooldown > settings.max_hint_wait_ms:
+            self._perform(self.brain.request_refused(cooldown, now_ms=now))
+            return False
+        delay = max(cooldown, pacing)
+        if delay <= 0 or self._abort_turn:
+            return True
+        source = "cooldown" if cooldown >= pacing else "pacing"
+        self._emit(E.RequestDelayed(delay, None if now is None else now + delay, source))
+        waiter = self._first_wait = asyncio.get_running_loop().create_future()
+        timer = self.clock.call_later(delay / 1000, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._first_wait = None
+        return True  # an abort during the wait: _complete sees it and sends nothing
+
+    def _end_first_wait(self) -> None:
+        """``abort()`` / ``abort_retry()`` during a first request's wait: the turn ends
+        ``aborted`` with no request sent."""
+        waiter = self._first_wait
+        if waiter is not None and not waiter.done():
+            self._abort_turn = True
+            waiter.set_result(None)
+
     async def _decide(self, message: AssistantMessage,
                       run: list[dict[str, Any]]) -> tuple[AssistantMessage, list[B.Action]]:
         """Gather the facts through the kernel and hand the turn's end to the brain (§8.1,
@@ -453,6 +501,8 @@ class AgentSession:
         kernel = self._kernel
         now = kernel.now_ms()
         cls = kernel.classify(message, self.context_window, now)  # reads the whole text
+        if message.stop_reason != "aborted":
+            kernel.record_outcome(cls, output_streamed=self._streamed)  # the pacer's signal
         message = self._kept(message)
         facts = await kernel.gather(cls, now_ms=now, output_streamed=self._streamed,
                                     provider=self.provider.name, session_id=self.session_id)
@@ -743,7 +793,22 @@ class AgentSession:
 
     def _on_backoff_timer(self, timer_id: int) -> None:
         self._timer = None
+        if self.brain.waits_for_budget:  # budget in wait mode: ask the budget again first
+            task = asyncio.get_running_loop().create_task(self._recheck_budget(timer_id))
+            self._rechecks.add(task)
+            task.add_done_callback(self._rechecks.discard)
+            return
         self._perform(self.brain.backoff_elapsed(timer_id))
+
+    async def _recheck_budget(self, timer_id: int) -> None:
+        """The floor slot of a retry waiting for the budget is due (docs/policy.md §13.7): the
+        coordinator answers again and the brain continues or waits for the next slot; a token
+        taken for a retry that does not go (the chain ended meanwhile) is given back."""
+        facts = await self._kernel.recheck_budget()
+        actions = self.brain.backoff_elapsed(timer_id, facts)
+        if facts.budget_taken and not any(isinstance(a, B.ContinueTurn) for a in actions):
+            actions = [*actions, B.ReturnRetryToken()]
+        self._perform(actions)
 
     def _wake_driver(self, action: B.Action) -> None:
         wake = self._wake
@@ -827,3 +892,9 @@ class AgentSession:
         await self.drain_extensions()
         if self.session_log is not None:
             self.session_log.close()
+
+
+def _resolve(waiter: asyncio.Future) -> None:
+    """A first request's wait is over."""
+    if not waiter.done():
+        waiter.set_result(None)

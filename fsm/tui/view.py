@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fsm.core.brain import CANCELLED_TEXT  # the finalError of a chain the user cancelled
-from fsm.core.ui_text import aborted_text, end_reason_text, failure_text, loader_text
+from fsm.core.ui_text import (aborted_text, countdown_seconds, end_reason_text, failure_text,
+                              loader_text)
 
 CHAT_KEYS = "esc to cancel, enter to retry now"
 """What the chat's loader names inside its parentheses."""
@@ -78,6 +79,8 @@ class ChatView:
         # one": a stack says exactly that.
         self._esc: list[str] = [ESC_ABORT_TURN]
         self.backoff: Backoff | None = None
+        # a first request waiting at rest (request_delayed): (deadline in clock s, delaySource)
+        self.first_wait: tuple[float, str] | None = None
         self.chain_attempt = 0          # attempt of the active retry chain, 0 outside one
         self.chain_max = 0
         self.turn_running = False
@@ -106,7 +109,18 @@ class ChatView:
     @property
     def needs_ticks(self) -> bool:
         """The screen changes with time alone (a countdown or a spinner is showing)."""
-        return self.backoff is not None or self.turn_running
+        return self.backoff is not None or self.turn_running or self.first_wait is not None
+
+    def first_wait_text(self) -> str | None:
+        """``Sending in 3s… (the provider's cooldown; esc to cancel)`` while a first request
+        waits (the resilient profile's ``request_delayed``, docs/fleet.md "First requests"),
+        counted down like a backoff (rounded up, never 0 while it waits), else None."""
+        if self.first_wait is None:
+            return None
+        deadline, source = self.first_wait
+        remaining = max(0.0, (deadline - self._clock()) * 1000.0)
+        why = "the fleet's pacing" if source == "pacing" else "the provider's cooldown"
+        return f"Sending in {countdown_seconds(remaining)}s… ({why}; esc to cancel)"
 
     def remaining_ms(self) -> float:
         """Milliseconds left in the pending backoff (0 when none or elapsed)."""
@@ -125,7 +139,7 @@ class ChatView:
 
     def activity_text(self) -> str | None:
         """The line above the input: the loader, a working indicator, or None."""
-        text = self.loader_text()
+        text = self.loader_text() or self.first_wait_text()
         if text is not None:
             return text
         if self.turn_running:
@@ -162,7 +176,22 @@ class ChatView:
             return []
         return handler(event)
 
+    def _on_request_delayed(self, event: dict[str, Any]) -> list[Line]:
+        """A first request waits at rest: counted down; Esc aborts it (nothing is sent)."""
+        delay_ms = float(event.get("delayMs", 0) or 0)
+        if self.first_wait is None:
+            self._esc.append(ESC_ABORT_RETRY)  # session.abort_retry() ends the wait, aborted
+        self.first_wait = (self._clock() + delay_ms / 1000.0, str(event.get("delaySource") or ""))
+        return []
+
+    def _end_first_wait(self) -> None:
+        if self.first_wait is not None:
+            self.first_wait = None
+            if len(self._esc) > 1 and self._esc[-1] == ESC_ABORT_RETRY:
+                self._esc.pop()
+
     def _on_agent_start(self, event: dict[str, Any]) -> list[Line]:
+        self._end_first_wait()  # the first request's wait is over: the turn starts
         self.turn_running = True
         self.stream_tail = ""
         self.queued = 0  # a turn takes every queued message with it (AgentSession._run_turn)
@@ -248,6 +277,7 @@ class ChatView:
 
     def _on_auto_retry_end(self, event: dict[str, Any]) -> list[Line]:
         self._end_backoff()
+        self._end_first_wait()
         attempt = int(event.get("attempt", 0))
         out: list[Line] = []
         if event.get("success"):

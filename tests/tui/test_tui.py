@@ -342,3 +342,16 @@ def test_end_reason_text_covers_every_reason_and_nothing_else():
     assert set(END_REASON_TEXT) == set(END_REASONS)
     assert end_reason_text("deadline") == "Why: the next retry would have gone past retry.maxElapsedMs"
     assert end_reason_text(None) is None and end_reason_text("new_reason") is None
+
+
+def test_a_first_request_wait_is_counted_down_and_esc_cancels_it(view, clock):
+    """request_delayed (resilient): a countdown above the input, Esc bound to abort_retry
+    (which ends the wait with nothing sent), cleared when the turn starts."""
+    view.handle({"type": "request_delayed", "delayMs": 2500, "retryAt": 1, "delaySource": "pacing"})
+    assert view.esc_action == ESC_ABORT_RETRY and view.needs_ticks
+    assert view.activity_text() == "Sending in 3s… (the fleet's pacing; esc to cancel)"
+    clock.now += 2.0
+    assert view.activity_text() == "Sending in 1s… (the fleet's pacing; esc to cancel)"
+    assert view.state_label == "idle"  # at rest: no chain
+    view.handle({"type": "agent_start"})
+    assert view.esc_action == ESC_ABORT_TURN and view.first_wait_text() is None

@@ -123,7 +123,7 @@ class Chain:
     """
 
     __slots__ = ("settings", "on_event", "brain", "kernel", "calls", "exc", "message", "cls",
-                 "end", "delay_ms", "_timer", "_key", "_loop", "model", "provider", "model", "to_message",
+                 "end", "delay_ms", "_timer", "_key", "_loop", "model", "provider", "fallback_model", "to_message",
                  "context_window")
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
@@ -157,7 +157,8 @@ class Chain:
         self.delay_ms: int | None = None
         self._timer = 0
         # the model the next attempt should use: None until retry.fallbackModels switches it
-        self.model: str | None = None
+        # (``model`` stays the chain's own model: the coordinator key is built from it)
+        self.fallback_model: str | None = None
 
     # ------------------------------------------------------------------ steps
     def judge(self, exc: BaseException | None = None, *,
@@ -253,6 +254,11 @@ class Chain:
         return RuntimeError(f"the call failed: {(self.message or _OK).error_message or 'no message'}")
 
     @property
+    def running(self) -> bool:
+        """True while a chain has started (``auto_retry_start`` emitted) and not yet ended."""
+        return self.brain.attempt > 0 and self.end is None
+
+    @property
     def attempt(self) -> int:
         """The brain's attempt counter (0 at rest; 1 during the first retry, ...)."""
         return self.brain.attempt
@@ -287,7 +293,7 @@ class Chain:
         if type(action) is B.StartBackoff:
             self.delay_ms, self._timer = action.delay_ms, action.timer_id
         elif type(action) is B.SwitchModel:  # retry.fallbackModels (docs/policy.md §13.3)
-            self.model = action.to_model
+            self.fallback_model = action.to_model
 
     def close(self) -> None:
         """Stop forwarding the coordinator's events."""

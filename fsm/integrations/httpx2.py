@@ -165,7 +165,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     if response.status_code < 400:
                         chain.succeeded()
                         return response
-                    await response.aread()
+                    await _aread(response)
                     if not _replayable(request):
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
@@ -175,8 +175,14 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     await response.aclose()
                 await self._sleep(delay)
                 chain.backoff_elapsed()
-        except asyncio.CancelledError:
-            chain.cancel()
+        except BaseException as exc:  # a started chain always ends, exactly once
+            if chain.running:
+                if isinstance(exc, Exception):
+                    delay = await chain.failed(exc)
+                    if delay is not None:
+                        chain.cancel()
+                else:
+                    chain.cancel()
             raise
         finally:
             OWNER.reset(token)
@@ -238,7 +244,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     if response.status_code < 400:
                         chain.succeeded()
                         return response
-                    response.read()
+                    _read(response)
                     if not _replayable(request):
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
@@ -248,8 +254,13 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     response.close()
                 self.sleep(delay / 1000)
                 chain.backoff_elapsed()
-        except KeyboardInterrupt:
-            chain.cancel()
+        except BaseException as exc:  # a started chain always ends, exactly once
+            if chain.running:
+                if isinstance(exc, Exception):
+                    if chain.failed_sync(exc) is not None:
+                        chain.cancel()
+                else:
+                    chain.cancel()
             raise
         finally:
             OWNER.reset(token)
@@ -258,6 +269,24 @@ class RetryTransport(_Base, httpx2.BaseTransport):
     def close(self) -> None:
         """Close the wrapped transport."""
         self.wrapped.close()
+
+
+async def _aread(response: Any) -> None:
+    """Read an error ``response``'s body for classification; an undecodable body (a bad
+    gzip stream: ``httpx2.DecodingError``) leaves it unread: the status and headers still
+    speak."""
+    try:
+        await response.aread()
+    except httpx2.DecodingError:
+        pass
+
+
+def _read(response: Any) -> None:
+    """The synchronous :func:`_aread`."""
+    try:
+        response.read()
+    except httpx2.DecodingError:
+        pass
 
 
 def _note_end(exc: BaseException, chain: Chain) -> None:

@@ -20,7 +20,8 @@ Each model call of the agent is one chain (``wrap_model_call`` / ``awrap_model_c
 ends without success the middleware raises what :func:`fsm.retrying` raises
 (:class:`~fsm.host.runner.RetryChainError`, ``ContextOverflowError``); a first failure that
 starts no chain is the model's own exception. LangGraph's control-flow exceptions
-(``GraphBubbleUp``: interrupts) pass through untouched.
+(``GraphBubbleUp``: interrupts) pass through untouched; like ``KeyboardInterrupt``,
+``SystemExit`` and a cancellation, one raised while a chain runs ends it ``cancelled`` first.
 """
 
 from __future__ import annotations
@@ -110,22 +111,23 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = handler(_switched(request, chain.model))
+                    response = handler(_switched(request, chain.fallback_model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:
                     delay = chain.failed_sync(exc)
                     if delay is None:
                         _raise_end(chain, exc)
-                    try:
-                        self.sleep(delay / 1000)
-                    except BaseException:
-                        chain.cancel()
-                        raise
+                    self.sleep(delay / 1000)
                     chain.backoff_elapsed()
                 else:
                     chain.succeeded()
                     return response
+        except BaseException:
+            # An interrupt (GraphBubbleUp), KeyboardInterrupt or SystemExit while a chain runs:
+            # the chain ends ``cancelled`` (no-op once it has ended), then the exception goes on.
+            chain.cancel()
+            raise
         finally:
             RETRY_OWNER.reset(owner)
             chain.close()
@@ -138,7 +140,7 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = await handler(_switched(request, chain.model))
+                    response = await handler(_switched(request, chain.fallback_model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:
@@ -150,7 +152,7 @@ class RetryBrainMiddleware(AgentMiddleware):
                 else:
                     chain.succeeded()
                     return response
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, interrupted (GraphBubbleUp), KeyboardInterrupt
             chain.cancel()
             raise
         finally:

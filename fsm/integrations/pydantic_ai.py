@@ -77,7 +77,7 @@ class RetryBrainCapability(AbstractCapability):
         owner = RETRY_OWNER.set(chain)
         try:
             response = await handler(request_context)
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, KeyboardInterrupt...: a running chain ends cancelled
             chain.cancel()
             raise
         finally:

@@ -18,7 +18,9 @@ One :class:`BrainStrategy` serves any number of calls, concurrent ones included:
 (tenacity's ``RetryCallState``) gets its own :class:`~fsm.host.chain.Chain`. The strategies
 work together and are meant to be used together (``kwargs()`` sets them all):
 
-- ``retry``: hands the attempt's outcome to the brain; True while the chain goes on *or*
+- ``before``: claims the one retry ownership (:data:`fsm.host.chain.RETRY_OWNER`) while the
+  attempt runs: an fsm httpx2 transport under the call passes its requests through.
+- ``retry``: gives the ownership back and hands the attempt's outcome to the brain; True while the chain goes on *or*
   ended without success after at least one retry (so ``stop`` ends it). A success ends a
   running chain ``success: true``. A first failure that starts no chain (fatal, retry
   disabled, ``maxRetries: 0``) is re-raised as the caller's own exception, its ``endReason``
@@ -50,7 +52,7 @@ from typing import Any, Callable
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
-from fsm.host.chain import Chain
+from fsm.host.chain import RETRY_OWNER, Chain
 from fsm.integrations._extra import require
 
 tenacity = require("tenacity", "tenacity")
@@ -91,6 +93,7 @@ class BrainStrategy:
         # validated once, here: a bad key raises SettingsError before any call
         self.settings = Chain(settings, sync=True).settings
         self._chains: "weakref.WeakKeyDictionary[Any, Chain]" = weakref.WeakKeyDictionary()
+        self._owners: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
     # ---------------------------------------------------------------- one call's chain
     def chain(self, state: Any, *, sync: bool) -> Chain:
@@ -102,9 +105,33 @@ class BrainStrategy:
             self._chains[state] = chain
         return chain
 
-    # ---------------------------------------------------------------- retry
+    # ---------------------------------------------------------------- before, retry
+    def before(self, state: Any) -> None:
+        """tenacity ``before`` for ``Retrying``: the attempt about to run is owned by this
+        chain (:data:`fsm.host.chain.RETRY_OWNER`), so an fsm transport under it passes the
+        request through instead of retrying it again (one retry owner, docs/policy.md §12)."""
+        self._own(state, sync=True)
+
+    async def abefore(self, state: Any) -> None:
+        """tenacity ``before`` for ``AsyncRetrying`` (as :meth:`before`)."""
+        self._own(state, sync=False)
+
+    def _own(self, state: Any, *, sync: bool) -> None:
+        self._release(state)
+        self._owners[state] = RETRY_OWNER.set(self.chain(state, sync=sync))
+
+    def _release(self, state: Any) -> None:
+        """The attempt is over: the ownership :meth:`before` claimed is given back."""
+        token = self._owners.pop(state, None)
+        if token is not None:
+            try:
+                RETRY_OWNER.reset(token)
+            except ValueError:  # claimed in another context (tenacity ran the hook elsewhere)
+                pass
+
     def retry(self, state: Any) -> bool:
         """tenacity ``retry`` for ``Retrying`` (no coordinator is asked)."""
+        self._release(state)
         chain = self.chain(state, sync=True)
         outcome = state.outcome
         if not outcome.failed:
@@ -118,6 +145,7 @@ class BrainStrategy:
 
     async def aretry(self, state: Any) -> bool:
         """tenacity ``retry`` for ``AsyncRetrying`` (reads the coordinator)."""
+        self._release(state)
         chain = self.chain(state, sync=False)
         outcome = state.outcome
         if not outcome.failed:
@@ -209,7 +237,8 @@ class BrainStrategy:
     def kwargs(self, *, asynchronous: bool = False) -> dict[str, Any]:
         """Every hook for ``tenacity.Retrying(**kwargs)`` (or ``AsyncRetrying`` with
         ``asynchronous=True``, ``tenacity.retry(**kwargs)`` on an async function)."""
-        return {"retry": self.aretry if asynchronous else self.retry, "stop": self.stop,
+        return {"before": self.abefore if asynchronous else self.before,
+                "retry": self.aretry if asynchronous else self.retry, "stop": self.stop,
                 "wait": self.wait, "before_sleep": self.before_sleep,
                 "sleep": self.asleep if asynchronous else self.sleep,
                 "retry_error_callback": self.error_callback}

@@ -162,9 +162,12 @@ class Chain:
 
     # ------------------------------------------------------------------ steps
     def judge(self, exc: BaseException | None = None, *,
-              message: AssistantMessage | None = None) -> tuple[AssistantMessage, Classification]:
+              message: AssistantMessage | None = None,
+              secrets: tuple[str, ...] = ()) -> tuple[AssistantMessage, Classification]:
         """Classify the end of an attempt: ``exc`` (what it raised) or ``message`` (a failed
-        assistant message); neither = a success. Counts the attempt."""
+        assistant message); neither = a success. Counts the attempt. ``secrets``: credentials
+        the failed request carried (an error body may echo them), scrubbed from the message
+        as those read from ``exc``'s request."""
         self.calls += 1
         if exc is not None:
             self.exc = exc
@@ -181,16 +184,18 @@ class Chain:
             # request carried, of any shape) and clipped (fsm.core.redact).
             from fsm.core.redact import request_secrets
             from fsm.core.text import safe_message
-            message = safe_message(message, request_secrets(exc))
+            message = safe_message(message, request_secrets(exc) + tuple(secrets))
             self.message, self.cls = message, cls
         return message, cls
 
     async def failed(self, exc: BaseException | None = None, *,
-                     message: AssistantMessage | None = None) -> int | None:
+                     message: AssistantMessage | None = None,
+                     secrets: tuple[str, ...] = ()) -> int | None:
         """An attempt failed (``exc`` raised, or ``message`` is a failed assistant message):
         the backoff in ms before the next attempt, or None when no retry follows (the chain
-        ended, or none started: :meth:`error` is what the caller should see)."""
-        msg, cls = self.judge(exc, message=message)
+        ended, or none started: :meth:`error` is what the caller should see). ``secrets`` as
+        :meth:`judge`."""
+        msg, cls = self.judge(exc, message=message, secrets=secrets)
         now = self.kernel.now_ms()
         if self.kernel.needs_world(cls):
             facts = await self.kernel.gather(cls, now_ms=now)
@@ -199,13 +204,14 @@ class Chain:
         return self._decide(msg, cls, facts)
 
     def failed_sync(self, exc: BaseException | None = None, *,
-                    message: AssistantMessage | None = None) -> int | None:
+                    message: AssistantMessage | None = None,
+                    secrets: tuple[str, ...] = ()) -> int | None:
         """:meth:`failed` for a host without an event loop. With a coordinator the facts are
         gathered on the coordinator's background loop (bounded as for every host); without
         one, no coordinator is asked."""
         if self._loop is not None:
-            return self._on_loop(self.failed(exc, message=message))
-        msg, cls = self.judge(exc, message=message)
+            return self._on_loop(self.failed(exc, message=message, secrets=secrets))
+        msg, cls = self.judge(exc, message=message, secrets=secrets)
         return self._decide(msg, cls, self.kernel.local_facts())
 
     def succeeded(self) -> None:

@@ -81,6 +81,20 @@ def _model(request: Any) -> str:
     return model if isinstance(model, str) and model else "default"
 
 
+def _secrets(request: Any) -> tuple[str, ...]:
+    """The credentials ``request`` carries (its ``authorization``, ``x-api-key``, ``api-key``
+    ... headers, the token after the scheme, a ``?key=`` or userinfo in its URL), registered
+    with :data:`fsm.core.redact.SECRETS` as the runner does: an error body that echoes one is
+    scrubbed before it reaches an event or a log (fsm.core.redact)."""
+    from fsm.core.redact import register_secret, request_secrets
+    carrier = Exception()
+    carrier.request = request  # type: ignore[attr-defined]  # request_secrets reads exc.request
+    found = request_secrets(carrier)
+    if found:
+        register_secret(*found)
+    return found
+
+
 def _error_message(response: Any) -> Any:
     """The failed assistant message for an HTTP error ``response`` (body already read)."""
     from fsm.providers.sdk_errors import status_error_facts
@@ -169,7 +183,8 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     if not _replayable(request):
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
-                    delay = await chain.failed(message=_error_message(response))
+                    delay = await chain.failed(message=_error_message(response),
+                                               secrets=_secrets(request))
                     if delay is None:
                         return response
                     await response.aclose()
@@ -248,7 +263,8 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     if not _replayable(request):
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
-                    delay = chain.failed_sync(message=_error_message(response))
+                    delay = chain.failed_sync(message=_error_message(response),
+                                              secrets=_secrets(request))
                     if delay is None:
                         return response
                     response.close()

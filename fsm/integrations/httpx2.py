@@ -179,7 +179,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     if response.status_code < 400:
                         chain.succeeded()
                         return response
-                    await _aread(response)
+                    response = await _aread(response, request)
                     if not _replayable(request):
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
@@ -259,7 +259,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     if response.status_code < 400:
                         chain.succeeded()
                         return response
-                    _read(response)
+                    response = _read(response, request)
                     if not _replayable(request):
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
@@ -287,22 +287,78 @@ class RetryTransport(_Base, httpx2.BaseTransport):
         self.wrapped.close()
 
 
-async def _aread(response: Any) -> None:
-    """Read an error ``response``'s body for classification; an undecodable body (a bad
-    gzip stream: ``httpx2.DecodingError``) leaves it unread: the status and headers still
-    speak."""
+ERROR_BODY_LIMIT = 65536
+"""Bytes of an error response's body read for classification (64 KiB, as sent: compressed
+bodies count compressed); the rest is not read, and the response handed back carries only
+this prefix (docs/integrations.md)."""
+
+_DROPPED = ("content-length", "transfer-encoding")
+
+
+def _prefix(response: Any, request: Any, chunks: list[bytes], cut: bool) -> Any:
+    """A response like ``response`` whose body is ``chunks`` (its raw bytes, still encoded)."""
+    if cut:
+        log.info("%s error body cut to its first %d bytes", response.status_code, ERROR_BODY_LIMIT)
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _DROPPED]
+    raw = b"".join(chunks)[:ERROR_BODY_LIMIT]
+    headers.append(("content-length", str(len(raw))))
+    return httpx2.Response(response.status_code, headers=headers, stream=httpx2.ByteStream(raw),
+                           request=request, extensions=response.extensions)
+
+
+def _already_read(response: Any) -> bool:
+    try:
+        response.content
+    except httpx2.ResponseNotRead:
+        return False
+    return True
+
+
+async def _aread(response: Any, request: Any) -> Any:
+    """Read at most :data:`ERROR_BODY_LIMIT` bytes of an error ``response``'s body for
+    classification (a 400 MB error body is not held in memory): returns the response to hand
+    back, its body that prefix, read. An undecodable body (a bad gzip stream:
+    ``httpx2.DecodingError``) is left unread: the status and headers still speak."""
+    if not _already_read(response):
+        chunks: list[bytes] = []
+        size, cut = 0, False
+        try:
+            async for chunk in response.aiter_raw():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > ERROR_BODY_LIMIT:
+                    cut = True
+                    break
+        finally:
+            await response.aclose()
+        response = _prefix(response, request, chunks, cut)
     try:
         await response.aread()
     except httpx2.DecodingError:
         pass
+    return response
 
 
-def _read(response: Any) -> None:
+def _read(response: Any, request: Any) -> Any:
     """The synchronous :func:`_aread`."""
+    if not _already_read(response):
+        chunks: list[bytes] = []
+        size, cut = 0, False
+        try:
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > ERROR_BODY_LIMIT:
+                    cut = True
+                    break
+        finally:
+            response.close()
+        response = _prefix(response, request, chunks, cut)
     try:
         response.read()
     except httpx2.DecodingError:
         pass
+    return response
 
 
 def _note_end(exc: BaseException, chain: Chain) -> None:

@@ -127,7 +127,8 @@ class _Base:
 
     def _check_sdk_retries(self, request: Any) -> None:
         count = request.headers.get("x-stainless-retry-count", "0")
-        if not self._warned and count.isdigit() and int(count) > 0:
+        # ASCII digits only: "²" or "٣" pass str.isdigit() but int() refuses them
+        if not self._warned and count.isascii() and count.isdigit() and count.strip("0"):
             self._warned = True
             warnings.warn("the SDK over this transport retries on its own too "
                           "(x-stainless-retry-count > 0): give the client max_retries=0 so the "
@@ -161,6 +162,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
         self._check_sdk_retries(request)
         if OWNER.get() is not None:
             return await self.wrapped.handle_async_request(request)
+        replayable = _replayable(request)  # before sending: reading a stream makes it bytes
         chain = self._chain(request, sync=False)
         token = OWNER.set(chain)
         try:
@@ -168,7 +170,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                 try:
                     response = await self.wrapped.handle_async_request(request)
                 except httpx2.TransportError as exc:
-                    if not _replayable(request):
+                    if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
                         raise
                     delay = await chain.failed(exc)
@@ -180,7 +182,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                         chain.succeeded()
                         return response
                     response = await _aread(response, request)
-                    if not _replayable(request):
+                    if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
                     delay = await chain.failed(message=_error_message(response),
@@ -241,6 +243,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
         self._check_sdk_retries(request)
         if OWNER.get() is not None:
             return self.wrapped.handle_request(request)
+        replayable = _replayable(request)  # before sending: reading a stream makes it bytes
         chain = self._chain(request, sync=True)
         token = OWNER.set(chain)
         try:
@@ -248,7 +251,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                 try:
                     response = self.wrapped.handle_request(request)
                 except httpx2.TransportError as exc:
-                    if not _replayable(request):
+                    if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
                         raise
                     delay = chain.failed_sync(exc)
@@ -260,7 +263,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                         chain.succeeded()
                         return response
                     response = _read(response, request)
-                    if not _replayable(request):
+                    if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return response
                     delay = chain.failed_sync(message=_error_message(response),

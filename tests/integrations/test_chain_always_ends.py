@@ -142,3 +142,32 @@ async def test_pydantic_ai_capability_ends_a_started_chain_on_keyboard_interrupt
         await agent.run("hi")
     assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
     assert events[-1]["endReason"] == "cancelled"
+
+
+@pytest.mark.parametrize("value", [b"\xb2", b"\xd9\xa3", "99999999999999999999999"])
+def test_a_non_ascii_stainless_retry_count_does_not_crash(value):
+    """x-stainless-retry-count "²" (non-ASCII digits): the request goes out, no crash, no warning."""
+    import warnings
+    transport = RetryTransport(httpx2.MockTransport(lambda r: httpx2.Response(200)))
+    with httpx2.Client(transport=transport) as client, warnings.catch_warnings():
+        warnings.simplefilter("error" if isinstance(value, bytes) else "ignore")
+        assert client.get(URL, headers={"x-stainless-retry-count": value}).status_code == 200
+
+
+def test_a_one_shot_body_read_by_the_sender_is_still_not_retried():
+    """A generator body is not retried even when the sender read it into bytes (request.read())."""
+    sent = []
+
+    def handler(request):
+        request.read()
+        sent.append(request)
+        return httpx2.Response(503)
+
+    def body():
+        yield b'{"model":'
+        yield b'"m"}'
+
+    transport = RetryTransport(httpx2.MockTransport(handler), settings=FAST, sleep=lambda s: None)
+    with httpx2.Client(transport=transport) as client:
+        assert client.post(URL, content=body()).status_code == 503
+    assert len(sent) == 1

@@ -39,7 +39,7 @@ from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
 from fsm.host.kernel import HostKernel, ZoneResolver, default_zone
 
-__all__ = ["Chain", "RETRY_OWNER", "http_error_message"]
+__all__ = ["Chain", "RETRY_OWNER", "http_error_message", "refuse_unsupported"]
 
 RETRY_OWNER: ContextVar[object | None] = ContextVar("fsm_retry_owner", default=None)
 """Set while an fsm host (the runner, a transport) owns a call: one retry owner per call — a
@@ -65,6 +65,32 @@ def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettin
         return RetrySettings.from_json({"retry": inner})
     raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                     f"{{'maxRetries': 5}}, got {type(settings).__name__}")
+
+
+TIMEOUT_KEYS = ("firstTokenTimeoutMs", "idleTimeoutMs", "attemptTimeoutMs")
+"""Settings only a host that runs (and can abort) the attempt itself acts on."""
+
+
+def refuse_unsupported(settings: RetrySettings, host: str, keys: tuple[str, ...]) -> RetrySettings:
+    """Refuse the settings ``host`` cannot act on rather than accept and ignore them: the first
+    of ``keys`` (camelCase: ``fallbackModels``, ``attemptTimeoutMs``) set in ``settings``
+    raises :class:`~fsm.core.settings.SettingsError` naming it and the host
+    (docs/integrations.md, "Settings each integration honours"). A value a *profile* set (the
+    resilient profile's ``idleTimeoutMs``) is left out instead, as the runner does
+    (docs/policy.md §13.1). Returns ``settings``, without those profile values."""
+    import dataclasses
+
+    from fsm.core.settings import _KEYS, PROFILES, SettingsError
+    profile = PROFILES.get(settings.profile, {})
+    for key in keys:
+        value = getattr(settings, _KEYS[key])
+        if value is not None and profile.get(key) == value:
+            settings = dataclasses.replace(settings, **{_KEYS[key]: None})
+        elif value is not None and value != ():
+            raise SettingsError(key, list(value) if isinstance(value, tuple) else value,
+                                f"unset: {host} cannot act on it (docs/integrations.md; use "
+                                f"fsm.retrying or the agent session)")
+    return settings
 
 
 def http_error_message(exc: BaseException) -> AssistantMessage:

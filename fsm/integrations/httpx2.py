@@ -46,7 +46,7 @@ from typing import Any, Callable
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER as OWNER
-from fsm.host.chain import Chain
+from fsm.host.chain import TIMEOUT_KEYS, Chain, refuse_unsupported
 from fsm.host.kernel import provider_id
 from fsm.integrations._extra import require
 
@@ -113,7 +113,10 @@ class _Base:
         self._chain_options: dict[str, Any] = {"on_event": on_event, "clock": clock}
         if random is not None:
             self._chain_options["random"] = random
-        self.settings = Chain(settings, sync=True).settings  # a bad key raises here, once
+        # a bad key, or one a transport cannot act on, raises here, once
+        self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
+                                           "an httpx2 transport",
+                                           ("fallbackModels",) + TIMEOUT_KEYS)
         self.coordinator = coordinator
         self.provider = provider
         self.clock = clock

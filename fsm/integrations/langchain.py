@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
-from fsm.host.chain import RETRY_OWNER, Chain
+from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
 from fsm.integrations._extra import require
 
 require("langchain.agents.middleware", "langchain")
@@ -88,7 +88,9 @@ class RetryBrainMiddleware(AgentMiddleware):
                  clock: Any = None, sleep: Callable[[float], Any] | None = None,
                  random: Callable[[], float] | None = None) -> None:
         super().__init__()
-        self.settings = Chain(settings, sync=True).settings  # a bad key raises here, once
+        # a bad key, or a timeout the middleware cannot act on, raises here, once
+        self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
+                                           "the LangChain middleware", TIMEOUT_KEYS)
         self.on_event = on_event
         self.coordinator = coordinator
         self.clock = clock

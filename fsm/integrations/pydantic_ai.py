@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
-from fsm.host.chain import RETRY_OWNER, Chain
+from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
 from fsm.integrations._extra import require
 
 require("pydantic_ai", "pydantic-ai")
@@ -56,7 +56,11 @@ class RetryBrainCapability(AbstractCapability):
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
                  on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
                  clock: Any = None, random: Callable[[], float] | None = None) -> None:
-        self.settings = Chain(settings, sync=True).settings  # a bad key raises here, once
+        # a bad key, or one the capability cannot act on (it keeps the agent's model), raises
+        # here, once
+        self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
+                                           "the pydantic-ai capability",
+                                           ("fallbackModels",) + TIMEOUT_KEYS)
         self.on_event = on_event
         self.coordinator = coordinator
         self.clock = clock

@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
-from fsm.host.chain import RETRY_OWNER, Chain
+from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
 from fsm.integrations._extra import require
 
 tenacity = require("tenacity", "tenacity")
@@ -91,7 +91,9 @@ class BrainStrategy:
         self.coordinator = coordinator
         self.clock = clock
         # validated once, here: a bad key raises SettingsError before any call
-        self.settings = Chain(settings, sync=True).settings
+        self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
+                                           "the tenacity strategy",
+                                           ("fallbackModels",) + TIMEOUT_KEYS)
         self._chains: "weakref.WeakKeyDictionary[Any, Chain]" = weakref.WeakKeyDictionary()
         self._owners: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 

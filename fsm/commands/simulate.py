@@ -89,6 +89,31 @@ def _one(job: tuple) -> "object":
     return simulate(name, policy, sessions=sessions, seed=seed, settings=settings)
 
 
+def _output_problem(json_path: str | None, svg_dir: str | None) -> str | None:
+    """Why ``--json FILE`` or ``--svg DIR`` cannot be written, checked before the simulation
+    runs (minutes at large N): ``--json`` a folder or in a missing folder, ``--svg`` an
+    existing file; None when both can be written (the ``--svg`` folder is created here)."""
+    if json_path is not None:
+        parent = os.path.dirname(os.path.abspath(json_path))
+        if os.path.isdir(json_path):
+            return f"--json {json_path} is a folder; give a file to write the figures to"
+        if not os.path.isdir(parent):
+            return f"--json {json_path}: the folder {parent} does not exist"
+        if os.path.exists(json_path) and not os.access(json_path, os.W_OK) \
+                or not os.path.exists(json_path) and not os.access(parent, os.W_OK):
+            return f"--json {json_path} cannot be written (permission denied)"
+    if svg_dir is not None:
+        if os.path.exists(svg_dir) and not os.path.isdir(svg_dir):
+            return f"--svg {svg_dir} is a file; give a folder to draw SCENARIO.svg into"
+        try:
+            os.makedirs(svg_dir, exist_ok=True)
+        except OSError as exc:
+            return f"--svg {svg_dir}: cannot create the folder ({exc.strerror or exc})"
+        if not os.access(svg_dir, os.W_OK):
+            return f"--svg {svg_dir} cannot be written (permission denied)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from fsm.core.settings import RetrySettings, SettingsError
     from fsm.sim import POLICIES, SCENARIOS
@@ -117,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
         policies = ["ideal", *policies]
     if not 1 <= args.jobs <= 256:
         print(f"fsm simulate: --jobs must be from 1 to 256, got {args.jobs}", file=sys.stderr)
+        return 2
+    problem = _output_problem(args.json, args.svg)
+    if problem:
+        print(f"fsm simulate: {problem}", file=sys.stderr)
         return 2
     scenarios = args.scenario or list(SCENARIOS)
     jobs = [(name, p, args.sessions, args.seed, settings if p == "settings" else None)

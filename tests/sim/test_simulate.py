@@ -263,3 +263,29 @@ def test_simulate_refuses_an_existing_file_as_svg_before_simulating(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a file" in err[0] and str(f) in err[0]
     assert f.read_text() == "x"
+
+
+def test_simulate_runs_the_settings_policy_whenever_settings_is_given(tmp_path, capsys):
+    """--settings FILE with --policy seed runs the user's settings too, and says so in one line."""
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps({"retry": {"maxRetries": 5}}))
+    out = tmp_path / "o.json"
+    assert main(["simulate", "--sessions", "20", "--scenario", "outage30s", "--settings", str(good),
+                 "--policy", "seed", "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["scenarios"]["outage30s"]) == ["ideal", "seed",
+                                                                           "settings"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'also running the policy "settings"' in err[0]
+
+
+def test_simulate_help_says_what_each_policy_name_means(capsys):
+    """--help names and explains every policy: ideal, seed, seed_by_hand, resilient, settings,
+    each baseline."""
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = capsys.readouterr().out
+    policies = text[text.index("Policies:"):]
+    for name in (*POLICIES, "settings"):
+        assert f"{name} (" in policies or f"{name}," in policies or f"{name}\n" in policies \
+            or f"{name} " in policies, name
+    assert "clairvoyant" in policies and "by hand" in policies and "--settings" in policies

@@ -564,30 +564,32 @@ def svg_edge_styles(path: Path) -> dict[str, tuple[bool, str]]:
     return out
 
 
-def test_audit_svg_states_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys):
-    out = tmp_path / "cov" / "coverage.svg"
+def test_audit_svg_states_writes_one_small_picture_per_state_by_coverage(one_chain, tmp_path):
+    """--svg-states DIR writes DIR/<state>.svg for every state (the small pictures of
+    diagrams/states/), each edge coloured by its rows' coverage: a chain's rows solid, the
+    rows never taken red and dashed."""
+    out = tmp_path / "cov"
     assert main(["audit", str(one_chain), "--svg-states", str(out)]) == 0
-    styles = svg_edge_styles(out)
-    assert set(styles) == set(ROW) | {"initial"}
-    # taken edges are never drawn as missed: covered and partly covered are solid
-    covered, partly, missed = styles[CHAIN[2]], styles[CHAIN[0]], styles[FALLBACKS[0]]
-    assert styles[CHAIN[1]] == partly
-    assert not covered[0] and not partly[0] and missed[0]
-    assert len({covered[1], partly[1], missed[1]}) == 3
-    assert sum(dashed for dashed, _ in styles.values()) == len(ROW) - 3
-    text = out.read_text(encoding="utf-8")
-    assert f"transition coverage 3/{ITEMS} items ({pct(3)}%)" in text
-    assert (f"transitions ({N_ROWS}): 1 covered, 2 partly covered (taken, never rejected), "
-            f"{N_ROWS - 3} not covered") in text
-    legend = re.findall(r'fill="(#[0-9a-f]{6})">(━━|╍╍) ([a-z ]+)</text>', text)
-    assert legend == [(covered[1], "━━", "covered"), (partly[1], "━━", "partly covered"),
-                      (missed[1], "╍╍", "not covered")]
-    assert ">taken, never rejected</text>" in text and ">never taken</text>" in text
-    from fsm.review.diagrams import guard_text
-    assert (f"turn_failed_retryable [{guard_text(ROW[CHAIN[0]].guards)}] (1 taken, never rejected)"
-            in text)
-    assert "turn_succeeded (1 taken)" in text
-    assert "turn_failed_fatal (never taken)" in text
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{s}.svg" for s in L.STATES)
+    backing_off = (out / f"{L.BACKING_OFF}.svg").read_text(encoding="utf-8")
+    assert backing_off.startswith("<?xml") or backing_off.lstrip().startswith("<svg") \
+        or "<svg" in backing_off[:400]
+    width = float(re.search(r'<svg width="([\d.]+)pt"', backing_off).group(1))
+    assert width < 1500  # a small picture, not the per-transition one of thousands of points
+    styles = svg_edge_styles(out / f"{L.BACKING_OFF}.svg")
+    solid = {colour for dashed, colour in styles.values() if not dashed}
+    dashed = {colour for is_dashed, colour in styles.values() if is_dashed}
+    assert solid and dashed and not solid & dashed  # taken rows solid, the others red, dashed
+    assert "never taken" in backing_off and "turn_failed_fatal" in backing_off
+
+
+def test_audit_svg_states_refuses_a_file_as_its_folder(one_chain, tmp_path, capsys):
+    """--svg-states FILE (an existing file) exits 2 with one line, before reading the traces."""
+    f = tmp_path / "states.svg"
+    f.write_text("x")
+    assert main(["audit", str(one_chain), "--svg-states", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file" in err[0] and f.read_text() == "x"
 
 
 def test_audit_svg_draws_declared_rows_by_status(one_chain, tmp_path):
@@ -614,13 +616,13 @@ def test_audit_svg_draws_declared_rows_by_status(one_chain, tmp_path):
 
 def test_audit_svg_of_a_full_trace_is_all_solid(full_trace, tmp_path):
     out = tmp_path / "full.svg"
-    states = tmp_path / "states.svg"
+    states = tmp_path / "states"
     assert main(["audit", str(full_trace), "--svg", str(out), "--svg-states", str(states)]) == 0
     assert not any(dashed for dashed, _ in svg_edge_styles(out).values())
-    assert not any(dashed for dashed, _ in svg_edge_styles(states).values())
+    for picture in states.glob("*.svg"):
+        assert not any(dashed for dashed, _ in svg_edge_styles(picture).values()), picture.name
     assert len({colour for _, colour in svg_edge_styles(out).values()}) <= 2  # covered, initial
-    assert re.search(r"backoff_elapsed \[timer_is_current ∧ budget_allows\] \(\d+ taken, \d+ rejected\)",
-                     states.read_text(encoding="utf-8"))
+    assert len(list(states.glob("*.svg"))) == len(L.STATES)
 
 
 def test_audit_svg_without_dot_exits_2(one_chain, tmp_path, monkeypatch, capsys):

@@ -110,7 +110,7 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = handler(_switched(request, chain.model))
+                    response = handler(_switched(request, chain.switched_model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:
@@ -138,7 +138,7 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = await handler(_switched(request, chain.model))
+                    response = await handler(_switched(request, chain.switched_model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:

@@ -89,9 +89,9 @@ test-locked: setup .node
 	  --transition-coverage --transition-coverage-fail-under=100 \
 	  --transition-coverage-report=build/transition-coverage.json || status=$$?; \
 	$(PY) -m fsm audit build/transition-coverage.json --svg build/transition-coverage.svg \
-	  --svg-states build/transition-coverage-states.svg --md build/transition-coverage.md \
+	  --svg-states build/transition-coverage-states --md build/transition-coverage.md \
 	  > build/transition-coverage.txt \
-	  && echo "transition coverage: build/transition-coverage.svg (picture), build/transition-coverage.md (report)"; \
+	  && echo "transition coverage: build/transition-coverage.svg (picture), build/transition-coverage-states/ (one per state), build/transition-coverage.md (report)"; \
 	exit $$status
 
 # A throw-away virtualenv (build/venv-lowest) with transitions, openai and anthropic at their

@@ -28,23 +28,27 @@ def assert_figures(figures: dict, keys: tuple[str, ...]) -> None:
 
 
 def test_decision_vs_tenacity():
+    """Decision vs tenacity."""
     figures = decision.measure(number=3, repeat=1, warmup=1, max_messages=3)
     assert_figures(figures, ("decision_us", "tenacity_us", "decision_ratio_vs_tenacity",
                              "decision_preclassified_us", "decision_short_us"))
 
 
 def test_transition_vs_dict_table():
+    """Transition vs dict table."""
     figures = transition.measure(number=50, repeat=1, warmup=5)
     assert_figures(figures, ("transition_us", "dict_baseline_us", "transition_ratio_vs_dict"))
 
 
 def test_memory_and_creation():
+    """Memory and creation."""
     figures = memory.measure(alive=200, small=100, large=400, repeat=1)
     assert_figures(figures, ("brain_bytes", "session_bytes", "brain_create_us_1k",
                              "brain_create_us_10k", "brain_create_growth_vs_plain"))
 
 
 def test_classification():
+    """Classification."""
     figures = classification.measure(number=2, repeat=1, warmup=1, limit=5, big_size=2_000,
                                      big_repeat=1, kinds=("mixed", "digits"))
     assert_figures(figures, ("classify_ratio_vs_original", "classify_us_median", "classify_1mb_ms",
@@ -52,6 +56,7 @@ def test_classification():
 
 
 def test_sessions():
+    """Sessions."""
     figures = sessions.measure(n=30, base_delay_ms=20, rounds=1)
     assert_figures(figures, ("sessions_10k_s", "timer_lateness_p99_ms", "abort_latency_p99_us",
                              "peak_rss_mb", "tenacity_lateness_p99_ms",
@@ -75,6 +80,7 @@ def test_fleet():
 
 
 def test_hints_with_honor_waste_nothing_and_the_seed_wastes_some():
+    """Hints with honor waste nothing and the seed wastes some."""
     from benchmarks import hints
     figures = hints.measure()
     assert_figures(figures, ("wasted_requests_seed", "hint_recovery_ratio_honor"))
@@ -84,6 +90,7 @@ def test_hints_with_honor_waste_nothing_and_the_seed_wastes_some():
 
 @pytest.mark.subprocess
 def test_rpc():
+    """RPC."""
     figures = rpc.measure(starts=1, trials=1, eof_starts=1)
     assert_figures(figures, ("rpc_ready_ms", "rpc_abort_retry_to_end_ms",
                              "rpc_get_state_roundtrip_ms", "pipe_echo_ms", "rpc_exits"))
@@ -91,6 +98,7 @@ def test_rpc():
 
 
 def test_runner_checks_targets_and_formats_a_table():
+    """Runner checks targets and formats a table."""
     figures = {}
     for name, value in (("decision_ratio_vs_tenacity", 0.25), ("classify_ratio_vs_original", 0.5),
                         ("decision_us", 12.5)):
@@ -110,6 +118,7 @@ def test_fleet_requests_in_cooldown_counts_only_retries_decided_after_another_pr
     # 50 and retried at 500: decided before the cooldown was learned, not counted; its
     # session 1 ended at 200 and retried at 600 (inside, decided after): counted; its session
     # 2 ended at 200 and retried at 1000 (after the end): not counted.
+    """Fleet requests in cooldown counts only retries decided after another process learned."""
     results = [
         {"calls": [[0, 0, 0, 90]], "learned": [[100, 1000]]},
         {"calls": [[0, 0, 0, 50], [0, 1, 500, 510], [1, 0, 0, 200], [1, 1, 600, 610],
@@ -120,6 +129,7 @@ def test_fleet_requests_in_cooldown_counts_only_retries_decided_after_another_pr
 
 
 def test_stores_prune_and_never_block_the_loop():
+    """Stores prune and never block the loop."""
     from benchmarks import stores
     figures = stores.measure(sessions=2_000, calls=2, marks=10)
     assert_figures(figures, ("store_call_ms_empty", "store_prune_ms", "store_call_ms_after_prune",
@@ -127,6 +137,7 @@ def test_stores_prune_and_never_block_the_loop():
 
 
 def test_runner_vs_tenacity_and_stamina():
+    """Runner vs tenacity and stamina."""
     figures = runner_bench.measure(number=5, repeat=1, warmup=1)
     assert_figures(figures, ("runner_us", "tenacity_runner_us", "stamina_us",
                              "runner_ratio_vs_tenacity", "runner_ratio_vs_stamina",

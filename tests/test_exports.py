@@ -12,6 +12,7 @@ CORE = ["fsm.core.lifecycle", "fsm.core.brain", "fsm.core.events", "fsm.core.pro
 
 @pytest.mark.parametrize("name", sorted(fsm.__all__))
 def test_every_top_level_export_resolves(name):
+    """Every top level export resolves."""
     assert getattr(fsm, name) is not None
 
 
@@ -39,6 +40,7 @@ def test_a_former_top_level_name_still_resolves_with_a_warning():
 
 @pytest.mark.parametrize("module", CORE)
 def test_core_modules_declare_all(module):
+    """Core modules declare all."""
     mod = importlib.import_module(module)
     assert isinstance(mod.__all__, list) and mod.__all__
     missing = [n for n in mod.__all__ if not hasattr(mod, n)]

@@ -44,6 +44,7 @@ def test_rpc_refuses_a_malformed_key_without_echoing_it(tmp_path, bad, via):
 
 
 def test_a_good_key_and_an_empty_variable_pass_the_start_up_check():
+    """A good key and an empty variable pass the start up check."""
     check_configured_api_key(None, environ={"OPENAI_API_KEY": KEY})
     check_configured_api_key(None, environ={"OPENAI_API_KEY": ""})
     check_configured_api_key(KEY, environ={"OPENAI_API_KEY": KEY + "\r"})  # the flag wins
@@ -75,12 +76,14 @@ async def run_with_an_echoing_provider(tmp_path):
 
 
 async def test_a_key_echoed_by_the_provider_reaches_no_file(tmp_path):
+    """A key echoed by the provider reaches no file."""
     await run_with_an_echoing_provider(tmp_path)
     assert list(tmp_path.glob("s-*.jsonl")), "the session log was written"
     assert files_containing(tmp_path, KEY.encode()) == []
 
 
 async def test_a_key_echoed_by_the_provider_reaches_no_event_or_log(tmp_path):
+    """A key echoed by the provider reaches no event or log."""
     import json
     client = await run_with_an_echoing_provider(tmp_path)
     assert KEY not in json.dumps(client.received)
@@ -88,6 +91,7 @@ async def test_a_key_echoed_by_the_provider_reaches_no_event_or_log(tmp_path):
 
 
 def test_chat_refuses_a_malformed_key_without_echoing_it(monkeypatch, capsys):
+    """Chat refuses a malformed key without echoing it."""
     from fsm.__main__ import main
     monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)

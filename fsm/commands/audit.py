@@ -13,12 +13,16 @@ conformance trace, an OpenTelemetry export) and prints each violation with its l
 Exit status: 0 when the coverage is at least ``--fail-under`` (or no threshold was given) and
 no event log breaks an invariant, 1 when the coverage is under it or a log has violations, 2
 on bad input (a missing or malformed trace or log, only foreign traces, an SVG that cannot be
-rendered).
+rendered, a file given as the ``--svg-states`` folder).
+
+``--svg-states DIR`` draws one small picture per state, ``DIR/<state>.svg`` (the rows into and
+out of it, as ``python -m fsm diagrams`` draws ``diagrams/states/``), coloured by coverage.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 HELP = ("tell the path a trace took and its transition coverage; check event logs against "
@@ -50,9 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--svg", metavar="OUT", default=None,
                    help="also draw the review diagram into OUT, each declared row covered, "
                         "partly covered or not covered (red, dashed), with a legend")
-    p.add_argument("--svg-states", metavar="OUT", default=None,
-                   help="also draw the per-state diagram into OUT (one edge per transition "
-                        "counted), coloured the same way")
+    p.add_argument("--svg-states", metavar="DIR", default=None,
+                   help="also draw one small picture per state into the folder DIR "
+                        "(DIR/<state>.svg, as python -m fsm diagrams writes diagrams/states/), "
+                        "each row into and out of the state coloured the same way")
     p.add_argument("--md", metavar="OUT", default=None,
                    help="also write the Markdown report into OUT")
     p.add_argument("--fail-under", type=_percent, default=None, metavar="PCT",
@@ -67,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.traces and not args.events:
         print("error: give a TRACE to audit or --events LOG to check (or both)", file=sys.stderr)
+        return 2
+    if args.svg_states and os.path.exists(args.svg_states) \
+            and not os.path.isdir(args.svg_states):
+        print(f"error: --svg-states {args.svg_states} is a file; give a folder to draw "
+              f"<state>.svg into", file=sys.stderr)
         return 2
     status = _events(args) if args.events else 0
     if not args.traces:
@@ -103,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
         if args.svg:
             write_file(Path(args.svg), audit.coverage_svg(report))
         if args.svg_states:
-            write_file(Path(args.svg_states), audit.coverage_states_svg(report))
+            pictures = audit.coverage_states_svgs(report)
+            out = Path(args.svg_states)
+            out.mkdir(parents=True, exist_ok=True)
+            for state, svg in pictures.items():
+                write_file(out / f"{state}.svg", svg)
     except (DiagramError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

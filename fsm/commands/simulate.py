@@ -13,9 +13,18 @@ Runs the standard scenarios against the policies in a deterministic, virtual-tim
 "peak_load_x_capacity", "drain_s"}}}}`` (failure_rate as a fraction); two runs with the same
 arguments write the same bytes. ``--svg DIR`` draws each scenario's load over time against
 capacity (``DIR/SCENARIO.svg``). ``--settings FILE`` adds the policy ``settings``: the brain
-with that file's settings (one in-process coordinator per process). The ideal always runs:
+with that file's settings (one in-process coordinator per process); it runs whenever
+``--settings`` is given, also next to the ``--policy`` names chosen. The ideal always runs:
 the resilient profile's targets, printed under each table, are measured against it. Exit
 status: 0, or 2 for bad arguments.
+
+Policies: ideal (clairvoyant: each request is sent at the earliest instant the provider will
+accept it; the yardstick); seed (this brain with the default settings: the original's behaviour, no
+coordinator); seed_by_hand (the same schedule written out by hand: 2 s, 4 s, 8 s, then give
+up); resilient (the brain with retry.profile "resilient", one coordinator and a pacer shared by the
+fleet); settings (the brain with the --settings file); and the baselines, other clients'
+default retry: openai_python, anthropic_python, tenacity_cookbook, stamina, gemini_cli,
+aws_standard (docs/simulation.md).
 """
 
 from __future__ import annotations
@@ -38,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), metavar="NAME",
                         help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
     parser.add_argument("--policy", action="append", metavar="NAME",
-                        help=f"run only this policy (repeatable): {', '.join(POLICIES)}, settings")
+                        help=f"run only this policy (repeatable): {', '.join(POLICIES)}, settings "
+                             "(what each is: see Policies below; the ideal always runs, and "
+                             "settings whenever --settings is given)")
     parser.add_argument("--settings", metavar="FILE",
                         help='add the policy "settings": the brain with this settings file')
     parser.add_argument("--seed", type=int, default=1, help="the random seed (default 1)")
@@ -89,6 +100,31 @@ def _one(job: tuple) -> "object":
     return simulate(name, policy, sessions=sessions, seed=seed, settings=settings)
 
 
+def _output_problem(json_path: str | None, svg_dir: str | None) -> str | None:
+    """Why ``--json FILE`` or ``--svg DIR`` cannot be written, checked before the simulation
+    runs (minutes at large N): ``--json`` a folder or in a missing folder, ``--svg`` an
+    existing file; None when both can be written (the ``--svg`` folder is created here)."""
+    if json_path is not None:
+        parent = os.path.dirname(os.path.abspath(json_path))
+        if os.path.isdir(json_path):
+            return f"--json {json_path} is a folder; give a file to write the figures to"
+        if not os.path.isdir(parent):
+            return f"--json {json_path}: the folder {parent} does not exist"
+        if os.path.exists(json_path) and not os.access(json_path, os.W_OK) \
+                or not os.path.exists(json_path) and not os.access(parent, os.W_OK):
+            return f"--json {json_path} cannot be written (permission denied)"
+    if svg_dir is not None:
+        if os.path.exists(svg_dir) and not os.path.isdir(svg_dir):
+            return f"--svg {svg_dir} is a file; give a folder to draw SCENARIO.svg into"
+        try:
+            os.makedirs(svg_dir, exist_ok=True)
+        except OSError as exc:
+            return f"--svg {svg_dir}: cannot create the folder ({exc.strerror or exc})"
+        if not os.access(svg_dir, os.W_OK):
+            return f"--svg {svg_dir} cannot be written (permission denied)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from fsm.core.settings import RetrySettings, SettingsError
     from fsm.sim import POLICIES, SCENARIOS
@@ -107,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
     known = list(POLICIES) + (["settings"] if settings is not None else [])
     policies = args.policy or known
+    if settings is not None and "settings" not in policies:
+        policies = [*policies, "settings"]
+        print(f"fsm simulate: --settings {args.settings}: also running the policy \"settings\" "
+              f"next to {', '.join(args.policy)}", file=sys.stderr)
     for p in policies:
         if p not in known:
             hint = " (give --settings FILE)" if p == "settings" else ""
@@ -117,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
         policies = ["ideal", *policies]
     if not 1 <= args.jobs <= 256:
         print(f"fsm simulate: --jobs must be from 1 to 256, got {args.jobs}", file=sys.stderr)
+        return 2
+    problem = _output_problem(args.json, args.svg)
+    if problem:
+        print(f"fsm simulate: {problem}", file=sys.stderr)
         return 2
     scenarios = args.scenario or list(SCENARIOS)
     jobs = [(name, p, args.sessions, args.seed, settings if p == "settings" else None)

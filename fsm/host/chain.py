@@ -149,7 +149,7 @@ class Chain:
     """
 
     __slots__ = ("settings", "on_event", "brain", "kernel", "calls", "exc", "message", "cls",
-                 "end", "delay_ms", "_timer", "_key", "_loop", "model", "provider", "fallback_model", "to_message",
+                 "end", "delay_ms", "_timer", "_key", "_loop", "switched_model", "provider", "model", "to_message",
                  "context_window")
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
@@ -183,8 +183,7 @@ class Chain:
         self.delay_ms: int | None = None
         self._timer = 0
         # the model the next attempt should use: None until retry.fallbackModels switches it
-        # (``model`` stays the chain's own model: the coordinator key is built from it)
-        self.fallback_model: str | None = None
+        self.switched_model: str | None = None
 
     # ------------------------------------------------------------------ steps
     def judge(self, exc: BaseException | None = None, *,
@@ -325,7 +324,7 @@ class Chain:
         if type(action) is B.StartBackoff:
             self.delay_ms, self._timer = action.delay_ms, action.timer_id
         elif type(action) is B.SwitchModel:  # retry.fallbackModels (docs/policy.md §13.3)
-            self.fallback_model = action.to_model
+            self.switched_model = action.to_model
 
     def close(self) -> None:
         """Stop forwarding the coordinator's events."""

@@ -113,7 +113,7 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = handler(_switched(request, chain.fallback_model))
+                    response = handler(_switched(request, chain.switched_model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:
@@ -142,7 +142,7 @@ class RetryBrainMiddleware(AgentMiddleware):
         try:
             while True:
                 try:
-                    response = await handler(_switched(request, chain.fallback_model))
+                    response = await handler(_switched(request, chain.switched_model))
                 except GraphBubbleUp:
                     raise
                 except Exception as exc:

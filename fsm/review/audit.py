@@ -706,6 +706,23 @@ def coverage_svg(report: Report) -> bytes:
                                        title=f"{diagram.name}: transition coverage"))
 
 
+def coverage_states_svgs(report: Report) -> dict[str, bytes]:
+    """One small SVG per state (``{state: svg}``, the pictures ``python -m fsm diagrams``
+    writes into ``diagrams/states/``), each edge coloured by the coverage of its declared rows:
+    covered, partly covered, not covered (red, dashed), as :func:`coverage_svg` colours them.
+
+    Raises :class:`fsm.review.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
+    """
+    from fsm.review.diagrams import DrawnRow
+    from fsm.review.diagrams.states import render_state_svg
+
+    diagram = extract()
+    marks = declared_marks(report, diagram)
+    drawn = {r.id: DrawnRow(r, was=marks[r.id].note, coverage=marks[r.id].status)
+             for r in diagram.rows}
+    return {s.name: render_state_svg(diagram, s.name, drawn) for s in diagram.states}
+
+
 def coverage_states_svg(report: Report) -> bytes:
     """The per-state diagram, one edge per transition the machine runs (what the items
     count), coloured by status: covered, partly covered, not covered (red and dashed).

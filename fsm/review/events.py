@@ -38,7 +38,10 @@ events carry it (and by ``sessionId`` / ``session``, for a fleet's merged log); 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -131,44 +134,97 @@ class EventsReport:
 
 # ----------------------------------------------------------------------------- reading
 
-def _int(value: Any) -> int | None:
+class _BadValue(ValueError):
+    """A field the checker cannot read (``"attempt": 1e400``, ``"chainId": {...}``); ``line``
+    is set by the reader of the event it belongs to (0 until then)."""
+
+    def __init__(self, message: str, line: int = 0) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+_INT_BOUND = 1 << 63
+"""Counts and delays beyond a signed 64-bit integer are no counts: reported, not computed with."""
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 50 else "a huge integer"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _int(value: Any, key: str = "value") -> int | None:
+    """``value`` as an int; None when absent or not a number (the field is then unknown);
+    :class:`_BadValue` when it is a number but no integer this checker can count with (an
+    infinity, NaN, or beyond ±2**63)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _BadValue(f"{key} is not an integer: {_short(value)}")
+    if not -_INT_BOUND < value < _INT_BOUND:
+        raise _BadValue(f"{key} is not an integer in range (beyond ±2**63)")
     return int(value)
+
+
+def _scalar(value: Any, key: str) -> Any:
+    """``value`` when it can key a chain (a string, a number, null); :class:`_BadValue`
+    otherwise (an object or a list: ``"chainId": {"a": 1}``)."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    raise _BadValue(f"{key} is not a string or a number: {_short(value)}")
 
 
 def _time(obj: Mapping[str, Any]) -> float | None:
     for key in _TIME_KEYS:
         value = obj.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                t = float(value)
+            except OverflowError:
+                t = math.inf
+            if not math.isfinite(t):
+                raise _BadValue(f"{key} is not a finite time: {_short(value)}")
+            return t
         if isinstance(value, str) and key == "timestamp":
             try:
                 return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000
-            except ValueError:
+            except (ValueError, OverflowError, OSError):
                 continue
     nano = obj.get("timeUnixNano")
-    if isinstance(nano, (int, str)) and str(nano).isdigit():
+    if isinstance(nano, (int, str)) and not isinstance(nano, bool) and str(nano).isdigit():
+        if len(str(nano)) > 30:
+            raise _BadValue(f"timeUnixNano is not a time in range: {_short(nano)}")
         return int(nano) / 1e6
     return None
 
 
 def _chain_key(obj: Mapping[str, Any]) -> Any:
-    chain = obj.get("chainId")
+    chain = _scalar(obj.get("chainId"), "chainId")
     if chain is None:
         return None
-    session = obj.get("sessionId", obj.get("session"))
+    session = _scalar(obj.get("sessionId", obj.get("session")), "sessionId")
     return (session, chain) if session is not None else chain
 
 
 def _event(obj: Mapping[str, Any], line: int) -> Event | None:
+    """The event ``obj`` (at ``line``) as the checker reads it, or None when it is none of
+    those it knows; :class:`_BadValue` with ``line`` when one of its fields is unreadable."""
+    try:
+        return _event_at(obj, line)
+    except _BadValue as exc:
+        exc.line = exc.line or line
+        raise
+
+
+def _event_at(obj: Mapping[str, Any], line: int) -> Event | None:
     kind = obj.get("type")
     if kind == START:
-        return Event(START, line, _time(obj), _chain_key(obj), _int(obj.get("attempt")),
-                     _int(obj.get("maxAttempts")), _int(obj.get("delayMs")))
+        return Event(START, line, _time(obj), _chain_key(obj),
+                     _int(obj.get("attempt"), "attempt"),
+                     _int(obj.get("maxAttempts"), "maxAttempts"),
+                     _int(obj.get("delayMs"), "delayMs"))
     if kind == END:
         success = obj.get("success")
-        return Event(END, line, _time(obj), _chain_key(obj), _int(obj.get("attempt")),
+        return Event(END, line, _time(obj), _chain_key(obj), _int(obj.get("attempt"), "attempt"),
                      success=success if isinstance(success, bool) else None,
                      end_reason=obj.get("endReason") if isinstance(obj.get("endReason"), str)
                      else None)
@@ -193,26 +249,41 @@ def _attrs(raw: Any) -> dict[str, Any]:
         for k in ("intValue", "doubleValue", "boolValue", "stringValue"):
             if k in value:
                 v = value[k]
-                out[a["key"]] = int(v) if k == "intValue" else v
+                if k == "intValue":
+                    try:
+                        v = int(v)
+                    except (TypeError, ValueError):
+                        raise _BadValue(f"{a['key']} is not an integer: {_short(v)}") from None
+                out[a["key"]] = v
     return out
 
 
 def _span_events(span: Mapping[str, Any], line: int, n: int) -> list[Event]:
-    """The chain one ``retry_chain`` span records, as start and end events."""
+    """The chain one ``retry_chain`` span records, as start and end events;
+    :class:`_BadValue` with ``line`` when one of its fields is unreadable."""
+    try:
+        return _span_events_at(span, line, n)
+    except _BadValue as exc:
+        exc.line = exc.line or line
+        raise
+
+
+def _span_events_at(span: Mapping[str, Any], line: int, n: int) -> list[Event]:
     attrs = _attrs(span.get("attributes"))
-    chain = ("span", attrs.get("retry.chain_id"), n)
+    chain = ("span", _scalar(attrs.get("retry.chain_id"), "retry.chain_id"), n)
     out = []
     for ev in span.get("events") or ():
         if not isinstance(ev, Mapping) or ev.get("name") != "retry_attempt":
             continue
         a = _attrs(ev.get("attributes"))
-        out.append(Event(START, line, _time(ev), chain, _int(a.get("attempt")),
-                         _int(attrs.get("retry.max_attempts")), _int(a.get("delayMs"))))
+        out.append(Event(START, line, _time(ev), chain, _int(a.get("attempt"), "attempt"),
+                         _int(attrs.get("retry.max_attempts"), "retry.max_attempts"),
+                         _int(a.get("delayMs"), "delayMs")))
     end_time = span.get("endTimeUnixNano") or span.get("end_time")
     t_end = _time({"timeUnixNano": end_time} if not isinstance(end_time, str) or
                   end_time.isdigit() else {"timestamp": end_time})
     success = attrs.get("retry.success")
-    out.append(Event(END, line, t_end, chain, _int(attrs.get("retry.attempts")),
+    out.append(Event(END, line, t_end, chain, _int(attrs.get("retry.attempts"), "retry.attempts"),
                      success=success if isinstance(success, bool) else None,
                      end_reason=attrs.get("retry.end_reason")))
     return out
@@ -228,9 +299,21 @@ def _objects(text: str) -> Iterator[tuple[int, Any]]:
             i += 1
         if i >= n:
             return
-        value, end = decoder.raw_decode(text, i)
+        value, end = _decode(decoder, text, i)
         yield i, value
         i = end
+
+
+def _decode(decoder: json.JSONDecoder, text: str, i: int) -> tuple[Any, int]:
+    """``decoder.raw_decode(text, i)``; a number JSON allows but Python will not convert (an
+    integer of more than 4300 digits) becomes :class:`_BadValue` at its line."""
+    try:
+        return decoder.raw_decode(text, i)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        raise _BadValue(f"a number that is not an integer this checker can read ({exc})",
+                        text.count("\n", 0, i) + 1) from None
 
 
 def _array_items(text: str, start: int) -> Iterator[tuple[int, Any]]:
@@ -242,21 +325,65 @@ def _array_items(text: str, start: int) -> Iterator[tuple[int, Any]]:
             i += 1
         if text[i] == "]":
             return
-        value, end = decoder.raw_decode(text, i)
+        value, end = _decode(decoder, text, i)
         yield i, value
         i = end
+
+
+def _read_bounded(path: str | Path) -> bytes:
+    """At most ``_MAX_BYTES + 1`` bytes of the regular file ``path``. A FIFO, a device
+    (``/dev/zero``, ``/dev/urandom``), a folder or a socket is refused before a byte is read,
+    and the open never blocks (``O_NONBLOCK``: a FIFO without a writer would wait forever).
+    Raises :class:`EventLogError` (line 0) naming the file."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise EventLogError(path, 0, f"cannot read the event log: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS_OF_FILE if test(mode)), "a special file")
+            raise EventLogError(path, 0, f"{kind}, not a file: an event log must be a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read(_MAX_BYTES + 1)
+    except OSError as exc:
+        raise EventLogError(path, 0, f"cannot read the event log: {exc.strerror or exc}") from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+_KINDS_OF_FILE = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"),
+                  (stat.S_ISSOCK, "a socket"))
 
 
 def read_events(path: str | Path) -> tuple[str, list[Event]]:
     """``(format, events)`` of the log at ``path``, in log order.
 
-    Raises :class:`EventLogError` naming the file (and the line) when it cannot be read, is
-    not JSON, or holds no event this checker knows.
+    Raises :class:`EventLogError` naming the file (and the line) when it cannot be read (a
+    FIFO, a device or a folder is refused before a byte is read; at most 256 MiB + 1 byte
+    is read), is not JSON, holds a value the checker cannot read (``"attempt": 1e400``,
+    ``"chainId": {...}``, an integer of thousands of digits: "not an integer"), or holds no
+    event this checker knows.
     """
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise EventLogError(path, 0, f"cannot read the event log: {exc.strerror or exc}") from exc
+        return _read_events(path)
+    except _BadValue as exc:
+        raise EventLogError(path, exc.line, str(exc)) from None
+    except (TypeError, ValueError, OverflowError, AttributeError, KeyError,
+            IndexError) as exc:
+        if isinstance(exc, EventLogError):
+            raise
+        raise EventLogError(path, 0, f"a value the checker cannot read "
+                                     f"({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _read_events(path: str | Path) -> tuple[str, list[Event]]:
+    raw = _read_bounded(path)
     if len(raw) > _MAX_BYTES:
         raise EventLogError(path, 0, f"larger than {_MAX_BYTES >> 20} MiB")
     try:

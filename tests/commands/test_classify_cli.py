@@ -26,6 +26,7 @@ def lines(out: bytes) -> list[dict]:
 # --- one message ------------------------------------------------------------------------------
 
 def test_one_message_prints_kind_rule_and_hint():
+    """One message prints kind rule and hint."""
     proc = fsm('Error: 429 {"type":"error","error":{"type":"rate_limit_error"}} (retry-after: 30)')
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.decode().splitlines() == [
@@ -38,6 +39,7 @@ def test_one_message_prints_kind_rule_and_hint():
 
 
 def test_one_message_without_hint_and_with_usage_limit():
+    """One message without hint and with usage limit."""
     out = fsm("Claude AI usage limit reached").stdout.decode()
     assert "usage limit: yes" in out and "retry hint:  none" in out
     out = fsm("You've hit your usage limit. Try again in 5 days 22 hours 11 minutes.").stdout.decode()
@@ -45,6 +47,7 @@ def test_one_message_without_hint_and_with_usage_limit():
 
 
 def test_one_message_as_json():
+    """One message as JSON."""
     proc = fsm("--json", "prompt is too long: 219898 tokens > 200000 maximum")
     assert proc.returncode == 0
     assert json.loads(proc.stdout) == {"kind": "context_overflow", "rule": "overflow.prompt_too_long",
@@ -52,6 +55,7 @@ def test_one_message_as_json():
 
 
 def test_options_stop_reason_context_window_tokens_and_clock():
+    """Options stop reason context window tokens and clock."""
     assert json.loads(fsm("--json", "--stop-reason", "stop", "Overloaded").stdout)["kind"] == "none"
     silent = json.loads(fsm("--json", "--context-window", "1000", "--input-tokens", "900",
                             "--cache-read-tokens", "200", "weird").stdout)
@@ -64,12 +68,14 @@ def test_options_stop_reason_context_window_tokens_and_clock():
 
 @pytest.mark.parametrize("args", [[], ["msg", "--jsonl", "-"]])
 def test_message_or_jsonl_is_required(args):
+    """Message or jsonl is required."""
     proc = fsm(*args)
     assert proc.returncode == 2
     assert b"give either a MESSAGE or --jsonl FILE" in proc.stderr
 
 
 def test_negative_counts_are_refused():
+    """Negative counts are refused."""
     proc = fsm("--context-window", "-1", "x")
     assert proc.returncode == 2 and b"--context-window must be >= 0, got -1" in proc.stderr
 
@@ -77,6 +83,7 @@ def test_negative_counts_are_refused():
 # --- JSON lines -------------------------------------------------------------------------------
 
 def test_jsonl_file_with_a_bad_line_in_the_middle(tmp_path):
+    """Jsonl file with a bad line in the middle."""
     path = tmp_path / "errors.jsonl"
     path.write_text('{"message": "Overloaded", "id": 1}\n'
                     "this is not json\n"
@@ -94,6 +101,7 @@ def test_jsonl_file_with_a_bad_line_in_the_middle(tmp_path):
 
 
 def test_jsonl_from_stdin_all_good_exits_0():
+    """Jsonl from stdin all good exits 0."""
     data = ('{"message": "rate limit, retry-after: 4"}\n'
             "\n"
             '{"message": null}\r\n'
@@ -137,6 +145,7 @@ def test_jsonl_from_stdin_all_good_exits_0():
     (b'{"message": "x", "headers": "retry-after: 3"}', '"headers" must be an object of strings'),
 ])
 def test_jsonl_bad_lines_are_reported_and_the_rest_processed(line, problem):
+    """Jsonl bad lines are reported and the rest processed."""
     data = b'{"message": "503"}\n' + line + b'\n{"message": "timed out"}\n'
     proc = fsm("--jsonl", "-", stdin=data)
     assert proc.returncode == 1
@@ -147,6 +156,7 @@ def test_jsonl_bad_lines_are_reported_and_the_rest_processed(line, problem):
 
 
 def test_jsonl_structured_facts_decide_first():
+    """Jsonl structured facts decide first."""
     data = ('{"message": "something odd", "status": 529}\n'
             '{"message": "x", "status": 429, "errorCode": "insufficient_quota"}\n'
             '{"message": "Too Many Requests", "status": 429, "headers": {"X-RateLimit-Reset": "20"}}\n'
@@ -164,6 +174,7 @@ def test_jsonl_structured_facts_decide_first():
 
 
 def test_jsonl_keeps_unicode_and_lone_surrogates():
+    """Jsonl keeps unicode and lone surrogates."""
     data = ('{"message": "请求过于频繁"}\n{"message": "\\ud800 503"}\n').encode()
     proc = fsm("--jsonl", "-", stdin=data)
     assert proc.returncode == 0, proc.stderr
@@ -174,12 +185,14 @@ def test_jsonl_keeps_unicode_and_lone_surrogates():
 
 
 def test_jsonl_missing_file():
+    """Jsonl missing file."""
     proc = fsm("--jsonl", "/nonexistent/errors.jsonl")
     assert proc.returncode == 1
     assert b"cannot read /nonexistent/errors.jsonl" in proc.stderr
 
 
 def test_jsonl_a_megabyte_message_and_many_lines(tmp_path):
+    """Jsonl a megabyte message and many lines."""
     path = tmp_path / "big.jsonl"
     rows = [{"message": "rate lim" * 131072}] + [{"message": f"connection reset (#{i})"}
                                                   for i in range(500)]
@@ -192,12 +205,14 @@ def test_jsonl_a_megabyte_message_and_many_lines(tmp_path):
 
 
 def test_help_lists_the_command():
+    """Help lists the command."""
     proc = subprocess.run([sys.executable, "-m", "fsm", "--help"], capture_output=True, cwd=ROOT,
                           timeout=60)
     assert b"classify" in proc.stdout
 
 
 def test_dash_reads_the_message_from_stdin():
+    """Dash reads the message from stdin."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "fsm", "classify", "-"], input=b"503 Service Unavailable\n",
@@ -207,6 +222,7 @@ def test_dash_reads_the_message_from_stdin():
 
 
 def test_help_documents_the_jsonl_shape():
+    """Help documents the jsonl shape."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "fsm", "classify", "--help"], capture_output=True,

@@ -15,6 +15,7 @@ def run_demo(tmp_path, *extra):
 
 
 def test_demo_survives_529_and_503(tmp_path):
+    """Demo survives 529 and 503."""
     proc = run_demo(tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -37,6 +38,7 @@ def test_demo_survives_529_and_503(tmp_path):
 
 
 def test_demo_reports_exhaustion_with_failure_line(tmp_path):
+    """Demo reports exhaustion with failure line."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"status": 503, "json": {"error": {"message": "down"}}}] * 4))
     proc = run_demo(tmp_path, "--script", str(script))
@@ -47,6 +49,7 @@ def test_demo_reports_exhaustion_with_failure_line(tmp_path):
 
 
 def test_demo_says_when_an_error_is_not_retried(tmp_path):
+    """Demo says when an error is not retried."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"status": 401, "json": {"error": {"message": "Incorrect API key provided"}}}]))
     proc = run_demo(tmp_path, "--script", str(script))
@@ -63,6 +66,7 @@ def test_demo_keeps_the_default_settings_without_a_settings_file():
 
 
 def test_demo_refuses_bad_script(tmp_path):
+    """Demo refuses bad script."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"status": 999}]))
     proc = run_demo(tmp_path, "--script", str(script))
@@ -71,6 +75,7 @@ def test_demo_refuses_bad_script(tmp_path):
 
 
 def test_demo_part_two_honours_a_short_hint_and_refuses_a_long_one_in_words(tmp_path):
+    """Demo part two honours a short hint and refuses a long one in words."""
     proc = run_demo(tmp_path, "--hint-ms", "150")
     assert proc.returncode == 0, proc.stderr
     part2 = proc.stdout.split('Part 2: the same kind of session with retryHints: "honor"', 1)[1]

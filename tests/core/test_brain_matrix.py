@@ -185,6 +185,7 @@ CASES = ([(s, "turn_failed_retryable", f) for s in STATES for f in FAILS]
 
 @pytest.mark.parametrize("state,trigger,fails", CASES, ids=[f"{s}-{t}-{f}" for s, t, f in CASES])
 def test_matrix_cell(state, trigger, fails):
+    """Matrix cell."""
     brain, hint, facts = setup(state, fails)
     actions = fire(brain, trigger, hint, facts)
     want_state, want = expected(state, trigger, fails)
@@ -196,6 +197,7 @@ def test_matrix_cell(state, trigger, fails):
 
 
 def test_the_matrix_walks_every_declared_cell_and_guard():
+    """The matrix walks every declared cell and guard."""
     assert set(STATES) == set(L.STATES)
     triggers = {t for _, t, _ in CASES} - {"stale_timer", "budget_recheck"}
     assert triggers == set(L.TRIGGERS)
@@ -204,6 +206,7 @@ def test_the_matrix_walks_every_declared_cell_and_guard():
 
 
 def test_in_state_rejects_impossible_numbers():
+    """In state rejects impossible numbers."""
     with pytest.raises(ValueError, match="unknown state"):
         RetryBrain.in_state("sleeping")
     with pytest.raises(ValueError, match="attempt must be within 1..3"):
@@ -211,6 +214,7 @@ def test_in_state_rejects_impossible_numbers():
 
 
 def test_the_brain_has_no_public_guard_or_effect_names():
+    """The brain has no public guard or effect names."""
     public = {n for n in dir(RetryBrain) if not n.startswith("_")}
     assert not public & set(L.GUARDS)
     assert not public & set(L.EFFECTS)

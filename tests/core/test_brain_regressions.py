@@ -34,6 +34,7 @@ def into_continuing(brain):
 
 
 def test_8_2_retried_turn_ending_fatal_ends_the_chain():
+    """8 2 retried turn ending fatal ends the chain."""
     brain = RetryBrain()
     into_continuing(brain)
     actions = brain.turn_ended(err("401 Incorrect API key provided"))
@@ -44,6 +45,7 @@ def test_8_2_retried_turn_ending_fatal_ends_the_chain():
 
 
 def test_8_3_disabled_mid_chain_ends_the_chain():
+    """8 3 disabled mid chain ends the chain."""
     brain = RetryBrain()
     into_continuing(brain)
     brain.set_enabled(False)
@@ -53,6 +55,7 @@ def test_8_3_disabled_mid_chain_ends_the_chain():
 
 
 def test_8_4_abort_resets_the_attempt_counter_for_the_next_chain():
+    """8 4 abort resets the attempt counter for the next chain."""
     brain = RetryBrain()
     into_continuing(brain)
     brain.turn_ended(err(OVERLOADED))                 # attempt 2, backing off
@@ -64,6 +67,7 @@ def test_8_4_abort_resets_the_attempt_counter_for_the_next_chain():
 
 
 def test_8_5_rejected_continue_ends_the_chain():
+    """8 5 rejected continue ends the chain."""
     brain = RetryBrain()
     into_continuing(brain)
     actions = brain.continue_failed("continue rejected: agent is busy")
@@ -73,6 +77,7 @@ def test_8_5_rejected_continue_ends_the_chain():
 
 
 def test_8_6_stale_timer_of_an_aborted_chain_cannot_touch_a_newer_chain():
+    """8 6 stale timer of an aborted chain cannot touch a newer chain."""
     brain = RetryBrain()
     old = timer(brain.turn_ended(err(OVERLOADED)))
     assert CancelBackoff(old) in brain.abort_retry()
@@ -84,6 +89,7 @@ def test_8_6_stale_timer_of_an_aborted_chain_cannot_touch_a_newer_chain():
 
 
 def test_8_8_aborted_message_is_not_a_successful_retry():
+    """8 8 aborted message is not a successful retry."""
     brain = RetryBrain()
     into_continuing(brain)
     actions = brain.turn_ended(AssistantMessage("aborted", error_message="Request was aborted"))
@@ -93,12 +99,14 @@ def test_8_8_aborted_message_is_not_a_successful_retry():
 
 
 def test_8_9_server_error_underscore_is_retried_and_1500_tokens_is_not_a_500():
+    """8 9 server error underscore is retried and 1500 tokens is not a 500."""
     assert classify("error", '{"error": {"type": "server_error"}}').kind == "retryable"
     assert classify("error", "internal_error: upstream failed").kind == "retryable"
     assert classify("error", "max_tokens must be at most 1500 tokens").kind == "fatal"
 
 
 def test_usage_limit_switch_makes_the_backoff_zero():
+    """Usage limit switch makes the backoff zero."""
     brain = RetryBrain()
     start = events(brain.turn_ended(err("You have reached your usage limit. Please retry in 37.5s"),
                                     facts=TurnFacts(credential_switched=True)))[0]
@@ -106,6 +114,7 @@ def test_usage_limit_switch_makes_the_backoff_zero():
 
 
 def test_usage_limit_hint_never_lengthens_the_backoff_with_the_seed_defaults():
+    """Usage limit hint never lengthens the backoff with the seed defaults."""
     brain = RetryBrain(RetrySettings(base_delay_ms=50))
     actions = brain.turn_ended(err("usage limit reached, retry-after: 3600"))
     start = events(actions)[0]
@@ -114,6 +123,7 @@ def test_usage_limit_hint_never_lengthens_the_backoff_with_the_seed_defaults():
 
 
 def test_max_attempts_is_fixed_for_a_chain():
+    """Max attempts is fixed for a chain."""
     brain = RetryBrain(RetrySettings(max_retries=3))
     brain.turn_ended(err(OVERLOADED))
     brain.update_settings(RetrySettings(max_retries=1))
@@ -124,12 +134,14 @@ def test_max_attempts_is_fixed_for_a_chain():
 
 
 def test_update_settings_rejects_other_types():
+    """Update settings rejects other types."""
     import pytest
     with pytest.raises(TypeError):
         RetryBrain().update_settings({"enabled": True})  # type: ignore[arg-type]
 
 
 def test_events_have_exactly_the_spec_fields_plus_extras():
+    """Events have exactly the spec fields plus extras."""
     brain = RetryBrain(RetrySettings(base_delay_ms=2000))
     start = events(brain.turn_ended(err(OVERLOADED)))[0]
     assert {"type", "attempt", "maxAttempts", "delayMs", "errorMessage"} <= set(start)
@@ -145,12 +157,14 @@ def test_events_have_exactly_the_spec_fields_plus_extras():
 # ------------------------------------------------------------------ host contract
 
 def test_a_fatal_first_turn_says_the_prompt_may_return():
+    """A fatal first turn says the prompt may return."""
     actions = RetryBrain().turn_ended(err("401 Incorrect API key provided"))
     assert actions[-1] == PromptMayReturn(None)
     assert not events(actions)
 
 
 def test_every_fact_that_leaves_the_brain_at_rest_says_the_prompt_may_return():
+    """Every fact that leaves the brain at rest says the prompt may return."""
     for message in (err(OVERLOADED), AssistantMessage("stop", text="ok"),
                     AssistantMessage("aborted", error_message="x"), err("prompt is too long")):
         brain = RetryBrain(RetrySettings(max_retries=0))
@@ -162,6 +176,7 @@ def test_every_fact_that_leaves_the_brain_at_rest_says_the_prompt_may_return():
 
 
 def test_a_cancelled_prompt_is_its_own_fact_not_a_failed_continue():
+    """A cancelled prompt is its own fact not a failed continue."""
     brain = RetryBrain()
     into_continuing(brain)
     actions = brain.prompt_cancelled()
@@ -175,6 +190,7 @@ HONOR = RetrySettings(retry_hints="honor")
 
 
 def test_8_11_a_hint_of_6_4_s_is_waited_out_with_honor():
+    """8 11 a hint of 6 4's is waited out with honor."""
     brain = RetryBrain(HONOR)
     text = "429 Rate limit reached for gpt-4o. Please try again in 6.379s."
     start = events(brain.turn_ended(err(text), facts=TurnFacts(now_ms=1_000_000)))[0]
@@ -183,6 +199,7 @@ def test_8_11_a_hint_of_6_4_s_is_waited_out_with_honor():
 
 
 def test_8_11_a_58_hour_quota_reset_ends_the_chain_at_once_in_words():
+    """8 11 a 58 hour quota reset ends the chain at once in words."""
     brain = RetryBrain(HONOR)
     actions = brain.turn_ended(err("429 Quota exceeded. Please try again in 58 hours."),
                                facts=TurnFacts(now_ms=1_767_225_600_000))
@@ -195,12 +212,14 @@ def test_8_11_a_58_hour_quota_reset_ends_the_chain_at_once_in_words():
 
 
 def test_hint_jitter_is_positive_only():
+    """Hint jitter is positive only."""
     brain = RetryBrain(RetrySettings(retry_hints="honor", jitter="full"), random=lambda: 0.999)
     start = events(brain.turn_ended(err("429 rate limit; retry-after-ms: 10000")))[0]
     assert 10_000 <= start["delayMs"] <= 12_000
 
 
 def test_8_13_a_chain_deadline_ends_a_900_s_queue_expiry_chain():
+    """8 13 a chain deadline ends a 900's queue expiry chain."""
     brain = RetryBrain(RetrySettings(max_elapsed_ms=60_000, base_delay_ms=2000))
     t0 = 1_000_000
     brain.turn_ended(err("503 queue expired after 900 s"), facts=TurnFacts(now_ms=t0))
@@ -212,6 +231,7 @@ def test_8_13_a_chain_deadline_ends_a_900_s_queue_expiry_chain():
 
 
 def test_8_12_rotation_gives_every_credential_a_try():
+    """8 12 rotation gives every credential a try."""
     brain = RetryBrain()
     usage = err("You have hit your usage limit")
     facts = TurnFacts(credential_switched=True, credential_count=5)
@@ -229,17 +249,20 @@ def test_8_12_rotation_gives_every_credential_a_try():
 
 
 def test_discards_output_is_set_when_the_failed_turn_streamed_text():
+    """Discards output is set when the failed turn streamed text."""
     start = events(RetryBrain().turn_ended(err(OVERLOADED), facts=TurnFacts(output_streamed=True)))[0]
     assert start["discardsOutput"] is True
 
 
 def test_after_output_stop_refuses_a_turn_that_streamed():
+    """After output stop refuses a turn that streamed."""
     brain = RetryBrain(RetrySettings(after_output="stop"))
     end = events(brain.turn_ended(err(OVERLOADED), facts=TurnFacts(output_streamed=True)))[0]
     assert end["endReason"] == "output_streamed" and 'retry.afterOutput is "stop"' in end["finalError"]
 
 
 def test_retry_now_continues_at_once_with_the_same_attempt():
+    """Retry now continues at once with the same attempt."""
     brain = RetryBrain()
     brain.turn_ended(err(OVERLOADED))
     timer = brain.timer_id
@@ -250,6 +273,7 @@ def test_retry_now_continues_at_once_with_the_same_attempt():
 
 
 def test_budget_token_is_returned_when_the_retry_is_refused_for_another_reason():
+    """Budget token is returned when the retry is refused for another reason."""
     brain = RetryBrain(RetrySettings(max_retries=0, budget=BudgetSettings()))
     actions = brain.turn_ended(err(OVERLOADED), facts=TurnFacts(budget_taken=True))
     assert ReturnRetryToken() in actions
@@ -259,6 +283,7 @@ def test_budget_token_is_returned_when_the_retry_is_refused_for_another_reason()
 
 
 def test_a_success_credits_the_budget_only_when_it_is_on():
+    """A success credits the budget only when it is on."""
     assert CreditRetryBudget() in RetryBrain(RetrySettings(budget=BudgetSettings())).turn_ended(
         AssistantMessage("stop", text="ok"))
     assert CreditRetryBudget() not in RetryBrain().turn_ended(AssistantMessage("stop", text="ok"))

@@ -96,6 +96,7 @@ def row_now_ms(row: dict) -> float:
 
 @pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
 def test_corpus_row(row):
+    """Corpus row."""
     now_ms, absolute = ABSOLUTE_HINTS.get(row["id"], (row_now_ms(row), None))
     result = classify("error", row["message"], now_ms=now_ms, zone=ZONE)
     assert result.kind == row["expected"], (result, row["notes"])
@@ -111,6 +112,7 @@ def test_corpus_row(row):
 
 
 def test_corpus_has_every_kind_and_unique_ids():
+    """Corpus has every kind and unique ids."""
     assert len(FIRST_CORPUS) == 167 and len(CORPUS) >= len(FIRST_CORPUS)
     assert len({row["id"] for row in CORPUS}) == len(CORPUS)
     assert {row["expected"] for row in CORPUS} == {"retryable", "context_overflow", "fatal"}
@@ -122,20 +124,24 @@ def test_corpus_has_every_kind_and_unique_ids():
 
 @pytest.mark.parametrize("stop_reason", ["stop", "length", "toolUse", "aborted", "weird"])
 def test_step1_not_an_error_is_none(stop_reason):
+    """Step1 not an error is none."""
     result = classify(stop_reason, "prompt is too long", Usage(input=10**6), 1000)
     assert result == Classification("none", "stop_reason.not_error")
 
 
 @pytest.mark.parametrize("message", [None, "", "   ", "\n\t"])
 def test_step2_no_message_is_fatal(message):
+    """Step2 no message is fatal."""
     assert classify("error", message) == Classification("fatal", "error.no_message")
 
 
 def test_step2_comes_before_silent_overflow():
+    """Step2 comes before silent overflow."""
     assert classify("error", None, Usage(input=5000), 1000).rule == "error.no_message"
 
 
 def test_step3_silent_overflow():
+    """Step3 silent overflow."""
     usage = Usage(input=900, cache_read=200)
     assert classify("error", "something odd", usage, 1000) == Classification(
         "context_overflow", "overflow.silent_usage")
@@ -148,6 +154,7 @@ def test_step3_silent_overflow():
 
 
 def test_step3_text_overflow_beats_retryable_and_permanent_words():
+    """Step3 text overflow beats retryable and permanent words."""
     text = ("Get response error: This model's maximum context length is 4097 tokens. "
             "Response: Connection error. Please try again later. Incorrect API key provided.")
     assert classify("error", text).rule == "overflow.max_context_length"
@@ -160,6 +167,7 @@ def test_step3_text_overflow_beats_retryable_and_permanent_words():
     "too many requests: context length exceeded for this minute",
 ])
 def test_step3_a_429_is_never_overflow(message):
+    """Step3 a 429 is never overflow."""
     assert classify("error", message).kind == "retryable"
 
 
@@ -172,6 +180,7 @@ def test_step3_a_429_is_never_overflow(message):
     ("429 status code (no body)", "retryable"),
 ])
 def test_step3_bare_status_without_body(message, kind):
+    """Step3 bare status without body."""
     assert classify("error", message).kind == kind
 
 
@@ -189,6 +198,7 @@ def test_step3_bare_status_without_body(message, kind):
      "fatal.insufficient_quota"),
 ])
 def test_step4_exceeded_current_quota_stands_down_only_for_a_retry_hint(message, rule):
+    """Step4 exceeded current quota stands down only for a retry hint."""
     result = classify("error", message)
     assert result.rule == rule
     if rule.startswith("retryable"):
@@ -196,10 +206,12 @@ def test_step4_exceeded_current_quota_stands_down_only_for_a_retry_hint(message,
 
 
 def test_step6_unmatched_is_fatal():
+    """Step6 unmatched is fatal."""
     assert classify("error", "something went wrong") == Classification("fatal", "fatal.unmatched")
 
 
 def test_classify_message_uses_the_message_fields():
+    """Classify message uses the message fields."""
     message = AssistantMessage(stop_reason="error", error_message="boom",
                                usage=Usage(input=5000, cache_read=1))
     assert classify_message(message, 4000).rule == "overflow.silent_usage"
@@ -324,16 +336,19 @@ RETRYABLE_EXAMPLES = [
 
 @pytest.mark.parametrize("message", OVERFLOW_EXAMPLES)
 def test_overflow_family(message):
+    """Overflow family."""
     assert classify("error", message).kind == "context_overflow"
 
 
 @pytest.mark.parametrize("message", PERMANENT_EXAMPLES)
 def test_permanent_family(message):
+    """Permanent family."""
     assert classify("error", message).kind == "fatal"
 
 
 @pytest.mark.parametrize("message", RETRYABLE_EXAMPLES)
 def test_retryable_family(message):
+    """Retryable family."""
     assert classify("error", message).kind == "retryable"
 
 
@@ -352,6 +367,7 @@ def test_retryable_family(message):
     "err_stream_premature_close",
 ])
 def test_d2_network_transients(message):
+    """D2 network transients."""
     assert classify("error", message).kind == "retryable"
 
 
@@ -360,6 +376,7 @@ def test_d2_network_transients(message):
     "The session was terminated by an administrator: invalid api key",
 ])
 def test_terminated_needs_the_network_sense(message):
+    """Terminated needs the network sense."""
     assert classify("error", message).kind == "fatal"
 
 
@@ -371,6 +388,7 @@ def test_terminated_needs_the_network_sense(message):
     "error 500", "HTTP请求失败: 500, 响应", "Error:500:server_error", "<title>502 Bad Gateway</title>",
 ])
 def test_d3_status_numbers_and_underscored_names_match(message):
+    """D3 status numbers and underscored names match."""
     assert classify("error", message).kind == "retryable"
 
 
@@ -391,6 +409,7 @@ def test_d3_status_numbers_and_underscored_names_match(message):
     "you owe $500",
 ])
 def test_d3_traps_are_not_server_errors(message):
+    """D3 traps are not server errors."""
     assert classify("error", message).kind == "fatal"
 
 
@@ -405,6 +424,7 @@ def test_d3_traps_are_not_server_errors(message):
     ("503 Service Unavailable (retry-after: 5)", False, 5_000),
 ])
 def test_usage_limits_and_hints(message, usage_limit, hint):
+    """Usage limits and hints."""
     result = classify("error", message, now_ms=_ms(datetime(2026, 3, 1, 14, 0)))
     assert result.kind == "retryable"
     assert result.usage_limit is usage_limit
@@ -412,11 +432,13 @@ def test_usage_limits_and_hints(message, usage_limit, hint):
 
 
 def test_hints_only_for_retryable():
+    """Hints only for retryable."""
     assert classify("error", "Invalid API key. retry-after: 30").retry_hint_ms is None
     assert classify("error", "prompt is too long. retry-after: 30").retry_hint_ms is None
 
 
 def test_usage_limit_found_anywhere_in_the_message():
+    """Usage limit found anywhere in the message."""
     result = classify("error", "Error code: 429 - {'type': 'usage_limit_reached'}")
     assert (result.rule, result.usage_limit) == ("retryable.status_429", True)
 
@@ -424,6 +446,7 @@ def test_usage_limit_found_anywhere_in_the_message():
 # --- the tables are data -----------------------------------------------------------------------
 
 def test_rule_rows_are_well_formed():
+    """Rule rows are well formed."""
     ids = [rule.id for rule in ALL_RULES]
     assert len(ids) == len(set(ids))
     for rule in ALL_RULES:
@@ -552,11 +575,13 @@ RULE_EXAMPLES = {
 
 
 def test_every_rule_has_an_example():
+    """Every rule has an example."""
     assert set(RULE_EXAMPLES) == {rule.id for rule in ALL_RULES}
 
 
 @pytest.mark.parametrize("rule_id, message", sorted(RULE_EXAMPLES.items()))
 def test_rule_example_is_decided_by_its_rule(rule_id, message):
+    """Rule example is decided by its rule."""
     assert classify("error", message).rule == rule_id
 
 
@@ -669,6 +694,7 @@ def _same(a: Classification, b: Classification) -> bool:
 @pytest.mark.parametrize("message", [row["message"] for row in CORPUS] + OVERFLOW_EXAMPLES
                          + PERMANENT_EXAMPLES + RETRYABLE_EXAMPLES + list(RULE_EXAMPLES.values()))
 def test_compiled_scan_agrees_with_the_reference(message):
+    """Compiled scan agrees with the reference."""
     fast = classify("error", message, now_ms=CORPUS_NOW_MS)
     slow = reference_classify("error", message, now_ms=CORPUS_NOW_MS)
     assert fast == slow
@@ -686,6 +712,7 @@ _texts = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.sampled_from(
 @settings(max_examples=600, deadline=None)
 @given(_texts, st.integers(min_value=0, max_value=3000), st.integers(min_value=0, max_value=2000))
 def test_compiled_scan_agrees_with_the_reference_on_mixed_texts(text, input_tokens, window):
+    """Compiled scan agrees with the reference on mixed texts."""
     usage = Usage(input=input_tokens)
     fast = classify("error", text, usage, window, now_ms=CORPUS_NOW_MS)
     slow = reference_classify("error", text, usage, window, now_ms=CORPUS_NOW_MS)
@@ -695,12 +722,14 @@ def test_compiled_scan_agrees_with_the_reference_on_mixed_texts(text, input_toke
 @settings(max_examples=300, deadline=None)
 @given(_texts)
 def test_needles_are_necessary_for_the_429_guard(text):
+    """Needles are necessary for the 429 guard."""
     t = " " + normalize_text(text)
     if D._subset(frozenset({D._G})).regex.search(t) is not None:
         assert any(needle in t for needle in D._GUARD_NEEDLES)
 
 
 def test_very_many_matches_take_the_staged_path_with_the_same_decisions():
+    """Very many matches take the staged path with the same decisions."""
     cases = [
         ("rate limit " * 60, "retryable.rate_limit"),
         ("rate limit " * 60 + "prompt is too long", "overflow.prompt_too_long"),
@@ -742,6 +771,7 @@ _usages = st.one_of(st.none(), st.builds(Usage, input=st.integers(0, 10**7),
        st.one_of(st.none(), st.text(), _texts), _usages, st.integers(-5, 10**7),
        st.one_of(st.none(), st.floats(0, 4e12), st.floats()))
 def test_classify_never_raises_and_stays_in_its_vocabulary(stop, message, usage, window, now_ms):
+    """Classify never raises and stays in its vocabulary."""
     result = classify(stop, message, usage, window, now_ms=now_ms)
     assert result.kind in KINDS
     assert isinstance(result.rule, str) and result.rule
@@ -756,6 +786,7 @@ def test_classify_never_raises_and_stays_in_its_vocabulary(stop, message, usage,
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(_texts, st.text(alphabet=string.printable, max_size=200)))
 def test_case_and_whitespace_do_not_matter(text):
+    """Case and whitespace do not matter."""
     base = classify("error", text, now_ms=0)
     if text.isascii():
         assert classify("error", text.upper(), now_ms=0) == base
@@ -780,6 +811,7 @@ ADVERSARIAL = ["rate lim", "503", "503 ", "429 ", "prompt is too ", "1234567890"
 
 @pytest.mark.parametrize("piece", ADVERSARIAL)
 def test_one_megabyte_adversarial_message_is_linear(piece):
+    """One megabyte adversarial message is linear."""
     message = _repeat(piece)
     start = time.process_time()
     result = classify("error", message)
@@ -789,6 +821,7 @@ def test_one_megabyte_adversarial_message_is_linear(piece):
 
 
 def test_a_voided_anchored_overflow_goes_on_to_the_next_steps():
+    """A voided anchored overflow goes on to the next steps."""
     assert classify("error", "413 status code (no body) then 429 Too Many Requests").rule == \
         "retryable.status_429"
     # a 400 that is not an overflow is a permanent client error
@@ -802,6 +835,7 @@ def test_a_voided_anchored_overflow_goes_on_to_the_next_steps():
 
 
 def test_patterns_with_capturing_groups_are_refused():
+    """Patterns with capturing groups are refused."""
     bad = C.Rule("overflow.bad", "context_overflow", "(prompt) too long", "test")
     with pytest.raises(ValueError, match="capturing groups"):
         S.compile_rules([(S.OVERFLOW, bad)], frozenset())
@@ -819,12 +853,14 @@ def test_patterns_with_capturing_groups_are_refused():
 def test_x_ratelimit_reset_hint_survives_classification(message, hint):
     # the rate-limit rule matched the word "ratelimit" where the reset header starts, and the
     # hint was never read: the credential store then blocked for its default instead of 20 s
+    """X ratelimit reset hint survives classification."""
     result = classify("error", message, now_ms=CORPUS_NOW_MS)
     assert (result.kind, result.retry_hint_ms) == ("retryable", hint)
 
 
 def test_unknown_finish_reason_network_error_is_retryable_error():
     # the provider layer's text for a stream that ended with a finish reason it does not know
+    """Unknown finish reason network error is retryable error."""
     result = classify("error", "Provider finish_reason: network_error")
     assert (result.kind, result.rule) == ("retryable", "retryable.connection")
     assert classify("error", "Provider finish_reason: error").kind == "retryable"
@@ -833,6 +869,7 @@ def test_unknown_finish_reason_network_error_is_retryable_error():
 
 def test_classification_reads_the_whole_text_before_any_clipping():
     # the verdict at the end of a long body (past the 8 KB kept in events) still decides
+    """Classification reads the whole text before any clipping."""
     body = "x " * 10_000 + "Your credit balance is too low"
     assert classify("error", "503 " + body).rule == "fatal.credit_balance"
 

@@ -83,6 +83,7 @@ def _bodies() -> list[tuple[int, dict, dict]]:
 
 @pytest.mark.parametrize("status, body, headers", _bodies())
 def test_structured_and_text_paths_agree_on_provider_bodies(status, body, headers):
+    """Structured and text paths agree on provider bodies."""
     made = status_error_facts(status, body, headers, now_ms=NOW_MS)
     structured = classify_message(made.to_message(), now_ms=NOW_MS)
     text_only = classify("error", made.message, now_ms=NOW_MS)
@@ -94,6 +95,7 @@ def test_structured_and_text_paths_agree_on_provider_bodies(status, body, header
 @pytest.mark.skipif(not STRUCTURED_ROWS, reason="no corpus row carries structured facts yet")
 @pytest.mark.parametrize("row", STRUCTURED_ROWS, ids=[row["id"] for row in STRUCTURED_ROWS])
 def test_structured_and_text_paths_agree_on_the_corpus(row):
+    """Structured and text paths agree on the corpus."""
     now_ms = row_now_ms(row)
     structured = classify_facts("error", row["message"], now_ms=now_ms, zone=ZONE, **facts(row))
     text_only = classify("error", row["message"], now_ms=now_ms, zone=ZONE)
@@ -107,6 +109,7 @@ def test_structured_and_text_paths_agree_on_the_corpus(row):
 # -- precedence ------------------------------------------------------------------------------
 
 def test_no_facts_is_the_text_path():
+    """No facts is the text path."""
     assert classify_facts("error", "529 Overloaded") == classify("error", "529 Overloaded")
     assert classify_facts("stop", "x", status=529).kind == "none"
 
@@ -125,11 +128,13 @@ def test_no_facts_is_the_text_path():
     ({"error_code": "usage_limit_reached"}, "structured.code_usage_limit_reached"),
 ])
 def test_a_fact_decides_and_names_itself(kwargs, rule):
+    """A fact decides and names itself."""
     assert classify_facts("error", "something odd", **kwargs).rule == rule
 
 
 def test_overflow_markers_of_any_source_come_first():
     # a text overflow beats a retryable status and a permanent code
+    """Overflow markers of any source come first."""
     assert classify_facts("error", "prompt is too long: 300000 tokens", status=503).kind == "context_overflow"
     assert classify_facts("error", "prompt is too long", error_code="insufficient_quota").kind == "context_overflow"
     # a structured overflow beats a retryable text
@@ -142,6 +147,7 @@ def test_overflow_markers_of_any_source_come_first():
 
 
 def test_permanent_conditions_of_any_source_beat_statuses_and_types():
+    """Permanent conditions of any source beat statuses and types."""
     assert classify_facts("error", "Your credit balance is too low", status=503).rule == "fatal.credit_balance"
     assert classify_facts("error", "Overloaded", status=529, error_code="insufficient_quota").kind == "fatal"
     assert classify_facts("error", "rate limited", status=429, headers={"x-should-retry": "true"},
@@ -150,6 +156,7 @@ def test_permanent_conditions_of_any_source_beat_statuses_and_types():
 
 def test_the_innermost_status_decides_over_the_outer_one():
     # a 400 whose body says the upstream answered 429 …
+    """The innermost status decides over the outer one."""
     wrapped = classify_facts("error", '400 {"error":{"message":"upstream answered 429 Too Many Requests"}}',
                              status=400)
     assert (wrapped.kind, wrapped.rule) == ("retryable", "retryable.status_429")
@@ -161,6 +168,7 @@ def test_the_innermost_status_decides_over_the_outer_one():
 
 
 def test_the_outer_status_beats_the_text_families():
+    """The outer status beats the text families."""
     assert classify_facts("error", "connection reset by upstream", status=400).rule == "structured.status_400"
     assert classify_facts("error", "something odd", status=504).rule == "structured.status_504"
     # a status that says nothing by itself leaves the decision to the text
@@ -169,10 +177,12 @@ def test_the_outer_status_beats_the_text_families():
 
 
 def test_generic_types_decide_nothing():
+    """Generic types decide nothing."""
     assert classify_facts("error", "rate limit exceeded", error_type="invalid_request_error").kind == "retryable"
 
 
 def test_facts_decide_without_any_text():
+    """Facts decide without any text."""
     assert classify_facts("error", None, status=529).rule == "structured.status_529"
     assert classify_facts("error", "  ", status=418).kind == "fatal"
     assert classify_facts("error", None, headers={"retry-after": "2"}).rule == "fatal.unmatched"
@@ -181,6 +191,7 @@ def test_facts_decide_without_any_text():
 # -- hints from headers -----------------------------------------------------------------------
 
 def test_hint_headers_in_order():
+    """Hint headers in order."""
     msg = "429 Too Many Requests"
     both = {"retry-after-ms": "1500", "retry-after": "9", "x-ratelimit-reset": "20"}
     assert classify_facts("error", msg, status=429, headers=both).retry_hint_ms == 1500
@@ -194,6 +205,7 @@ def test_hint_headers_in_order():
 
 def test_reset_headers_are_hints_for_rate_limits_only():
     # every response carries them; for an overload they do not say when to retry
+    """Reset headers are hints for rate limits only."""
     headers = {"x-ratelimit-reset-requests": "20s"}
     assert classify_facts("error", "529 Overloaded", status=529, headers=headers).retry_hint_ms is None
     assert classify_facts("error", "429 slow down", status=429, headers=headers).retry_hint_ms == 20_000
@@ -202,6 +214,7 @@ def test_reset_headers_are_hints_for_rate_limits_only():
 
 
 def test_the_limit_that_was_hit_gives_the_reset():
+    """The limit that was hit gives the reset."""
     headers = {"x-ratelimit-reset-requests": "1s", "x-ratelimit-remaining-requests": "10",
                "x-ratelimit-reset-tokens": "30s", "x-ratelimit-remaining-tokens": "0"}
     assert header_hint(headers, rate_limited=True).ms == 30_000
@@ -213,12 +226,14 @@ def test_the_limit_that_was_hit_gives_the_reset():
 
 @pytest.mark.parametrize("value", ["1e3", "1e309", "-5", "NaN", "١٢", "１２", "", "soon", "99999999999"])
 def test_absurd_header_values_are_ignored(value):
+    """Absurd header values are ignored."""
     assert header_hint({"retry-after": value, "retry-after-ms": value}, rate_limited=True) is None
     result = classify_facts("error", "429 Too Many Requests", status=429, headers={"retry-after": value})
     assert result.kind == "retryable" and result.retry_hint_ms is None
 
 
 def test_the_text_hint_is_used_when_the_headers_have_none():
+    """The text hint is used when the headers have none."""
     result = classify_facts("error", "429 Rate limit reached. Please try again in 6.4s.", status=429,
                             headers={"x-request-id": "r"})
     assert result.retry_hint_ms == 6400
@@ -227,6 +242,7 @@ def test_the_text_hint_is_used_when_the_headers_have_none():
 
 
 def test_usage_limit_flag_from_codes_and_text():
+    """Usage limit flag from codes and text."""
     assert classify_facts("error", "x", error_code="usage_limit_reached").usage_limit
     assert classify_facts("error", "The usage limit has been reached", status=429).usage_limit
     assert not classify_facts("error", "x", status=429).usage_limit
@@ -240,6 +256,7 @@ def test_usage_limit_flag_from_codes_and_text():
            ["retry-after", "retry-after-ms", "x-ratelimit-reset", "x-should-retry", "x-other"]),
            st.text(max_size=12), max_size=3)))
 def test_classify_facts_never_raises(text, status, code, headers):
+    """Classify facts never raises."""
     result = classify_facts("error", text, status=status, error_code=code, headers=headers, now_ms=NOW_MS)
     assert result.kind in ("retryable", "context_overflow", "fatal")
     if result.kind != "retryable":
@@ -247,6 +264,7 @@ def test_classify_facts_never_raises(text, status, code, headers):
 
 
 def test_status_sets():
+    """Status sets."""
     assert {429, 500, 502, 503, 504, 529} <= RETRYABLE_STATUSES
     assert {400, 401, 403, 404, 422} <= FATAL_STATUSES
     assert not {408, 409, 413, 425, 429, 499} & FATAL_STATUSES
@@ -255,6 +273,7 @@ def test_status_sets():
 # -- AssistantMessage carries the facts -------------------------------------------------------
 
 def test_message_facts_round_trip_through_json():
+    """Message facts round trip through JSON."""
     msg = AssistantMessage("error", error_message="529 Overloaded", status=529, error_type="overloaded_error",
                            error_code="x", headers={"Retry-After": "3"}, usage=Usage(input=1), timestamp_ms=5)
     assert msg.headers == {"retry-after": "3"}
@@ -278,12 +297,14 @@ def test_message_facts_round_trip_through_json():
     ({"stop_reason": "error", "error_message": 529}, "529"),
 ])
 def test_bad_message_facts_raise_naming_the_value(kwargs, needle):
+    """Bad message facts raise naming the value."""
     with pytest.raises(ValueError) as info:
         AssistantMessage(**kwargs)
     assert needle in str(info.value)
 
 
 def test_unknown_stop_reason_is_refused():
+    """Unknown stop reason is refused."""
     with pytest.raises(ValueError, match="stop_reason must be one of stop, length, toolUse, error, aborted; got 'oops'"):
         AssistantMessage("oops")
 
@@ -293,5 +314,6 @@ def test_unknown_stop_reason_is_refused():
     {"stopReason": "stop", "timestamp": "now"}, {"stopReason": "stop", "model": 1},
 ])
 def test_from_json_refuses_bad_shapes(data):
+    """From JSON refuses bad shapes."""
     with pytest.raises(ValueError):
         AssistantMessage.from_json(data)

@@ -38,6 +38,7 @@ def parse(text: str) -> int | None:
     ('{"retry_after_ms": 800}', 800),
 ])
 def test_retry_after_ms(text, expected):
+    """Retry after ms."""
     assert parse(text) == expected
 
 
@@ -50,19 +51,23 @@ def test_retry_after_ms(text, expected):
     ("retry-after: 0", 0),
 ])
 def test_retry_after_seconds(text, expected):
+    """Retry after seconds."""
     assert parse(text) == expected
 
 
 def test_retry_after_http_date():
+    """Retry after HTTP date."""
     when = at(seconds=90).strftime("%a, %d %b %Y %H:%M:%S GMT")
     assert parse(f"Retry-After: {when}") == 90_000
 
 
 def test_retry_after_http_date_in_the_past_is_ignored():
+    """Retry after HTTP date in the past is ignored."""
     assert parse("Retry-After: Wed, 21 Oct 2015 07:28:00 GMT") is None
 
 
 def test_retry_after_http_date_variants():
+    """Retry after HTTP date variants."""
     assert parse("Retry-After: Sun, 14 Jun 2026 12:00:10 -0000") == 10_000  # naive: UTC
     assert parse("Retry-After: Sun, 14 Jun 2026 14:00:10 +0200") == 10_000
     assert parse("Retry-After: Sun, 99 Xyz 2026 12:00:10 GMT") is None  # not a date
@@ -73,6 +78,7 @@ def test_retry_after_http_date_variants():
     (f"x-ratelimit-reset-ms: {int(NOW_MS) + 4000}", 4000),  # epoch milliseconds
 ])
 def test_x_ratelimit_reset_ms(text, expected):
+    """X ratelimit reset ms."""
     assert parse(text) == expected
 
 
@@ -87,10 +93,12 @@ def test_x_ratelimit_reset_ms(text, expected):
     ("x-ratelimit-reset: 2026-06-14T12:00:30Z", 30_000),
 ])
 def test_x_ratelimit_reset(text, expected):
+    """X ratelimit reset."""
     assert parse(text) == expected
 
 
 def test_anthropic_reset_header_rfc3339():
+    """Anthropic reset header rfc3339."""
     assert parse("anthropic-ratelimit-tokens-reset: 2026-06-14T12:01:00Z") == 60_000
     assert parse("anthropic-ratelimit-requests-reset: 2026-06-14T14:01:00+02:00") == 60_000
 
@@ -113,6 +121,7 @@ def test_anthropic_reset_header_rfc3339():
     ("available again in ~45s", 45_000),
 ])
 def test_phrases(text, expected):
+    """Phrases."""
     assert parse(text) == expected
 
 
@@ -125,6 +134,7 @@ def test_phrases(text, expected):
     ("retry_delay { seconds: 2 nanos: 500000000 }", 2_500),
 ])
 def test_google_retry_info(text, expected):
+    """Google retry info."""
     assert parse(text) == expected
 
 
@@ -134,20 +144,24 @@ def test_google_retry_info(text, expected):
     ('{"error":"Model X is currently loading","estimated_time":176.7188568}', 176_719),
 ])
 def test_structured_relative_fields(text, expected):
+    """Structured relative fields."""
     assert parse(text) == expected
 
 
 def test_epoch_after_usage_limit_pipe():
+    """Epoch after usage limit pipe."""
     epoch = int(NOW_MS // 1000) + 3600
     assert parse(f"Claude AI usage limit reached|{epoch}") == 3_600_000
     assert parse(f"Claude AI usage limit reached|{epoch * 1000}") == 3_600_000
 
 
 def test_resets_at_epoch():
+    """Resets at epoch."""
     assert parse(f'"resets_at":{int(NOW_MS // 1000) + 120}') == 120_000
 
 
 def test_time_of_day_in_a_named_zone_is_the_next_occurrence():
+    """Time of day in a named zone is the next occurrence."""
     zone = ZoneInfo("America/Santiago")
     now = datetime(2026, 6, 14, 12, 0, tzinfo=zone)
     text = "Claude usage limit reached. Your limit will reset at 3pm (America/Santiago)."
@@ -157,6 +171,7 @@ def test_time_of_day_in_a_named_zone_is_the_next_occurrence():
 
 
 def test_claude_code_resets_phrasings():
+    """Claude code resets phrasings."""
     zone = ZoneInfo("Europe/Rome")
     now = datetime(2026, 10, 8, 9, 0, tzinfo=zone)
     now_ms = now.timestamp() * 1000
@@ -222,6 +237,7 @@ def test_daylight_saving_spring_forward_time_is_still_ahead():
 
 
 def test_zone_names_in_any_case_and_offsets():
+    """Zone names in any case and offsets."""
     assert parse("Your limit will reset at 12:30pm (us/eastern)") == _minutes_until(
         datetime(2026, 6, 14, 12, 30, tzinfo=ZoneInfo("US/Eastern")))
     assert parse("resets at 2:30 pm +02:00") == 30 * 60_000
@@ -234,6 +250,7 @@ def _minutes_until(when: datetime) -> int:
 
 
 def test_month_day_without_year_rolls_over_to_next_year():
+    """Month day without year rolls over to next year."""
     new_year_eve = datetime(2026, 12, 31, 20, 0, tzinfo=timezone.utc).timestamp() * 1000
     assert parse_retry_hint_ms("resets Jan 1 at 10am (UTC)", now_ms=new_year_eve) == 14 * 3_600_000
     # Feb 29 2028 has passed and 2029 has none: no hint
@@ -242,28 +259,33 @@ def test_month_day_without_year_rolls_over_to_next_year():
 
 
 def test_invalid_iso_dates_are_ignored():
+    """Invalid iso dates are ignored."""
     assert parse("x-ratelimit-reset: 2026-02-30T10:00:00Z") is None
 
 
 def test_regain_access_on_utc_date():
+    """Regain access on utc date."""
     assert parse("You will regain access on 2026-06-15 at 00:00 UTC.") == 12 * 3_600_000
 
 
 # --- precedence ---------------------------------------------------------------------------
 
 def test_server_headers_beat_phrases():
+    """Server headers beat phrases."""
     text = "Rate limit reached. Please try again in 60s. (retry-after: 65, retry-after-ms: 64500)"
     assert parse(text) == 64_500
     assert parse("Please try again in 60s. (retry-after: 65)") == 65_000
 
 
 def test_relative_beats_absolute():
+    """Relative beats absolute."""
     epoch = int(NOW_MS // 1000) + 7200
     text = f'{{"resets_at":{epoch},"resets_in_seconds":3600}}'
     assert parse(text) == 3_600_000
 
 
 def test_an_unusable_candidate_falls_back_to_the_next():
+    """An unusable candidate falls back to the next."""
     assert parse("retry-after: 999999999 ... please retry in 3s") == 3000
 
 
@@ -290,6 +312,7 @@ def test_an_unusable_candidate_falls_back_to_the_next():
     "Claude AI usage limit reached|1749924000",  # June 2025: in the past
 ])
 def test_no_usable_hint(text):
+    """No usable hint."""
     assert parse(text) is None
 
 
@@ -314,6 +337,7 @@ def test_without_a_clock_absolute_hints_give_none():
 
 
 def test_only_bounded_work_on_repeated_triggers():
+    """Only bounded work on repeated triggers."""
     text = "retry " * 50_000 + "retry-after: 5"
     # the 256-occurrence cap per trigger word drops the late hint: bounded work matters more
     assert parse(text) is None
@@ -332,10 +356,12 @@ def test_only_bounded_work_on_repeated_triggers():
     ("", ""),
 ])
 def test_normalize_text(raw, normal):
+    """Normalize text."""
     assert normalize_text(raw) == normal
 
 
 def test_normalize_long_text_matches_short_text_rules():
+    """Normalize long text matches short text rules."""
     chunk = "A  b\n c\u2028d\x1fe "
     long = chunk * 2000
     assert normalize_text(long) == " ".join(normalize_text(chunk) for _ in range(2000))
@@ -346,6 +372,7 @@ def test_normalize_long_text_matches_short_text_rules():
 @settings(max_examples=400, deadline=None)
 @given(st.text(), st.one_of(st.floats(min_value=0, max_value=4e12), st.floats()))
 def test_parse_never_raises_and_stays_in_range(text, now_ms):
+    """Parse never raises and stays in range."""
     hint = parse_retry_hint_ms(text, now_ms=now_ms)
     assert hint is None or (isinstance(hint, int) and 0 <= hint <= MAX_HINT_MS)
 
@@ -359,6 +386,7 @@ _words = st.sampled_from(["retry", "try again", "in", "after", "wait", "reset", 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_words, max_size=12).map(" ".join))
 def test_parse_never_raises_on_hint_like_text(text):
+    """Parse never raises on hint like text."""
     hint = parse(text)
     assert hint is None or 0 <= hint <= MAX_HINT_MS
 
@@ -366,6 +394,7 @@ def test_parse_never_raises_on_hint_like_text(text):
 @settings(max_examples=200, deadline=None)
 @given(st.integers(min_value=0, max_value=604_800))
 def test_relative_seconds_round_trip(seconds):
+    """Relative seconds round trip."""
     assert parse(f"Please retry in {seconds}s") == seconds * 1000
     assert parse(f"retry-after: {seconds}") == seconds * 1000
 
@@ -373,17 +402,20 @@ def test_relative_seconds_round_trip(seconds):
 @settings(max_examples=200, deadline=None)
 @given(st.floats(min_value=0, max_value=600, allow_nan=False).map(lambda x: round(x, 3)))
 def test_fractional_seconds_are_rounded_to_the_ms(seconds):
+    """Fractional seconds are rounded to the ms."""
     assert parse(f"Please try again in {seconds}s") == math.floor(seconds * 1000 + 0.5)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_normalize_is_idempotent(text):
+    """Normalize is idempotent."""
     once = normalize_text(text)
     assert normalize_text(once) == once
 
 
 def test_trigger_words_inside_other_words_cost_bounded_work():
+    """Trigger words inside other words cost bounded work."""
     import time as _time
     text = "xretry" * 200_000 + " retry-after: 5"
     start = _time.process_time()
@@ -393,6 +425,7 @@ def test_trigger_words_inside_other_words_cost_bounded_work():
 
 @pytest.mark.parametrize("now_ms", [1e20, -1e15, float("inf"), float("-inf"), float("nan")])
 def test_a_clock_outside_datetime_range_gives_no_absolute_hint(now_ms):
+    """A clock outside datetime range gives no absolute hint."""
     for text in ["reset at 3pm (UTC)", "try again at Jul 5th, 2026 8:19 PM", "reset at 3pm",
                  "retry-after: Wed, 21 Oct 2015 07:28:00 GMT", '"resets_at": 1749924000']:
         assert parse_retry_hint_ms(text, now_ms=now_ms) is None
@@ -407,6 +440,7 @@ def test_a_clock_outside_datetime_range_gives_no_absolute_hint(now_ms):
     "Please retry in ３０s", "try again in ٣٠ seconds",
 ])
 def test_exponents_and_non_ascii_digits_are_never_hints(text):
+    """Exponents and non ascii digits are never hints."""
     assert parse(text) is None
 
 
@@ -416,10 +450,12 @@ def test_exponents_and_non_ascii_digits_are_never_hints(text):
     "retrying in 5 seconds...",
 ])
 def test_a_client_narrating_its_own_schedule_is_not_a_hint(text):
+    """A client narrating its own schedule is not a hint."""
     assert parse(text) is None
 
 
 def test_day_first_dates_in_other_languages():
+    """Day first dates in other languages."""
     now = datetime(2026, 7, 10, 10, 52).astimezone().timestamp() * 1000  # local, as the text
     assert parse_retry_hint_ms("try again at 10 de jul. de 2026, 11:52.", now_ms=now) == 3_600_000
     assert parse_retry_hint_ms("try again at 10 jul 2026 11:52", now_ms=now) == 3_600_000

@@ -13,6 +13,7 @@ from fsm.core.settings import RetrySettings
 
 
 def test_every_line_of_the_table_is_one_declared_row():
+    """Every line of the table is one declared row."""
     lines = [ln for ln in L.TABLE.splitlines() if ln.strip()]
     assert len(lines) == len(L.ROWS)
     for line, row in zip(lines, L.ROWS):
@@ -20,6 +21,7 @@ def test_every_line_of_the_table_is_one_declared_row():
 
 
 def test_group_rows_expand_once_per_member_state():
+    """Group rows expand once per member state."""
     group_rows = [d for d in L.ROWS if d.source == "at_rest"]
     assert group_rows and L.GROUPS["at_rest"] == ("idle", "succeeded", "exhausted", "cancelled")
     for d in group_rows:
@@ -29,6 +31,7 @@ def test_group_rows_expand_once_per_member_state():
 
 
 def test_every_cell_is_a_transition_or_ignored_exactly_once():
+    """Every cell is a transition or ignored exactly once."""
     moving = {(r.source, r.trigger) for r in L.TRANSITIONS}
     ignored = [(i.source, i.trigger) for i in L.IGNORED]
     assert len(ignored) == len(set(ignored))
@@ -55,6 +58,7 @@ def test_refusals_follow_the_documented_guard_order():
 
 
 def test_parse_table_names_a_bad_line():
+    """Parse table names a bad line."""
     with pytest.raises(ValueError, match="table line 2"):
         L.parse_table("idle + turn_succeeded / settle_turn = idle\nidle turn_succeeded idle\n")
 
@@ -76,11 +80,13 @@ BASE = L.TABLE
                          or not ln.startswith("continuing")), "no row passes"),
 ])
 def test_validate_rejects_broken_declarations(edit, message):
+    """Validate rejects broken declarations."""
     with pytest.raises(ValueError, match=message):
         L.validate(rows=L.parse_table(edit(BASE)))
 
 
 def test_validate_checks_guards_and_effects_against_the_model():
+    """Validate checks guards and effects against the model."""
     class Model:
         def retry_enabled(self):
             return True
@@ -89,6 +95,7 @@ def test_validate_checks_guards_and_effects_against_the_model():
 
 
 def test_no_auto_transitions_and_undeclared_cells_raise():
+    """No auto transitions and undeclared cells raise."""
     machine = L.build_machine()
     assert not any(name.startswith("to_") for name in machine.events)
     machine.add_state("orphan")
@@ -100,6 +107,7 @@ def test_no_auto_transitions_and_undeclared_cells_raise():
 
 
 def test_declaration_is_json_with_rows_groups_and_effects():
+    """Declaration is JSON with rows groups and effects."""
     d = L.declaration()
     assert json.loads(json.dumps(d)) == d
     assert len(d["transitions"]) == len(L.TRANSITIONS) and len(d["rows"]) == len(L.ROWS)
@@ -110,6 +118,7 @@ def test_declaration_is_json_with_rows_groups_and_effects():
 
 
 def test_recorder_sees_guards_outcomes_and_the_brain():
+    """Recorder sees guards outcomes and the brain."""
     seen = []
 
     def rec(owner, record):

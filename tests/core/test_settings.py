@@ -9,27 +9,32 @@ from fsm.core.settings import RetrySettings, SettingsError
 
 
 def test_defaults_are_the_seeds():
+    """Defaults are the seeds."""
     s = RetrySettings()
     assert (s.enabled, s.max_retries, s.base_delay_ms, s.max_delay_ms, s.jitter) == (True, 3, 2000, None, "none")
     assert [s.backoff_ms(n) for n in (1, 2, 3)] == [2000, 4000, 8000]
 
 
 def test_cap_limits_one_backoff():
+    """Cap limits one backoff."""
     s = RetrySettings(base_delay_ms=2000, max_delay_ms=5000)
     assert [s.backoff_ms(n) for n in (1, 2, 3, 4)] == [2000, 4000, 5000, 5000]
 
 
 def test_huge_attempt_is_capped_not_overflowing():
+    """Huge attempt is capped not overflowing."""
     s = RetrySettings(max_retries=100, base_delay_ms=86_400_000)
     assert s.backoff_ms(100) == 86_400_000
 
 
 def test_attempt_is_one_based():
+    """Attempt is one based."""
     with pytest.raises(ValueError, match="1-based"):
         RetrySettings().backoff_ms(0)
 
 
 def test_full_jitter_spans_zero_to_delay():
+    """Full jitter spans zero to delay."""
     s = RetrySettings(jitter="full")
     assert s.backoff_ms(2, random=lambda: 0.0) == 0
     assert s.backoff_ms(2, random=lambda: 0.5) == 2000
@@ -37,12 +42,14 @@ def test_full_jitter_spans_zero_to_delay():
 
 
 def test_equal_jitter_keeps_half():
+    """Equal jitter keeps half."""
     s = RetrySettings(jitter="equal")
     assert s.backoff_ms(1, random=lambda: 0.0) == 1000
     assert s.backoff_ms(1, random=lambda: 0.999999) == 1999
 
 
 def test_zero_base_delay_has_no_jitter_call():
+    """Zero base delay has no jitter call."""
     s = RetrySettings(base_delay_ms=0, jitter="full")
     assert s.backoff_ms(3, random=lambda: 1 / 0) == 0
 
@@ -54,6 +61,7 @@ def test_zero_base_delay_has_no_jitter_call():
     ("jitter", None),
 ])
 def test_bad_values_name_the_key_and_value(key, value):
+    """Bad values name the key and value."""
     with pytest.raises(SettingsError) as info:
         RetrySettings.from_json({"retry": {key: value}})
     assert f"retry.{key}" in str(info.value)
@@ -62,6 +70,7 @@ def test_bad_values_name_the_key_and_value(key, value):
 
 
 def test_integral_float_is_accepted_as_int():
+    """Integral float is accepted as int."""
     assert RetrySettings.from_json({"retry": {"baseDelayMs": 50.0}}).base_delay_ms == 50
 
 
@@ -79,6 +88,7 @@ def test_original_shape_with_the_originals_keys_warns_once_and_ignores():
 
 
 def test_nothing_half_applied_on_error():
+    """Nothing half applied on error."""
     base = RetrySettings(max_retries=5)
     with pytest.raises(SettingsError):
         RetrySettings.from_json({"retry": {"maxRetries": 1, "baseDelayMs": -1}}, base=base)
@@ -86,17 +96,20 @@ def test_nothing_half_applied_on_error():
 
 
 def test_missing_retry_section_gives_defaults():
+    """Missing retry section gives defaults."""
     assert RetrySettings.from_json({}) == RetrySettings()
     assert RetrySettings.from_json({"retry": None}) == RetrySettings()
 
 
 @pytest.mark.parametrize("data", [[1, 2], {"retry": [1]}, {"retry": "on"}])
 def test_wrong_shapes_are_rejected(data):
+    """Wrong shapes are rejected."""
     with pytest.raises(SettingsError):
         RetrySettings.from_json(data)
 
 
 def test_load_file(tmp_path):
+    """Load file."""
     p = tmp_path / "settings.json"
     p.write_text(json.dumps({"retry": {"maxRetries": 1, "jitter": "full"}}))
     assert RetrySettings.load(p) == RetrySettings(max_retries=1, jitter="full")
@@ -108,6 +121,7 @@ def test_load_file(tmp_path):
 
 
 def test_round_trip_and_with_enabled():
+    """Round trip and with enabled."""
     s = RetrySettings(max_retries=2, max_delay_ms=100, jitter="equal")
     assert RetrySettings.from_json({"retry": s.to_json()}) == s
     assert s.with_enabled(False).enabled is False
@@ -118,6 +132,7 @@ def test_round_trip_and_with_enabled():
 @given(st.integers(0, 86_400_000), st.integers(1, 100), st.sampled_from(["none", "full", "equal"]),
        st.floats(0, 1, exclude_max=True))
 def test_backoff_is_never_negative_nor_above_nominal(base, attempt, jitter, r):
+    """Backoff is never negative nor above nominal."""
     s = RetrySettings(base_delay_ms=base, max_retries=100, jitter=jitter)
     d = s.backoff_ms(attempt, random=lambda: r)
     assert 0 <= d <= s.nominal_delay_ms(attempt) <= 86_400_000
@@ -177,6 +192,7 @@ def test_a_4301_digit_integer_names_its_key(tmp_path):
 
 
 def test_load_refuses_bad_utf8_and_deep_nesting(tmp_path):
+    """Load refuses bad utf8 and deep nesting."""
     p = tmp_path / "s.json"
     p.write_bytes(b'{"retry": {"jitter": "\xff"}}')
     with pytest.raises(SettingsError, match="UTF-8"):
@@ -219,11 +235,13 @@ def test_rpc_refuses_an_oversized_or_special_settings_file(tmp_path):
     ({"budget": {"tokens": 3}}, "retry.budget"),
 ])
 def test_v2_settings_reject_bad_values_naming_the_key(retry, key):
+    """V2 settings reject bad values naming the key."""
     with pytest.raises(SettingsError, match=key.replace(".", r"\.")):
         RetrySettings.from_json({"retry": retry})
 
 
 def test_v2_defaults_keep_the_reference_behaviour_and_round_trip():
+    """V2 defaults keep the reference behaviour and round trip."""
     s = RetrySettings()
     assert (s.retry_hints, s.max_hint_wait_ms, s.max_elapsed_ms, s.after_output, s.budget) == \
         ("ignore", 60_000, None, "retry", None)
@@ -234,6 +252,7 @@ def test_v2_defaults_keep_the_reference_behaviour_and_round_trip():
 
 
 def test_hinted_delay_gets_positive_only_jitter():
+    """Hinted delay gets positive only jitter."""
     s = RetrySettings(jitter="full")
     assert s.hinted_delay_ms(10_000, lambda: 0.0) == 10_000
     assert s.hinted_delay_ms(10_000, lambda: 0.999) == 11_998

@@ -22,6 +22,7 @@ def test_clean_text_replaces_a_lone_surrogate():
 
 
 def test_clean_text_keeps_good_text_as_is():
+    """Clean text keeps good text as is."""
     s = "héllo \U0001F600 \x00 end"
     assert clean_text(s) is s
     with pytest.raises(TypeError, match="bytes"):
@@ -29,6 +30,7 @@ def test_clean_text_keeps_good_text_as_is():
 
 
 def test_clip_text_keeps_short_text_whole():
+    """Clip text keeps short text whole."""
     assert clip_text("short") == "short"
     assert clip_text("\ud83d\ude00") == "\U0001F600"
     exact = "é" * (CLIP_LIMIT_BYTES // 2)  # exactly 8192 bytes
@@ -50,6 +52,7 @@ def test_clip_text_bounds_a_big_error_body_without_splitting_a_character(unit):
 
 
 def test_clip_text_never_keeps_half_of_a_surrogate_pair_at_a_cut():
+    """Clip text never keeps half of a surrogate pair at a cut."""
     pair = "\ud83d\ude00"
     for shift in range(3):
         out = clip_text("x" * shift + pair * 5000, 100)
@@ -58,6 +61,7 @@ def test_clip_text_never_keeps_half_of_a_surrogate_pair_at_a_cut():
 
 
 def test_clip_text_refuses_a_limit_with_no_room_for_the_marker():
+    """Clip text refuses a limit with no room for the marker."""
     with pytest.raises(ValueError, match="limit_bytes.*63"):
         clip_text("x", 63)
     with pytest.raises(TypeError):
@@ -78,6 +82,7 @@ def test_scrub_secrets_replaces_every_listed_secret_and_its_stripped_form():
 
 
 def test_scrub_secrets_finds_key_shaped_tokens_without_a_list():
+    """Scrub secrets finds key shaped tokens without a list."""
     text = f"Incorrect API key provided: {KEY}. Authorization: Bearer abcDEF123456ghiJKL"
     out = scrub_secrets(text)
     assert KEY not in out and "abcDEF123456ghiJKL" not in out
@@ -91,10 +96,12 @@ def test_scrub_secrets_finds_key_shaped_tokens_without_a_list():
     "oracle-***-key",
 ])
 def test_scrub_secrets_leaves_normal_text_alone(text):
+    """Scrub secrets leaves normal text alone."""
     assert scrub_secrets(text, ["x", "short"]) == text
 
 
 def test_scrub_secrets_replaces_a_longer_secret_before_one_it_contains():
+    """Scrub secrets replaces a longer secret before one it contains."""
     out = scrub_secrets("AAAA-BBBB-CCCC", ["AAAA-BBBB", "AAAA-BBBB-CCCC"])
     assert out == REDACTED
     with pytest.raises(TypeError):
@@ -123,6 +130,7 @@ def test_check_api_key_names_source_and_problem_never_the_key(key, problem):
 
 
 def test_check_api_key_accepts_a_good_key_and_none():
+    """Check API key accepts a good key and none."""
     assert check_api_key(KEY, "--api-key") == KEY
     assert check_api_key(None, "--api-key") is None
     with pytest.raises(ApiKeyError, match="--api-key: the API key must be text, got int"):

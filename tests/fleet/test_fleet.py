@@ -210,6 +210,7 @@ async def test_redis_cooldown_key_expires_with_the_cooldown(redis_server, prefix
 
 
 async def test_redis_keys_do_not_collide_on_colons(redis_server, prefix):  # noqa: F811
+    """Redis keys do not collide on colons."""
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     a, b = CoordKey("p:q", "m"), CoordKey("p", "q:m")
     assert c.keys.cooldown(a) != c.keys.cooldown(b)
@@ -308,6 +309,7 @@ def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
 
 
 async def test_warm_up_loads_the_scripts_and_opens_connections(redis_server, prefix):  # noqa: F811
+    """Warm up loads the scripts and opens connections."""
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     await c.client.script_flush()
     await c.warm_up(connections=3)

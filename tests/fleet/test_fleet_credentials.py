@@ -48,6 +48,7 @@ def make(redis_server, prefix, clock):  # noqa: F811
 
 
 def test_rotation_in_order_and_shared_by_stores(make, clock):
+    """Rotation in order and shared by stores."""
     a, b = make(), make()  # two processes' stores on the same Redis
     assert a.credential_count("openai") == 3 and a.credential_count("nobody") == 0
     assert a.api_key("openai", "s1") == "sk-one"
@@ -72,6 +73,7 @@ def test_a_mark_ends_on_the_servers_clock(make):
 
 
 def test_every_key_limited_answers_false_and_the_soonest_free(make, clock):
+    """Every key limited answers false and the soonest free."""
     s = make()
     assert s.mark_usage_limit_reached("openai", "s", 50_000) is True   # one -> two
     assert s.mark_usage_limit_reached("openai", "s", 10_000) is True   # two -> three
@@ -86,6 +88,7 @@ def test_every_key_limited_answers_false_and_the_soonest_free(make, clock):
 
 
 async def test_async_variants_match(make, clock):
+    """Async variants match."""
     s = make()
     assert await s.aapi_key("openai", "s") == "sk-one"
     assert await s.amark_usage_limit_reached("openai", "s", 5_000) is True
@@ -99,6 +102,7 @@ async def test_async_variants_match(make, clock):
 
 
 async def test_marks_are_the_coordinators_and_no_key_reaches_redis(make, redis_server, prefix):  # noqa: F811
+    """Marks are the coordinators and no key reaches Redis."""
     coord = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     s = make()
     s.mark_usage_limit_reached("openai", "s", 60_000)
@@ -112,6 +116,7 @@ async def test_marks_are_the_coordinators_and_no_key_reaches_redis(make, redis_s
 
 
 async def test_a_given_coordinator_is_shared(redis_server, prefix, clock):  # noqa: F811
+    """A given coordinator is shared."""
     heard: list = []
     g = GuardedCoordinator(RedisCoordinator.from_url(redis_server.url, prefix=prefix))
     s = RedisCredentialStore(KEYS, coordinator=g, on_event=heard.append, clock=clock)
@@ -124,6 +129,7 @@ async def test_a_given_coordinator_is_shared(redis_server, prefix, clock):  # no
 
 
 def test_store_without_redis_only_local(clock):
+    """Store without Redis only local."""
     g = GuardedCoordinator(InProcessCoordinator())
     s = RedisCredentialStore(KEYS, coordinator=g, clock=clock)
     assert s.mark_usage_limit_reached("openai", "s", 1000) is True
@@ -133,6 +139,7 @@ def test_store_without_redis_only_local(clock):
 
 
 def test_load_credentials_file_shapes(tmp_path):
+    """Load credentials file shapes."""
     flat = tmp_path / "flat.json"
     flat.write_text(json.dumps({"p": ["k1", "k2"]}))
     store_shape = tmp_path / "store.json"

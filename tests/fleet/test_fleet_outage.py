@@ -41,6 +41,7 @@ async def until_restored(g: GuardedCoordinator, events: list) -> None:
 
 
 async def test_redis_killed_mid_use_answers_locally_then_shares_again(own_redis, prefix):  # noqa: F811
+    """Redis killed mid use answers locally then shares again."""
     events: list = []
     g = guarded(own_redis.url, prefix, events)
     other = RedisCoordinator.from_url(own_redis.url, prefix=prefix)  # another process's view
@@ -92,6 +93,7 @@ async def test_redis_killed_mid_use_answers_locally_then_shares_again(own_redis,
 
 
 async def test_redis_paused_answers_within_the_timeout_then_resumes(own_redis, prefix):  # noqa: F811
+    """Redis paused answers within the timeout then resumes."""
     events: list = []
     g = guarded(own_redis.url, prefix, events)
     assert await g.take_retry_token(KEY, BUDGET) is True  # connected, 9 left
@@ -120,6 +122,7 @@ async def test_redis_paused_answers_within_the_timeout_then_resumes(own_redis, p
 
 
 async def test_a_second_outage_gets_its_own_pair_of_events(own_redis, prefix):  # noqa: F811
+    """A second outage gets its own pair of events."""
     events: list = []
     g = guarded(own_redis.url, prefix, events)
     for _ in range(2):
@@ -132,6 +135,7 @@ async def test_a_second_outage_gets_its_own_pair_of_events(own_redis, prefix):  
 
 
 async def test_credential_store_keeps_switching_while_redis_is_down(own_redis, prefix):  # noqa: F811
+    """Credential store keeps switching while Redis is down."""
     events: list = []
     store = RedisCredentialStore({"p": ["sk-a", "sk-b", "sk-c"]}, url=own_redis.url,
                                  prefix=prefix, timeout_s=TIMEOUT_S, on_event=events.append)
@@ -179,6 +183,7 @@ class Flaky(InProcessCoordinator):
 
 
 async def test_guard_never_raises_whatever_the_inner_raises():
+    """Guard never raises whatever the inner raises."""
     clock = [0.0]
     inner = Flaky()
     events: list = []
@@ -238,6 +243,7 @@ async def test_a_late_call_that_sent_nothing_is_cancelled_and_declares_nothing()
 
 
 async def test_the_callers_cancellation_propagates_and_the_late_call_finishes_alone():
+    """The callers cancellation propagates and the late call finishes alone."""
     inner = Hanging()
     g = GuardedCoordinator(inner, timeout_s=5)
     task = asyncio.ensure_future(g.cooldown_left_ms(KEY, 0))
@@ -264,6 +270,7 @@ async def test_an_answer_that_arrived_while_the_loop_was_busy_is_taken():
 
 
 async def test_a_late_answer_after_the_extension_is_given_up():
+    """A late answer after the extension is given up."""
     inner = Hanging()
     events: list = []
     g = GuardedCoordinator(inner, timeout_s=0.05, on_event=events.append)
@@ -290,6 +297,7 @@ async def test_the_fallback_bucket_continues_from_the_fleets_count(own_redis, pr
 
 
 async def test_a_failing_listener_does_not_reach_the_caller():
+    """A failing listener does not reach the caller."""
     inner = Flaky()
     heard: list = []
 
@@ -308,6 +316,7 @@ async def test_a_failing_listener_does_not_reach_the_caller():
 
 
 def test_guard_settings_are_checked():
+    """Guard settings are checked."""
     with pytest.raises(ValueError, match="timeout_s"):
         GuardedCoordinator(InProcessCoordinator(), timeout_s=0)
     with pytest.raises(ValueError, match="probe_interval_s"):
@@ -317,6 +326,7 @@ def test_guard_settings_are_checked():
 
 
 async def test_an_unreachable_server_is_a_coordinator_error_without_the_password():
+    """An unreachable server is a coordinator error without the password."""
     c = RedisCoordinator.from_url("redis://:hunter2@127.0.0.1:1/0")
     with pytest.raises(CoordinatorError) as info:
         await c.ping()
@@ -325,6 +335,7 @@ async def test_an_unreachable_server_is_a_coordinator_error_without_the_password
 
 
 async def test_warm_up_reports_a_server_that_is_not_there():
+    """Warm up reports a server that is not there."""
     events: list = []
     g = GuardedCoordinator(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), on_event=events.append)
     assert await g.warm_up() is False
@@ -333,6 +344,7 @@ async def test_warm_up_reports_a_server_that_is_not_there():
 
 
 async def test_warm_up_of_a_paused_server_gives_up_in_time(own_redis, prefix):  # noqa: F811
+    """Warm up of a paused server gives up in time."""
     events: list = []
     g = guarded(own_redis.url, prefix, events)
     own_redis.pause()

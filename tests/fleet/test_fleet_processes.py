@@ -37,6 +37,7 @@ def test_the_budget_holds_across_processes(redis_server, prefix, workers):  # no
 
 
 def test_successes_in_one_process_refill_the_budget_of_another(redis_server, prefix):  # noqa: F811
+    """Successes in one process refill the budget of another."""
     assert Worker(redis_server.url, prefix, [["take", 10, 10]]).results() == [4]  # 10 -> 0
     Worker(redis_server.url, prefix, [["credit", 80, 10]]).results()  # 80 x 0.1: 8 tokens
     assert Worker(redis_server.url, prefix, [["take", 3, 10]]).results() == [2]  # 7, 6, then 5

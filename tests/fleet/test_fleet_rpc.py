@@ -50,6 +50,7 @@ def read_until(proc, kind, timeout=20):
 
 
 def test_two_rpc_processes_share_a_hint_through_redis(redis_server, tmp_path):  # noqa: F811
+    """Two RPC processes share a hint through Redis."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"retry": {"retryHints": "honor", "baseDelayMs": 100}}))
     with FaultServer([HINTED, OVERLOADED]) as server:
@@ -72,6 +73,7 @@ def test_two_rpc_processes_share_a_hint_through_redis(redis_server, tmp_path):  
 
 
 def test_killing_redis_mid_chain_leaves_the_chain_ending_normally(own_redis, tmp_path):  # noqa: F811
+    """Killing Redis mid chain leaves the chain ending normally."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"retry": {"retryHints": "honor", "baseDelayMs": 300,
                                               "budget": {"maxTokens": 10}}}))

@@ -281,6 +281,7 @@ def make(script, **retry):
 
 
 async def test_lowering_max_retries_mid_chain_keeps_the_chains_max_attempts():
+    """Lowering max retries mid chain keeps the chains max attempts."""
     session, provider, clock, events = make([error(RETRYABLE)] * 3, max_retries=3, base_delay_ms=10)
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(0.01)  # attempt 1 failed too: attempt 2 is backing off
@@ -295,6 +296,7 @@ async def test_lowering_max_retries_mid_chain_keeps_the_chains_max_attempts():
 
 
 async def test_steer_between_the_timer_and_the_continue_goes_with_the_continue():
+    """Steer between the timer and the continue goes with the continue."""
     clock = FakeClock(settle=0)
     provider = ScriptedProvider([error(RETRYABLE), ok()])
     session = AgentSession(provider, clock=clock, settings=RetrySettings(base_delay_ms=10))
@@ -309,6 +311,7 @@ async def test_steer_between_the_timer_and_the_continue_goes_with_the_continue()
 
 
 async def test_abort_between_the_timer_and_the_continue_sends_nothing():
+    """Abort between the timer and the continue sends nothing."""
     clock = FakeClock(settle=0)
     provider = ScriptedProvider([error(RETRYABLE), ok()])
     session = AgentSession(provider, clock=clock, settings=RetrySettings(base_delay_ms=10))
@@ -328,6 +331,7 @@ async def test_abort_between_the_timer_and_the_continue_sends_nothing():
 # ---------------------------------------------------------------------------------- bugs
 @pytest.mark.parametrize("how", ["abort_retry", "abort"])
 async def test_prompt_right_after_cancelling_a_chain_is_not_refused(how):
+    """Prompt right after cancelling a chain is not refused."""
     session, provider, clock, _ = make([error(RETRYABLE)], base_delay_ms=1000)
     first = asyncio.ensure_future(session.prompt("hi"))
     await clock.settle()
@@ -343,6 +347,7 @@ async def test_prompt_right_after_cancelling_a_chain_is_not_refused(how):
 
 
 async def test_steer_right_after_cancelling_a_chain_is_sent():
+    """Steer right after cancelling a chain is sent."""
     session, provider, clock, _ = make([error(RETRYABLE)], base_delay_ms=1000)
     first = asyncio.ensure_future(session.prompt("hi"))
     await clock.settle()
@@ -354,6 +359,7 @@ async def test_steer_right_after_cancelling_a_chain_is_sent():
 
 
 async def test_prompt_with_a_lone_surrogate_is_rejected_before_anything_happens(tmp_path):
+    """Prompt with a lone surrogate is rejected before anything happens."""
     log = SessionLog(tmp_path / "s.jsonl", "sid")
     provider = ScriptedProvider([])
     session = AgentSession(provider, session_log=log, clock=FakeClock())
@@ -365,6 +371,7 @@ async def test_prompt_with_a_lone_surrogate_is_rejected_before_anything_happens(
 
 
 async def test_credential_store_whose_api_key_raises_fails_the_turn_cleanly():
+    """Credential store whose API key raises fails the turn cleanly."""
     class Broken:
         def api_key(self, provider, session_id):
             raise ValueError("credentials.json: not valid JSON")
@@ -381,6 +388,7 @@ async def test_credential_store_whose_api_key_raises_fails_the_turn_cleanly():
 
 
 async def test_abort_of_a_plain_turn_does_not_send_the_queued_follow_up():
+    """Abort of a plain turn does not send the queued follow up."""
     provider = ScriptedProvider([hang()])
     session = AgentSession(provider, clock=FakeClock())
     first = asyncio.ensure_future(session.prompt("hi"))

@@ -27,6 +27,7 @@ def make_store(request, tmp_path):
 
 
 def test_switches_to_the_next_unblocked_key(make_store):
+    """Switches to the next unblocked key."""
     clock = Clock()
     store = make_store({"p": ["a", "b", "c"]}, clock)
     assert store.api_key("p", "s") == "a"
@@ -36,6 +37,7 @@ def test_switches_to_the_next_unblocked_key(make_store):
 
 
 def test_without_hint_blocks_for_a_minute(make_store):
+    """Without hint blocks for a minute."""
     clock = Clock()
     store = make_store({"p": ["a", "b"]}, clock)
     store.api_key("p", "s")
@@ -44,6 +46,7 @@ def test_without_hint_blocks_for_a_minute(make_store):
 
 
 def test_all_blocked_answers_false_until_one_unblocks(make_store):
+    """All blocked answers false until one unblocks."""
     clock = Clock()
     store = make_store({"p": ["a", "b"]}, clock)
     store.api_key("p", "s")
@@ -54,6 +57,7 @@ def test_all_blocked_answers_false_until_one_unblocks(make_store):
 
 
 def test_second_session_follows_the_first_switch(make_store):
+    """Second session follows the first switch."""
     clock = Clock()
     store = make_store({"p": ["a", "b"]}, clock)
     assert store.api_key("p", "s1") == store.api_key("p", "s2") == "a"
@@ -64,6 +68,7 @@ def test_second_session_follows_the_first_switch(make_store):
 
 
 def test_unknown_provider(make_store):
+    """Unknown provider."""
     store = make_store({"p": ["a"]}, Clock())
     assert store.api_key("q", "s") is None
     assert store.mark_usage_limit_reached("q", "s", 10) is False
@@ -71,11 +76,13 @@ def test_unknown_provider(make_store):
 
 @pytest.mark.parametrize("bad", [{"p": []}, {"p": "abc"}, {"": ["a"]}, {"p": [""]}, ["a"]])
 def test_bad_credentials_are_rejected(bad):
+    """Bad credentials are rejected."""
     with pytest.raises((ValueError, TypeError)):
         InMemoryCredentialStore(bad)
 
 
 def test_file_store_survives_a_restart(tmp_path):
+    """File store survives a restart."""
     clock = Clock()
     path = tmp_path / "creds.json"
     store = JsonFileCredentialStore(path, {"p": ["a", "b"]}, clock=clock)
@@ -88,6 +95,7 @@ def test_file_store_survives_a_restart(tmp_path):
 
 
 def test_file_store_refuses_a_corrupt_file(tmp_path):
+    """File store refuses a corrupt file."""
     path = tmp_path / "creds.json"
     path.write_text("{oops")
     with pytest.raises(ValueError, match="creds.json"):
@@ -104,6 +112,7 @@ def _hammer(path, session, n):
 
 
 def test_file_store_is_safe_against_concurrent_writers(tmp_path):
+    """File store is safe against concurrent writers."""
     path = tmp_path / "creds.json"
     JsonFileCredentialStore(path, {"p": ["a", "b"]})
     ctx = multiprocessing.get_context("fork")
@@ -161,6 +170,7 @@ def test_file_store_validates_every_field_naming_path_and_field_never_the_key(tm
 
 
 def test_file_store_refuses_nan_in_blocked_until(tmp_path):
+    """File store refuses nan in blocked until."""
     path = tmp_path / "creds.json"
     path.write_text('{"providers": {"p": {"keys": ["key-aaaaaaaa"], "blockedUntil": {"key-aaaaaaaa": NaN}}}}')
     with pytest.raises(CredentialFileError, match="not valid JSON.*NaN"):
@@ -179,12 +189,14 @@ def test_an_absurd_hint_blocks_for_the_default_and_persists_a_whole_number(tmp_p
 
 
 def test_a_huge_hint_is_cut_to_a_year(make_store):
+    """A huge hint is cut to a year."""
     store = make_store(GOOD, Clock())
     store.mark_usage_limit_reached("p", "s", 10 ** 18)
     assert store.blocked_until("p")["key-aaaaaaaa"] == NOW + 366 * 86_400_000
 
 
 def test_keys_dropped_from_the_file_take_their_blocks_and_sessions_along(tmp_path):
+    """Keys dropped from the file take their blocks and sessions along."""
     path = tmp_path / "creds.json"
     write_store(path, {"keys": ["key-aaaaaaaa"], "blockedUntil": {"key-gone-1234": NOW},
                        "sessions": {"s": "key-gone-1234"}, "seen": {"s": NOW, "t": NOW}})
@@ -211,6 +223,7 @@ def test_idle_sessions_are_pruned_after_the_longest_block_plus_a_day(make_store)
 
 
 def test_a_session_in_use_is_never_pruned(make_store):
+    """A session in use is never pruned."""
     clock = Clock()
     store = make_store(GOOD, clock)
     for _ in range(30):
@@ -220,6 +233,7 @@ def test_a_session_in_use_is_never_pruned(make_store):
 
 
 def test_legacy_sessions_without_a_seen_stamp_are_kept_until_idle(tmp_path):
+    """Legacy sessions without a seen stamp are kept until idle."""
     clock = Clock()
     path = tmp_path / "creds.json"
     write_store(path, {"keys": ["key-aaaaaaaa"], "sessions": {f"s{i}": "key-aaaaaaaa" for i in range(10)}})
@@ -244,6 +258,7 @@ def test_counts_for_credential_rotation(make_store):
 
 
 async def test_coroutine_methods_of_both_stores(make_store):
+    """Coroutine methods of both stores."""
     store = make_store(GOOD, Clock())
     assert await store.aapi_key("p", "s", timeout_s=5) == "key-aaaaaaaa"
     assert await store.amark_usage_limit_reached("p", "s", 100, timeout_s=5) is True
@@ -277,6 +292,7 @@ def stat_mode(path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
 def test_file_store_refuses_another_users_file(tmp_path):
+    """File store refuses another users file."""
     path = tmp_path / "creds.json"
     JsonFileCredentialStore(path, GOOD)
     os.chown(path, 12345, 12345)
@@ -286,6 +302,7 @@ def test_file_store_refuses_another_users_file(tmp_path):
 
 
 def test_file_store_keeps_mode_0600_and_leaves_no_temporary_file(tmp_path):
+    """File store keeps mode 0600 and leaves no temporary file."""
     path = tmp_path / "creds.json"
     path.write_text(json.dumps({"providers": {"p": {"keys": ["key-aaaaaaaa"]}}}))
     os.chmod(path, 0o644)
@@ -308,6 +325,7 @@ def test_temporary_files_of_killed_writers_are_removed(tmp_path):
 
 
 def test_a_failed_write_removes_its_temporary_file(tmp_path, monkeypatch):
+    """A failed write removes its temporary file."""
     path = tmp_path / "creds.json"
     store = JsonFileCredentialStore(path, GOOD)
 
@@ -320,6 +338,7 @@ def test_a_failed_write_removes_its_temporary_file(tmp_path, monkeypatch):
 
 
 def test_a_writer_killed_mid_write_leaves_the_store_valid(tmp_path):
+    """A writer killed mid write leaves the store valid."""
     path = tmp_path / "creds.json"
     JsonFileCredentialStore(path, GOOD)
     code = ("import os, sys; from fsm.host.credentials import JsonFileCredentialStore as S; s = S(sys.argv[1]);"
@@ -384,6 +403,7 @@ async def test_a_lock_held_by_another_process_never_blocks_the_event_loop(tmp_pa
 
 
 async def test_coroutine_methods_refuse_a_bad_timeout(tmp_path):
+    """Coroutine methods refuse a bad timeout."""
     store = JsonFileCredentialStore(tmp_path / "c.json", GOOD)
     with pytest.raises(ValueError, match="timeout_s must be a positive number"):
         await store.aapi_key("p", "s", timeout_s=0)

@@ -85,6 +85,7 @@ async def test_retry_disabled_re_raises_a_retryable_failure_unchanged():
 
 
 async def test_exhaustion_raises_the_chain_error_with_the_last_exception_chained():
+    """Exhaustion raises the chain error with the last exception chained."""
     errors = [ConnectionResetError(f"Connection reset by peer #{i}") for i in range(4)]
     fn = Script(*errors)
     events = []
@@ -100,6 +101,7 @@ async def test_exhaustion_raises_the_chain_error_with_the_last_exception_chained
 
 
 async def test_a_fatal_error_inside_a_chain_raises_the_chain_error():
+    """A fatal error inside a chain raises the chain error."""
     denied = PermissionError("401 Incorrect API key provided")
     with pytest.raises(RetryChainError) as info:
         await fast().run(Script(ConnectionResetError("reset by peer"), denied))
@@ -129,6 +131,7 @@ def test_a_refusal_at_rest_in_a_sync_run_re_raises_too():
 
 @pytest.mark.parametrize("first", [True, False])
 async def test_a_context_overflow_raises_the_overflow_error_first_or_inside_a_chain(first):
+    """A context overflow raises the overflow error first or inside a chain."""
     overflow = RuntimeError("400 prompt is too long: 250000 tokens > 200000 maximum")
     items = (overflow,) if first else (ConnectionResetError("reset by peer"), overflow)
     with pytest.raises(ContextOverflowError) as info:
@@ -162,6 +165,7 @@ async def test_a_returned_failed_message_is_judged_like_a_provider_turn():
 
 
 async def test_cancelling_the_awaiting_task_during_a_backoff_ends_the_chain_cancelled():
+    """Cancelling the awaiting task during a backoff ends the chain cancelled."""
     clock = FakeClock()
     events = []
     fn = Script(ConnectionResetError("reset by peer"))
@@ -177,6 +181,7 @@ async def test_cancelling_the_awaiting_task_during_a_backoff_ends_the_chain_canc
 
 
 async def test_cancelling_during_a_retried_call_ends_the_chain_cancelled():
+    """Cancelling during a retried call ends the chain cancelled."""
     gate = asyncio.Event()
     calls = []
 
@@ -198,6 +203,7 @@ async def test_cancelling_during_a_retried_call_ends_the_chain_cancelled():
 
 
 async def test_cancelling_a_first_call_emits_nothing():
+    """Cancelling a first call emits nothing."""
     async def fn():
         await asyncio.Event().wait()
 
@@ -211,6 +217,7 @@ async def test_cancelling_a_first_call_emits_nothing():
 
 
 async def test_the_backoff_lives_on_the_injected_clock():
+    """The backoff lives on the injected clock."""
     clock = FakeClock()
     fn = Script(ConnectionResetError("reset by peer"), ConnectionResetError("reset by peer"))
     task = asyncio.ensure_future(RetryRunner(clock=clock).run(fn))
@@ -223,6 +230,7 @@ async def test_the_backoff_lives_on_the_injected_clock():
 
 
 async def test_retry_at_comes_from_the_clock():
+    """Retry at comes from the clock."""
     clock = FakeClock()
     events = []
     task = asyncio.ensure_future(RetryRunner(clock=clock, on_event=events.append).run(
@@ -233,6 +241,7 @@ async def test_retry_at_comes_from_the_clock():
 
 
 async def test_a_broken_listener_never_breaks_the_chain(caplog):
+    """A broken listener never breaks the chain."""
     def listener(event):
         raise RuntimeError("listener bug")
 
@@ -241,6 +250,7 @@ async def test_a_broken_listener_never_breaks_the_chain(caplog):
 
 
 async def test_retrying_shorthand_passes_other_keywords_to_the_callable():
+    """Retrying shorthand passes other keywords to the callable."""
     fn = Script(ConnectionResetError("reset by peer"))
     clock = FakeClock()
     task = asyncio.ensure_future(fsm.retrying(fn, "a", settings={"baseDelayMs": 1}, clock=clock,
@@ -250,6 +260,7 @@ async def test_retrying_shorthand_passes_other_keywords_to_the_callable():
 
 
 async def test_the_decorator_works_on_async_and_sync_functions_and_bare():
+    """The decorator works on async and sync functions and bare."""
     fn = Script(ConnectionResetError("reset by peer"))
 
     @fsm.retry(settings={"baseDelayMs": 0}, sleep=no_sleep)
@@ -273,6 +284,7 @@ async def test_the_decorator_works_on_async_and_sync_functions_and_bare():
 
 
 def test_retrying_sync_waits_with_the_injected_sleep():
+    """Retrying sync waits with the injected sleep."""
     waits = []
     fn = Script(ConnectionResetError("reset by peer"), ConnectionResetError("reset by peer"))
     assert fsm.retrying_sync(fn.sync, sleep=waits.append) == "ok"
@@ -280,6 +292,7 @@ def test_retrying_sync_waits_with_the_injected_sleep():
 
 
 def test_a_keyboard_interrupt_during_a_sync_backoff_ends_the_chain_cancelled():
+    """A keyboard interrupt during a sync backoff ends the chain cancelled."""
     events = []
 
     def sleep(seconds):
@@ -292,6 +305,7 @@ def test_a_keyboard_interrupt_during_a_sync_backoff_ends_the_chain_cancelled():
 
 
 def test_sync_exhaustion_and_fatal_follow_the_same_rules():
+    """Sync exhaustion and fatal follow the same rules."""
     boom = KeyError("nope")
     with pytest.raises(KeyError) as info:
         fsm.retrying_sync(Script(boom).sync)
@@ -303,6 +317,7 @@ def test_sync_exhaustion_and_fatal_follow_the_same_rules():
 
 
 def test_bad_options_are_refused_with_the_value_named():
+    """Bad options are refused with the value named."""
     with pytest.raises(SettingsError, match="maxRetries"):
         RetryRunner({"maxRetries": -1})
     with pytest.raises(TypeError, match="settings must be"):
@@ -354,6 +369,7 @@ class FakeCoordinator:
 
 
 async def test_the_coordinator_is_read_before_and_written_after_each_decision():
+    """The coordinator is read before and written after each decision."""
     coord = FakeCoordinator(cooldown_ms=50)
     events = []
     runner = RetryRunner({"baseDelayMs": 1, "retryHints": "honor", "budget": {}}, sleep=no_sleep,
@@ -368,6 +384,7 @@ async def test_the_coordinator_is_read_before_and_written_after_each_decision():
 
 
 async def test_a_budget_refusal_ends_the_chain_and_a_slow_coordinator_is_not_waited_for():
+    """A budget refusal ends the chain and a slow coordinator is not waited for."""
     refuse = RetryRunner({"baseDelayMs": 1, "budget": {}}, sleep=no_sleep,
                          coordinator=FakeCoordinator(allowed=False))
     with pytest.raises(ConnectionResetError) as info:  # refused at attempt 0: the caller's own
@@ -457,6 +474,7 @@ class SubscribingCoordinator(FakeCoordinator):
 
 
 async def test_the_coordinators_events_reach_on_event_while_the_call_runs():
+    """The coordinators events reach on event while the call runs."""
     coord = SubscribingCoordinator()
     events = []
     runner = RetryRunner({"baseDelayMs": 0, "retryHints": "honor"}, sleep=no_sleep,
@@ -467,6 +485,7 @@ async def test_the_coordinators_events_reach_on_event_while_the_call_runs():
 
 
 async def test_the_default_key_names_the_sdk_module_and_the_model():
+    """The default key names the SDK module and the model."""
     from fsm.fleet import CoordKey
     coord = FakeCoordinator()
     runner = RetryRunner({"baseDelayMs": 0, "retryHints": "honor"}, sleep=no_sleep, coordinator=coord)
@@ -491,6 +510,7 @@ async def test_without_a_coordinator_honor_shares_the_loops_in_process_one():
 
 
 def test_a_sync_run_with_honor_and_a_budget_shares_nothing_and_works():
+    """A sync run with honor and a budget shares nothing and works."""
     waits = []
     fn = Script(RuntimeError("429 Too Many Requests (retry-after-ms: 30)"))
     assert fsm.retrying_sync(fn.sync, settings={"retryHints": "honor", "budget": {}, "baseDelayMs": 1},
@@ -499,6 +519,7 @@ def test_a_sync_run_with_honor_and_a_budget_shares_nothing_and_works():
 
 
 async def test_a_sync_callable_given_to_the_async_runner_is_named_in_the_error():
+    """A sync callable given to the async runner is named in the error."""
     def sync_call():
         return "not awaitable"
 
@@ -507,6 +528,7 @@ async def test_a_sync_callable_given_to_the_async_runner_is_named_in_the_error()
 
 
 def test_an_async_callable_given_to_the_sync_runner_is_named_in_the_error():
+    """An async callable given to the sync runner is named in the error."""
     async def async_call():
         return "ok"
 
@@ -526,6 +548,7 @@ async def test_the_chains_deadline_is_read_on_the_clock():
 
 
 async def test_a_sync_callable_returning_none_is_refused_too():
+    """A sync callable returning none is refused too."""
     with pytest.raises(TypeError, match=r"returned NoneType, not an awaitable"):
         await fsm.retrying(lambda: None)
 

@@ -40,6 +40,7 @@ def anthropic_client(srv, cls=anthropic.AsyncAnthropic):
 # ------------------------------------------------------------------ openai
 
 async def test_openai_529_then_success_takes_exactly_two_requests():
+    """OpenAI 529 then success takes exactly two requests."""
     events = []
     with FaultServer([OVERLOADED]) as srv:
         client = openai_client(srv)
@@ -54,6 +55,7 @@ async def test_openai_529_then_success_takes_exactly_two_requests():
 
 
 async def test_openai_401_is_re_raised_as_the_sdks_own_exception():
+    """OpenAI 401 is re raised as the SDKs own exception."""
     events = []
     with FaultServer([UNAUTHORIZED_OPENAI]) as srv:
         client = openai_client(srv)
@@ -66,6 +68,7 @@ async def test_openai_401_is_re_raised_as_the_sdks_own_exception():
 
 
 async def test_openai_hinted_429_waits_the_servers_time_with_honor():
+    """OpenAI hinted 429 waits the servers time with honor."""
     events = []
     with FaultServer([RATE_LIMITED]) as srv:
         client = openai_client(srv)
@@ -79,6 +82,7 @@ async def test_openai_hinted_429_waits_the_servers_time_with_honor():
 
 
 async def test_openai_exhaustion_raises_the_chain_error_with_the_sdk_error_chained():
+    """OpenAI exhaustion raises the chain error with the SDK error chained."""
     with FaultServer([OVERLOADED] * 4) as srv:
         client = openai_client(srv)
         with pytest.raises(RetryChainError) as info:
@@ -105,6 +109,7 @@ async def test_openai_a_dropped_stream_is_retried_by_a_callable_that_consumes_it
 
 
 async def test_cancelling_during_a_backoff_ends_the_chain_and_sends_nothing_more():
+    """Cancelling during a backoff ends the chain and sends nothing more."""
     events = []
     clock = FakeClock()
     with FaultServer([OVERLOADED]) as srv:
@@ -126,6 +131,7 @@ async def test_cancelling_during_a_backoff_ends_the_chain_and_sends_nothing_more
 
 
 def test_a_sync_openai_client_under_retrying_sync():
+    """A sync OpenAI client under retrying sync."""
     waits = []
     with FaultServer([OVERLOADED]) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
@@ -138,6 +144,7 @@ def test_a_sync_openai_client_under_retrying_sync():
 # ------------------------------------------------------------------ anthropic
 
 async def test_anthropic_529_then_success_takes_exactly_two_requests():
+    """Anthropic 529 then success takes exactly two requests."""
     with FaultServer([OVERLOADED]) as srv:
         client = anthropic_client(srv)
         message = await fsm.retrying(client.messages.create, settings=FAST, **MESSAGES)
@@ -147,6 +154,7 @@ async def test_anthropic_529_then_success_takes_exactly_two_requests():
 
 
 async def test_anthropic_401_is_re_raised_as_the_sdks_own_exception():
+    """Anthropic 401 is re raised as the SDKs own exception."""
     with FaultServer([UNAUTHORIZED_ANTHROPIC]) as srv:
         client = anthropic_client(srv)
         with pytest.raises(anthropic.AuthenticationError):
@@ -178,6 +186,7 @@ async def test_anthropic_overloaded_error_inside_a_200_stream_is_retried(how):
 
 
 async def test_anthropic_exhaustion_chains_the_sdk_error():
+    """Anthropic exhaustion chains the SDK error."""
     with FaultServer([OVERLOADED] * 3) as srv:
         client = anthropic_client(srv)
         with pytest.raises(RetryChainError) as info:
@@ -188,6 +197,7 @@ async def test_anthropic_exhaustion_chains_the_sdk_error():
 
 
 def test_a_sync_anthropic_client_under_retrying_sync():
+    """A sync Anthropic client under retrying sync."""
     with FaultServer([OVERLOADED]) as srv:
         client = anthropic_client(srv, anthropic.Anthropic)
         message = fsm.retrying_sync(client.messages.create, settings=FAST, **MESSAGES)

@@ -46,6 +46,7 @@ async def started(clock):
 
 
 async def test_success_needs_no_retry():
+    """Success needs no retry."""
     session, provider, clock, events = make([ok("Hello")])
     await session.prompt("hi")
     assert retry_events(events) == []
@@ -56,6 +57,7 @@ async def test_success_needs_no_retry():
 
 
 async def test_retry_then_success_with_seed_backoffs():
+    """Retry then success with seed backoffs."""
     session, provider, clock, events = make([error(OVERLOADED), error(UNAVAILABLE), ok("fine")])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -73,6 +75,7 @@ async def test_retry_then_success_with_seed_backoffs():
 
 
 async def test_exhaustion_keeps_the_last_error_in_context():
+    """Exhaustion keeps the last error in context."""
     session, provider, clock, events = make([error(UNAVAILABLE)] * 5, max_retries=3, base_delay_ms=10)
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(1)
@@ -85,6 +88,7 @@ async def test_exhaustion_keeps_the_last_error_in_context():
 
 
 async def test_hazard_1_prompt_does_not_return_before_the_retry_starts():
+    """Hazard 1 prompt does not return before the retry starts."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     seen = {}
 
@@ -107,6 +111,7 @@ async def test_hazard_1_prompt_does_not_return_before_the_retry_starts():
 
 
 async def test_hazard_2_retried_turn_with_fatal_error_ends_the_chain():
+    """Hazard 2 retried turn with fatal error ends the chain."""
     session, provider, clock, events = make([error(OVERLOADED), error(AUTH)])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)
@@ -116,6 +121,7 @@ async def test_hazard_2_retried_turn_with_fatal_error_ends_the_chain():
 
 
 async def test_hazard_3_disabling_mid_chain_ends_the_chain():
+    """Hazard 3 disabling mid chain ends the chain."""
     session, provider, clock, events = make([error(OVERLOADED), error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -128,6 +134,7 @@ async def test_hazard_3_disabling_mid_chain_ends_the_chain():
 
 
 async def test_hazard_4_abort_resets_the_attempt_counter():
+    """Hazard 4 abort resets the attempt counter."""
     session, provider, clock, events = make([error(OVERLOADED), error(OVERLOADED), error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)
@@ -145,6 +152,7 @@ async def test_hazard_4_abort_resets_the_attempt_counter():
 
 
 async def test_hazard_5_rejected_continue_ends_the_chain():
+    """Hazard 5 rejected continue ends the chain."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -158,6 +166,7 @@ async def test_hazard_5_rejected_continue_ends_the_chain():
 
 
 async def test_hazard_6_stale_timer_of_an_older_chain_never_touches_a_newer_one():
+    """Hazard 6 stale timer of an older chain never touches a newer one."""
     session, provider, clock, events = make([error(OVERLOADED), error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -177,6 +186,7 @@ async def test_hazard_6_stale_timer_of_an_older_chain_never_touches_a_newer_one(
 
 
 async def test_hazard_7_message_during_backoff_is_queued_not_sent():
+    """Hazard 7 message during backoff is queued not sent."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -193,6 +203,7 @@ async def test_hazard_7_message_during_backoff_is_queued_not_sent():
 
 
 async def test_hazard_8_aborted_retry_is_not_a_success():
+    """Hazard 8 aborted retry is not a success."""
     session, provider, clock, events = make([error(OVERLOADED), hang()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)
@@ -204,6 +215,7 @@ async def test_hazard_8_aborted_retry_is_not_a_success():
 
 
 async def test_abort_between_backoff_end_and_continue_prevents_the_request():
+    """Abort between backoff end and continue prevents the request."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -215,6 +227,7 @@ async def test_abort_between_backoff_end_and_continue_prevents_the_request():
 
 
 async def test_global_abort_during_backoff_cancels():
+    """Global abort during backoff cancels."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -226,6 +239,7 @@ async def test_global_abort_during_backoff_cancels():
 
 
 async def test_abort_of_a_plain_turn_is_not_a_chain():
+    """Abort of a plain turn is not a chain."""
     session, provider, clock, events = make([hang()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -237,18 +251,21 @@ async def test_abort_of_a_plain_turn_is_not_a_chain():
 
 
 async def test_max_retries_zero_emits_the_seed_end_without_start():
+    """Max retries zero emits the seed end without start."""
     session, provider, clock, events = make([error(OVERLOADED)], max_retries=0)
     await asyncio.wait_for(session.prompt("hi"), 1)
     assert retry_events(events) == [("end", False, 0, OVERLOADED)]
 
 
 async def test_disabled_never_retries():
+    """Disabled never retries."""
     session, provider, clock, events = make([error(OVERLOADED)], enabled=False)
     await asyncio.wait_for(session.prompt("hi"), 1)
     assert retry_events(events) == [] and len(provider.requests) == 1
 
 
 async def test_runtime_context_drops_failed_messages_but_the_log_keeps_them(tmp_path):
+    """Runtime context drops failed messages but the log keeps them."""
     clock = FakeClock()
     provider = ScriptedProvider([error(OVERLOADED), error(UNAVAILABLE), ok("done")])
     log = SessionLog(tmp_path / "s.jsonl", "sid")
@@ -266,6 +283,7 @@ async def test_runtime_context_drops_failed_messages_but_the_log_keeps_them(tmp_
 
 
 async def test_second_prompt_while_turn_runs_is_rejected_or_followed_up():
+    """Second prompt while turn runs is rejected or followed up."""
     session, provider, clock, events = make([hang(), ok("second")])
     task = asyncio.ensure_future(session.prompt("first"))
     await started(clock)
@@ -279,6 +297,7 @@ async def test_second_prompt_while_turn_runs_is_rejected_or_followed_up():
 
 
 async def test_bad_prompt_arguments():
+    """Bad prompt arguments."""
     session, *_ = make([])
     with pytest.raises(TypeError):
         await session.prompt(b"bytes")  # type: ignore[arg-type]
@@ -289,6 +308,7 @@ async def test_bad_prompt_arguments():
 
 
 async def test_provider_that_raises_is_a_failed_turn():
+    """Provider that raises is a failed turn."""
     session, provider, clock, events = make([Outcome(raises=ConnectionResetError("reset by peer")), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)
@@ -298,6 +318,7 @@ async def test_provider_that_raises_is_a_failed_turn():
 
 
 async def test_cancelling_the_prompt_task_ends_the_chain():
+    """Cancelling the prompt task ends the chain."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -309,6 +330,7 @@ async def test_cancelling_the_prompt_task_ends_the_chain():
 
 
 async def test_extensions_are_awaited_in_order_and_failures_reported():
+    """Extensions are awaited in order and failures reported."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     calls = []
 
@@ -331,6 +353,7 @@ async def test_extensions_are_awaited_in_order_and_failures_reported():
 
 
 async def test_broken_listener_does_not_break_the_chain():
+    """Broken listener does not break the chain."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     session.subscribe(lambda e: 1 / 0)
     task = asyncio.ensure_future(session.prompt("hi"))
@@ -340,6 +363,7 @@ async def test_broken_listener_does_not_break_the_chain():
 
 
 async def test_unsubscribe_and_state():
+    """Unsubscribe and state."""
     session, provider, clock, events = make([ok()])
     seen = []
     unsubscribe = session.subscribe(seen.append)
@@ -354,6 +378,7 @@ async def test_unsubscribe_and_state():
 
 
 async def test_usage_limit_switches_credentials_and_skips_the_backoff():
+    """Usage limit switches credentials and skips the backoff."""
     clock = FakeClock()
     store = InMemoryCredentialStore({"scripted": ["key-a", "key-b"]}, clock=lambda: 1_000_000)
     provider = ScriptedProvider([error(USAGE), ok()])
@@ -381,11 +406,13 @@ async def usage_limit_chain(credentials):
 
 
 async def test_usage_limit_without_another_credential_keeps_the_normal_backoff():
+    """Usage limit without another credential keeps the normal backoff."""
     events = await usage_limit_chain(InMemoryCredentialStore({"scripted": ["only"]}))
     assert retry_events(events)[0] == ("start", 1, 2000)
 
 
 async def test_concurrent_sessions_share_one_credential_store():
+    """Concurrent sessions share one credential store."""
     clock = FakeClock()
     store = InMemoryCredentialStore({"scripted": ["k1", "k2"]})
     providers = [ScriptedProvider([error(USAGE), ok()]) for _ in range(2)]
@@ -399,6 +426,7 @@ async def test_concurrent_sessions_share_one_credential_store():
 
 
 async def test_broken_credential_store_falls_back_to_the_normal_backoff():
+    """Broken credential store falls back to the normal backoff."""
     class Broken:
         def api_key(self, provider, session_id):
             return None
@@ -410,6 +438,7 @@ async def test_broken_credential_store_falls_back_to_the_normal_backoff():
 
 
 async def test_compaction_hook_gets_overflow_and_not_retried_turns():
+    """Compaction hook gets overflow and not retried turns."""
     calls = []
 
     async def hook(session, message, kind):
@@ -430,6 +459,7 @@ async def test_compaction_hook_gets_overflow_and_not_retried_turns():
 
 
 async def test_queue_is_announced_when_delivered_and_kept_after_a_cancel():
+    """Queue is announced when delivered and kept after a cancel."""
     session, provider, clock, events = make([error(OVERLOADED), ok("second")])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -446,6 +476,7 @@ async def test_queue_is_announced_when_delivered_and_kept_after_a_cancel():
 
 
 async def test_compaction_hook_failure_is_reported_not_raised(caplog):
+    """Compaction hook failure is reported not raised."""
     async def hook(session, message, kind):
         raise RuntimeError("compactor broke")
     session = AgentSession(ScriptedProvider([error("prompt is too long")]), clock=FakeClock(),
@@ -456,6 +487,7 @@ async def test_compaction_hook_failure_is_reported_not_raised(caplog):
 
 
 async def test_cancelling_prompt_mid_stream_cancels_the_request():
+    """Cancelling prompt mid stream cancels the request."""
     session, provider, clock, events = make([hang()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await started(clock)
@@ -466,6 +498,7 @@ async def test_cancelling_prompt_mid_stream_cancels_the_request():
 
 
 async def test_cancelling_prompt_while_continuing_ends_the_chain():
+    """Cancelling prompt while continuing ends the chain."""
     session, provider, clock, events = make([error(OVERLOADED), hang()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)
@@ -478,6 +511,7 @@ async def test_cancelling_prompt_while_continuing_ends_the_chain():
 
 
 async def test_continue_that_raises_ends_the_chain(tmp_path):
+    """Continue that raises ends the chain."""
     class FullDisk(SessionLog):
         fail = False
 
@@ -502,6 +536,7 @@ async def test_continue_that_raises_ends_the_chain(tmp_path):
 
 
 async def test_jitter_source_is_injectable_and_close_cancels_a_backoff():
+    """Jitter source is injectable and close cancels a backoff."""
     clock = FakeClock()
     session = AgentSession(ScriptedProvider([error(OVERLOADED)]), clock=clock,
                            settings=RetrySettings(jitter="full"), random=lambda: 0.25)
@@ -517,6 +552,7 @@ async def test_jitter_source_is_injectable_and_close_cancels_a_backoff():
 
 
 async def test_event_order_matches_the_original():
+    """Event order matches the original."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)
@@ -528,6 +564,7 @@ async def test_event_order_matches_the_original():
 
 
 async def test_failed_end_comes_after_agent_end():
+    """Failed end comes after agent end."""
     session, provider, clock, events = make([error(OVERLOADED), error(AUTH)])
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(2)

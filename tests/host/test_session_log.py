@@ -9,6 +9,7 @@ from fsm.host.session_log import SessionLog, TornLineWarning, clean_entry
 
 
 def test_appends_to_an_existing_log_without_a_second_header(tmp_path):
+    """Appends to an existing log without a second header."""
     path = tmp_path / "nested" / "s.jsonl"
     log = SessionLog(path, "a")
     log.append(UserMessage("hi"))
@@ -23,6 +24,7 @@ def test_appends_to_an_existing_log_without_a_second_header(tmp_path):
 
 
 def test_read_skips_and_reports_a_malformed_line(tmp_path):
+    """Read skips and reports a malformed line."""
     path = tmp_path / "s.jsonl"
     path.write_text('{"type": "session"}\n\nnot json\n5\n{"type": "message"}\n')
     with pytest.warns(TornLineWarning, match=r"s.jsonl:[34]"):
@@ -101,12 +103,14 @@ def test_a_new_log_is_private(tmp_path):
 
 
 def test_clean_entry_cleans_keys_and_nested_values():
+    """Clean entry cleans keys and nested values."""
     out = clean_entry({"k\ud800": ["\ud83d\ude00", 1, None, {"finalError": "e" * 9000}]})
     assert out == {"k\ufffd": ["\U0001F600", 1, None, {"finalError": out["k\ufffd"][3]["finalError"]}]}
     assert len(out["k\ufffd"][3]["finalError"].encode()) <= 8192
 
 
 def test_usage_from_json_validates():
+    """Usage from JSON validates."""
     assert Usage.from_json(None) is None
     assert Usage.from_json({"input": 5}).input == 5
     with pytest.raises(ValueError, match="usage.cacheRead"):
@@ -116,6 +120,7 @@ def test_usage_from_json_validates():
 
 
 def test_rpc_package_exports_lazily():
+    """RPC package exports lazily."""
     import fsm.rpc
     assert fsm.rpc.RpcClient.__name__ == "RpcClient"
     assert "RpcError" in dir(fsm.rpc)
@@ -124,6 +129,7 @@ def test_rpc_package_exports_lazily():
 
 
 def test_top_level_names_are_importable_and_lazy():
+    """Top level names are importable and lazy."""
     import subprocess
     import sys
     code = ("import sys, fsm; assert 'fsm.core.brain' not in sys.modules; "

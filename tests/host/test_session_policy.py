@@ -48,6 +48,7 @@ async def run(session, clock, text="hi", step=0.5, limit=200_000):
 # ------------------------------------------------------------------ the six reports
 
 async def test_hint_of_6_379_s_is_waited_out_with_honor_and_no_request_goes_out_before():
+    """Hint of 6 379's is waited out with honor and no request goes out before."""
     text = "429 Rate limit reached for gpt-4o-mini on requests per min. Please try again in 6.379s."
     session, provider, clock, events = make([error(text), ok()], retry_hints="honor")
     task = asyncio.ensure_future(session.prompt("hi"))
@@ -63,6 +64,7 @@ async def test_hint_of_6_379_s_is_waited_out_with_honor_and_no_request_goes_out_
 
 
 async def test_hint_of_6_379_s_with_the_seed_defaults_keeps_the_seed_backoff():
+    """Hint of 6 379's with the seed defaults keeps the seed backoff."""
     text = "429 Rate limit reached. Please try again in 6.379s."
     session, provider, clock, events = make([error(text), error(text), ok()])
     await run(session, clock)
@@ -70,6 +72,7 @@ async def test_hint_of_6_379_s_with_the_seed_defaults_keeps_the_seed_backoff():
 
 
 async def test_quota_reset_in_58_hours_sends_no_second_request_with_honor():
+    """Quota reset in 58 hours sends no second request with honor."""
     session, provider, clock, events = make([error("429 You exceeded your current quota. "
                                                    "Please try again in 58 hours.")],
                                             retry_hints="honor")
@@ -81,6 +84,7 @@ async def test_quota_reset_in_58_hours_sends_no_second_request_with_honor():
 
 
 async def test_codex_usage_limit_resets_in_9568_s_ends_at_once_with_honor():
+    """Codex usage limit resets in 9568's ends at once with honor."""
     text = ('{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached",'
             '"resets_in_seconds":9568}}')
     session, provider, clock, events = make([error(text)], retry_hints="honor")
@@ -90,6 +94,7 @@ async def test_codex_usage_limit_resets_in_9568_s_ends_at_once_with_honor():
 
 
 async def test_queue_expiry_of_900_s_is_bounded_by_the_chain_deadline():
+    """Queue expiry of 900's is bounded by the chain deadline."""
     slow = Outcome("error", error_message="503 Service Unavailable: queue expired", hang=False)
     session, provider, clock, events = make([slow] * 4, max_elapsed_ms=10_000)
     waited = await run(session, clock)
@@ -99,6 +104,7 @@ async def test_queue_expiry_of_900_s_is_bounded_by_the_chain_deadline():
 
 
 async def test_five_credentials_four_limited_every_key_is_tried():
+    """Five credentials four limited every key is tried."""
     store = InMemoryCredentialStore({"scripted": ["k1", "k2", "k3", "k4", "k5"]})
     usage = error("You have hit your usage limit. Try again in 5h8m26s")
     session, provider, clock, events = make([usage] * 4 + [ok("fifth key")], credentials=store)
@@ -111,6 +117,7 @@ async def test_five_credentials_four_limited_every_key_is_tried():
 
 
 async def test_per_day_quota_429_reaches_the_credential_store():
+    """Per day quota 429 reaches the credential store."""
     store = InMemoryCredentialStore({"scripted": ["k1", "k2"]})
     text = ("429 Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free "
             "model requests per day; retry-after-ms=57071146")
@@ -121,6 +128,7 @@ async def test_per_day_quota_429_reaches_the_credential_store():
 
 
 async def test_partial_output_then_failure_is_marked_discarded():
+    """Partial output then failure is marked discarded."""
     class Streams(ScriptedProvider):
         async def complete(self, messages, *, on_text=None, api_key=None):
             if not self.requests and on_text is not None:
@@ -138,6 +146,7 @@ async def test_partial_output_then_failure_is_marked_discarded():
 
 
 async def test_after_output_stop_ends_a_chain_whose_turn_streamed():
+    """After output stop ends a chain whose turn streamed."""
     class Streams(ScriptedProvider):
         async def complete(self, messages, *, on_text=None, api_key=None):
             on_text("partial ")
@@ -152,6 +161,7 @@ async def test_after_output_stop_ends_a_chain_whose_turn_streamed():
 
 
 async def test_retry_now_during_a_long_backoff_retries_within_one_loop_tick():
+    """Retry now during a long backoff retries within one loop tick."""
     session, provider, clock, events = make([error(OVERLOADED), ok()], base_delay_ms=60_000)
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.settle()
@@ -170,6 +180,7 @@ async def test_retry_now_during_a_long_backoff_retries_within_one_loop_tick():
 # ------------------------------------------------------------------ the host contract
 
 async def test_event_order_failed_turn_then_retry_start_then_successful_retry():
+    """Event order failed turn then retry start then successful retry."""
     session, provider, clock, events = make([error(OVERLOADED), ok("fine")])
     await run(session, clock)
     types = [e["type"] for e in events if e["type"] not in ("message_update",)]
@@ -182,6 +193,7 @@ async def test_event_order_failed_turn_then_retry_start_then_successful_retry():
 
 
 async def test_a_raising_credential_store_never_leaves_the_chain_without_its_actions():
+    """A raising credential store never leaves the chain without its actions."""
     class Raising:
         def api_key(self, provider, session_id):
             return None
@@ -196,6 +208,7 @@ async def test_a_raising_credential_store_never_leaves_the_chain_without_its_act
 
 
 async def test_a_store_holding_its_lock_for_5_s_stalls_neither_the_chain_nor_the_loop():
+    """A store holding its lock for 5's stalls neither the chain nor the loop."""
     held = threading.Event()
 
     class Locked:
@@ -228,6 +241,7 @@ async def test_a_store_holding_its_lock_for_5_s_stalls_neither_the_chain_nor_the
 
 
 async def test_a_cancelled_prompt_task_records_its_own_trace_row():
+    """A cancelled prompt task records its own trace row."""
     seen = []
     with L.recording(lambda owner, record: seen.append(record.row)):
         session, provider, clock, events = make([error(OVERLOADED), hang()])
@@ -266,6 +280,7 @@ async def test_abort_as_the_retried_answer_arrives_sends_no_further_request():
 # ------------------------------------------------------------------ reliability
 
 async def test_a_surrogate_pair_split_across_deltas_is_joined_and_the_turn_is_decided():
+    """A surrogate pair split across deltas is joined and the turn is decided."""
     class Splits(ScriptedProvider):
         async def complete(self, messages, *, on_text=None, api_key=None):
             on_text("smile \ud83d")
@@ -288,6 +303,7 @@ async def test_a_surrogate_pair_split_across_deltas_is_joined_and_the_turn_is_de
 
 
 async def test_error_texts_are_clipped_and_scrubbed_in_events_and_context():
+    """Error texts are clipped and scrubbed in events and context."""
     secret = "sk-proj-abcdefghijklmnop1234567890"
     huge = "503 " + "x" * 100_000 + f" Bearer {secret}"
     session, provider, clock, events = make([error(huge)] * 4, max_retries=0)
@@ -309,6 +325,7 @@ def test_the_coordinator_key_is_the_configured_keys_hash_not_default():
 
 
 async def test_a_provider_returning_something_else_is_a_failed_turn_that_ends_its_events():
+    """A provider returning something else is a failed turn that ends its events."""
     class Broken(ScriptedProvider):
         async def complete(self, messages, *, on_text=None, api_key=None):
             return None

@@ -56,6 +56,7 @@ def points(reader):
 
 
 async def test_a_chain_is_one_span_with_one_event_per_attempt(otel):
+    """A chain is one span with one event per attempt."""
     telemetry, exporter, reader = otel
     clock = FakeClock()
     runner = RetryRunner({"baseDelayMs": 10}, sleep=no_sleep, clock=clock,
@@ -80,6 +81,7 @@ async def test_a_chain_is_one_span_with_one_event_per_attempt(otel):
 
 
 async def test_an_exhausted_chain_and_a_refusal_at_rest_are_error_spans(otel):
+    """An exhausted chain and a refusal at rest are error spans."""
     telemetry, exporter, reader = otel
     with pytest.raises(RetryChainError):
         await RetryRunner({"maxRetries": 1, "baseDelayMs": 0}, sleep=no_sleep,
@@ -97,6 +99,7 @@ async def test_an_exhausted_chain_and_a_refusal_at_rest_are_error_spans(otel):
 
 
 async def test_one_listener_per_host_keeps_chains_apart(otel):
+    """One listener per host keeps chains apart."""
     telemetry, exporter, _ = otel
     a, b = telemetry.listener(), telemetry.listener()
     start = {"type": "auto_retry_start", "attempt": 1, "maxAttempts": 3, "delayMs": 5,

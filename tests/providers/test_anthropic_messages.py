@@ -22,6 +22,7 @@ def provider(srv, **kw):
 
 
 async def test_a_streamed_answer_with_text_deltas_usage_and_the_request_shape():
+    """A streamed answer with text deltas usage and the request shape."""
     deltas = []
     with FaultServer([{"stream": ["Hel", "lo"], "usage": {"output_tokens": 7}}]) as srv:
         p = provider(srv, max_tokens=99)
@@ -39,6 +40,7 @@ async def test_a_streamed_answer_with_text_deltas_usage_and_the_request_shape():
 @pytest.mark.parametrize("stop,expected", [("max_tokens", "length"), ("tool_use", "toolUse"),
                                            ("end_turn", "stop")])
 async def test_stop_reasons_map_to_ours(stop, expected):
+    """Stop reasons map to ours."""
     with FaultServer([{"stream": ["x"], "finish_reason": stop}]) as srv:
         p = provider(srv)
         assert (await p.complete(ASK)).stop_reason == expected
@@ -46,6 +48,7 @@ async def test_stop_reasons_map_to_ours(stop, expected):
 
 
 async def test_an_unknown_stop_reason_is_an_error_not_a_success():
+    """An unknown stop reason is an error not a success."""
     with FaultServer([{"stream": ["partial"], "finish_reason": "network_error"}]) as srv:
         p = provider(srv)
         message = await p.complete(ASK)
@@ -55,6 +58,7 @@ async def test_an_unknown_stop_reason_is_an_error_not_a_success():
 
 
 async def test_http_529_is_an_error_message_with_the_human_text():
+    """HTTP 529 is an error message with the human text."""
     with FaultServer([{"status": 529, "json": OVERLOADED_BODY, "headers": {"retry-after": "3"}}]) as srv:
         p = provider(srv)
         message = await p.complete(ASK)
@@ -65,6 +69,7 @@ async def test_http_529_is_an_error_message_with_the_human_text():
 
 
 async def test_an_sse_error_event_inside_a_200_stream_is_a_failed_turn_keeping_the_partial_text():
+    """An SSE error event inside a 200 stream is a failed turn keeping the partial text."""
     with FaultServer([{"stream": ["Hel", OVERLOADED_BODY]}]) as srv:
         p = provider(srv)
         message = await p.complete(ASK)
@@ -78,6 +83,7 @@ async def test_an_sse_error_event_inside_a_200_stream_is_a_failed_turn_keeping_t
     ({"stream": ["Hel"], "no_done": True}, TRUNCATED_MESSAGE),
 ])
 async def test_drops_and_truncated_streams_are_error_messages(entry, words):
+    """Drops and truncated streams are error messages."""
     with FaultServer([entry]) as srv:
         p = provider(srv)
         message = await p.complete(ASK)
@@ -86,6 +92,7 @@ async def test_drops_and_truncated_streams_are_error_messages(entry, words):
 
 
 async def test_a_connection_refused_is_an_error_message():
+    """A connection refused is an error message."""
     with FaultServer([]) as srv:
         url = srv.base_url
     p = AnthropicMessagesProvider(base_url=url.removesuffix("/v1"), model="m", api_key="k")
@@ -95,6 +102,7 @@ async def test_a_connection_refused_is_an_error_message():
 
 
 async def test_cancelling_the_call_propagates_and_closes_the_request():
+    """Cancelling the call propagates and closes the request."""
     with FaultServer([{"stream": ["a", "b"], "chunk_delay_ms": 5000}]) as srv:
         p = provider(srv)
         task = asyncio.ensure_future(p.complete(ASK))
@@ -127,6 +135,7 @@ async def test_the_session_retries_an_overloaded_error_inside_a_200_stream():
 
 
 def test_bad_arguments_are_refused_with_the_value_named():
+    """Bad arguments are refused with the value named."""
     with pytest.raises(ValueError, match="model"):
         AnthropicMessagesProvider(model="")
     with pytest.raises(ValueError, match="timeout_s"):
@@ -138,6 +147,7 @@ def test_bad_arguments_are_refused_with_the_value_named():
 
 
 def test_build_provider_picks_the_api_and_takes_a_v1_base_url_as_the_root():
+    """Build provider picks the API and takes a v1 base URL as the root."""
     p = build_provider("anthropic", base_url="http://127.0.0.1:9/v1/", model="m", api_key="k")
     assert isinstance(p, AnthropicMessagesProvider) and p.base_url == "http://127.0.0.1:9"
     assert p.name == "127.0.0.1"

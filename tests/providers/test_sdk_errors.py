@@ -66,6 +66,7 @@ def respond(status: int, body=None, headers=None, text: str | None = None):
 # -- the Anthropic SDK ----------------------------------------------------------------------
 
 def test_anthropic_529_overloaded_reads_as_the_original_writes_it():
+    """Anthropic 529 overloaded reads as the original writes it."""
     exc = anthropic_error(respond(529, {"type": "error", "error": {
         "type": "overloaded_error", "message": "Overloaded"}, "request_id": "req_1"},
         {"retry-after": "7", "request-id": "req_1", "set-cookie": "session=secret"}))
@@ -80,6 +81,7 @@ def test_anthropic_529_overloaded_reads_as_the_original_writes_it():
 
 
 def test_anthropic_stream_error_event():
+    """Anthropic stream error event."""
     events = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","type":'
               b'"message","role":"assistant","content":[],"model":"m","stop_reason":null,'
               b'"stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
@@ -96,6 +98,7 @@ def test_anthropic_stream_error_event():
 
 
 def test_anthropic_rate_limit_with_rfc3339_reset_headers():
+    """Anthropic rate limit with rfc3339 reset headers."""
     exc = anthropic_error(respond(429, {"type": "error", "error": {
         "type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}},
         {"anthropic-ratelimit-tokens-reset": "2026-01-01T00:00:20Z",
@@ -111,6 +114,7 @@ def test_anthropic_rate_limit_with_rfc3339_reset_headers():
 
 
 def test_anthropic_connection_and_timeout_errors():
+    """Anthropic connection and timeout errors."""
     def refuse(request):
         raise httpx2.ConnectError("All connection attempts failed", request=request)
 
@@ -126,6 +130,7 @@ def test_anthropic_connection_and_timeout_errors():
 
 
 def test_anthropic_credit_balance_is_permanent_even_as_a_400():
+    """Anthropic credit balance is permanent even as a 400."""
     exc = anthropic_error(respond(400, {"type": "error", "error": {
         "type": "invalid_request_error",
         "message": "Your credit balance is too low to access the Anthropic API."}}))
@@ -137,6 +142,7 @@ def test_anthropic_credit_balance_is_permanent_even_as_a_400():
 # -- the OpenAI SDK -------------------------------------------------------------------------
 
 def test_openai_401_reads_as_status_and_message():
+    """OpenAI 401 reads as status and message."""
     exc = openai_error(respond(401, {"error": {
         "message": "Incorrect API key provided: sk-abc***xyz.", "type": "invalid_request_error",
         "code": "invalid_api_key"}}))
@@ -147,6 +153,7 @@ def test_openai_401_reads_as_status_and_message():
 
 
 def test_openai_insufficient_quota_429_is_permanent():
+    """OpenAI insufficient quota 429 is permanent."""
     exc = openai_error(respond(429, {"error": {
         "message": "You exceeded your current quota, please check your plan and billing details.",
         "type": "insufficient_quota", "code": "insufficient_quota"}}, {"retry-after": "20"}))
@@ -155,6 +162,7 @@ def test_openai_insufficient_quota_429_is_permanent():
 
 
 def test_openai_x_should_retry_false_is_the_servers_verdict():
+    """OpenAI x should retry false is the servers verdict."""
     exc = openai_error(respond(500, {"error": {"message": "The model produced invalid content."}},
                                {"x-should-retry": "false"}))
     message = error_message(exc)
@@ -164,6 +172,7 @@ def test_openai_x_should_retry_false_is_the_servers_verdict():
 
 
 def test_openai_empty_and_raw_bodies():
+    """OpenAI empty and raw bodies."""
     assert error_facts(openai_error(respond(400))).message == "400 status code (no body)"
     assert error_facts(openai_error(respond(503, text="upstream connect error"))).message == \
         "503 upstream connect error"
@@ -174,6 +183,7 @@ def test_openai_empty_and_raw_bodies():
 
 
 def test_openai_connection_error_names_the_transport_cause():
+    """OpenAI connection error names the transport cause."""
     def refuse(request):
         raise httpx2.ConnectError("[Errno 111] Connection refused", request=request)
     facts = error_facts(openai_error(refuse))
@@ -183,6 +193,7 @@ def test_openai_connection_error_names_the_transport_cause():
 # -- bodies, wrappers, headers --------------------------------------------------------------
 
 def test_a_wrapped_upstream_error_is_unwrapped():
+    """A wrapped upstream error is unwrapped."""
     body = {"error": {"message": "Provider returned error", "code": 429, "metadata": {
         "provider_name": "Anthropic",
         "raw": json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})}}}
@@ -193,6 +204,7 @@ def test_a_wrapped_upstream_error_is_unwrapped():
 
 
 def test_a_numeric_code_without_a_raw_body_is_an_inner_status():
+    """A numeric code without a raw body is an inner status."""
     facts = status_error_facts(400, {"error": {"message": "Provider returned error", "code": 429}})
     assert (facts.message, facts.error_code) == ("400 Provider returned error (code 429)", "429")
     result = classify_message(facts.to_message())
@@ -207,17 +219,20 @@ def test_a_numeric_code_without_a_raw_body_is_an_inner_status():
     {"type": "error", "error": {"type": "api_error"}},
 ])
 def test_no_text_is_a_python_repr(body):
+    """No text is a python repr."""
     text = status_error_facts(500, body).message
     assert "{'" not in text and "['" not in text and "None" not in text
     assert text.startswith("500 ")
 
 
 def test_a_body_of_plain_text_json_is_decoded():
+    """A body of plain text JSON is decoded."""
     facts = status_error_facts(503, '{"error": {"message": "busy", "type": "server_error"}}')
     assert (facts.message, facts.error_type) == ("503 busy", "server_error")
 
 
 def test_stream_error_event_shapes():
+    """Stream error event shapes."""
     assert stream_error_facts({"error": {"message": "boom"}}).message == "Stream error: boom"
     assert stream_error_facts({"error": {"message": "rate limited", "code": "rate_limit_exceeded"}}) == \
         ErrorFacts("Stream error: rate limited (rate_limit_exceeded)", None, None, "rate_limit_exceeded")
@@ -225,6 +240,7 @@ def test_stream_error_event_shapes():
 
 
 def test_kept_headers_are_the_hints_the_verdict_and_the_request_id():
+    """Kept headers are the hints the verdict and the request id."""
     headers = httpx2.Headers({"Retry-After": "3", "X-RateLimit-Reset-Tokens": "1s", "Set-Cookie": "a=b",
                               "Authorization": "Bearer sk-secret", "X-Should-Retry": "true",
                               "X-Request-ID": "r1", "Content-Type": "application/json"})
@@ -234,12 +250,14 @@ def test_kept_headers_are_the_hints_the_verdict_and_the_request_id():
 
 
 def test_credentials_in_an_exception_text_are_masked():
+    """Credentials in an exception text are masked."""
     exc = ValueError("Illegal header value b'Bearer sk-proj-abcdef123456\\r'")
     text = error_facts(exc).message
     assert "abcdef123456" not in text and "Bearer ***" in text
 
 
 def test_other_exceptions_name_their_type_and_causes():
+    """Other exceptions name their type and causes."""
     assert error_facts(RuntimeError()).message == "RuntimeError (no message)"
     try:
         try:
@@ -255,6 +273,7 @@ def test_other_exceptions_name_their_type_and_causes():
 
 def test_odd_bodies_and_wrappers():
     # a body string that looks like JSON but is not
+    """Odd bodies and wrappers."""
     assert status_error_facts(500, "{not json").message == "500 {not json"
     # {"error": "text"} and Anthropic's error.details.error_code
     assert status_error_facts(429, {"error": "Too many requests", "code": "rate_limited"}) == \
@@ -280,6 +299,7 @@ def test_odd_bodies_and_wrappers():
 
 
 def test_a_stream_error_whose_body_is_text_or_json_text():
+    """A stream error whose body is text or JSON text."""
     request = httpx2.Request("POST", "http://h/v1")
     response = httpx2.Response(200, request=request)
     raw = anthropic.APIStatusError("x", response=response, body='{"type":"error","error":{"type":"api_error","message":"Internal"}}')

@@ -108,6 +108,7 @@ def pct(covered: int) -> str:
 # ----------------------------------------------------------------------------- Collector
 
 def test_collector_counts_one_chain_exactly():
+    """Collector counts one chain exactly."""
     with A.Collector() as c:
         b = brain_in(L.IDLE)
         fail(b)
@@ -117,6 +118,7 @@ def test_collector_counts_one_chain_exactly():
 
 
 def test_collector_counts_rejections_and_ignored_cells():
+    """Collector counts rejections and ignored cells."""
     b = brain_in(L.IDLE)
     b.set_enabled(False)
     with A.Collector() as c:
@@ -131,6 +133,7 @@ def test_collector_counts_rejections_and_ignored_cells():
 
 
 def test_collector_for_one_model_ignores_other_brains():
+    """Collector for one model ignores other brains."""
     mine, other = brain_in(L.IDLE), brain_in(L.IDLE)
     with A.Collector(model=mine) as c:
         fail(other)
@@ -140,6 +143,7 @@ def test_collector_for_one_model_ignores_other_brains():
 
 
 def test_collector_stops_when_uninstalled():
+    """Collector stops when uninstalled."""
     c = A.Collector().install()
     fail(brain_in(L.IDLE))
     c.uninstall()
@@ -148,6 +152,7 @@ def test_collector_stops_when_uninstalled():
 
 
 def test_collector_json_round_trip_and_merge():
+    """Collector JSON round trip and merge."""
     c = A.Collector()
     c.add({("b", "taken"): 2, ("a", "ignored"): 1})
     data = json.loads(json.dumps(c.to_json()))
@@ -161,6 +166,7 @@ def test_collector_json_round_trip_and_merge():
 
 
 def test_tour_covers_every_item_and_never_rejects_a_fallback():
+    """Tour covers every item and never rejects a fallback."""
     with A.Collector() as c:
         tour()
     report = A.coverage(c.counts)
@@ -180,6 +186,7 @@ def read_lines(path: Path) -> list[dict]:
 
 
 def test_trace_writer_writes_header_then_one_record_per_line(tmp_path):
+    """Trace writer writes header then one record per line."""
     path = tmp_path / "sub" / "trace.jsonl"
     seen: list[L.TransitionRecord] = []
     spy = lambda model, record: seen.append(record)  # noqa: E731
@@ -202,6 +209,7 @@ def test_trace_writer_writes_header_then_one_record_per_line(tmp_path):
 
 
 def test_trace_writer_for_one_model_and_stops_on_close(tmp_path):
+    """Trace writer for one model and stops on close."""
     path = tmp_path / "t.jsonl"
     mine, other = brain_in(L.IDLE), brain_in(L.IDLE)
     tw = A.TraceWriter(path, model=mine)
@@ -214,6 +222,7 @@ def test_trace_writer_for_one_model_and_stops_on_close(tmp_path):
 
 
 def test_trace_writer_flushes_each_line_by_default(tmp_path):
+    """Trace writer flushes each line by default."""
     path = tmp_path / "t.jsonl"
     with A.TraceWriter(path):
         fail(brain_in(L.IDLE))
@@ -221,6 +230,7 @@ def test_trace_writer_flushes_each_line_by_default(tmp_path):
 
 
 def test_trace_writer_can_buffer(tmp_path):
+    """Trace writer can buffer."""
     path = tmp_path / "t.jsonl"
     b = brain_in(L.IDLE)
     with A.TraceWriter(path, flush_every=3):
@@ -235,12 +245,14 @@ def test_trace_writer_can_buffer(tmp_path):
 
 
 def test_trace_writer_rejects_a_bad_flush_interval(tmp_path):
+    """Trace writer rejects a bad flush interval."""
     with pytest.raises(ValueError, match="flush_every must be at least 1, got 0"):
         A.TraceWriter(tmp_path / "t.jsonl", flush_every=0)
     assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_a_failing_trace_never_breaks_the_brain(tmp_path):
+    """A failing trace never breaks the brain."""
     tw = A.TraceWriter(tmp_path / "t.jsonl")
     tw._file.close()  # the file goes away behind the writer's back
     b = brain_in(L.IDLE)
@@ -268,6 +280,7 @@ def rec(row: str, outcome: str = "taken", version: str = L.VERSION) -> dict:
 
 
 def test_read_trace_counts_records_and_skips_blank_lines(tmp_path):
+    """Read trace counts records and skips blank lines."""
     path = write_trace(tmp_path / "t.jsonl", [rec(CHAIN[0]), rec(CHAIN[0]), rec(CHAIN[0], "rejected")])
     path.write_text(path.read_text() + "\n\n")
     t = A.read_trace(path)
@@ -292,6 +305,7 @@ def test_read_trace_counts_records_and_skips_blank_lines(tmp_path):
      "record version 'old' differs from the header's"),
 ])
 def test_read_trace_names_the_file_and_line_of_bad_input(tmp_path, content, line, message):
+    """Read trace names the file and line of bad input."""
     header = json.dumps({"type": "trace", "version": L.VERSION, "machine": "retry_lifecycle"})
     path = tmp_path / "bad.jsonl"
     path.write_text(content.replace("HEADER", header), encoding="utf-8")
@@ -302,6 +316,7 @@ def test_read_trace_names_the_file_and_line_of_bad_input(tmp_path, content, line
 
 
 def test_read_trace_rejects_binary_and_missing_files(tmp_path):
+    """Read trace rejects binary and missing files."""
     path = tmp_path / "bin.jsonl"
     write_trace(path, [])
     path.write_bytes(path.read_bytes() + b"\xff\xfe\n")
@@ -313,6 +328,7 @@ def test_read_trace_rejects_binary_and_missing_files(tmp_path):
 
 
 def test_foreign_trace_records_are_counted_apart_and_not_checked(tmp_path):
+    """Foreign trace records are counted apart and not checked."""
     path = write_trace(tmp_path / "old.jsonl", [rec("a--row->gone", "taken", "0ld"),
                                                 rec("a--row->gone", "ignored", "0ld")],
                        version="0ld")
@@ -325,6 +341,7 @@ def test_foreign_trace_records_are_counted_apart_and_not_checked(tmp_path):
 
 
 def test_audit_files_merges_ours_and_lists_foreign_apart(tmp_path):
+    """Audit files merges ours and lists foreign apart."""
     a = write_trace(tmp_path / "a.jsonl", [rec(CHAIN[0]), rec(CHAIN[1])])
     b = write_trace(tmp_path / "b.jsonl", [rec(CHAIN[0]), rec(CHAIN[1], "rejected")])
     old = write_trace(tmp_path / "old.jsonl", [rec(CHAIN[2], "taken", "0ld")], version="0ld")
@@ -341,6 +358,7 @@ def test_audit_files_merges_ours_and_lists_foreign_apart(tmp_path):
 
 
 def test_audit_files_with_only_foreign_traces_is_an_error(tmp_path):
+    """Audit files with only foreign traces is an error."""
     old = write_trace(tmp_path / "old.jsonl", [], version="0ld")
     with pytest.raises(A.AllForeignError, match="version 0ld; this one is " + L.VERSION):
         A.audit_files([old])
@@ -349,6 +367,7 @@ def test_audit_files_with_only_foreign_traces_is_an_error(tmp_path):
 # ----------------------------------------------------------------------------- the report
 
 def test_coverage_items_and_percent():
+    """Coverage items and percent."""
     report = A.coverage({(CHAIN[0], "taken"): 5, (CHAIN[0], "rejected"): 1,
                          ("idle--retry_cancelled->(ignored)", "ignored"): 2,
                          ("not-a-row", "taken"): 9})
@@ -367,6 +386,7 @@ def test_coverage_items_and_percent():
 
 
 def test_fallback_rows_have_only_a_taken_item():
+    """Fallback rows have only a taken item."""
     report = A.coverage({})
     rows = {r.id: r for r in report.transitions}
     for row in FALLBACKS:
@@ -376,6 +396,7 @@ def test_fallback_rows_have_only_a_taken_item():
 
 
 def test_report_json_shape():
+    """Report JSON shape."""
     data = A.coverage({(CHAIN[0], "taken"): 1}).to_json()
     assert {"declared", "covered", "percent", "uncovered", "version", "definition",
             "transitions", "ignored", "unrejectable", "traces", "foreign", "statuses",
@@ -394,6 +415,7 @@ def test_report_json_shape():
 
 
 def test_formats_of_a_report_without_traces_or_fallbacks():
+    """Formats of a report without traces or fallbacks."""
     from fsm.review.diagrams import extract
 
     decl = {"states": ["a", "b"], "initial": "a", "triggers": ["t"], "guards": {"g": "g"},
@@ -416,6 +438,7 @@ def test_formats_of_a_report_without_traces_or_fallbacks():
 
 
 def test_empty_declaration_counts_as_fully_covered():
+    """Empty declaration counts as fully covered."""
     from fsm.review.diagrams import Diagram
 
     report = A.coverage({}, Diagram("x", (), (), (), (), ()))
@@ -489,6 +512,7 @@ def test_a_taken_row_is_never_reported_not_covered(tmp_path, capsys):
 
 
 def test_audit_json_and_markdown(one_chain, capsys):
+    """Audit JSON and markdown."""
     assert main(["audit", str(one_chain), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["declared"], data["covered"], data["percent"]) == (ITEMS, 3, float(pct(3)))
@@ -503,6 +527,7 @@ def test_audit_json_and_markdown(one_chain, capsys):
 
 
 def test_audit_fail_under(one_chain, full_trace, capsys):
+    """Audit fail under."""
     low, high = pct(3), f"{float(pct(3)) + 0.01:.2f}"
     assert main(["audit", str(one_chain), "--fail-under", low]) == 0
     assert main(["audit", str(one_chain), "--fail-under", high]) == 1
@@ -518,6 +543,7 @@ def test_audit_fail_under(one_chain, full_trace, capsys):
 
 @pytest.mark.parametrize("value", ["101", "-1", "lots"])
 def test_audit_rejects_a_bad_threshold(one_chain, value, capsys):
+    """Audit rejects a bad threshold."""
     with pytest.raises(SystemExit) as info:
         main(["audit", str(one_chain), "--fail-under", value])
     assert info.value.code == 2
@@ -525,6 +551,7 @@ def test_audit_rejects_a_bad_threshold(one_chain, value, capsys):
 
 
 def test_audit_bad_input_exits_2_naming_file_and_line(tmp_path, one_chain, capsys):
+    """Audit bad input exits 2 naming file and line."""
     assert main(["audit", str(tmp_path / "missing.jsonl")]) == 2
     assert f"error: {tmp_path / 'missing.jsonl'}: cannot read the trace" in capsys.readouterr().err
     broken = tmp_path / "broken.jsonl"
@@ -534,6 +561,7 @@ def test_audit_bad_input_exits_2_naming_file_and_line(tmp_path, one_chain, capsy
 
 
 def test_audit_reports_foreign_traces(tmp_path, one_chain, capsys):
+    """Audit reports foreign traces."""
     old = write_trace(tmp_path / "old.jsonl", [rec(CHAIN[2], "taken", "0ld")], version="0ld")
     assert main(["audit", str(one_chain), str(old)]) == 0
     captured = capsys.readouterr()
@@ -564,30 +592,32 @@ def svg_edge_styles(path: Path) -> dict[str, tuple[bool, str]]:
     return out
 
 
-def test_audit_svg_states_draws_three_statuses_and_a_legend(one_chain, tmp_path, capsys):
-    out = tmp_path / "cov" / "coverage.svg"
+def test_audit_svg_states_writes_one_small_picture_per_state_by_coverage(one_chain, tmp_path):
+    """--svg-states DIR writes DIR/<state>.svg for every state (the small pictures of
+    diagrams/states/), each edge coloured by its rows' coverage: a chain's rows solid, the
+    rows never taken red and dashed."""
+    out = tmp_path / "cov"
     assert main(["audit", str(one_chain), "--svg-states", str(out)]) == 0
-    styles = svg_edge_styles(out)
-    assert set(styles) == set(ROW) | {"initial"}
-    # taken edges are never drawn as missed: covered and partly covered are solid
-    covered, partly, missed = styles[CHAIN[2]], styles[CHAIN[0]], styles[FALLBACKS[0]]
-    assert styles[CHAIN[1]] == partly
-    assert not covered[0] and not partly[0] and missed[0]
-    assert len({covered[1], partly[1], missed[1]}) == 3
-    assert sum(dashed for dashed, _ in styles.values()) == len(ROW) - 3
-    text = out.read_text(encoding="utf-8")
-    assert f"transition coverage 3/{ITEMS} items ({pct(3)}%)" in text
-    assert (f"transitions ({N_ROWS}): 1 covered, 2 partly covered (taken, never rejected), "
-            f"{N_ROWS - 3} not covered") in text
-    legend = re.findall(r'fill="(#[0-9a-f]{6})">(━━|╍╍) ([a-z ]+)</text>', text)
-    assert legend == [(covered[1], "━━", "covered"), (partly[1], "━━", "partly covered"),
-                      (missed[1], "╍╍", "not covered")]
-    assert ">taken, never rejected</text>" in text and ">never taken</text>" in text
-    from fsm.review.diagrams import guard_text
-    assert (f"turn_failed_retryable [{guard_text(ROW[CHAIN[0]].guards)}] (1 taken, never rejected)"
-            in text)
-    assert "turn_succeeded (1 taken)" in text
-    assert "turn_failed_fatal (never taken)" in text
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{s}.svg" for s in L.STATES)
+    backing_off = (out / f"{L.BACKING_OFF}.svg").read_text(encoding="utf-8")
+    assert backing_off.startswith("<?xml") or backing_off.lstrip().startswith("<svg") \
+        or "<svg" in backing_off[:400]
+    width = float(re.search(r'<svg width="([\d.]+)pt"', backing_off).group(1))
+    assert width < 1500  # a small picture, not the per-transition one of thousands of points
+    styles = svg_edge_styles(out / f"{L.BACKING_OFF}.svg")
+    solid = {colour for dashed, colour in styles.values() if not dashed}
+    dashed = {colour for is_dashed, colour in styles.values() if is_dashed}
+    assert solid and dashed and not solid & dashed  # taken rows solid, the others red, dashed
+    assert "never taken" in backing_off and "turn_failed_fatal" in backing_off
+
+
+def test_audit_svg_states_refuses_a_file_as_its_folder(one_chain, tmp_path, capsys):
+    """--svg-states FILE (an existing file) exits 2 with one line, before reading the traces."""
+    f = tmp_path / "states.svg"
+    f.write_text("x")
+    assert main(["audit", str(one_chain), "--svg-states", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file" in err[0] and f.read_text() == "x"
 
 
 def test_audit_svg_draws_declared_rows_by_status(one_chain, tmp_path):
@@ -613,17 +643,19 @@ def test_audit_svg_draws_declared_rows_by_status(one_chain, tmp_path):
 
 
 def test_audit_svg_of_a_full_trace_is_all_solid(full_trace, tmp_path):
+    """Audit svg of a full trace is all solid."""
     out = tmp_path / "full.svg"
-    states = tmp_path / "states.svg"
+    states = tmp_path / "states"
     assert main(["audit", str(full_trace), "--svg", str(out), "--svg-states", str(states)]) == 0
     assert not any(dashed for dashed, _ in svg_edge_styles(out).values())
-    assert not any(dashed for dashed, _ in svg_edge_styles(states).values())
+    for picture in states.glob("*.svg"):
+        assert not any(dashed for dashed, _ in svg_edge_styles(picture).values()), picture.name
     assert len({colour for _, colour in svg_edge_styles(out).values()}) <= 2  # covered, initial
-    assert re.search(r"backoff_elapsed \[timer_is_current ∧ budget_allows\] \(\d+ taken, \d+ rejected\)",
-                     states.read_text(encoding="utf-8"))
+    assert len(list(states.glob("*.svg"))) == len(L.STATES)
 
 
 def test_audit_svg_without_dot_exits_2(one_chain, tmp_path, monkeypatch, capsys):
+    """Audit svg without dot exits 2."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(["audit", str(one_chain), "--svg", str(tmp_path / "c.svg")]) == 2
     assert "Graphviz's 'dot' program was not found" in capsys.readouterr().err
@@ -637,6 +669,7 @@ def counts_file(path: Path, data: dict, pretty: bool = True) -> Path:
 
 
 def test_a_counts_file_is_read_like_a_trace(tmp_path):
+    """A counts file is read like a trace."""
     data = {"version": L.VERSION, "machine": "retry_lifecycle",
             "counts": [[CHAIN[0], "taken", 3], [CHAIN[0], "rejected", 2]]}
     for pretty in (True, False):
@@ -658,12 +691,14 @@ def test_a_counts_file_is_read_like_a_trace(tmp_path):
     ({"version": L.VERSION, "counts": [["nope", "taken", 1]]}, "row 'nope' is not in the declaration"),
 ])
 def test_a_bad_counts_file_is_a_clear_error(tmp_path, data, message):
+    """A bad counts file is a clear error."""
     path = counts_file(tmp_path / "bad.json", data)
     with pytest.raises(A.TraceError, match=re.escape(message)):
         A.read_trace(path)
 
 
 def test_a_broken_pretty_counts_file_names_its_line(tmp_path):
+    """A broken pretty counts file names its line."""
     path = tmp_path / "broken.json"
     path.write_text('{\n  "version": "x",\n  "counts": [\n', encoding="utf-8")
     with pytest.raises(A.TraceError, match=r"broken.json:4: not JSON") as info:

@@ -98,6 +98,7 @@ def summary_line(result: pytest.RunResult) -> str:
 
 
 def test_off_by_default(suite):
+    """Off by default."""
     result = run(suite)
     result.assert_outcomes(passed=2)
     assert not (suite.path / "build").exists()
@@ -105,6 +106,7 @@ def test_off_by_default(suite):
 
 
 def test_whole_run_writes_the_report_and_a_summary(suite):
+    """Whole run writes the report and a summary."""
     result = run(suite, "--transition-coverage")
     result.assert_outcomes(passed=2)
     assert result.ret == 0
@@ -124,6 +126,7 @@ def test_whole_run_writes_the_report_and_a_summary(suite):
 
 
 def test_the_report_is_a_counts_file_the_audit_reads_and_draws(suite, tmp_path, capsys):
+    """The report is a counts file the audit reads and draws."""
     run(suite, "--transition-coverage")
     path = suite.path / DEFAULT_REPORT
     data = report(suite)
@@ -140,6 +143,7 @@ def test_the_report_is_a_counts_file_the_audit_reads_and_draws(suite, tmp_path, 
 
 
 def test_threshold_fails_a_whole_run(suite):
+    """Threshold fails a whole run."""
     result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50")
     result.assert_outcomes(passed=2)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -149,12 +153,14 @@ def test_threshold_fails_a_whole_run(suite):
 
 
 def test_a_threshold_alone_turns_recording_on(suite):
+    """A threshold alone turns recording on."""
     result = run(suite, "--transition-coverage-fail-under=50")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert report(suite)["covered"] == WHOLE
 
 
 def test_threshold_met_passes(suite):
+    """Threshold met passes."""
     result = run(suite, "--transition-coverage",
                  f"--transition-coverage-fail-under={100 * WHOLE / ITEMS - 0.005:.2f}")
     assert result.ret == 0
@@ -163,6 +169,7 @@ def test_threshold_met_passes(suite):
 
 
 def test_failing_tests_keep_their_exit_status(suite):
+    """Failing tests keep their exit status."""
     (suite.path / "tests" / "test_broken.py").write_text("def test_broken():\n    assert False\n")
     result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50")
     result.assert_outcomes(passed=2, failed=1)
@@ -183,6 +190,7 @@ NARROWER = "paths or test ids narrower than testpaths: "
     (["--ignore", "tests/test_cancel.py"], ["--ignore"]),
 ])
 def test_a_partial_run_never_fails_on_the_threshold(suite, args, reasons):
+    """A partial run never fails on the threshold."""
     result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=99", *args)
     assert result.ret == 0
     assert summary_line(result).endswith(
@@ -193,11 +201,13 @@ def test_a_partial_run_never_fails_on_the_threshold(suite, args, reasons):
 
 
 def test_partial_run_reports_only_what_ran(suite):
+    """Partial run reports only what ran."""
     run(suite, "--transition-coverage", "-k", "chain")
     assert report(suite)["covered"] == CHAIN_ONLY
 
 
 def test_collect_only_is_partial(suite):
+    """Collect only is partial."""
     result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=99",
                              "--collect-only")
     assert result.ret == 0
@@ -207,12 +217,14 @@ def test_collect_only_is_partial(suite):
 
 @pytest.mark.parametrize("args", [["tests"], ["."], ["tests", "tests/test_chain.py"]])
 def test_paths_covering_testpaths_are_a_whole_run(suite, args):
+    """Paths covering testpaths are a whole run."""
     result = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50", *args)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert report(suite)["partial"] is False
 
 
 def test_without_testpaths_the_invocation_dir_is_the_suite(suite):
+    """Without testpaths the invocation dir is the suite."""
     suite.makeini("[pytest]\nmarkers = slow: a slow test\n")
     whole = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50")
     whole.assert_outcomes(passed=3)
@@ -222,6 +234,7 @@ def test_without_testpaths_the_invocation_dir_is_the_suite(suite):
 
 
 def test_glob_testpaths(suite):
+    """Glob testpaths."""
     suite.makeini("[pytest]\ntestpaths = tes*\nmarkers = slow: a slow test\n")
     # tes* matches tests/ and test_outside.py: both must be given
     narrow = run(suite, "--transition-coverage", "--transition-coverage-fail-under=50", "tests")
@@ -234,6 +247,7 @@ def test_glob_testpaths(suite):
 
 
 def test_deselection_by_a_plugin_is_partial(suite):
+    """Deselection by a plugin is partial."""
     (suite.path / "conftest.py").write_text(textwrap.dedent("""
         def pytest_collection_modifyitems(config, items):
             drop = [i for i in items if "cancel" in i.name]
@@ -246,6 +260,7 @@ def test_deselection_by_a_plugin_is_partial(suite):
 
 
 def test_report_path_option(suite, tmp_path):
+    """Report path option."""
     target = tmp_path / "elsewhere" / "cov.json"
     run(suite, "--transition-coverage", f"--transition-coverage-report={target}")
     assert json.loads(target.read_text())["covered"] == WHOLE
@@ -255,6 +270,7 @@ def test_report_path_option(suite, tmp_path):
 
 @pytest.mark.parametrize("value", ["150", "x"])
 def test_bad_threshold_is_a_usage_error(suite, value):
+    """Bad threshold is a usage error."""
     result = run(suite, "--transition-coverage", f"--transition-coverage-fail-under={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*expected a percentage from 0 to 100*"])
@@ -271,6 +287,7 @@ def test_recorder_is_removed_after_the_run(suite):
 
 @pytest.mark.subprocess
 def test_xdist_workers_send_their_counts_to_the_controller(suite):
+    """Xdist workers send their counts to the controller."""
     result = run_subprocess(suite, "-n", "2", "--transition-coverage",
                                         "--transition-coverage-fail-under=50")
     result.assert_outcomes(passed=2)
@@ -284,6 +301,7 @@ def test_xdist_workers_send_their_counts_to_the_controller(suite):
 
 @pytest.mark.subprocess
 def test_xdist_partial_run_does_not_fail(suite):
+    """Xdist partial run does not fail."""
     result = run_subprocess(suite, "-n", "2", "--transition-coverage",
                                         "--transition-coverage-fail-under=50", "-k", "chain")
     result.assert_outcomes(passed=1)
@@ -295,6 +313,7 @@ def test_xdist_partial_run_does_not_fail(suite):
 
 @pytest.mark.subprocess
 def test_xdist_worker_deselection_reaches_the_controller(suite):
+    """Xdist worker deselection reaches the controller."""
     (suite.path / "conftest.py").write_text(textwrap.dedent("""
         def pytest_collection_modifyitems(config, items):
             drop = [i for i in items if "cancel" in i.name]

@@ -332,3 +332,65 @@ async def test_rpc_stdout_and_session_logs_are_read(tmp_path, capsys):
     assert main(["audit", "--events", str(path)]) == 0
     assert "no retry events (auto_retry_start / auto_retry_end), so no chain to check" in \
         capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- hostile input
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom"])
+def test_audit_events_refuses_a_device_before_reading_it(path, capsys):
+    """--events /dev/zero (or /dev/urandom) exits 2 with one line naming it, reading nothing."""
+    assert main(["audit", "--events", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {path}: a character device, not a file: an event log must be a "
+                   "regular file"]
+
+
+def test_audit_events_refuses_a_fifo_without_blocking(tmp_path, capsys):
+    """A FIFO with no writer is refused at once (the open does not wait for a writer)."""
+    import os
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(["audit", "--events", str(fifo)]) == 2
+    assert "a FIFO (named pipe), not a file" in capsys.readouterr().err
+
+
+def test_audit_events_reads_at_most_the_cap_plus_one_byte(tmp_path, monkeypatch):
+    """A log over the bound is refused as larger, after reading cap + 1 bytes, not all of it."""
+    log = write(tmp_path / "big.jsonl", [{"type": "auto_retry_start", "attempt": 1}] * 50)
+    monkeypatch.setattr(E, "_MAX_BYTES", 100)
+    read = []
+    real = E.os.fdopen
+
+    def spy(fd, mode):
+        fh = real(fd, mode)
+        orig = fh.read
+        fh.read = lambda n=-1: read.append(n) or orig(n)  # type: ignore[method-assign]
+        return fh
+    monkeypatch.setattr(E.os, "fdopen", spy)
+    with pytest.raises(E.EventLogError, match="larger than"):
+        E.read_events(log)
+    assert read == [101]
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"type":"auto_retry_start","attempt":1e400}', "attempt is not an integer"),
+    ('{"type":"auto_retry_start","attempt":1,"delayMs":-1e400}', "delayMs is not an integer"),
+    ('{"type":"auto_retry_start","attempt":1,"maxAttempts":' + "9" * 40 + "}",
+     "maxAttempts is not an integer in range"),
+    ('{"type":"auto_retry_start","attempt":1,"chainId":{"a":1}}', "chainId is not a string"),
+    ('{"type":"auto_retry_end","attempt":1,"chainId":"c","sessionId":[1]}',
+     "sessionId is not a string"),
+    ('{"type":"auto_retry_start","attempt":' + "9" * 5000 + "}", "not an integer"),
+    ('{"type":"auto_retry_start","attempt":1,"t_ms":' + "9" * 400 + "}", "not a finite time"),
+    ('{"name":"retry_chain","attributes":[{"key":"retry.attempts","value":{"intValue":"x"}}]}',
+     "retry.attempts is not an integer"),
+])
+def test_audit_events_reports_a_hostile_value_with_its_file_and_line(tmp_path, capsys, line,
+                                                                      says):
+    """An unreadable value (1e400, a 5000-digit integer, an object as chainId) exits 2 with one
+    line naming the file and the line, never a traceback."""
+    log = tmp_path / "hostile.jsonl"
+    log.write_text('{"type":"turn_start"}\n' + line + "\n")
+    assert main(["audit", "--events", str(log)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {log}:2: ") and says in err[0], err

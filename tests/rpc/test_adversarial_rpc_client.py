@@ -120,6 +120,7 @@ def fake(fake_python: str, *args: str, **kwargs) -> RpcClient:
 
 # ---------------------------------------------------------------------------------- fake server
 async def test_events_are_never_dropped_under_a_flood_and_arrive_in_order(fake_python):
+    """Events are never dropped under a flood and arrive in order."""
     async with fake(fake_python, record=True) as client:
         await client.request({"type": "flood", "n": 20000})
         events = client.drain_events()
@@ -129,6 +130,7 @@ async def test_events_are_never_dropped_under_a_flood_and_arrive_in_order(fake_p
 
 
 async def test_concurrent_requests_from_many_tasks_get_their_own_answers(fake_python):
+    """Concurrent requests from many tasks get their own answers."""
     async with fake(fake_python) as client:
         kinds = ["get_state", "flood", "fail", "noop"] * 25
 
@@ -145,6 +147,7 @@ async def test_concurrent_requests_from_many_tasks_get_their_own_answers(fake_py
 
 
 async def test_success_false_raises_with_the_servers_words_or_a_default(fake_python):
+    """Success false raises with the servers words or a default."""
     async with fake(fake_python) as client:
         with pytest.raises(RpcError, match="^the fake refuses$") as info:
             await client.request({"type": "fail"})
@@ -155,6 +158,7 @@ async def test_success_false_raises_with_the_servers_words_or_a_default(fake_pyt
 
 
 async def test_noise_on_stdout_is_kept_aside_and_protocol_lines_still_flow(fake_python, caplog):
+    """Noise on stdout is kept aside and protocol lines still flow."""
     client = fake(fake_python, record=True)
     client.max_line_bytes = 1000
     async with client:
@@ -167,6 +171,7 @@ async def test_noise_on_stdout_is_kept_aside_and_protocol_lines_still_flow(fake_
 
 
 async def test_stderr_tail_is_bounded_and_a_failing_callback_does_not_stop_draining(fake_python, caplog):
+    """Stderr tail is bounded and a failing callback does not stop draining."""
     seen: list[str] = []
 
     def callback(chunk: str) -> None:
@@ -187,6 +192,7 @@ async def test_stderr_tail_is_bounded_and_a_failing_callback_does_not_stop_drain
 
 
 async def test_server_that_never_answers_times_out_and_late_answers_are_ignored(fake_python):
+    """Server that never answers times out and late answers are ignored."""
     async with fake(fake_python) as client:
         with pytest.raises(RpcTimeout, match="no response to silent within 0.1 s") as info:
             await client.request({"type": "silent"}, timeout_s=0.1)
@@ -195,6 +201,7 @@ async def test_server_that_never_answers_times_out_and_late_answers_are_ignored(
 
 
 async def test_server_exiting_mid_request_raises_server_died_everywhere(fake_python):
+    """Server exiting mid request raises server died everywhere."""
     client = await fake(fake_python).start()
     try:
         waiting = asyncio.ensure_future(client.request({"type": "silent"}, timeout_s=30))
@@ -216,6 +223,7 @@ async def test_server_exiting_mid_request_raises_server_died_everywhere(fake_pyt
 
 
 async def test_writing_to_a_server_that_closed_its_stdin(fake_python):
+    """Writing to a server that closed its stdin."""
     async with fake(fake_python, close_grace_s=0.05) as client:
         client.DEATH_WAIT_S = 0.2  # how long it waits to tell "closed its stdin" from "died"
         await client.request({"type": "close_stdin"})
@@ -226,6 +234,7 @@ async def test_writing_to_a_server_that_closed_its_stdin(fake_python):
 
 
 async def test_a_write_that_fails_while_the_server_exits_reports_its_death(fake_python):
+    """A write that fails while the server exits reports its death."""
     async with fake(fake_python) as client:
         await client.request({"type": "exit_soon"})  # stdin closed at once, exit 5 after 0.3 s
         with pytest.raises(ServerDied) as info:
@@ -234,6 +243,7 @@ async def test_a_write_that_fails_while_the_server_exits_reports_its_death(fake_
 
 
 async def test_close_while_a_write_is_failing_says_the_client_is_closed(fake_python):
+    """Close while a write is failing says the client is closed."""
     client = await fake(fake_python, close_grace_s=0.05).start()
     client.DEATH_WAIT_S = 0.5
     await client.request({"type": "close_stdin"})
@@ -245,6 +255,7 @@ async def test_close_while_a_write_is_failing_says_the_client_is_closed(fake_pyt
 
 
 async def test_server_that_closes_stdout_and_lives_on_is_reported_without_status(fake_python):
+    """Server that closes stdout and lives on is reported without status."""
     client = await fake(fake_python, close_grace_s=0.05).start()
     client.DEATH_WAIT_S = 0.1
     try:
@@ -257,6 +268,7 @@ async def test_server_that_closes_stdout_and_lives_on_is_reported_without_status
 
 
 async def test_close_during_the_death_report_wins(fake_python):
+    """Close during the death report wins."""
     client = await fake(fake_python, close_grace_s=0.05).start()
     client.DEATH_WAIT_S = 0.5
     pending = asyncio.ensure_future(client.request({"type": "close_stdout"}))
@@ -269,6 +281,7 @@ async def test_close_during_the_death_report_wins(fake_python):
 
 @pytest.mark.parametrize("pipe", ["stdout", "stderr"])
 async def test_a_read_error_on_a_pipe_is_logged_not_fatal_to_the_client(fake_python, caplog, pipe):
+    """A read error on a pipe is logged not fatal to the client."""
     client = await fake(fake_python, close_grace_s=0.05).start()
     client.DEATH_WAIT_S = 0.2
     try:
@@ -286,6 +299,7 @@ async def test_a_read_error_on_a_pipe_is_logged_not_fatal_to_the_client(fake_pyt
 
 
 async def test_writing_after_the_server_was_killed_reports_its_death(fake_python):
+    """Writing after the server was killed reports its death."""
     client = await fake(fake_python).start()
     try:
         os.kill(client.pid, signal.SIGKILL)
@@ -299,6 +313,7 @@ async def test_writing_after_the_server_was_killed_reports_its_death(fake_python
 
 
 async def test_close_escalates_to_sigkill_for_a_server_that_ignores_eof_and_sigterm(fake_python):
+    """Close escalates to sigkill for a server that ignores EOF and sigterm."""
     client = await fake(fake_python, "--ignore-term", "--ignore-eof", close_grace_s=0.05).start()
     pending = asyncio.ensure_future(client.request({"type": "silent"}, timeout_s=30))
     await asyncio.sleep(0.05)
@@ -313,6 +328,7 @@ async def test_close_escalates_to_sigkill_for_a_server_that_ignores_eof_and_sigt
 
 
 async def test_start_failures(fake_python, tmp_path):
+    """Start failures."""
     with pytest.raises(ServerDied) as info:
         await fake(fake_python, "--die-at-once").start()
     assert info.value.returncode == 3 and "fake: bad arguments" in str(info.value)
@@ -326,6 +342,7 @@ async def test_start_failures(fake_python, tmp_path):
 
 
 async def test_wait_for_idle_waits_through_busy_states_and_honours_its_timeout(fake_python):
+    """Wait for idle waits through busy states and honours its timeout."""
     async with fake(fake_python) as client:
         await client.request({"type": "set_busy", "polls": 3})
         state = await client.wait_for_idle(timeout_s=5)
@@ -352,6 +369,7 @@ async def test_wait_for_idle_waits_through_busy_states_and_honours_its_timeout(f
 
 
 async def test_event_helpers(fake_python):
+    """Event helpers."""
     async with fake(fake_python) as client:
         with pytest.raises(RpcTimeout, match="no event within 0.05 s"):
             await client.next_event(timeout_s=0.05)
@@ -378,6 +396,7 @@ async def _take(client, n):
 
 
 def test_server_died_message_when_only_stdout_closed():
+    """Server died message when only stdout closed."""
     died = ServerDied(None, "", "prompt")
     assert str(died) == ("the RPC server closed its stdout while waiting for the response to prompt "
                          "(nothing on stderr)")
@@ -398,6 +417,7 @@ def real_client(fs: FaultServer, tmp_path: Path, **retry) -> RpcClient:
 async def test_wait_for_idle_returns_when_queued_messages_are_parked_after_a_cancel(tmp_path):
     # A steer message queued during a backoff stays queued when the chain is cancelled (it
     # waits for the next prompt); wait_for_idle used to poll until its timeout (or forever).
+    """Wait for idle returns when queued messages are parked after a cancel."""
     with FaultServer([OVERLOADED]) as fs:
         async with real_client(fs, tmp_path, baseDelayMs=5000) as client:
             await client.prompt("hi")

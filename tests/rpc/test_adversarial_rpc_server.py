@@ -141,11 +141,13 @@ def check_turns(objs: list[dict]) -> None:
     (b'{"id":"s","type":"prompt","message":"x","streamingBehavior":"\\ud800"}', '"steer" or "followUp"'),
 ])
 def test_text_fields_must_be_unicode(line, words):
+    """Text fields must be unicode."""
     err = parse_command(line)
     assert isinstance(err, CommandError) and words in err.error and err.id == "s", err
 
 
 def test_a_surrogate_pair_is_fine_and_an_id_too_large_for_a_double_is_refused():
+    """A surrogate pair is fine and an id too large for a double is refused."""
     ok = parse_command(b'{"type":"prompt","message":"\\ud83d\\ude00"}')
     assert ok.fields["message"] == "\U0001F600"
     err = parse_command(b'{"id":1e400,"type":"get_state"}')
@@ -167,6 +169,7 @@ def shared(provider, tmp_path_factory):
 def test_lone_surrogate_prompt_is_refused_and_does_not_poison_the_session(shared, provider):
     # '"\ud800"' is valid JSON but no text: accepted, it sat in the runtime context and every
     # later turn failed with UnicodeEncodeError before reaching the model.
+    """Lone surrogate prompt is refused and does not poison the session."""
     before = len(provider.chat_requests)
     reply = shared.request({"type": "prompt", "message": "a\ud800b"})
     assert reply["success"] is False and "lone surrogate" in reply["error"], reply
@@ -180,6 +183,7 @@ def test_lone_surrogate_prompt_is_refused_and_does_not_poison_the_session(shared
 
 
 def test_odd_ids_and_framing(shared):
+    """Odd ids and framing."""
     shared.send(b'{"id":1e400,"type":"get_state"}\n')
     reply = shared.find(lambda o: o.get("command") == "get_state" and o.get("success") is False)
     assert "finite number" in reply["error"] and "id" not in reply
@@ -262,6 +266,7 @@ def start_slow_turn(tmp_path: Path) -> tuple[FaultServer, "Proc"]:
 
 
 def test_eof_with_a_prompt_waiting_behind_an_abort_starts_no_new_turn(tmp_path):
+    """EOF with a prompt waiting behind an abort starts no new turn."""
     fs, server = start_slow_turn(tmp_path)
     try:
         server.send(b'{"id":"ab","type":"abort"}\n{"id":"late","type":"prompt","message":"after"}\n'
@@ -284,6 +289,7 @@ def test_eof_with_a_prompt_waiting_behind_an_abort_starts_no_new_turn(tmp_path):
 
 
 def test_eof_with_a_queued_follow_up_sends_nothing_more(tmp_path):
+    """EOF with a queued follow up sends nothing more."""
     fs, server = start_slow_turn(tmp_path)
     try:
         assert server.request({"type": "prompt", "message": "next", "streamingBehavior": "followUp"})["success"]
@@ -319,6 +325,7 @@ def run_cli(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> 
     ('{"retry":{"jitter":["full"]}}', "retry.jitter"),
 ])
 def test_absurd_settings_files_exit_2_naming_the_problem(tmp_path, content, words):
+    """Absurd settings files exit 2 naming the problem."""
     path = tmp_path / "settings.json"
     path.write_text(content)
     proc = run_cli("rpc", "--model", "m", "--no-session", "--settings", str(path), cwd=tmp_path)
@@ -327,6 +334,7 @@ def test_absurd_settings_files_exit_2_naming_the_problem(tmp_path, content, word
 
 
 def test_settings_with_huge_unknown_keys_are_named_briefly(tmp_path):
+    """Settings with huge unknown keys are named briefly."""
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"retry": {"maxRetries": 2}, "k" * 1_000_000: 1}))  # under the 1 MiB cap
     proc = run_cli("rpc", "--model", "m", "--no-session", "--settings", str(path), cwd=tmp_path)
@@ -337,6 +345,7 @@ def test_settings_with_huge_unknown_keys_are_named_briefly(tmp_path):
 
 # ---------------------------------------------------------------------------------- other commands
 def test_classify_garbage_inputs(tmp_path):
+    """Classify garbage inputs."""
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(bytes(b for b in range(256) if b != 10) * 4 + b"\n" + json.dumps({"message": "503 Service Unavailable"}).encode())
     proc = run_cli("classify", "--jsonl", str(binary))
@@ -356,6 +365,7 @@ def test_classify_garbage_inputs(tmp_path):
 
 
 def test_audit_and_fault_server_refuse_deeply_nested_json_cleanly(tmp_path):
+    """Audit and fault server refuse deeply nested JSON cleanly."""
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100000)
     for args in (("audit", str(deep)), ("fault-server", "--script", str(deep))):
@@ -366,6 +376,7 @@ def test_audit_and_fault_server_refuse_deeply_nested_json_cleanly(tmp_path):
 
 # ---------------------------------------------------------------------------------- other modules' bugs
 def test_read_trace_reports_deep_nesting_as_a_trace_error(tmp_path):
+    """Read trace reports deep nesting as a trace error."""
     from fsm.review.audit import TraceError, read_trace
     path = tmp_path / "deep.jsonl"
     path.write_text("[" * 100000 + "\n")
@@ -374,6 +385,7 @@ def test_read_trace_reports_deep_nesting_as_a_trace_error(tmp_path):
 
 
 def test_settings_load_reports_deep_nesting_as_a_settings_error(tmp_path):
+    """Settings load reports deep nesting as a settings error."""
     from fsm.core.settings import RetrySettings, SettingsError
     path = tmp_path / "settings.json"
     path.write_text('{"retry":' + "[" * 100000)
@@ -390,6 +402,7 @@ def test_unknown_settings_key_error_is_bounded():
 
 
 def test_fault_server_refuses_header_values_it_cannot_send():
+    """Fault server refuses header values it cannot send."""
     script = [{"status": 503, "json": {"error": "x"}, "headers": {"x-note": "\u20ac"}}]
     try:
         validate_script(script)
@@ -457,6 +470,7 @@ class BrokenSession:
 
 
 async def test_failing_session_operations_are_answered_and_logged(caplog):
+    """Failing session operations are answered and logged."""
     from fsm.rpc.dispatch import RpcServer
 
     class Jsonable:
@@ -482,6 +496,7 @@ async def test_failing_session_operations_are_answered_and_logged(caplog):
 
 
 async def test_shutdown_is_bounded_when_the_session_hangs(caplog):
+    """Shutdown is bounded when the session hangs."""
     from fsm.rpc.dispatch import RpcServer
     sink = Sink()
     session = BrokenSession(hang=True)
@@ -496,11 +511,13 @@ async def test_shutdown_is_bounded_when_the_session_hangs(caplog):
 
 
 def test_an_id_that_is_not_json_is_not_guessed():
+    """An id that is not JSON is not guessed."""
     err = parse_command(b'{"id":"a\\qb","type":')
     assert isinstance(err, CommandError) and err.has_id is False and "invalid JSON" in err.error
 
 
 async def test_deferred_provider_whose_import_fails_ends_each_turn_with_an_error(caplog):
+    """Deferred provider whose import fails ends each turn with an error."""
     from fsm.providers.deferred import DeferredProvider
 
     def factory():

@@ -31,6 +31,7 @@ def client_for(fs: FaultServer, tmp_path: Path, retry: dict | None = None, **kwa
 
 
 async def test_commands_events_and_idle(tmp_path):
+    """Commands events and idle."""
     with FaultServer([OVERLOADED, {"stream": ["Hel", "lo"]}]) as fs:
         async with client_for(fs, tmp_path, record=True) as client:
             assert client.ready_ms is not None and client.ready_ms > 0
@@ -55,6 +56,7 @@ async def test_commands_events_and_idle(tmp_path):
 
 
 async def test_event_iterator_sees_every_event_then_ends_on_close(tmp_path):
+    """Event iterator sees every event then ends on close."""
     with FaultServer([OVERLOADED, OVERLOADED, {}]) as fs:
         client = await client_for(fs, tmp_path).start()
         await client.prompt("hi")
@@ -67,6 +69,7 @@ async def test_event_iterator_sees_every_event_then_ends_on_close(tmp_path):
 
 
 async def test_wait_for_idle_does_not_return_during_a_backoff(tmp_path):
+    """Wait for idle does not return during a backoff."""
     with FaultServer([OVERLOADED, {}]) as fs:
         async with client_for(fs, tmp_path, {"baseDelayMs": 400}, record=True) as client:
             await client.prompt("hi")
@@ -79,6 +82,7 @@ async def test_wait_for_idle_does_not_return_during_a_backoff(tmp_path):
 
 
 async def test_success_false_raises_rpc_error_with_the_servers_message(tmp_path):
+    """Success false raises RPC error with the servers message."""
     with FaultServer([{"stream": ["x"], "delay_ms": 3000}]) as fs:
         async with client_for(fs, tmp_path) as client:
             await client.prompt("first")
@@ -94,6 +98,7 @@ async def test_success_false_raises_rpc_error_with_the_servers_message(tmp_path)
 
 
 async def test_request_timeout_raises_rpc_timeout(tmp_path):
+    """Request timeout raises RPC timeout."""
     with FaultServer([]) as fs:
         async with client_for(fs, tmp_path) as client:
             os.kill(client.pid, signal.SIGSTOP)
@@ -111,6 +116,7 @@ async def test_request_timeout_raises_rpc_timeout(tmp_path):
 
 
 async def test_killed_server_raises_instead_of_hanging(tmp_path):
+    """Killed server raises instead of hanging."""
     with FaultServer([OVERLOADED]) as fs:
         client = await client_for(fs, tmp_path, {"baseDelayMs": 5000}).start()
         try:
@@ -134,6 +140,7 @@ async def test_killed_server_raises_instead_of_hanging(tmp_path):
 
 
 async def test_server_failing_at_start_reports_status_and_stderr(tmp_path):
+    """Server failing at start reports status and stderr."""
     client = RpcClient(["--model", "m", "--context-window", "-5"], env=env(), cwd=tmp_path)
     with pytest.raises(ServerDied) as info:
         await client.start()
@@ -142,6 +149,7 @@ async def test_server_failing_at_start_reports_status_and_stderr(tmp_path):
 
 
 async def test_close_is_idempotent_and_later_requests_fail(tmp_path):
+    """Close is idempotent and later requests fail."""
     with FaultServer([]) as fs:
         # A generous grace: on a loaded machine the exit waits for the SDK's import thread.
         client = await client_for(fs, tmp_path, close_grace_s=15.0).start()
@@ -152,6 +160,7 @@ async def test_close_is_idempotent_and_later_requests_fail(tmp_path):
 
 
 async def test_unstarted_client_refuses_requests():
+    """Unstarted client refuses requests."""
     client = RpcClient(["--model", "m"])
     with pytest.raises(RpcError, match="not started"):
         await client.get_state()
@@ -184,6 +193,7 @@ async def test_get_messages_steer_and_follow_up(tmp_path):
 
 
 async def test_pi_commands_this_server_lacks_are_refused_saying_so(tmp_path):
+    """Pi commands this server lacks are refused saying so."""
     with FaultServer([]) as fs:
         async with client_for(fs, tmp_path) as client:
             for kind in ("compact", "get_session_stats", "set_model", "bash"):
@@ -194,6 +204,7 @@ async def test_pi_commands_this_server_lacks_are_refused_saying_so(tmp_path):
 
 
 async def test_session_dir_chooses_where_the_log_goes_and_get_state_names_it(tmp_path):
+    """Session dir chooses where the log goes and get state names it."""
     logs = tmp_path / "logs"
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"retry": {"baseDelayMs": 20}}))
@@ -226,6 +237,7 @@ async def test_credentials_file_is_the_session_credential_store(tmp_path):
 
 @pytest.mark.parametrize("content", ["{not json", None], ids=["not-json", "a-folder"])
 def test_a_bad_credentials_file_is_refused_with_status_2(tmp_path, content):
+    """A bad credentials file is refused with status 2."""
     import subprocess
     import sys
     store = tmp_path / "credentials.json"
@@ -241,6 +253,7 @@ def test_a_bad_credentials_file_is_refused_with_status_2(tmp_path, content):
 
 
 def test_a_bad_redis_url_is_refused_with_status_2(tmp_path):
+    """A bad Redis URL is refused with status 2."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
@@ -250,6 +263,7 @@ def test_a_bad_redis_url_is_refused_with_status_2(tmp_path):
 
 
 async def test_redis_memory_gives_the_session_a_coordinator(tmp_path):
+    """Redis memory gives the session a coordinator."""
     with FaultServer([OVERLOADED, {"stream": ["ok"]}]) as fs:
         async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--no-session",
                               "--redis", "memory:"], env=env(), cwd=tmp_path, record=True) as client:
@@ -261,6 +275,7 @@ async def test_redis_memory_gives_the_session_a_coordinator(tmp_path):
 
 
 async def test_the_default_session_folder_is_announced_on_stderr(tmp_path):
+    """The default session folder is announced on stderr."""
     lines: list[str] = []
     with FaultServer([]) as fs:
         async with RpcClient(["--base-url", fs.base_url, "--model", "m"], env=env(), cwd=tmp_path,

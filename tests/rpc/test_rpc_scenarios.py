@@ -176,6 +176,7 @@ no_retries = shared_server(0, 20)
 
 
 async def test_overloaded_then_ok(fast):
+    """Overloaded then ok."""
     run = await fast.run([OVERLOADED, OVERLOADED, OK])
     await run.client.prompt("overloaded then ok")
     await run.idle()
@@ -193,6 +194,7 @@ async def test_overloaded_then_ok(fast):
 
 
 async def test_exhaust(fast):
+    """Exhaust."""
     run = await fast.run([UNAVAILABLE] * 5)
     await run.client.prompt("exhaust")
     await run.idle()
@@ -206,6 +208,7 @@ async def test_exhaust(fast):
 
 
 async def test_cancel_during_backoff(stuck):
+    """Cancel during backoff."""
     run = await stuck.run([RATE_LIMITED, OK])
     await run.client.prompt("cancel me")
     await run.client.wait_for_event("auto_retry_start")
@@ -221,6 +224,7 @@ async def test_cancel_during_backoff(stuck):
 
 
 async def test_global_abort_during_backoff(stuck):
+    """Global abort during backoff."""
     run = await stuck.run([RATE_LIMITED, OK])
     await run.client.prompt("abort me")
     await run.client.wait_for_event("auto_retry_start")
@@ -233,6 +237,7 @@ async def test_global_abort_during_backoff(stuck):
 
 
 async def test_disable_during_backoff_lets_the_pending_retry_run_then_ends(slow):
+    """Disable during backoff lets the pending retry run then ends."""
     run = await slow.run([OVERLOADED, OVERLOADED, OK])
     await run.client.prompt("disable during backoff")
     await run.client.wait_for_event("auto_retry_start")
@@ -246,6 +251,7 @@ async def test_disable_during_backoff_lets_the_pending_retry_run_then_ends(slow)
 
 
 async def test_disabled_never_retries(fast):
+    """Disabled never retries."""
     run = await fast.run([OVERLOADED])
     await run.client.set_auto_retry(False)
     await run.client.prompt("disabled")
@@ -254,6 +260,7 @@ async def test_disabled_never_retries(fast):
 
 
 async def test_fatal_after_retry_ends_the_chain(fast):
+    """Fatal after retry ends the chain."""
     run = await fast.run([OVERLOADED, UNAUTHORIZED])
     await run.client.prompt("fatal after retry")
     await run.idle()
@@ -263,6 +270,7 @@ async def test_fatal_after_retry_ends_the_chain(fast):
 
 
 async def test_fatal_first_is_not_retried(fast):
+    """Fatal first is not retried."""
     run = await fast.run([UNAUTHORIZED])
     await run.client.prompt("fatal")
     await run.idle()
@@ -270,6 +278,7 @@ async def test_fatal_first_is_not_retried(fast):
 
 
 async def test_overflow_is_not_retried(fast):
+    """Overflow is not retried."""
     run = await fast.run([OVERFLOW])
     await run.client.prompt("overflow")
     await run.idle()
@@ -277,6 +286,7 @@ async def test_overflow_is_not_retried(fast):
 
 
 async def test_max_retries_zero_emits_a_lone_end(no_retries):
+    """Max retries zero emits a lone end."""
     run = await no_retries.run([OVERLOADED])
     await run.client.prompt("no retries")
     await run.idle()
@@ -286,6 +296,7 @@ async def test_max_retries_zero_emits_a_lone_end(no_retries):
 
 
 async def test_mid_stream_drop_is_retried_without_the_partial_message(fast):
+    """Mid stream drop is retried without the partial message."""
     run = await fast.run([{"stream": ["partial"], "drop": True}, OK])
     await run.client.prompt("drop")
     await run.idle()
@@ -297,6 +308,7 @@ async def test_mid_stream_drop_is_retried_without_the_partial_message(fast):
 
 
 async def test_two_chains_each_start_at_attempt_one(fast):
+    """Two chains each start at attempt one."""
     run = await fast.run([OVERLOADED, OK, OVERLOADED, OK])
     await run.client.prompt("one")
     await run.idle()
@@ -307,6 +319,7 @@ async def test_two_chains_each_start_at_attempt_one(fast):
 
 
 async def test_usage_limit_uses_the_normal_backoff(fast):
+    """Usage limit uses the normal backoff."""
     run = await fast.run([USAGE_LIMIT] * 5)
     await run.client.prompt("usage limit")
     await run.idle()
@@ -316,6 +329,7 @@ async def test_usage_limit_uses_the_normal_backoff(fast):
 
 
 async def test_long_retry_after_hint_does_not_lengthen_the_backoff(fast):
+    """Long retry after hint does not lengthen the backoff."""
     hinted = err(429, "Rate limit reached. Please try again in 60s.", "rate_limit_error",
                  "rate_limit_exceeded", headers={"retry-after": "60"})
     run = await fast.run([hinted, OK])
@@ -328,6 +342,7 @@ async def test_long_retry_after_hint_does_not_lengthen_the_backoff(fast):
 
 
 async def test_get_state_during_a_backoff(stuck):
+    """Get state during a backoff."""
     run = await stuck.run([OVERLOADED, OK])
     before = await run.client.get_state()
     assert before["isRetrying"] is False and before["autoRetryEnabled"] is True
@@ -342,6 +357,7 @@ async def test_get_state_during_a_backoff(stuck):
 
 async def test_prompt_during_a_backoff_never_bypasses_it(slow):
     # docs/policy.md §8 item 7: a message sent during the backoff must not bypass the delay.
+    """Prompt during a backoff never bypasses it."""
     run = await slow.run([OVERLOADED, OK])
     await run.client.prompt("first")
     await run.client.wait_for_event("auto_retry_start")
@@ -358,6 +374,7 @@ async def test_prompt_during_a_backoff_never_bypasses_it(slow):
 
 async def test_a_dead_shared_server_is_replaced(fast):
     # Keeps the sharing honest: a test that kills the server does not break the next one.
+    """A dead shared server is replaced."""
     run = await fast.run([])
     os.kill(run.client.pid, 9)
     with pytest.raises(Exception):

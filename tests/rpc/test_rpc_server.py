@@ -143,6 +143,7 @@ def spawn(tmp_path: Path, script: list[dict], retry: dict, extra: list[str] = ()
 
 # ------------------------------------------------------------------ pure parts
 def test_framer_splits_on_newline_only_and_strips_one_cr():
+    """Framer splits on newline only and strips one cr."""
     framer = LineFramer(100)
     assert framer.feed("a\u2028b\u2029c\r\n".encode() + b"d\r\r\n" + b"par") == [
         "a\u2028b\u2029c".encode(), b"d\r"]
@@ -152,6 +153,7 @@ def test_framer_splits_on_newline_only_and_strips_one_cr():
 
 
 def test_framer_discards_an_overlong_line_without_holding_it():
+    """Framer discards an overlong line without holding it."""
     framer = LineFramer(10)
     out = []
     for _ in range(100):
@@ -171,6 +173,7 @@ def test_framer_discards_an_overlong_line_without_holding_it():
      Command("prompt", {"type": "prompt", "message": "hi", "streamingBehavior": None})),
 ])
 def test_parse_valid(line, expected):
+    """Parse valid."""
     assert parse_command(line) == expected
 
 
@@ -195,6 +198,7 @@ def test_parse_valid(line, expected):
     (b'{"id":"k","type":"get_state"}\xff\xfe', "parse", "invalid UTF-8 at byte 29 (0xff)", "k"),
 ])
 def test_parse_errors_name_the_problem(line, command, words, id_):
+    """Parse errors name the problem."""
     err = parse_command(line)
     assert isinstance(err, CommandError)
     assert err.command == command and words in err.error, err.error
@@ -204,6 +208,7 @@ def test_parse_errors_name_the_problem(line, command, words, id_):
 
 
 def test_encode_line_is_one_line_whatever_the_strings():
+    """Encode line is one line whatever the strings."""
     line = encode_line({"t": "a\u2028b\u2029c\nd", "lone": "\ud800", "nan": float("nan"), "é": "ü"})
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert "\u2028".encode() not in line and "\u2029".encode() not in line
@@ -212,6 +217,7 @@ def test_encode_line_is_one_line_whatever_the_strings():
 
 # ------------------------------------------------------------------ the process
 def test_get_state_reports_the_retry_fields_and_echoes_ids(shared):
+    """Get state reports the retry fields and echoes ids."""
     shared.send(b'{"id": 12, "type": "get_state"}\n')
     reply = shared.response(12)
     assert list(reply)[:4] == ["id", "type", "command", "success"]
@@ -250,6 +256,7 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize("data, words, id_", BAD_INPUT)
 def test_bad_input_gets_an_error_and_the_server_keeps_serving(shared, data, words, id_):
+    """Bad input gets an error and the server keeps serving."""
     shared.send(data)
     reply = shared.response(timeout=20)
     assert reply["success"] is False and reply["type"] == "response" and words in reply["error"], reply
@@ -259,6 +266,7 @@ def test_bad_input_gets_an_error_and_the_server_keeps_serving(shared, data, word
 
 
 def test_blank_lines_are_ignored(shared):
+    """Blank lines are ignored."""
     shared.send(b"\n\r\n   \n")
     shared.send(b'{"id":"after-blank","type":"get_state"}\n')
     reply = shared.response()
@@ -266,6 +274,7 @@ def test_blank_lines_are_ignored(shared):
 
 
 def test_crlf_lines_are_accepted(shared):
+    """Crlf lines are accepted."""
     shared.send(b'{"id":"crlf","type":"set_auto_retry","enabled":false}\r\n')
     assert shared.response("crlf")["success"] is True
     assert shared.get_state()["autoRetryEnabled"] is False
@@ -275,6 +284,7 @@ def test_crlf_lines_are_accepted(shared):
 
 
 def test_each_command_answers(shared):
+    """Each command answers."""
     for command in ({"type": "abort_retry"}, {"type": "abort"},
                     {"type": "set_auto_retry", "enabled": True}, {"type": "get_state"}):
         reply = shared.request(command)
@@ -282,6 +292,7 @@ def test_each_command_answers(shared):
 
 
 def test_prompt_runs_a_turn_with_u2028_inside_the_message(shared):
+    """Prompt runs a turn with u2028 inside the message."""
     text = "line one\u2028line two\u2029end"
     shared.send(b'{"id":"u","type":"prompt","message":"' + text.encode() + b'"}\n')
     _, reply, before = shared.until(lambda o: o.get("id") == "u")
@@ -299,6 +310,7 @@ def test_prompt_runs_a_turn_with_u2028_inside_the_message(shared):
 
 
 def test_line_over_the_limit_is_rejected_with_bounded_memory(shared):
+    """Line over the limit is rejected with bounded memory."""
     shared.request({"type": "prompt", "message": "load the SDK first"})
     shared.event("agent_end")
 
@@ -322,6 +334,7 @@ def test_line_over_the_limit_is_rejected_with_bounded_memory(shared):
 
 
 def test_prompt_is_answered_at_once_and_get_state_during_the_turn(tmp_path):
+    """Prompt is answered at once and get state during the turn."""
     fs, server = spawn(tmp_path, [{"stream": ["slow"], "delay_ms": 1500}], {})
     try:
         server.get_state()
@@ -348,6 +361,7 @@ def test_prompt_is_answered_at_once_and_get_state_during_the_turn(tmp_path):
 
 
 def test_abort_stops_a_running_turn(tmp_path):
+    """Abort stops a running turn."""
     fs, server = spawn(tmp_path, [{"stream": ["never"], "delay_ms": 10000}], {})
     try:
         server.request({"type": "prompt", "message": "hi"})
@@ -370,6 +384,7 @@ def test_abort_stops_a_running_turn(tmp_path):
 
 @pytest.mark.parametrize("how", ["eof", "sigterm"])
 def test_exit_within_a_second_during_a_5s_backoff(tmp_path, how):
+    """Exit within a second during a 5s backoff."""
     fs, server = spawn(tmp_path, [OVERLOADED], {"baseDelayMs": 5000})
     try:
         server.request({"type": "prompt", "message": "hi"})
@@ -393,6 +408,7 @@ def test_exit_within_a_second_during_a_5s_backoff(tmp_path, how):
 def test_stdout_carries_protocol_lines_only(tmp_path, provider):
     # Something in the process prints and writes to descriptor 1 once the server runs, the
     # openai SDK logs at debug level and every warning is shown: all of it must reach stderr.
+    """Stdout carries protocol lines only."""
     (tmp_path / "sitecustomize.py").write_text(
         "import os, sys, threading, time\n"
         "def noisy():\n"
@@ -424,6 +440,7 @@ def test_stdout_carries_protocol_lines_only(tmp_path, provider):
 
 
 def test_bad_settings_file_exits_2_naming_the_key(tmp_path):
+    """Bad settings file exits 2 naming the key."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"retry": {"maxRetries": -1}}))
     proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
@@ -434,6 +451,7 @@ def test_bad_settings_file_exits_2_naming_the_key(tmp_path):
 
 
 def test_session_log_keeps_every_message(tmp_path):
+    """Session log keeps every message."""
     fs, server = spawn(tmp_path, [OVERLOADED], {}, ["--session-file", str(tmp_path / "s" / "{id}.jsonl")])
     try:
         sid = server.get_state()["sessionId"]
@@ -449,6 +467,7 @@ def test_session_log_keeps_every_message(tmp_path):
 
 
 def test_default_session_file_is_under_dot_fsm(tmp_path, provider):
+    """Default session file is under dot fsm."""
     server = RawServer(["--base-url", provider.base_url, "--model", "m"], tmp_path)
     try:
         sid = server.get_state()["sessionId"]
@@ -459,6 +478,7 @@ def test_default_session_file_is_under_dot_fsm(tmp_path, provider):
 
 
 def test_trace_file_records_transitions(tmp_path):
+    """Trace file records transitions."""
     trace = tmp_path / "trace.jsonl"
     fs, server = spawn(tmp_path, [OVERLOADED], {}, ["--trace", str(trace)])
     try:
@@ -474,6 +494,7 @@ def test_trace_file_records_transitions(tmp_path):
 
 @pytest.mark.parametrize("how", ["eof", "sigterm"])
 def test_exit_even_when_the_client_stops_reading_stdout(tmp_path, provider, how):
+    """Exit even when the client stops reading stdout."""
     proc = subprocess.Popen([sys.executable, "-m", "fsm", "rpc", "--base-url", provider.base_url,
                              "--model", "m", "--no-session"], cwd=tmp_path, env=rpc_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -501,6 +522,7 @@ def test_exit_even_when_the_client_stops_reading_stdout(tmp_path, provider, how)
 
 
 def test_server_exits_when_its_stdout_reader_goes_away(tmp_path, provider):
+    """Server exits when its stdout reader goes away."""
     proc = subprocess.Popen([sys.executable, "-m", "fsm", "rpc", "--base-url", provider.base_url,
                              "--model", "m", "--no-session"], cwd=tmp_path, env=rpc_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -521,6 +543,7 @@ def test_server_exits_when_its_stdout_reader_goes_away(tmp_path, provider):
 
 def test_commands_from_a_regular_file_then_exit(tmp_path):
     # A regular file cannot be watched by the event loop: the reader thread serves it.
+    """Commands from a regular file then exit."""
     commands = tmp_path / "commands.jsonl"
     commands.write_bytes(b'{"id":1,"type":"get_state"}\n{"id":2,"type":"nope"}\r\n'
                          b'{"id":3,"type":"set_auto_retry","enabled":false}\n{"id":4,"type":"get_state"}')
@@ -534,6 +557,7 @@ def test_commands_from_a_regular_file_then_exit(tmp_path):
 
 
 def test_empty_stdin_exits_at_once(tmp_path):
+    """Empty stdin exits at once."""
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session"],
                           cwd=tmp_path, env=rpc_env(), stdin=subprocess.DEVNULL, capture_output=True,
@@ -543,6 +567,7 @@ def test_empty_stdin_exits_at_once(tmp_path):
 
 @pytest.mark.parametrize("kind", ["compact", "new_session", "get_commands", "set_model"])
 def test_pi_commands_this_server_lacks_parse_to_a_not_implemented_error(kind):
+    """Pi commands this server lacks parse to a not implemented error."""
     err = parse_command(json.dumps({"id": "x", "type": kind}).encode())
     assert isinstance(err, CommandError) and err.id == "x" and err.command == kind
     assert f"command '{kind}' is not implemented by this server" in err.error
@@ -550,11 +575,13 @@ def test_pi_commands_this_server_lacks_parse_to_a_not_implemented_error(kind):
 
 
 def test_an_extension_ui_response_gets_no_answer():
+    """An extension ui response gets no answer."""
     assert parse_command(b'{"type":"extension_ui_response","id":"ui1","value":"yes"}') is None
 
 
 @pytest.mark.parametrize("line", [b'{"type":"steer"}', b'{"type":"follow_up","message":3}'])
 def test_steer_and_follow_up_need_a_message(line):
+    """Steer and follow up need a message."""
     err = parse_command(line)
     assert isinstance(err, CommandError) and 'field "message"' in err.error
 

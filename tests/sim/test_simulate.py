@@ -238,3 +238,54 @@ def test_the_seed_runs_through_the_host_kernel():
     honor = BrainRetrier(BrainPolicy(RetrySettings(retry_hints="honor"), Messages(), clock, "fleet"),
                          0, random.Random(1))
     assert honor.kernel is None and honor.coord is not None
+
+
+def test_simulate_refuses_a_folder_as_json_before_simulating(tmp_path, capsys, monkeypatch):
+    """--json DIR (a folder) exits 2 with one line before any simulation runs."""
+    import fsm.commands.simulate as cmd
+    monkeypatch.setattr(cmd, "_one", lambda job: pytest.fail("simulated before checking --json"))
+    assert main(["simulate", "--sessions", "10", "--scenario", "outage30s",
+                 "--json", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a folder" in err[0] and str(tmp_path) in err[0]
+    assert main(["simulate", "--sessions", "10", "--json", str(tmp_path / "no" / "o.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_simulate_refuses_an_existing_file_as_svg_before_simulating(tmp_path, capsys,
+                                                                     monkeypatch):
+    """--svg FILE (an existing file) exits 2 with one line before any simulation runs."""
+    import fsm.commands.simulate as cmd
+    monkeypatch.setattr(cmd, "_one", lambda job: pytest.fail("simulated before checking --svg"))
+    f = tmp_path / "pic.svg"
+    f.write_text("x")
+    assert main(["simulate", "--sessions", "10", "--scenario", "outage30s", "--svg", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file" in err[0] and str(f) in err[0]
+    assert f.read_text() == "x"
+
+
+def test_simulate_runs_the_settings_policy_whenever_settings_is_given(tmp_path, capsys):
+    """--settings FILE with --policy seed runs the user's settings too, and says so in one line."""
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps({"retry": {"maxRetries": 5}}))
+    out = tmp_path / "o.json"
+    assert main(["simulate", "--sessions", "20", "--scenario", "outage30s", "--settings", str(good),
+                 "--policy", "seed", "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["scenarios"]["outage30s"]) == ["ideal", "seed",
+                                                                           "settings"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'also running the policy "settings"' in err[0]
+
+
+def test_simulate_help_says_what_each_policy_name_means(capsys):
+    """--help names and explains every policy: ideal, seed, seed_by_hand, resilient, settings,
+    each baseline."""
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = capsys.readouterr().out
+    policies = text[text.index("Policies:"):]
+    for name in (*POLICIES, "settings"):
+        assert f"{name} (" in policies or f"{name}," in policies or f"{name}\n" in policies \
+            or f"{name} " in policies, name
+    assert "clairvoyant" in policies and "by hand" in policies and "--settings" in policies

@@ -104,6 +104,7 @@ OK = {"stream": ["ok"]}
     ({"stream": [], "chunk_delay_ms": 1.5j}, "chunk_delay_ms must be a number of milliseconds, got complex"),
 ])
 def test_validation_names_the_entry_and_the_problem(bad, message):
+    """Validation names the entry and the problem."""
     with pytest.raises(ValueError) as info:
         validate_script([OK, {"status": 503}, bad])
     assert str(info.value).startswith("script entry 2: ")
@@ -112,11 +113,13 @@ def test_validation_names_the_entry_and_the_problem(bad, message):
 
 @pytest.mark.parametrize("bad, kind", [({"status": 500}, "object"), ("x", "string"), (None, "null")])
 def test_script_must_be_a_list(bad, kind):
+    """Script must be a list."""
     with pytest.raises(ValueError, match=f"script must be a JSON list of entries, got {kind}"):
         validate_script(bad)
 
 
 def test_validation_normalises_headers_and_copies():
+    """Validation normalises headers and copies."""
     script = [{"status": 429, "headers": {"Retry-After": 60, "X-Ratio": 1.5}}, {}]
     out = validate_script(script)
     assert out == [{"status": 429, "headers": {"retry-after": "60", "x-ratio": "1.5"}}, {}]
@@ -124,6 +127,7 @@ def test_validation_normalises_headers_and_copies():
 
 
 def test_every_documented_key_is_accepted():
+    """Every documented key is accepted."""
     validate_script([
         {"status": 500, "json": {"error": {}}, "headers": {"a": "b"}, "delay_ms": 1, "hang_ms": 0},
         {"status": 400, "body": "no"},
@@ -134,6 +138,7 @@ def test_every_documented_key_is_accepted():
 
 
 def test_server_refuses_a_bad_script():
+    """Server refuses a bad script."""
     with pytest.raises(ValueError, match="script entry 0: status must be between"):
         FaultServer([{"status": 1000}])
 
@@ -141,6 +146,7 @@ def test_server_refuses_a_bad_script():
 # -- answers ------------------------------------------------------------------------------------
 
 def test_stream_answer_shape():
+    """Stream answer shape."""
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     with FaultServer([{"stream": ["Hel", "lo"], "usage": usage, "finish_reason": "length"}]) as srv:
         status, headers, data = post(srv, STREAM_REQ)
@@ -155,6 +161,7 @@ def test_stream_answer_shape():
 
 
 def test_stream_with_headers_and_status():
+    """Stream with headers and status."""
     entry = {"stream": ["a"], "status": 201, "headers": {"x-extra": "1", "content-type": "text/plain"}}
     with FaultServer([entry]) as srv:
         status, headers, data = post(srv, STREAM_REQ)
@@ -163,6 +170,7 @@ def test_stream_with_headers_and_status():
 
 
 def test_raw_objects_in_the_stream_are_sent_verbatim_and_usage_null_skips_the_usage_chunk():
+    """Raw objects in the stream are sent verbatim and usage null skips the usage chunk."""
     with FaultServer([{"stream": ["a", {"error": {"message": "boom"}}], "usage": None}]) as srv:
         evs = events(post(srv, STREAM_REQ)[2])
     assert {"error": {"message": "boom"}} in evs
@@ -171,6 +179,7 @@ def test_raw_objects_in_the_stream_are_sent_verbatim_and_usage_null_skips_the_us
 
 
 def test_error_answers():
+    """Error answers."""
     script = [
         {"status": 529, "json": {"type": "error"}, "headers": {"retry-after": 60}},
         {"status": 502, "body": "<html>bad gateway</html>", "headers": {"content-type": "text/html"}},
@@ -192,6 +201,7 @@ def test_error_answers():
 
 
 def test_plain_success_after_the_script_is_used_up():
+    """Plain success after the script is used up."""
     with FaultServer([{"status": 500, "json": {}}]) as srv:
         assert post(srv, STREAM_REQ)[0] == 500
         status, _, data = post(srv, STREAM_REQ)
@@ -207,12 +217,14 @@ def test_plain_success_after_the_script_is_used_up():
 
 
 def test_status_200_alone_and_delay_alone_are_plain_successes():
+    """Status 200 alone and delay alone are plain successes."""
     with FaultServer([{"status": 200}, {"delay_ms": 1}]) as srv:
         assert deltas(events(post(srv, STREAM_REQ)[2])) == ["ok"]
         assert deltas(events(post(srv, STREAM_REQ)[2])) == ["ok"]
 
 
 def test_delay_is_honoured():
+    """Delay is honoured."""
     with FaultServer([{"delay_ms": 150, "status": 503}]) as srv:
         started = time.monotonic()
         assert post(srv, STREAM_REQ)[0] == 503
@@ -220,6 +232,7 @@ def test_delay_is_honoured():
 
 
 def test_chunk_delay_spaces_the_items():
+    """Chunk delay spaces the items."""
     with FaultServer([{"stream": ["a", "b", "c"], "chunk_delay_ms": 60}]) as srv:
         started = time.monotonic()
         assert deltas(events(post(srv, STREAM_REQ)[2])) == ["a", "b", "c"]
@@ -242,6 +255,7 @@ def _raw_exchange(srv: FaultServer, body: bytes = b"{}") -> tuple[bytes, BaseExc
 
 
 def test_drop_rst_resets_after_the_deltas():
+    """Drop rst resets after the deltas."""
     with FaultServer([{"stream": ["partial"], "drop": True, "chunk_delay_ms": 10}]) as srv:
         data, error = _raw_exchange(srv)
         assert srv.chat_requests[0]["outcome"] == "dropped_rst"
@@ -250,6 +264,7 @@ def test_drop_rst_resets_after_the_deltas():
 
 
 def test_drop_fin_closes_mid_body():
+    """Drop fin closes mid body."""
     with FaultServer([{"stream": ["partial"], "drop": True, "drop_mode": "fin"}]) as srv:
         data, error = _raw_exchange(srv)
         assert srv.chat_requests[0]["outcome"] == "dropped_fin"
@@ -258,6 +273,7 @@ def test_drop_fin_closes_mid_body():
 
 
 def test_no_done_ends_the_body_cleanly_without_the_final_chunks():
+    """No done ends the body cleanly without the final chunks."""
     with FaultServer([{"stream": ["partial"], "no_done": True}]) as srv:
         status, _, data = post(srv, STREAM_REQ)
         assert srv.chat_requests[0]["outcome"] == "truncated"
@@ -269,6 +285,7 @@ def test_no_done_ends_the_body_cleanly_without_the_final_chunks():
 # -- routes and records -------------------------------------------------------------------------
 
 def test_models_and_unknown_paths():
+    """Models and unknown paths."""
     with FaultServer(model="the-model") as srv:
         status, data = get(srv, "/v1/models")
         assert status == 200
@@ -284,6 +301,7 @@ def test_models_and_unknown_paths():
 
 
 def test_request_records():
+    """Request records."""
     with FaultServer([{"status": 503}]) as srv:
         before = time.monotonic() * 1000
         post(srv, STREAM_REQ, headers={"Authorization": "Bearer k"})
@@ -297,6 +315,7 @@ def test_request_records():
 
 
 def test_chunked_request_body_is_read():
+    """Chunked request body is read."""
     with FaultServer() as srv:
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         conn.request("POST", CHAT, body=iter([b'{"stream": ', b'true, "model": "c"}']),
@@ -307,6 +326,7 @@ def test_chunked_request_body_is_read():
 
 
 def test_client_gone_during_delay_is_recorded_and_stop_ends_hangs():
+    """Client gone during delay is recorded and stop ends hangs."""
     with FaultServer([{"delay_ms": 60_000}, {"hang_ms": 60_000}]) as srv:
         sock = socket.create_connection(("127.0.0.1", srv.port))
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}")
@@ -330,6 +350,7 @@ def test_client_gone_during_delay_is_recorded_and_stop_ends_hangs():
 
 
 def test_pipelined_bytes_do_not_end_a_delay():
+    """Pipelined bytes do not end a delay."""
     with FaultServer([{"delay_ms": 150, "status": 503}]) as srv:
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}"
@@ -345,6 +366,7 @@ def test_pipelined_bytes_do_not_end_a_delay():
 
 
 def test_client_gone_mid_stream_is_recorded():
+    """Client gone mid stream is recorded."""
     with FaultServer([{"stream": ["a", "b"], "chunk_delay_ms": 60_000},
                       {"stream": ["a"], "drop": True, "chunk_delay_ms": 60_000}]) as srv:
         for index in range(2):
@@ -361,6 +383,7 @@ def test_client_gone_mid_stream_is_recorded():
 
 
 def test_writing_to_a_vanished_client_is_recorded():
+    """Writing to a vanished client is recorded."""
     big = "x" * 65536
     with FaultServer([{"stream": [big] * 200}]) as srv:
         sock = socket.create_connection(("127.0.0.1", srv.port))
@@ -375,6 +398,7 @@ def test_writing_to_a_vanished_client_is_recorded():
 
 
 def test_hundreds_of_concurrent_connections():
+    """Hundreds of concurrent connections."""
     n = 300
 
     async def one_request(port: int) -> bytes:
@@ -405,6 +429,7 @@ def test_hundreds_of_concurrent_connections():
 
 
 def test_base_url_and_ipv6():
+    """Base URL and ipv6."""
     with FaultServer() as srv:
         assert srv.base_url == f"http://127.0.0.1:{srv.port}/v1"
     try:
@@ -420,6 +445,7 @@ def test_base_url_and_ipv6():
 
 
 def test_package_exports_are_lazy():
+    """Package exports are lazy."""
     import fsm.providers as providers
     assert {"FaultServer", "OpenAIChatProvider", "validate_script"} <= set(dir(providers))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
@@ -427,11 +453,13 @@ def test_package_exports_are_lazy():
 
 
 def test_binds_only_the_given_host():
+    """Binds only the given host."""
     with FaultServer() as srv:
         assert srv._httpd.socket.getsockname()[0] == "127.0.0.1"
 
 
 def test_verbose_logs_one_json_line_per_answer(capsys):
+    """Verbose logs one JSON line per answer."""
     with FaultServer([{"status": 503}], verbose=True) as srv:
         post(srv, STREAM_REQ)
     err = capsys.readouterr().err.strip().splitlines()
@@ -441,6 +469,7 @@ def test_verbose_logs_one_json_line_per_answer(capsys):
 
 
 def test_malformed_chunked_body_gets_400():
+    """Malformed chunked body gets 400."""
     with FaultServer() as srv:
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -453,6 +482,7 @@ def test_malformed_chunked_body_gets_400():
 
 
 def test_handler_bugs_are_reported_not_swallowed(monkeypatch, capsys):
+    """Handler bugs are reported not swallowed."""
     def broken(*args, **kwargs):
         raise RuntimeError("bug in the handler")
 
@@ -464,6 +494,7 @@ def test_handler_bugs_are_reported_not_swallowed(monkeypatch, capsys):
 
 
 def test_wait_sent_gives_up_without_hanging(monkeypatch):
+    """Wait sent gives up without hanging."""
     import termios
     from fsm.testing.fault_server import wait_sent
     stopping = threading.Event()
@@ -486,6 +517,7 @@ def test_wait_sent_gives_up_without_hanging(monkeypatch):
 
 
 def test_stop_without_start_and_start_twice():
+    """Stop without start and start twice."""
     FaultServer().stop()
     with FaultServer() as srv:
         assert srv.start() is srv
@@ -505,6 +537,7 @@ def _spawn(*args: str, stdin: bool = False) -> subprocess.Popen:
 @pytest.mark.subprocess
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_command_prints_the_base_url_first_and_serves(tmp_path, sig):
+    """Command prints the base URL first and serves."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"status": 529, "json": {"type": "error"}}]))
     proc = _spawn("--script", str(script))
@@ -531,6 +564,7 @@ def test_command_prints_the_base_url_first_and_serves(tmp_path, sig):
 
 @pytest.mark.subprocess
 def test_command_reads_stdin_and_scenario_files():
+    """Command reads stdin and scenario files."""
     scenario = {"name": "x", "server": {"script": [{"status": 418, "body": "teapot"}]}}
     proc = _spawn("--script", "-", "--port", "0", stdin=True)
     try:
@@ -553,6 +587,7 @@ def test_command_reads_stdin_and_scenario_files():
 
 @pytest.mark.subprocess
 def test_command_refuses_a_bad_script_with_status_2(tmp_path):
+    """Command refuses a bad script with status 2."""
     script = tmp_path / "bad.json"
     script.write_text(json.dumps([{"stream": ["a"]}, {"stream": ["b"], "drop": "yes"}]))
     proc = _spawn("--script", str(script))
@@ -567,6 +602,7 @@ def test_command_refuses_a_bad_script_with_status_2(tmp_path):
     (None, "No such file or directory"),
 ])
 def test_command_errors_in_process(tmp_path, capsys, content, problem):
+    """Command errors in process."""
     path = tmp_path / "script.json"
     if content is not None:
         path.write_text(content)
@@ -576,6 +612,7 @@ def test_command_errors_in_process(tmp_path, capsys, content, problem):
 
 
 def test_command_bad_port_and_busy_port(tmp_path, capsys):
+    """Command bad port and busy port."""
     path = tmp_path / "script.json"
     path.write_text("[]")
     assert main(["fault-server", "--script", str(path), "--port", "70000"]) == 2
@@ -604,11 +641,13 @@ def raw_exchange(srv: FaultServer, data: bytes, timeout: float = 10) -> bytes:
 
 @pytest.mark.parametrize("host", ["", "0.0.0.0", "::", "192.168.1.20", "example.com"])
 def test_a_host_reachable_from_other_machines_needs_allow_remote(host):
+    """A host reachable from other machines needs allow remote."""
     with pytest.raises(ValueError, match="pass allow_remote=True"):
         FaultServer(host=host)
 
 
 def test_allow_remote_binds_every_interface_and_the_base_url_stays_usable():
+    """Allow remote binds every interface and the base URL stays usable."""
     with FaultServer(host="0.0.0.0", allow_remote=True) as srv:
         assert srv.base_url == f"http://127.0.0.1:{srv.port}/v1"
         assert get(srv, "/v1/models")[0] == 200
@@ -616,6 +655,7 @@ def test_allow_remote_binds_every_interface_and_the_base_url_stays_usable():
 
 @pytest.mark.parametrize("host", ["", "0.0.0.0", "::"])
 def test_command_refuses_a_wildcard_host_without_allow_remote(tmp_path, capsys, host):
+    """Command refuses a wildcard host without allow remote."""
     path = tmp_path / "script.json"
     path.write_text("[]")
     assert main(["fault-server", "--script", str(path), "--host", host]) == 2
@@ -624,6 +664,7 @@ def test_command_refuses_a_wildcard_host_without_allow_remote(tmp_path, capsys, 
 
 
 def test_command_warns_loudly_with_allow_remote(tmp_path):
+    """Command warns loudly with allow remote."""
     path = tmp_path / "script.json"
     path.write_text("[]")
     proc = subprocess.Popen([sys.executable, "-m", "fsm", "fault-server", "--script", str(path),
@@ -638,6 +679,7 @@ def test_command_warns_loudly_with_allow_remote(tmp_path):
 
 
 def test_command_refuses_a_bad_timeout(tmp_path, capsys):
+    """Command refuses a bad timeout."""
     path = tmp_path / "script.json"
     path.write_text("[]")
     assert main(["fault-server", "--script", str(path), "--timeout", "0"]) == 2
@@ -655,6 +697,7 @@ def child_env():
     (b"transfer-encoding: gzip", 400), (b"transfer-encoding: chunked\r\ncontent-length: 3", 400),
 ])
 def test_bad_or_huge_content_length_is_answered_not_a_traceback(capsys, header, status):
+    """Bad or huge content length is answered not a traceback."""
     with FaultServer(max_body_bytes=1000) as srv:
         out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n")
         assert out.startswith(b"HTTP/1.1 %d " % status), out[:200]
@@ -669,6 +712,7 @@ def test_bad_or_huge_content_length_is_answered_not_a_traceback(capsys, header, 
     (b"1" * 5000 + b"\r\n", 400), (b"-5\r\n", 400),
 ])
 def test_huge_or_malformed_chunk_sizes_are_answered(capsys, chunks, status):
+    """Huge or malformed chunk sizes are answered."""
     with FaultServer(max_body_bytes=1000) as srv:
         out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                                 b"transfer-encoding: chunked\r\n\r\n" + chunks)
@@ -677,6 +721,7 @@ def test_huge_or_malformed_chunk_sizes_are_answered(capsys, chunks, status):
 
 
 def test_a_chunked_body_with_trailers_is_read():
+    """A chunked body with trailers is read."""
     with FaultServer([{"status": 503}]) as srv:
         body = json.dumps(STREAM_REQ).encode()
         out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nconnection: close\r\n"
@@ -686,6 +731,7 @@ def test_a_chunked_body_with_trailers_is_read():
 
 
 def test_a_slow_client_is_dropped_after_the_timeout():
+    """A slow client is dropped after the timeout."""
     with FaultServer(timeout_s=0.2) as srv:
         started = time.monotonic()
         out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{")
@@ -718,6 +764,7 @@ def test_request_bodies_are_not_kept_forever():
 
 
 def test_verbose_redacts_keys_in_query_strings_and_headers(capsys):
+    """Verbose redacts keys in query strings and headers."""
     with FaultServer([{"status": 503}], verbose=True) as srv:
         post(srv, STREAM_REQ, path=CHAT + "?key=AIzaSecret123&api-version=2024&token=t0k",
              headers={"authorization": "Bearer sk-secret-123456789", "x-api-key": "anthropic-secret"})
@@ -739,11 +786,13 @@ def test_verbose_redacts_keys_in_query_strings_and_headers(capsys):
     ({"status": 304, "stream": []}, "status 304 has no body (RFC 9110), leave out stream"),
 ])
 def test_scripts_with_1xx_or_a_204_with_a_body_are_refused_at_load(entry, message):
+    """Scripts with 1xx or a 204 with a body are refused at load."""
     with pytest.raises(ValueError, match=f"script entry 0: {re.escape(message)}"):
         validate_script([entry])
 
 
 def test_a_scripted_204_is_sent_without_body_or_length():
+    """A scripted 204 is sent without body or length."""
     with FaultServer([{"status": 204, "headers": {"x-a": "1"}}, {}]) as srv:
         out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nconnection: close\r\n"
                                 b"content-length: 2\r\n\r\n{}")
@@ -759,6 +808,7 @@ def test_a_scripted_204_is_sent_without_body_or_length():
     b"transfer-encoding: chunked\r\n\r\n10\r\nabc",  # leaves inside a chunk
 ])
 def test_a_client_leaving_inside_the_body_is_not_answered_or_recorded(capsys, tail):
+    """A client leaving inside the body is not answered or recorded."""
     with FaultServer() as srv:
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + tail)
@@ -771,6 +821,7 @@ def test_a_client_leaving_inside_the_body_is_not_answered_or_recorded(capsys, ta
 
 
 def test_too_many_trailer_lines_are_refused():
+    """Too many trailer lines are refused."""
     with FaultServer() as srv:
         out = raw_exchange(srv, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                                 b"transfer-encoding: chunked\r\n\r\n0\r\n" + b"x-t: 1\r\n" * 101 + b"\r\n")

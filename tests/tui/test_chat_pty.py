@@ -311,6 +311,7 @@ def loader_seconds(chat: Chat, attempt: str) -> int:
 
 # ---------------------------------------------------------------------- tests
 def test_loader_counts_down_then_the_retried_answer_clears_it(run_chat, tmp_path):
+    """Loader counts down then the retried answer clears it."""
     session_file = tmp_path / "session.jsonl"
     chat, server = run_chat([OVERLOADED, {"stream": ["Recovered ", "after one retry."]}],
                             {"baseDelayMs": 2500, "maxRetries": 2},
@@ -346,6 +347,7 @@ def test_loader_counts_down_then_the_retried_answer_clears_it(run_chat, tmp_path
 
 
 def test_esc_during_the_backoff_cancels_the_retry(run_chat, tmp_path):
+    """Esc during the backoff cancels the retry."""
     trace = tmp_path / "trace.jsonl"
     chat, server = run_chat([OVERLOADED], {"baseDelayMs": 2000, "maxRetries": 3},
                             "--trace", str(trace))
@@ -372,6 +374,7 @@ def test_esc_during_the_backoff_cancels_the_retry(run_chat, tmp_path):
 
 
 def test_esc_during_a_retried_turn_aborts_it(run_chat):
+    """Esc during a retried turn aborts it."""
     chat, server = run_chat(
         [OVERLOADED, {"stream": ["Slow ", "answer ", "never ", "finished"], "chunk_delay_ms": 700}],
         {"baseDelayMs": 500, "maxRetries": 1})
@@ -388,6 +391,7 @@ def test_esc_during_a_retried_turn_aborts_it(run_chat):
 
 
 def test_retry_off_shows_the_error_and_no_loader(run_chat):
+    """Retry off shows the error and no loader."""
     chat, server = run_chat([OVERLOADED], {"baseDelayMs": 2000})
     chat.line("/retry off")
     chat.wait_for(r"Auto-retry off", where="transcript")
@@ -406,6 +410,7 @@ def test_retry_off_shows_the_error_and_no_loader(run_chat):
 
 
 def test_enter_on_an_empty_line_during_the_backoff_retries_now(run_chat):
+    """Enter on an empty line during the backoff retries now."""
     chat, server = run_chat([OVERLOADED, {"stream": ["Retried at once."]}], {"baseDelayMs": 60000})
     chat.line("hello")
     loader_seconds(chat, "1/3")
@@ -419,6 +424,7 @@ def test_enter_on_an_empty_line_during_the_backoff_retries_now(run_chat):
 
 
 def test_a_message_typed_during_the_backoff_waits_for_it(run_chat):
+    """A message typed during the backoff waits for it."""
     chat, server = run_chat([OVERLOADED, {"stream": ["Both answered."]}], {"baseDelayMs": 2000})
     chat.line("first")
     loader_seconds(chat, "1/3")
@@ -437,6 +443,7 @@ def test_a_message_typed_during_the_backoff_waits_for_it(run_chat):
 
 
 def test_session_dir_chooses_where_the_log_goes(run_chat, tmp_path):
+    """Session dir chooses where the log goes."""
     logs = tmp_path / "logs"
     chat, server = run_chat([{"stream": ["Logged."]}], None, "--session-dir", str(logs))
     chat.wait_for(r"session log: ", where="transcript")
@@ -451,6 +458,7 @@ def test_session_dir_chooses_where_the_log_goes(run_chat, tmp_path):
 
 
 def test_ctrl_c_during_the_backoff_leaves_cleanly(run_chat):
+    """Ctrl c during the backoff leaves cleanly."""
     chat, server = run_chat([OVERLOADED], {"baseDelayMs": 2000})
     chat.line("hello")
     loader_seconds(chat, "1/3")
@@ -464,6 +472,7 @@ def test_ctrl_c_during_the_backoff_leaves_cleanly(run_chat):
 
 
 def test_ctrl_d_on_an_empty_line_exits_0(run_chat):
+    """Ctrl d on an empty line exits 0."""
     chat, _ = run_chat([])
     chat.send("\x04")
     assert chat.wait_exit() == 0
@@ -471,6 +480,7 @@ def test_ctrl_d_on_an_empty_line_exits_0(run_chat):
 
 
 def test_quit_command_exits_0(run_chat):
+    """Quit command exits 0."""
     chat, _ = run_chat([])
     chat.line("/quit")
     assert chat.wait_exit() == 0
@@ -478,6 +488,7 @@ def test_quit_command_exits_0(run_chat):
 
 @pytest.mark.subprocess
 def test_without_a_terminal_it_refuses_with_status_2():
+    """Without a terminal it refuses with status 2."""
     cmd = [sys.executable, "-m", "fsm", "chat", "--base-url", "http://127.0.0.1:9/v1",
            "--model", "m", "--no-session"]
     done = subprocess.run(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
@@ -489,6 +500,7 @@ def test_without_a_terminal_it_refuses_with_status_2():
 
 @pytest.mark.subprocess
 def test_stdout_not_a_terminal_refuses_too():
+    """Stdout not a terminal refuses too."""
     master, slave = os.openpty()
     try:
         cmd = [sys.executable, "-m", "fsm", "chat", "--base-url", "http://127.0.0.1:9/v1",

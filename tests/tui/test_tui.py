@@ -64,6 +64,7 @@ def failed_turn(view: ChatView, error="Error code: 529 - overloaded") -> list[Li
 
 # ---------------------------------------------------------------------- idle
 def test_idle_view_binds_esc_to_abort_and_shows_no_loader(view):
+    """Idle view binds esc to abort and shows no loader."""
     assert view.esc_action == ESC_ABORT_TURN
     assert view.loader_text() is None
     assert view.activity_text() is None
@@ -72,6 +73,7 @@ def test_idle_view_binds_esc_to_abort_and_shows_no_loader(view):
 
 
 def test_status_line_names_model_retry_switch_state_and_queue(view):
+    """Status line names model retry switch state and queue."""
     view.retry_enabled = False
     view.handle({"type": "queue_update", "queued": ["a", "b"]})
     assert view.status_text() == "m1 · retry off · idle · 2 queued"
@@ -79,6 +81,7 @@ def test_status_line_names_model_retry_switch_state_and_queue(view):
 
 # ---------------------------------------------------------------------- the backoff
 def test_retry_start_rebinds_esc_to_abort_retry_and_shows_the_loader(view):
+    """Retry start rebinds esc to abort retry and shows the loader."""
     failed_turn(view)
     assert view.handle(start()) == []
     assert view.esc_action == ESC_ABORT_RETRY
@@ -102,6 +105,7 @@ def test_loader_counts_down_rounded_up_and_never_shows_zero_while_waiting(view, 
 
 
 def test_half_a_second_left_shows_one_second(view, clock):
+    """Half a second left shows one second."""
     view.handle(start(delay_ms=500))
     assert view.loader_text() == "Retrying (1/3) in 1s… (esc to cancel, enter to retry now)"
     clock.now += 0.499
@@ -109,12 +113,14 @@ def test_half_a_second_left_shows_one_second(view, clock):
 
 
 def test_loader_keys_can_be_chosen():
+    """Loader keys can be chosen."""
     view = ChatView(keys="esc to cancel", clock=lambda: 0.0)
     view.handle(start(delay_ms=1200))
     assert view.loader_text() == "Retrying (1/3) in 2s… (esc to cancel)"
 
 
 def test_retried_turn_start_restores_esc_and_clears_the_loader(view):
+    """Retried turn start restores esc and clears the loader."""
     failed_turn(view)
     view.handle(start(attempt=2, max_attempts=3))
     view.handle(AGENT_START)
@@ -125,6 +131,7 @@ def test_retried_turn_start_restores_esc_and_clears_the_loader(view):
 
 
 def test_success_end_clears_the_loader_quietly(view):
+    """Success end clears the loader quietly."""
     failed_turn(view)
     view.handle(start())
     view.handle(AGENT_START)
@@ -137,6 +144,7 @@ def test_success_end_clears_the_loader_quietly(view):
 
 
 def test_end_without_a_retried_turn_also_restores_esc(view):
+    """End without a retried turn also restores esc."""
     failed_turn(view)
     view.handle(start())
     view.handle(end(True, 1))
@@ -145,6 +153,7 @@ def test_end_without_a_retried_turn_also_restores_esc(view):
 
 
 def test_esc_cancel_during_backoff_prints_the_failure_line_singular(view):
+    """Esc cancel during backoff prints the failure line singular."""
     failed_turn(view)
     view.handle(start())
     lines = view.handle(end(False, 1, "Retry cancelled"))
@@ -154,6 +163,7 @@ def test_esc_cancel_during_backoff_prints_the_failure_line_singular(view):
 
 
 def test_exhausted_chain_prints_the_final_error_plural(view):
+    """Exhausted chain prints the final error plural."""
     failed_turn(view)
     for attempt in (1, 2, 3):
         view.handle(start(attempt=attempt))
@@ -167,11 +177,13 @@ def test_exhausted_chain_prints_the_final_error_plural(view):
 
 
 def test_each_failed_attempt_shows_its_error(view):
+    """Each failed attempt shows its error."""
     lines = failed_turn(view, error="Error code: 529 - {'type': 'overloaded_error'}")
     assert lines == [Line("Error: Error code: 529 - {'type': 'overloaded_error'}", "error")]
 
 
 def test_abort_during_retried_turn_says_aborted_after_n_attempts_once(view):
+    """Abort during retried turn says aborted after n attempts once."""
     failed_turn(view)
     view.handle(start(attempt=1))
     view.handle(AGENT_START)
@@ -188,6 +200,7 @@ def test_abort_during_retried_turn_says_aborted_after_n_attempts_once(view):
 
 
 def test_abort_after_one_retry_is_singular(view):
+    """Abort after one retry is singular."""
     failed_turn(view)
     view.handle(start(attempt=1))
     view.handle(AGENT_START)
@@ -196,11 +209,13 @@ def test_abort_after_one_retry_is_singular(view):
 
 
 def test_abort_of_a_plain_turn_says_aborted(view):
+    """Abort of a plain turn says aborted."""
     view.handle(AGENT_START)
     assert view.handle(assistant_end("aborted", error="Request was aborted")) == [Line("Aborted", "aborted")]
 
 
 def test_a_new_chain_after_a_cancelled_one_reports_its_own_failure(view):
+    """A new chain after a cancelled one reports its own failure."""
     failed_turn(view)
     view.handle(start(attempt=1))
     view.handle(AGENT_START)
@@ -214,6 +229,7 @@ def test_a_new_chain_after_a_cancelled_one_reports_its_own_failure(view):
 
 
 def test_max_retries_zero_end_without_start_keeps_esc_bound_to_abort(view):
+    """Max retries zero end without start keeps esc bound to abort."""
     failed_turn(view)
     lines = view.handle(end(False, 0, "overloaded"))
     assert lines == [Line("Retry failed after 0 attempts: overloaded", "retry_failed")]
@@ -221,6 +237,7 @@ def test_max_retries_zero_end_without_start_keeps_esc_bound_to_abort(view):
 
 
 def test_two_starts_without_a_turn_between_push_one_handler(view, clock):
+    """Two starts without a turn between push one handler."""
     view.handle(start(attempt=1, delay_ms=1000))
     view.handle(start(attempt=2, delay_ms=4000))
     assert view.loader_text() == "Retrying (2/3) in 4s… (esc to cancel, enter to retry now)"
@@ -232,6 +249,7 @@ def test_two_starts_without_a_turn_between_push_one_handler(view, clock):
 
 # ---------------------------------------------------------------------- streaming
 def test_streamed_lines_are_printed_as_they_complete(view):
+    """Streamed lines are printed as they complete."""
     view.handle(AGENT_START)
     view.handle(ASSISTANT_START)
     assert view.handle(delta("Hel")) == []
@@ -244,12 +262,14 @@ def test_streamed_lines_are_printed_as_they_complete(view):
 
 
 def test_an_answer_that_was_not_streamed_is_printed_whole(view):
+    """An answer that was not streamed is printed whole."""
     view.handle(AGENT_START)
     view.handle(ASSISTANT_START)
     assert view.handle(assistant_end(text="one\ntwo")) == [Line("one", "assistant"), Line("two", "assistant")]
 
 
 def test_partial_text_of_a_failed_stream_is_kept_before_the_error(view):
+    """Partial text of a failed stream is kept before the error."""
     view.handle(AGENT_START)
     view.handle(ASSISTANT_START)
     view.handle(delta("half an ans"))
@@ -258,11 +278,13 @@ def test_partial_text_of_a_failed_stream_is_kept_before_the_error(view):
 
 
 def test_user_messages_are_echoed_when_sent(view):
+    """User messages are echoed when sent."""
     event = {"type": "message_end", "message": {"role": "user", "content": [{"type": "text", "text": "hi"}]}}
     assert view.handle(event) == [Line("› hi", "user")]
 
 
 def test_a_turn_takes_the_queued_messages(view):
+    """A turn takes the queued messages."""
     view.handle({"type": "queue_update", "queued": ["later"]})
     assert view.queued == 1
     view.handle(AGENT_START)
@@ -270,11 +292,13 @@ def test_a_turn_takes_the_queued_messages(view):
 
 
 def test_unknown_events_are_ignored(view):
+    """Unknown events are ignored."""
     assert view.handle({"type": "something_new", "x": 1}) == []
     assert view.handle({}) == []
 
 
 def test_working_spinner_while_a_turn_runs(view):
+    """Working spinner while a turn runs."""
     view.handle(AGENT_START)
     assert view.activity_text().endswith("Working… (esc to interrupt)")
     assert view.status_text() == "m1 · retry on · streaming"
@@ -284,6 +308,7 @@ def test_working_spinner_while_a_turn_runs(view):
 
 # ---------------------------------------------------------------------- saying why
 def test_partial_output_of_a_failed_attempt_is_marked_discarded_when_the_retry_replaces_it(view):
+    """Partial output of a failed attempt is marked discarded when the retry replaces it."""
     view.handle(AGENT_START)
     view.handle(ASSISTANT_START)
     view.handle(delta("half an ans"))
@@ -294,11 +319,13 @@ def test_partial_output_of_a_failed_attempt_is_marked_discarded_when_the_retry_r
 
 
 def test_no_discard_note_when_nothing_was_shown(view):
+    """No discard note when nothing was shown."""
     failed_turn(view)
     assert view.handle({**start(), "discardsOutput": True}) == []
 
 
 def test_a_failure_with_retry_off_says_it_is_not_retried(view):
+    """A failure with retry off says it is not retried."""
     view.retry_enabled = False
     assert failed_turn(view, error="529 Overloaded") == [
         Line("Error: 529 Overloaded", "error"),
@@ -306,6 +333,7 @@ def test_a_failure_with_retry_off_says_it_is_not_retried(view):
 
 
 def test_a_failed_chain_says_why_it_ended_in_plain_words(view):
+    """A failed chain says why it ended in plain words."""
     failed_turn(view)
     view.handle(start())
     lines = view.handle({**end(False, 3, "503 Service Unavailable"), "endReason": "exhausted"})
@@ -315,6 +343,7 @@ def test_a_failed_chain_says_why_it_ended_in_plain_words(view):
 
 
 def test_a_cancelled_chain_needs_no_why(view):
+    """A cancelled chain needs no why."""
     failed_turn(view)
     view.handle(start())
     lines = view.handle({**end(False, 1, "Retry cancelled"), "endReason": "cancelled"})
@@ -323,12 +352,14 @@ def test_a_cancelled_chain_needs_no_why(view):
 
 
 def test_rest_label_names_the_machine_state_at_rest():
+    """Rest label names the machine state at rest."""
     assert rest_label(None) == rest_label("idle") == "idle"
     assert rest_label("succeeded") == "idle (last chain succeeded)"
 
 
 # ---------------------------------------------------------------------- the texts
 def test_loader_text_rounds_half_up_once_and_up_while_counting():
+    """Loader text rounds half up once and up while counting."""
     from fsm.core.ui_text import countdown_seconds, loader_text
     assert loader_text(1, 3, 1200) == "Retrying (1/3) in 1s… (esc to cancel)"
     assert loader_text(1, 3, 1200, counting=True) == "Retrying (1/3) in 2s… (esc to cancel)"
@@ -337,6 +368,7 @@ def test_loader_text_rounds_half_up_once_and_up_while_counting():
 
 
 def test_end_reason_text_covers_every_reason_and_nothing_else():
+    """End reason text covers every reason and nothing else."""
     from fsm.core.events import END_REASONS
     from fsm.core.ui_text import END_REASON_TEXT, end_reason_text
     assert set(END_REASON_TEXT) == set(END_REASONS)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from fsm._extras import require
 from fsm.review.diagrams.dot import dot_text, html_text, review_label, svg_of
 from fsm.review.diagrams.model import Diagram, DrawnRow, ReviewEdge
-from fsm.review.diagrams.style import FILLS, REVIEW_EDGE, group_words, wrap
+from fsm.review.diagrams.style import FILLS, REVIEW_EDGE, STATUS_STYLE, group_words, wrap
 
 __all__ = ["state_rows", "build_state_digraph", "render_state_dot", "render_state_svg"]
 
@@ -42,8 +42,13 @@ def _from_words(diagram: Diagram, source: str, state: str) -> tuple[str, str]:
     return source, source
 
 
-def build_state_digraph(diagram: Diagram, state: str):
-    """The small :class:`graphviz.Digraph` of ``state``; ``KeyError`` if there is no such state."""
+def build_state_digraph(diagram: Diagram, state: str, drawn=None):
+    """The small :class:`graphviz.Digraph` of ``state``; ``KeyError`` if there is no such state.
+
+    ``drawn`` (row id → :class:`DrawnRow`, optional) draws the coverage view: each edge
+    coloured by its rows' ``coverage`` status as the review diagram's coverage view colours it
+    (:func:`fsm.review.audit.coverage_states_svgs`)."""
+    drawn = drawn or {}
     graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     s = diagram.state(state)
@@ -75,13 +80,13 @@ def build_state_digraph(diagram: Diagram, state: str):
         g.node(node, label=dot_text(label), tooltip=dot_text(tip),
                fillcolor=fill.get(source, "#F3F6FA"), style="rounded,filled,dashed"
                if source not in fill else "rounded,filled")
-        edge = ReviewEdge(source, state, tuple(DrawnRow(r) for r in rows))
+        edge = ReviewEdge(source, state, tuple(drawn.get(r.id) or DrawnRow(r) for r in rows))
         _labelled_edge(g, diagram, node, state, edge, f"in{n}")
     merged_out: dict[str, list] = {}
     for r in outgoing:
         merged_out.setdefault(r.dest, []).append(r)
     for n, (dest, rows) in enumerate(merged_out.items()):
-        edge = ReviewEdge(state, dest, tuple(DrawnRow(r) for r in rows))
+        edge = ReviewEdge(state, dest, tuple(drawn.get(r.id) or DrawnRow(r) for r in rows))
         target = state if dest == state else f"out {dest}"
         if dest != state:
             g.node(target, label=dest, fillcolor=fill.get(dest, "#FFFFFF"),
@@ -93,10 +98,14 @@ def build_state_digraph(diagram: Diagram, state: str):
 def _labelled_edge(g, diagram: Diagram, tail: str, head: str, edge: ReviewEdge, key: str) -> None:
     label = f"__label {key}"
     tip = dot_text("; ".join(d.row.id for d in edge.rows))
+    attrs = {}
+    if edge.coverage:
+        colour, style, width, _ = STATUS_STYLE[edge.coverage]
+        attrs = {"color": colour, "style": style, "penwidth": width}
     g.node(label, label=review_label(diagram, edge), shape="box", style="", color="transparent",
            margin="0.08,0.04", fontsize="8", id=key, tooltip=tip)
-    g.edge(tail, label, arrowhead="none", id=f"{key}#from", tooltip=tip)
-    g.edge(label, head, id=f"{key}#to", tooltip=tip)
+    g.edge(tail, label, arrowhead="none", id=f"{key}#from", tooltip=tip, **attrs)
+    g.edge(label, head, id=f"{key}#to", tooltip=tip, **attrs)
 
 
 def render_state_dot(diagram: Diagram, state: str) -> str:
@@ -104,7 +113,8 @@ def render_state_dot(diagram: Diagram, state: str) -> str:
     return build_state_digraph(diagram, state).source
 
 
-def render_state_svg(diagram: Diagram, state: str) -> bytes:
-    """SVG of the small diagram of ``state``; raises
-    :class:`~fsm.review.diagrams.model.DiagramError` without Graphviz's ``dot``."""
-    return svg_of(build_state_digraph(diagram, state))
+def render_state_svg(diagram: Diagram, state: str, drawn=None) -> bytes:
+    """SVG of the small diagram of ``state`` (``drawn``: the coverage view, see
+    :func:`build_state_digraph`); raises :class:`~fsm.review.diagrams.model.DiagramError`
+    without Graphviz's ``dot``."""
+    return svg_of(build_state_digraph(diagram, state, drawn))

@@ -98,3 +98,23 @@ class FakeClock:
             await self.settle()
         self.now = end
         await self.settle()
+
+
+async def wait_ms(clock: Any, delay_ms: float) -> None:
+    """Wait ``delay_ms`` milliseconds on the host's ``clock``: its ``call_later`` when it has one
+    (a :class:`FakeClock` moves only when a test advances it), else the running event loop's.
+    A cancellation while waiting propagates, with the clock's timer cancelled."""
+    if clock is None or not hasattr(clock, "call_later"):
+        await asyncio.sleep(delay_ms / 1000)
+        return
+    future = asyncio.get_running_loop().create_future()
+    handle = clock.call_later(delay_ms / 1000, _resolve, future)
+    try:
+        await future
+    finally:
+        handle.cancel()
+
+
+def _resolve(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)

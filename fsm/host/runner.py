@@ -67,6 +67,7 @@ from fsm.core.redact import register_secret, request_secrets
 from fsm.core.text import safe_message
 from fsm.core.settings import RetrySettings, SettingsError
 from fsm.host.chain import RETRY_OWNER
+from fsm.host.clock import wait_ms
 from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut", "retrying", "retrying_sync",
@@ -562,15 +563,8 @@ class RetryRunner:
     async def _wait(self, delay_ms: int) -> None:
         if self.sleep is not None:
             await self.sleep(delay_ms / 1000)
-        elif self.clock is not None:
-            future = asyncio.get_running_loop().create_future()
-            handle = self.clock.call_later(delay_ms / 1000, _resolve, future)
-            try:
-                await future
-            finally:
-                handle.cancel()
         else:
-            await asyncio.sleep(delay_ms / 1000)
+            await wait_ms(self.clock, delay_ms)
 
     # -------------------------------------------------------------- sync
     def run_sync(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -644,10 +638,6 @@ def _close(value: Any) -> None:
 def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 RUNNER_OPTIONS: tuple[str, ...] = ("settings", "on_event", "coordinator", "key", "clock", "sleep",

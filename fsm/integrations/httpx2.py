@@ -35,7 +35,6 @@ transport warns once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -47,6 +46,7 @@ from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER as OWNER
 from fsm.host.chain import TIMEOUT_KEYS, Chain, refuse_unsupported
+from fsm.host.clock import wait_ms
 from fsm.host.kernel import provider_id
 from fsm.integrations._extra import require
 
@@ -193,7 +193,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     if delay is None:
                         return response
                     await response.aclose()
-                await self._sleep(delay)
+                await wait_ms(self.clock, delay)
                 chain.backoff_elapsed()
         except BaseException as exc:  # a started chain always ends, exactly once
             if chain.running:
@@ -207,17 +207,6 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
         finally:
             OWNER.reset(token)
             chain.close()
-
-    async def _sleep(self, delay_ms: int) -> None:
-        if self.clock is not None and hasattr(self.clock, "call_later"):
-            future = asyncio.get_running_loop().create_future()
-            handle = self.clock.call_later(delay_ms / 1000, _resolve, future)
-            try:
-                await future
-            finally:
-                handle.cancel()
-        else:
-            await asyncio.sleep(delay_ms / 1000)
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""
@@ -371,8 +360,3 @@ def _note_end(exc: BaseException, chain: Chain) -> None:
     end = chain.end
     if end is not None:
         exc.add_note(f"retry-fsm: endReason {end.end_reason} after {end.attempt} retries")
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -26,7 +26,6 @@ starts no chain is the model's own exception. LangGraph's control-flow exception
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -34,6 +33,7 @@ from typing import Any, Callable
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
+from fsm.host.clock import wait_ms
 from fsm.integrations._extra import require
 
 require("langchain.agents.middleware", "langchain")
@@ -149,7 +149,7 @@ class RetryBrainMiddleware(AgentMiddleware):
                     delay = await chain.failed(exc)
                     if delay is None:
                         _raise_end(chain, exc)
-                    await self._wait(delay)
+                    await wait_ms(self.clock, delay)
                     chain.backoff_elapsed()
                 else:
                     chain.succeeded()
@@ -161,16 +161,6 @@ class RetryBrainMiddleware(AgentMiddleware):
             RETRY_OWNER.reset(owner)
             chain.close()
 
-    async def _wait(self, delay_ms: int) -> None:
-        if self.clock is not None and hasattr(self.clock, "call_later"):
-            future = asyncio.get_running_loop().create_future()
-            handle = self.clock.call_later(delay_ms / 1000, _resolve, future)
-            try:
-                await future
-            finally:
-                handle.cancel()
-        else:
-            await asyncio.sleep(delay_ms / 1000)
 
 
 def _raise_end(chain: Chain, exc: Exception) -> None:
@@ -181,8 +171,3 @@ def _raise_end(chain: Chain, exc: Exception) -> None:
             exc.add_note(f"retry-fsm: endReason {end.end_reason}")
         raise exc
     raise error from exc
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -25,13 +25,13 @@ builds its client with the SDK default).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any, Callable
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
+from fsm.host.clock import wait_ms
 from fsm.integrations._extra import require
 
 require("pydantic_ai", "pydantic-ai")
@@ -104,26 +104,9 @@ class RetryBrainCapability(AbstractCapability):
                     error.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
                 raise error
             raise failure from error
-        await _wait(self.clock, delay)
+        await wait_ms(self.clock, delay)
         chain.backoff_elapsed()
         raise RetryModelRequest()
-
-
-async def _wait(clock: Any, delay_ms: int) -> None:
-    if clock is not None and hasattr(clock, "call_later"):
-        future = asyncio.get_running_loop().create_future()
-        handle = clock.call_later(delay_ms / 1000, _resolve, future)
-        try:
-            await future
-        finally:
-            handle.cancel()
-    else:
-        await asyncio.sleep(delay_ms / 1000)
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def http_client(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:

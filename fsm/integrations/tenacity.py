@@ -42,7 +42,6 @@ A synchronous ``Retrying`` shares nothing with the fleet (no loop to ask the coo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import weakref
@@ -53,6 +52,7 @@ from typing import Any, Callable
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
+from fsm.host.clock import wait_ms
 from fsm.integrations._extra import require
 
 tenacity = require("tenacity", "tenacity")
@@ -211,15 +211,7 @@ class BrainStrategy:
         then the brain hears the backoff is over. A cancellation ends the chain ``cancelled``."""
         chain = _current.get()
         try:
-            if self.clock is not None and hasattr(self.clock, "call_later"):
-                future = asyncio.get_running_loop().create_future()
-                handle = self.clock.call_later(seconds, _resolve, future)
-                try:
-                    await future
-                finally:
-                    handle.cancel()
-            else:
-                await asyncio.sleep(seconds)
+            await wait_ms(self.clock, seconds * 1000)
         except BaseException:
             if chain is not None:
                 chain.cancel()
@@ -245,10 +237,6 @@ class BrainStrategy:
                 "sleep": self.asleep if asynchronous else self.sleep,
                 "retry_error_callback": self.error_callback}
 
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def retrying(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:

@@ -694,7 +694,7 @@ def _check_providers(value: Any) -> "tuple[tuple[str, Mapping[str, Any]], ...]":
     return tuple(sorted(out))
 
 
-class _FrozenEntry(dict):
+class _FrozenEntry(dict[str, Any]):
     """A read-only ``providers`` entry (camelCase key -> validated value)."""
 
     __slots__ = ()
@@ -702,7 +702,7 @@ class _FrozenEntry(dict):
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a providers entry is read-only; build new RetrySettings instead")
 
-    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = __ior__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))

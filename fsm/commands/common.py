@@ -332,7 +332,7 @@ def open_session(provider: Any, *, settings: Any = None, context_window: int = 0
                                credentials=credentials, **session_kwargs)
         if trace_file is not None:
             from fsm.review.audit import TraceWriter
-            trace = TraceWriter(trace_file, model=session.brain)
+            trace = TraceWriter(trace_file, model=session.brain, clock=session.clock)
     except BaseException:
         if session_log is not None:
             session_log.close()

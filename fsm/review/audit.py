@@ -44,7 +44,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable, Mapping
+from typing import IO, Any, Iterable, Mapping
 
 from fsm.core import lifecycle as L
 from fsm.review.diagrams import Diagram, EdgeMark, extract
@@ -122,7 +122,8 @@ class Collector:
 class TraceWriter:
     """Write every tried transition to ``path`` as JSON lines (see the module doc).
 
-    ``model`` restricts the trace to one brain. The file is truncated (its folder created);
+    ``model`` restricts the trace to one brain; with a ``clock`` (the host's, ``time_ms()``) every
+    line also carries ``"t"``, the epoch ms of the step. The file is truncated (its folder created);
     the header is written at once. The buffer is flushed every ``flush_every`` records and on
     :meth:`close`; the default, 1, flushes each line, so a killed process still leaves every
     transition it made in the file. Measured on a 2-core box: a brain transition costs about
@@ -133,11 +134,14 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | Path, model: object | None = None, *,
-                 flush_every: int = 1) -> None:
+                 flush_every: int = 1, clock: Any = None) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be at least 1, got {flush_every}")
         self.path = Path(path)
         self.model = model
+        # the host clock (``time_ms()``): each line then carries ``"t"`` (epoch ms), so the
+        # audit's story of the trace shows when each step happened
+        self._time_ms = getattr(clock, "time_ms", None)
         self.records = 0
         self.error: Exception | None = None
         self._flush_every = flush_every
@@ -169,7 +173,10 @@ class TraceWriter:
         if self.model is not None and model is not self.model:
             return
         try:
-            line = self._lines.get(record)
+            if self._time_ms is not None:
+                line = json.dumps({**record.to_json(), "t": self._time_ms()}, ensure_ascii=False) + "\n"
+            else:
+                line = self._lines.get(record)
             if line is None:
                 # A record holds no per-call data (no time, no attempt), so the few distinct
                 # ones are encoded once: this keeps tracing at about a dict look-up plus a write.

@@ -130,3 +130,23 @@ def test_the_demo_s_trace_tells_its_story_in_a_screen(tmp_path, capsys):
     path = [l.split()[1:4] for l in lines[2:] if l.strip()[:1].isdigit()]
     assert path[0] == ["idle", "→", "backing_off"] and path[-1] == ["continuing", "→", "succeeded"]
     assert [l for l in lines if l.startswith("coverage of ")] == [lines[-2]]
+
+
+def test_a_trace_written_with_the_host_clock_tells_when_each_step_happened(tmp_path):
+    """TraceWriter with a clock stamps each line with "t"; the story then shows the times
+    (seconds since the first step) instead of step numbers."""
+    from fsm.core.brain import RetryBrain
+    from fsm.core.messages import AssistantMessage
+    from fsm.review.audit import TraceWriter
+    from fsm.review.story import read_steps
+    from fsm.testing import FakeClock
+
+    clock = FakeClock()
+    brain = RetryBrain()
+    path = tmp_path / "trace.jsonl"
+    with TraceWriter(path, model=brain, clock=clock):
+        brain.turn_ended(AssistantMessage("error", error_message="529 Overloaded", timestamp_ms=0), 0)
+        clock.now += 2.0  # the backoff
+        brain.backoff_elapsed(1)
+    steps = read_steps(path)
+    assert [s.time_ms for s in steps] == [0, 2000]

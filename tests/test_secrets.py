@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm.core.text import ApiKeyError, check_configured_api_key
+from fsm.commands.common import check_configured_api_key
+from fsm.core.text import ApiKeyError
 from support import env
 
 pytestmark = pytest.mark.subprocess

@@ -22,13 +22,14 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable
 
 __all__ = [
     "InputFileError", "MAX_INPUT_BYTES", "check_input_file", "open_input", "read_input",
     "StartupError", "configure_logging", "load_host_options", "register_configured_secrets",
     "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_coordinator",
-    "load_credentials", "load_settings", "open_session", "session_path",
+    "load_credentials", "load_settings", "open_session", "session_path", "check_configured_api_key",
 ]
 
 DEFAULT_SESSION_DIR = os.path.join(".fsm", "sessions")
@@ -233,7 +234,7 @@ def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any,
     option and the problem (nothing is left half-opened).
     """
     from fsm.core.settings import SettingsError
-    from fsm.core.text import ApiKeyError, check_configured_api_key
+    from fsm.core.text import ApiKeyError
     register_configured_secrets(args)
     try:  # a key that cannot go into a header would leak into every error text
         check_configured_api_key(args.api_key)
@@ -339,3 +340,22 @@ def open_session(provider: Any, *, settings: Any = None, context_window: int = 0
         _remove(made)
         raise
     return SessionParts(session, path, trace)
+
+
+def check_configured_api_key(cli_value: str | None, *, flag: str = "--api-key",
+                             env_name: str = "OPENAI_API_KEY",
+                             environ: Mapping[str, str] | None = None) -> None:
+    """The start-up check of a command that takes ``--api-key`` or an environment variable.
+
+    Checks (:func:`check_api_key`) the key the provider will use: ``cli_value`` when given
+    (named ``flag``), else a non-empty ``environ[env_name]`` (default ``os.environ``; an empty
+    variable is ignored, as the provider ignores it). Raises :class:`ApiKeyError` naming the
+    source and the problem, never the key; print ``str(exc)`` and exit 2.
+    """
+    from fsm.core.text import check_api_key
+    if cli_value is not None:
+        check_api_key(cli_value, flag)
+        return
+    value = (os.environ if environ is None else environ).get(env_name)
+    if value:
+        check_api_key(value, env_name)

@@ -24,13 +24,12 @@ the session log, a store or stderr:
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Iterable, Mapping
 
 from fsm.core.redact import MIN_SECRET_LENGTH, REDACTED, scrub_secrets  # the one scrubbing layer
 
 __all__ = ["ApiKeyError", "CLIP_LIMIT_BYTES", "REDACTED", "StreamJoiner", "check_api_key",
-           "check_configured_api_key", "clean_text", "clip_text", "safe_error_text",
+           "clean_text", "clip_text", "safe_error_text",
            "safe_message", "scrub_secrets"]
 
 CLIP_LIMIT_BYTES = 8192
@@ -216,23 +215,6 @@ def check_api_key(key: str | None, source_name: str) -> str | None:
                                            f"of {len(key)}; an API key is printable ASCII without spaces")
     return key
 
-
-def check_configured_api_key(cli_value: str | None, *, flag: str = "--api-key",
-                             env_name: str = "OPENAI_API_KEY",
-                             environ: Mapping[str, str] | None = None) -> None:
-    """The start-up check of a command that takes ``--api-key`` or an environment variable.
-
-    Checks (:func:`check_api_key`) the key the provider will use: ``cli_value`` when given
-    (named ``flag``), else a non-empty ``environ[env_name]`` (default ``os.environ``; an empty
-    variable is ignored, as the provider ignores it). Raises :class:`ApiKeyError` naming the
-    source and the problem, never the key; print ``str(exc)`` and exit 2.
-    """
-    if cli_value is not None:
-        check_api_key(cli_value, flag)
-        return
-    value = (os.environ if environ is None else environ).get(env_name)
-    if value:
-        check_api_key(value, env_name)
 
 
 def safe_message(message: Any, secrets: Iterable[str | None] = ()) -> Any:

@@ -159,9 +159,17 @@ class RecordingCoordinator:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def learn_cooldown(self, key: CoordKey, until_ms: int, now_ms: int) -> None:
-        await self.inner.learn_cooldown(key, until_ms, now_ms)
-        self.learned.append([wall_ms(), until_ms])
+    async def learn_cooldown(self, key: CoordKey, *args: int) -> None:
+        """Protocol v3 ``(key, duration_ms)``, or the earlier ``(key, until_ms, now_ms)``."""
+        await self.inner.learn_cooldown(key, *args)
+        now = wall_ms()
+        until = now + args[0] if len(args) == 1 else args[0]
+        self.learned.append([now, until])
+
+    async def admit(self, key: CoordKey, *args: Any, **kwargs: Any) -> Any:
+        answer = await self.inner.admit(key, *args, **kwargs)
+        self.answers[str(answer.budget)] = self.answers.get(str(answer.budget), 0) + 1
+        return answer
 
     async def before_decision(self, key: CoordKey, now_ms: int, budget: Any) -> Any:
         answer = await self.inner.before_decision(key, now_ms, budget)

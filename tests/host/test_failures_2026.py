@@ -31,19 +31,7 @@ def make(script, **settings):
     return session, provider, clock, events
 
 
-def of(events, kind):
-    return [dict(e) for e in events if e["type"] == kind]
-
-
-async def run(session, clock, text="hi", step=0.5, limit=100_000):
-    """Prompt and advance the fake clock until the prompt returns."""
-    task = asyncio.ensure_future(session.prompt(text))
-    waited = 0.0
-    while not task.done() and waited < limit:
-        await clock.advance(step)
-        waited += step
-    await asyncio.wait_for(task, 1)
-    return waited
+from test_session_policy import of, run  # noqa: E402  (the session tests' two helpers)
 
 
 # ------------------------------------------------------------------ families (§13.6)

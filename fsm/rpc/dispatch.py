@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fsm.rpc.protocol import Command, CommandError, LineTooLong, parse_command, response
 
@@ -39,8 +39,12 @@ class RpcServer:
     """
 
     def __init__(self, session: Any, output: Any, *, session_file: str | Path | None = None,
-                 base_url: str | None = None) -> None:
+                 base_url: str | None = None,
+                 input_ended: Callable[[], bool] | None = None) -> None:
         self.session = session
+        # Whether the client has closed its input (EOF read, or its writer hung up with lines
+        # still unread): a prompt waiting behind an abort is then refused, not started.
+        self._input_ended = input_ended or (lambda: False)
         self.output = output
         self.session_file = None if session_file is None else str(session_file)
         self.base_url = base_url
@@ -156,7 +160,7 @@ class RpcServer:
         if previous is not None and not previous.done():
             async def run() -> None:
                 await _settle(previous)
-                if self._stopping:
+                if self._stopping or self._input_ended():
                     # The input ended (or SIGTERM) while this prompt waited for an abort: the
                     # client is gone, so no new turn (and no request to the model) is started.
                     self._respond(cmd, False, error=f"{cmd.type} not sent: the server is shutting down")

@@ -85,7 +85,8 @@ async def serve(config: ServeConfig) -> int:
     reader = StdinReader(config.stdin_fd, loop)
     output = Output(config.stdout_fd, on_closed=lambda: stop("stdout closed"),
                     should_stop=lambda: signalled.is_set() or reader.hung_up())
-    server = RpcServer(session, output, session_file=parts.log_path, base_url=config.base_url)
+    server = RpcServer(session, output, session_file=parts.log_path, base_url=config.base_url,
+                       input_ended=reader.hung_up)
     reader.start()
     previous_handlers = {}
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a closed terminal stops it cleanly too

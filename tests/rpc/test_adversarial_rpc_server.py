@@ -269,8 +269,9 @@ def test_eof_with_a_prompt_waiting_behind_an_abort_starts_no_new_turn(tmp_path):
     """EOF with a prompt waiting behind an abort starts no new turn."""
     fs, server = start_slow_turn(tmp_path)
     try:
-        server.send(b'{"id":"ab","type":"abort"}\n{"id":"late","type":"prompt","message":"after"}\n'
-                    b'{"id":"half","type":"get_st')  # EOF in the middle of a line
+        # The lines and the EOF go out back to back (close flushes), as a client that exits does.
+        server.proc.stdin.write(b'{"id":"ab","type":"abort"}\n{"id":"late","type":"prompt","message":"after"}\n'
+                                b'{"id":"half","type":"get_st')  # EOF in the middle of a line
         t0 = time.monotonic()
         server.proc.stdin.close()
         assert server.proc.wait(5) == 0

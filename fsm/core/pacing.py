@@ -1,41 +1,40 @@
 """The fleet's pacer: a client-side rate limiter whose rate is learned from throttling answers.
 
 Pure: a :class:`PacerState` and ``now_ms`` in, a new state and a delay out (no clock, no I/O).
-The coordinators keep one state per (provider, model, credential) and call :func:`reserve`
-before a request goes out and :func:`observe` when its answer comes back; the Redis
-coordinator runs the same arithmetic in a Lua script on the server's own clock
+The coordinators keep one state per (provider, model, credential): a request about to go calls
+:func:`reserve`, its answer calls :func:`observe`. The Redis coordinator runs the same
+arithmetic, in the same order, in a Lua script on the server's own clock
 (``fsm/fleet/_redis.py``), so that every process of a fleet paces against one state.
 
-The design is AWS SDK adaptive retry mode's client-side rate limiter (botocore,
-https://github.com/boto/botocore/blob/develop/botocore/retries/adaptive.py,
-``bucket.py``, ``throttling.py``; the mode is described at
-https://docs.aws.amazon.com/sdkref/latest/guide/feature-retry-behavior.html):
+The rules (docs/fleet.md "Pacing" gives the measurements behind them):
 
-- a **token bucket** whose fill rate is the send rate allowed (requests per second) and which
-  holds one second's worth of it, at least one token (``bucket.py``: ``TokenBucket``, whose
-  capacity is ``max(rate, 1)``); here the bucket is written in its equivalent *virtual
-  scheduling* form (the generic cell rate algorithm, ITU-T I.371): a theoretical arrival time
-  ``tat_ms`` that each reservation pushes on by one interval, so that a slot can be reserved
-  in the future and the delay told in advance;
-- the fill rate follows **CUBIC** (``throttling.py``: ``CubicCalculator``, RFC 8312): on a
-  throttle the rate drops to ``beta`` (0.7) × the rate it was sending at, and the curve
-  ``W(t) = C (t − K)³ + W_max`` with ``K = ∛(W_max (1 − beta) / C)`` brings it back, first
-  fast, flat around the last rate that was throttled, then probing above it;
-- a **measured send rate** (``adaptive.py``: ``RateClocker``): answers counted in half-second
-  buckets, smoothed (0.8 × newest + 0.2 × before); the rate after a throttle starts from the
-  lower of the measured and the allowed rate, and the allowed rate never exceeds twice the
-  measured one (``ClientRateLimiter._MAX_RATE_ADJUST_SCALE``);
-- the bucket only starts pacing after the first throttle (botocore's ``_enabled``);
-
-and two additions of this project:
-
-- a **floor** ``min_rate`` (botocore's bucket has one of 0.5 requests/s, ``_MIN_RATE``): the
-  fleet keeps probing at that rate, so that the end of an outage is seen, as Linkerd's retry
-  budget keeps ``minRetriesPerSecond`` (https://linkerd.io/2/reference/service-profiles/);
-- after ``forget_after_ms`` without a throttle the pacer lets go (the state is as new).
+- **slots**: while pacing, requests go one per ``1000 / rate`` ms (the virtual-scheduling
+  form of a token bucket without burst: a theoretical arrival time ``tat_ms`` that each
+  reservation pushes on by one interval). A slot is reserved at most ``horizon_ms`` ahead of
+  the time the request wants to go; beyond it nothing is reserved and the host asks again
+  after ``recheck_ms`` (jittered), so that a rate that recovers is used at once instead of by
+  requests booked far ahead at the old rate;
+- **the cut** (AWS SDK adaptive retry mode's multiplicative decrease, botocore
+  ``retries/adaptive.py`` and ``throttling.py``, β = 0.7): a throttle sets the rate to
+  ``beta`` × the send rate measured over the last second (the lower of it and the rate in
+  use once pacing) — measured on the requests *sent*, since their answers come a service
+  time late; at most one cut per ``cut_interval_ms``, so the throttles of one round of
+  requests cut once;
+- **growth**: each second with successes multiplies the rate by ``1 + growth_per_s``, or by
+  ``1 + fast_growth_per_s`` while it is below 0.9 × the rate last cut (CUBIC's ``W_max``,
+  RFC 8312: capacity known to exist);
+- **fast recovery**: the best successes per second seen lately is remembered (forgotten
+  with the half-life ``memory_s``); a success while the rate is below half of it jumps the
+  rate to that half (after an outage, the capacity that served before is tried again within
+  seconds, not minutes);
+- **the floor** ``min_rate``: the fleet keeps probing at that rate, so the end of an outage is
+  seen (as Linkerd's retry budget keeps ``minRetriesPerSecond``,
+  https://linkerd.io/2/reference/retries/); ``max_rate`` caps the rate;
+- the pacer only paces after a throttle (botocore's ``_enabled``), and lets go after
+  ``forget_after_ms`` without one.
 
 Units: times in ms (``float`` inside, any origin: the caller's clock), rates in requests per
-second.
+second shared by the fleet.
 """
 
 from __future__ import annotations
@@ -45,47 +44,45 @@ from dataclasses import dataclass, replace
 
 from fsm.core.settings import PacingSettings
 
-__all__ = ["PacerState", "MEASURE_BUCKET_MS", "SMOOTHING", "MAX_RATE_SCALE", "reserve",
-           "observe", "slot_delay_ms", "fresh"]
-
-MEASURE_BUCKET_MS = 500.0
-"""The measured rate is updated once per this many ms (botocore ``RateClocker._TIME_BUCKET_RANGE``)."""
-
-SMOOTHING = 0.8
-"""Weight of the newest bucket in the measured rate (botocore ``RateClocker._DEFAULT_SMOOTHING``)."""
-
-MAX_RATE_SCALE = 2.0
-"""The allowed rate is at most this × the measured rate (botocore
-``ClientRateLimiter._MAX_RATE_ADJUST_SCALE``)."""
+__all__ = ["PacerState", "MAX_DELAY_MS", "FAST_BELOW", "fresh", "slot_delay_ms", "reserve",
+           "observe", "send_rate", "best_rate"]
 
 MAX_DELAY_MS = 34_560_000_000
 """No delay told is longer than 400 days (a sane maximum for any clock text)."""
 
+FAST_BELOW = 0.9
+"""Growth is fast while the rate is below this share of the rate last cut (``W_max``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class PacerState:
-    """One key's pacer.
+    """One key's pacer. Every field is a finite float (``on`` a bool).
 
-    - ``on``: a throttle was seen and not forgotten (the bucket paces);
-    - ``fill``: the allowed rate, requests/s (> 0 while ``on``);
-    - ``tat_ms``: the theoretical arrival time of the next request at the allowed rate;
-    - ``w_max``, ``last_fail_ms``: CUBIC's rate at the last throttle and its time;
-    - ``m_rate``, ``m_bucket``, ``m_count``: the measured rate (requests/s), the start of
-      its current half-second bucket (ms, or -1 before the first answer) and the answers
-      counted in it.
-
-    Every field is a finite float (``on`` a bool); :func:`fresh` is the state of a key
-    nobody paced yet.
+    - ``on``: a throttle was seen and not forgotten (the pacer paces);
+    - ``rate``: the rate allowed, requests/s (≥ ``min_rate`` while ``on``);
+    - ``tat_ms``: the theoretical arrival time of the next request at ``rate``;
+    - ``last_cut_ms``, ``last_grow_ms``: the last cut, the last growth step;
+    - ``w_max``: the rate in use at the last cut (or the best seen, after an outage);
+    - ``good``, ``good_ms``: the best successes per second seen, and when;
+    - ``ok_sec``, ``ok_n``: the second (``floor(ms / 1000)``, -1 none yet) whose successes
+      are being counted, and their count;
+    - ``sent_sec``, ``sent_cur``, ``sent_prev``: the send rate's sliding window — the second
+      of the newest sends, the requests sent in it and in the second before.
     """
 
     on: bool = False
-    fill: float = 0.0
+    rate: float = 0.0
     tat_ms: float = 0.0
+    last_cut_ms: float = 0.0
+    last_grow_ms: float = 0.0
     w_max: float = 0.0
-    last_fail_ms: float = 0.0
-    m_rate: float = 0.0
-    m_bucket: float = -1.0
-    m_count: float = 0.0
+    good: float = 0.0
+    good_ms: float = 0.0
+    ok_sec: float = -1.0
+    ok_n: float = 0.0
+    sent_sec: float = -1.0
+    sent_cur: float = 0.0
+    sent_prev: float = 0.0
 
 
 def fresh() -> PacerState:
@@ -93,100 +90,121 @@ def fresh() -> PacerState:
     return PacerState()
 
 
-def _interval_ms(fill: float) -> float:
-    return 1000.0 / fill
+def _forget(state: PacerState, now_ms: float, settings: PacingSettings) -> PacerState:
+    if state.on and now_ms - state.last_cut_ms > settings.forget_after_ms:
+        return replace(state, on=False, rate=0.0)
+    return state
 
 
 def slot_delay_ms(state: PacerState, now_ms: float, settings: PacingSettings,
                   earliest_ms: float = 0.0) -> float:
-    """The delay in ms until a request may go (without reserving it); 0 when not pacing."""
+    """The delay in ms from ``now_ms`` until a request that wants to go ``earliest_ms`` after
+    it could go (without reserving anything); ``earliest_ms`` when not pacing."""
+    want = now_ms + max(0.0, earliest_ms)
+    state = _forget(state, now_ms, settings)
     if not state.on or not settings.enabled:
+        return want - now_ms
+    return min(float(MAX_DELAY_MS), max(want, state.tat_ms) - now_ms)
+
+
+def _count_send(state: PacerState, at_ms: float) -> PacerState:
+    sec = float(math.floor(at_ms / 1000.0))
+    if sec <= state.sent_sec:
+        return replace(state, sent_cur=state.sent_cur + 1.0)
+    prev = state.sent_cur if sec == state.sent_sec + 1.0 else 0.0
+    return replace(state, sent_sec=sec, sent_cur=1.0, sent_prev=prev)
+
+
+def send_rate(state: PacerState, now_ms: float) -> float:
+    """The requests/s sent over the second before ``now_ms`` (a sliding window over two
+    one-second bins: the newest plus the share of the one before still inside the window)."""
+    sec = math.floor(now_ms / 1000.0)
+    if sec > state.sent_sec + 1.0 or state.sent_sec < 0:
         return 0.0
-    interval = _interval_ms(state.fill)
-    tolerance = max(0.0, state.fill * settings.burst_s - 1.0) * interval
-    start = max(now_ms + max(0.0, earliest_ms), state.tat_ms - tolerance)
-    return min(float(MAX_DELAY_MS), start - now_ms)
+    frac = (now_ms - sec * 1000.0) / 1000.0
+    if sec == state.sent_sec + 1.0:
+        return state.sent_cur * (1.0 - frac)
+    if sec == state.sent_sec:
+        return state.sent_prev * (1.0 - frac) + state.sent_cur
+    return state.sent_prev + state.sent_cur  # slots reserved ahead of now
+
+
+def best_rate(state: PacerState, now_ms: float, settings: PacingSettings) -> float:
+    """The best successes/s seen lately (halved every ``memory_s``)."""
+    if state.good <= 0.0:
+        return 0.0
+    return state.good * 0.5 ** ((now_ms - state.good_ms) / 1000.0 / settings.memory_s)
 
 
 def reserve(state: PacerState, now_ms: float, settings: PacingSettings,
-            earliest_ms: float = 0.0) -> tuple[PacerState, int]:
-    """Reserve the next slot for one request that will not go before ``now_ms + earliest_ms``.
+            earliest_ms: float = 0.0) -> tuple[PacerState, int | None]:
+    """Reserve the slot of one request that wants to go ``earliest_ms`` after ``now_ms``.
 
-    Returns ``(new state, delay_ms)``: the request goes ``delay_ms`` (an int ≥ 0, rounded
-    up, at most 400 days) after ``now_ms``. Not pacing (no throttle seen, or pacing off):
-    ``(state, 0)`` unchanged. The bucket holds ``max(1, fill × burst_s)`` requests: that many
-    go at once after a quiet spell, then one per ``1000 / fill`` ms (the GCRA form of
-    botocore's ``TokenBucket.acquire``, which blocks instead of telling the delay).
+    Returns ``(new state, delay_ms)``: the request goes ``delay_ms`` (an int ≥ 0, rounded up,
+    at most 400 days) after ``now_ms``; ``delay_ms`` is ``earliest_ms`` rounded up when not
+    pacing (the send is still counted: the send rate a first throttle cuts from). ``(new
+    state, None)``: no slot within ``horizon_ms`` of the time it wants to go — nothing is
+    reserved or counted; ask again after ``recheck_ms`` (jittered). Pacing off
+    (``enabled`` false): ``(state, earliest)`` unchanged.
     """
-    if not state.on or not settings.enabled:
-        return state, 0
+    earliest = max(0.0, earliest_ms)
+    if not settings.enabled:
+        return state, math.ceil(earliest)
     state = _forget(state, now_ms, settings)
-    if not state.on:
-        return state, 0
-    delay = slot_delay_ms(state, now_ms, settings, earliest_ms)
-    start = now_ms + delay
-    tat = max(state.tat_ms, start) + _interval_ms(state.fill)
-    return replace(state, tat_ms=tat), max(0, math.ceil(delay))
+    want = now_ms + earliest
+    at = want
+    if state.on:
+        at = max(want, state.tat_ms)
+        if at - want > settings.horizon_ms:
+            return state, None
+        state = replace(state, tat_ms=at + 1000.0 / state.rate)
+    booked = math.ceil(at)
+    state = _count_send(state, booked)
+    return state, int(min(float(MAX_DELAY_MS), booked - now_ms))
 
 
-def _forget(state: PacerState, now_ms: float, settings: PacingSettings) -> PacerState:
-    if state.on and now_ms - state.last_fail_ms >= settings.forget_after_ms:
-        return replace(fresh(), m_rate=state.m_rate, m_bucket=state.m_bucket, m_count=state.m_count)
-    return state
+def _cap(rate: float, settings: PacingSettings) -> float:
+    if settings.max_rate is not None:
+        rate = min(rate, settings.max_rate)
+    return max(rate, settings.min_rate)
 
 
-def _measure(state: PacerState, now_ms: float) -> PacerState:
-    """botocore ``RateClocker.record``: count one answer; close the half-second bucket."""
-    bucket = math.floor(now_ms / MEASURE_BUCKET_MS) * MEASURE_BUCKET_MS
-    count = state.m_count + 1.0
-    if state.m_bucket < 0:
-        return replace(state, m_bucket=bucket, m_count=count)
-    if bucket > state.m_bucket:
-        current = count / ((bucket - state.m_bucket) / 1000.0)
-        rate = current * SMOOTHING + state.m_rate * (1.0 - SMOOTHING)
-        return replace(state, m_rate=rate, m_bucket=bucket, m_count=0.0)
-    return replace(state, m_count=count)
-
-
-def _cubic_k(w_max: float, settings: PacingSettings) -> float:
-    return float((w_max * (1.0 - settings.beta) / settings.scale) ** (1.0 / 3.0))
-
-
-def observe(state: PacerState, now_ms: float, throttled: bool,
-            settings: PacingSettings) -> PacerState:
-    """An answer came back at ``now_ms``; ``throttled`` when it said the provider is over
-    capacity (any retryable failure without progress: 429, 503, 529, a connection error, a
-    stall — docs/fleet.md "Pacing").
-
-    botocore ``ClientRateLimiter.on_receiving_response``: the measured rate counts the
-    answer; a throttle sets CUBIC's ``W_max`` to the rate in use (the measured rate, or the
-    lower of it and the allowed rate once pacing) and the allowed rate to ``beta`` × that;
-    an answer that is not a throttle moves the allowed rate along the cubic curve. The
-    allowed rate is then capped at twice the measured rate and at ``max_rate``, and kept at
-    least ``min_rate`` (the probes' floor). Returns the new state.
-    """
+def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingSettings,
+            *, success: bool = True) -> PacerState:
+    """An answer came back at ``now_ms``. ``throttled``: it said the provider has no capacity
+    now (any retryable failure without progress: 429, 503, 529, a connection error, a stall
+    — docs/fleet.md "Pacing"); otherwise ``success`` tells a success (it grows the rate) from
+    any other answer (a fatal error, a usage limit, a random 500: nothing learned).
+    Returns the new state."""
     if not settings.enabled:
         return state
     state = _forget(state, now_ms, settings)
-    state = _measure(state, now_ms)
-    measured = state.m_rate
     if throttled:
-        in_use = min(measured, state.fill) if state.on else measured
-        new_rate = in_use * settings.beta
-        state = replace(state, on=True, w_max=in_use, last_fail_ms=now_ms)
-    elif state.on:
-        dt_s = (now_ms - state.last_fail_ms) / 1000.0
-        new_rate = settings.scale * (dt_s - _cubic_k(state.w_max, settings)) ** 3 + state.w_max
-    else:
+        if state.on and now_ms - state.last_cut_ms < settings.cut_interval_ms:
+            return state  # this round of requests was cut once already
+        measured = send_rate(state, now_ms)
+        base = measured if not state.on else min(state.rate, measured or state.rate)
+        return replace(state, on=True, rate=_cap(settings.beta * base, settings), w_max=base,
+                       last_cut_ms=now_ms, last_grow_ms=now_ms, tat_ms=max(state.tat_ms, now_ms))
+    if not success:
         return state
-    new_rate = min(new_rate, MAX_RATE_SCALE * measured)
-    if settings.max_rate is not None:
-        new_rate = min(new_rate, settings.max_rate)
-    new_rate = max(new_rate, settings.min_rate)
-    tat = state.tat_ms
-    if state.on and state.fill > 0 and new_rate != state.fill:
-        # A new rate applies to the slots not yet started: the backlog beyond now is
-        # rescaled (botocore refills at the old rate before setting a new one).
-        backlog = max(0.0, tat - now_ms)
-        tat = now_ms + backlog * (state.fill / new_rate)
-    return replace(state, fill=new_rate, tat_ms=tat)
+    sec = float(math.floor(now_ms / 1000.0))
+    good, good_ms, ok_n = state.good, state.good_ms, state.ok_n
+    if sec != state.ok_sec:  # the second counted is complete: measure it
+        if ok_n > best_rate(state, now_ms, settings):
+            good, good_ms = ok_n, now_ms
+        ok_n = 0.0
+    state = replace(state, good=good, good_ms=good_ms, ok_sec=sec, ok_n=ok_n + 1.0)
+    if not state.on:
+        return state
+    rate, w_max = state.rate, state.w_max
+    best = best_rate(state, now_ms, settings)
+    if rate < best / 2.0:
+        if rate <= 2.0 * settings.min_rate:  # back from an outage: capacity reached the best
+            w_max = max(w_max, best)         # seen lately
+        rate = best / 2.0
+    dt = now_ms - state.last_grow_ms
+    if dt > 0:
+        share = settings.fast_growth_per_s if rate < FAST_BELOW * w_max else settings.growth_per_s
+        rate *= math.exp(math.log1p(share) * min(dt, 1000.0) / 1000.0)
+    return replace(state, rate=_cap(rate, settings), w_max=w_max, last_grow_ms=now_ms)

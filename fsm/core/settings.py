@@ -255,41 +255,56 @@ class BudgetSettings:
 
 
 _PACING_KEYS = {"enabled": "enabled", "minRate": "min_rate", "maxRate": "max_rate",
-                "burstS": "burst_s", "beta": "beta", "scale": "scale",
-                "forgetAfterMs": "forget_after_ms"}
+                "beta": "beta", "growthPerS": "growth_per_s", "fastGrowthPerS": "fast_growth_per_s",
+                "cutIntervalMs": "cut_interval_ms", "horizonMs": "horizon_ms",
+                "recheckMs": "recheck_ms", "forgetAfterMs": "forget_after_ms", "memoryS": "memory_s"}
 
 
 @dataclass(frozen=True, slots=True)
 class PacingSettings:
-    """``retry.pacing``: the fleet's client-side rate limiter (docs/fleet.md "Pacing"), AWS
-    SDK adaptive retry mode's token bucket whose rate follows CUBIC, with a floor of probes.
+    """``retry.pacing``: the fleet's client-side rate limiter (docs/fleet.md "Pacing"): every
+    request takes the next slot of a pacer shared by the fleet, whose rate is learned from
+    throttling answers (AWS SDK adaptive retry mode's idea), with a floor of probes that
+    detects recovery (Linkerd's ``minRetriesPerSecond`` idea). Rates in requests per second
+    shared by the fleet, times in ms.
 
     - ``enabled``: pacing on (default ``True`` once the group is given; ``retry.pacing: null``,
-      the default, is off).
-    - ``min_rate`` (``minRate``): the floor of the fill rate in requests per second, shared by
-      the fleet, so probes keep detecting recovery (Linkerd's ``minRetriesPerSecond`` idea);
-      a number in (0, 1e6], default 0.5 (botocore's ``TokenBucket._MIN_RATE``).
-    - ``max_rate`` (``maxRate``): a ceiling of the fill rate in requests per second, or
-      ``None`` (default: none); a number in (0, 1e6].
-    - ``burst_s`` (``burstS``): the bucket holds this many seconds of the fill rate (at least
-      one request), a number in (0, 60], default 1 (botocore's capacity is one second's worth).
-    - ``beta``: the multiplicative decrease on a throttle, in (0, 1), default 0.7 (CUBIC's and
-      botocore's ``_BETA``).
-    - ``scale``: CUBIC's scale constant C, in (0, 1000], default 0.4 (botocore's
-      ``_SCALE_CONSTANT``).
-    - ``forget_after_ms`` (``forgetAfterMs``): after this long without a throttle the pacer
-      lets go (unpaced until the next throttle), an integer 1000..604 800 000, default 300 000.
+      the seed profile's default, is off).
+    - ``min_rate`` (``minRate``): the floor of the rate, so probes keep detecting recovery; a
+      number in (0, 1e6], default 1.
+    - ``max_rate`` (``maxRate``): a ceiling of the rate, or ``None`` (default: none); a number
+      in (0, 1e6], at least ``minRate``.
+    - ``beta``: a throttle cuts the rate to ``beta`` × the send rate measured over the last
+      second; in (0, 1), default 0.7 (botocore's and CUBIC's β).
+    - ``growth_per_s`` (``growthPerS``): each second with successes grows the rate by this
+      share, in (0, 10], default 0.03;
+    - ``fast_growth_per_s`` (``fastGrowthPerS``): the share while the rate is below 0.9 × the
+      rate last throttled (CUBIC's ``W_max``: capacity known to exist), in (0, 10], default 0.5.
+    - ``cut_interval_ms`` (``cutIntervalMs``): at most one cut per this many ms (the throttles
+      of one round of requests cut once), an integer 0..600 000, default 1 000.
+    - ``horizon_ms`` (``horizonMs``): a slot is reserved at most this far ahead; a request that
+      finds none reserves nothing and asks again after ``recheck_ms`` (jittered ×U(0.5, 1.5) by
+      the host), so a rate that recovers is used at once; an integer 0..86 400 000, default 2 000.
+    - ``recheck_ms`` (``recheckMs``): see ``horizon_ms``; an integer 1..86 400 000, default 3 000.
+    - ``forget_after_ms`` (``forgetAfterMs``): no throttle for this long and the pacer lets go
+      (unpaced until the next throttle), an integer 1000..604 800 000, default 30 000.
+    - ``memory_s`` (``memoryS``): the half-life in seconds of the best throughput seen, to which
+      the rate jumps back (half of it) after a fault (fast recovery); in (0, 1e6], default 600.
 
     Raises :class:`SettingsError` naming ``retry.pacing.KEY`` and the value.
     """
 
     enabled: bool = True
-    min_rate: float = 0.5
+    min_rate: float = 1.0
     max_rate: float | None = None
-    burst_s: float = 1.0
     beta: float = 0.7
-    scale: float = 0.4
-    forget_after_ms: int = 300_000
+    growth_per_s: float = 0.03
+    fast_growth_per_s: float = 0.5
+    cut_interval_ms: int = 1_000
+    horizon_ms: int = 2_000
+    recheck_ms: int = 3_000
+    forget_after_ms: int = 30_000
+    memory_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -300,23 +315,30 @@ class PacingSettings:
             if self.max_rate < self.min_rate:
                 raise SettingsError("pacing.maxRate", self.max_rate,
                                     f"null or a number at least pacing.minRate ({self.min_rate:g})")
-        object.__setattr__(self, "burst_s", _check_number("pacing.burstS", self.burst_s, 0, 60, lo_open=True))
         object.__setattr__(self, "beta", _check_number("pacing.beta", self.beta, 0, 1, lo_open=True))
         if self.beta >= 1:
             raise SettingsError("pacing.beta", self.beta, "a number in (0, 1)")
-        object.__setattr__(self, "scale", _check_number("pacing.scale", self.scale, 0, 1000, lo_open=True))
+        object.__setattr__(self, "growth_per_s", _check_number("pacing.growthPerS", self.growth_per_s, 0, 10, lo_open=True))
+        object.__setattr__(self, "fast_growth_per_s", _check_number("pacing.fastGrowthPerS", self.fast_growth_per_s, 0, 10, lo_open=True))
+        object.__setattr__(self, "cut_interval_ms", _check_int("pacing.cutIntervalMs", self.cut_interval_ms, 0, 600_000))
+        object.__setattr__(self, "horizon_ms", _check_int("pacing.horizonMs", self.horizon_ms, 0, MAX_DELAY_LIMIT_MS))
+        object.__setattr__(self, "recheck_ms", _check_int("pacing.recheckMs", self.recheck_ms, 1, MAX_DELAY_LIMIT_MS))
         object.__setattr__(self, "forget_after_ms", _check_int("pacing.forgetAfterMs", self.forget_after_ms,
                                                                1000, 7 * MAX_DELAY_LIMIT_MS))
+        object.__setattr__(self, "memory_s", _check_number("pacing.memoryS", self.memory_s, 0, 1e6, lo_open=True))
 
     def to_json(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "minRate": self.min_rate, "maxRate": self.max_rate,
-                "burstS": self.burst_s, "beta": self.beta, "scale": self.scale,
-                "forgetAfterMs": self.forget_after_ms}
+                "beta": self.beta, "growthPerS": self.growth_per_s,
+                "fastGrowthPerS": self.fast_growth_per_s, "cutIntervalMs": self.cut_interval_ms,
+                "horizonMs": self.horizon_ms, "recheckMs": self.recheck_ms,
+                "forgetAfterMs": self.forget_after_ms, "memoryS": self.memory_s}
 
     @classmethod
     def from_json(cls, data: Any) -> "PacingSettings | None":
         """``null`` -> None (off); ``{}`` -> the defaults (on); a key not in
-        ``enabled, minRate, maxRate, burstS, beta, scale, forgetAfterMs`` raises
+        ``enabled, minRate, maxRate, beta, growthPerS, fastGrowthPerS, cutIntervalMs, horizonMs,
+        recheckMs, forgetAfterMs, memoryS`` raises
         :class:`SettingsError` naming it."""
         if data is None:
             return None
@@ -726,13 +748,17 @@ PROFILES: dict[str, dict[str, Any]] = {
         # the stall watchdog is on, a usage limit is not waited out (docs/policy.md §1)
         "idleTimeoutMs": 300_000,
         "waitForUsageReset": False,
+        # a retry the budget cannot afford waits (gRPC's bucket, Linkerd's floor: §14b.4)
+        "budget": {"maxTokens": 100, "tokenRatio": 0.1, "mode": "wait", "minRetriesPerSecond": 10},
+        # every request takes the fleet's pacer's slot (§14b.5; docs/fleet.md "Pacing")
+        "pacing": {},
     },
 }
 """``retry.profile``: named sets of values under the keys the user sets (docs/policy.md §1,
 "Profiles"). ``"seed"`` (the default) is the reference behaviour; ``"resilient"`` bounds a chain
 by time rather than by count, honours hints with upward jitter and admits first requests through the
-coordinator (docs/fleet.md "First requests"). The resilient profile's budget in wait
-mode and pacing stay opt-in for now (docs/policy.md §1 says why); the stall watchdog is on."""
+coordinator (docs/fleet.md "First requests"), waits for the retry budget instead of ending a
+chain, and paces every request through the fleet's pacer; the stall watchdog is on."""
 
 
 def profile_settings(name: Any, *, base: "RetrySettings | None" = None) -> "RetrySettings":

@@ -171,14 +171,12 @@ class CorePacer:
         self.state = core.fresh()
 
     def slot(self, t: int) -> int | None:
-        core = self.core
-        if core.slot_delay_ms(self.state, t, self.pacing) > self.s.horizon_ms:
-            return None
-        self.state, delay = core.reserve(self.state, t, self.pacing)
-        return t + delay
+        self.state, delay = self.core.reserve(self.state, t, self.pacing)
+        return None if delay is None else t + delay
 
     def answered(self, t: int, sent_at: int, answer: Answer) -> None:
-        self.state = self.core.observe(self.state, t, answer.kind in _CAPACITY_SIGNALS, self.pacing)
+        self.state = self.core.observe(self.state, t, answer.kind in _CAPACITY_SIGNALS, self.pacing,
+                                       success=answer.ok)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ clock is read.
 from __future__ import annotations
 
 from fsm.sim.metrics import METRICS, Result, metrics_of
-from fsm.sim.run import POLICIES, RESILIENT_PACER, resilient_settings, simulate
+from fsm.sim.run import POLICIES, resilient_settings, simulate
 from fsm.sim.world import SCENARIOS, Scenario
 
-__all__ = ["METRICS", "POLICIES", "RESILIENT_PACER", "Result", "SCENARIOS", "Scenario",
+__all__ = ["METRICS", "POLICIES", "Result", "SCENARIOS", "Scenario",
            "metrics_of", "resilient_settings", "simulate"]

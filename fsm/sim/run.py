@@ -15,20 +15,13 @@ from fsm.sim.engine import VirtualClock, run_world
 from fsm.sim.metrics import Result, metrics_of
 from fsm.sim.policies import (BASELINES, BrainPolicy, Ideal, Messages, make_brain_factory,
                               make_schedule_factory)
-from fsm.sim.resilient import PacerSettings, WaitBudgetSettings, make_resilient_factory
+from fsm.sim.resilient import make_resilient_factory
 from fsm.sim.world import SCENARIOS
 
-__all__ = ["POLICIES", "RESILIENT_PACER", "resilient_settings", "simulate"]
+__all__ = ["POLICIES", "resilient_settings", "simulate"]
 
 POLICIES: tuple[str, ...] = ("ideal", "seed", "resilient", *BASELINES)
 """The policy names ``--policy`` knows (a settings file adds its own)."""
-
-RESILIENT_PACER = PacerSettings()
-"""The pacer of the resilient profile (see :class:`fsm.sim.resilient.PacerSettings`)."""
-
-RESILIENT_BUDGET: WaitBudgetSettings | None = WaitBudgetSettings()
-"""The resilient profile's retry budget in wait mode (:class:`fsm.sim.resilient.WaitBudgetSettings`)."""
-
 
 def resilient_settings() -> RetrySettings:
     """The resilient profile's retry settings (``docs/policy.md`` §1, "The resilient profile")."""
@@ -46,7 +39,7 @@ def simulate(scenario: str, policy: str, *, sessions: int = 1000, seed: int = 1,
     world = SCENARIOS[scenario]
     clock = VirtualClock()
     if settings is not None:
-        make = make_brain_factory(BrainPolicy(settings, _messages(), clock, "process"), seed)
+        make = make_resilient_factory(BrainPolicy(settings, _messages(), clock, "process"), seed)
     elif policy == "ideal":
         def make(session, provider, context):
             return Ideal(provider)
@@ -54,8 +47,7 @@ def simulate(scenario: str, policy: str, *, sessions: int = 1000, seed: int = 1,
         make = make_brain_factory(BrainPolicy(RetrySettings(), _messages(), clock, None), seed)
     elif policy == "resilient":
         make = make_resilient_factory(
-            BrainPolicy(resilient_settings(), _messages(), clock, "fleet"), seed, RESILIENT_PACER,
-            RESILIENT_BUDGET)
+            BrainPolicy(resilient_settings(), _messages(), clock, "fleet"), seed)
     elif policy in BASELINES:
         make = make_schedule_factory(policy, seed)
     else:

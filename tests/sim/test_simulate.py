@@ -187,41 +187,45 @@ def test_every_policy_name_runs():
         assert m["failure_rate"] < 0.05 and m["amplification"] >= 1.0, (policy, m)
 
 
-def test_the_pacer_steps_in_at_the_first_throttle_and_keeps_a_floor():
-    """The resilient prototype's pacer: no pacing before a throttle; after one, slots are
-    spaced at the cut rate; an outage's repeated throttles bring it down to the floor, whose
-    slots run out beyond the booking horizon."""
-    from fsm.sim.resilient import Pacer, PacerSettings
+def test_the_resilient_policy_is_the_library_profile_with_one_pacer_and_coordinator():
+    """The resilient policy runs retry.profile "resilient" as shipped (budget in wait mode,
+    pacing on), one coordinator and one pacer for the whole fleet; without pacing, no pacer."""
+    from fsm.core.settings import profile_settings
+    from fsm.sim.engine import VirtualClock
+    from fsm.sim.policies import BrainPolicy, Messages
+    from fsm.sim.resilient import make_resilient_factory
+    from fsm.sim.run import resilient_settings
 
-    pacer = Pacer(PacerSettings())
-    assert [pacer.slot(1000) for _ in range(3)] == [1000, 1000, 1000]
-    for k in range(100):
-        pacer.slot(1000 + k)
-    pacer.answered(1200, 1000, Answer("overloaded", None, True))
-    rate = pacer.rate
-    assert rate is not None and rate < 103 * 0.71
-    first, second = pacer.slot(1300), pacer.slot(1300)
-    assert second - first == pytest.approx(1000 / rate, abs=1)
-    t = 2500
-    for _ in range(40):
-        pacer.answered(t, t - 200, Answer("unavailable", None, True))
-        t += 1100
-    assert pacer.rate == PacerSettings().floor_rps
-    slots = [pacer.slot(t) for _ in range(5)]
-    assert slots[:3] == [slots[0], slots[0] + 1000, slots[0] + 2000] and slots[3] is None
+    settings = resilient_settings()
+    assert settings == profile_settings("resilient")
+    assert settings.budget is not None and settings.budget.waits and settings.pacing is not None
+    policy = BrainPolicy(settings, Messages(), VirtualClock(), "fleet")
+    make = make_resilient_factory(policy, 1)
+    a, b = make(0, None, None), make(1, None, None)
+    assert a.pacer is b.pacer and a.coord is b.coord is not None
+    unpaced = make_resilient_factory(BrainPolicy(RetrySettings(retry_hints="honor"), Messages(),
+                                                 VirtualClock(), "fleet"), 1)(0, None, None)
+    assert unpaced.pacer is None
 
 
-def test_the_wait_budget_lets_half_the_bucket_go_then_only_the_floor():
-    """gRPC's bucket in wait mode: of 100 tokens, 49 retries go (the count stays above half);
-    then only Linkerd's floor (10/s: one per 100 ms); successes give tokens back."""
-    from fsm.sim.resilient import WaitBudget, WaitBudgetSettings
+def test_the_pacing_gate_asks_again_when_the_pacer_has_no_slot_within_its_horizon():
+    """After a throttle cut the fleet's rate to the floor (1/s), a request that finds no slot
+    within the 2 s horizon waits recheckMs × U(0.5, 1.5) and asks again; one with a slot goes
+    at it."""
+    from fsm.sim.engine import SEND, VirtualClock, WAIT
+    from fsm.sim.policies import BrainPolicy, Messages
+    from fsm.sim.resilient import make_resilient_factory
+    from fsm.sim.run import resilient_settings
 
-    budget = WaitBudget(WaitBudgetSettings(max_tokens=100, token_ratio=0.5, min_retries_per_second=10))
-    assert sum(budget.allow(0) for _ in range(60)) == 49 + 1      # 49 tokens, one floor slot
-    assert not budget.allow(50) and budget.allow(100)
-    budget.credit()
-    budget.credit()
-    assert budget.allow(101)
+    policy = BrainPolicy(resilient_settings(), Messages(), VirtualClock(), "fleet")
+    session = make_resilient_factory(policy, 1)(0, None, None)
+    assert session.start(0) == (SEND, 0, 0)           # not pacing before a throttle
+    session.pacer.answered(200, Answer("overloaded", None, True))
+    sends = [session._paced(300) for _ in range(4)]
+    assert [s[0] for s in sends[:3]] == [SEND] * 3 and [s[1] for s in sends[:3]] == [300, 1300, 2300]
+    what, at, token = sends[3]
+    recheck = policy.settings.pacing.recheck_ms
+    assert what == WAIT and token < 0 and 300 + recheck // 2 <= at <= 300 + recheck * 3 // 2
 
 
 def test_the_seed_runs_through_the_host_kernel():
@@ -289,3 +293,15 @@ def test_simulate_help_says_what_each_policy_name_means(capsys):
         assert f"{name} (" in policies or f"{name}," in policies or f"{name}\n" in policies \
             or f"{name} " in policies, name
     assert "clairvoyant" in policies and "by hand" in policies and "--settings" in policies
+
+
+def test_a_settings_file_with_pacing_is_paced_per_process():
+    """``--settings`` with a pacing block runs the pacer (one per process, as rpc without
+    --redis): its figures differ from the same settings without it."""
+    honor = {"retryHints": "honor", "maxRetries": 8}
+    plain = simulate("brownout529", "settings", sessions=200,
+                     settings=RetrySettings.from_json({"retry": honor}))
+    paced = simulate("brownout529", "settings", sessions=200,
+                     settings=RetrySettings.from_json({"retry": {**honor, "pacing": {}}}))
+    assert paced.metrics != plain.metrics
+    assert paced.metrics["amplification"] < plain.metrics["amplification"]

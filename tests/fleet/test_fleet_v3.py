@@ -76,7 +76,7 @@ async def test_first_request_admission_gets_cooldown_and_pacing_but_takes_no_tok
     assert a.cooldown_ms == 5_000 and a.budget is None and not a.token_taken
     assert a.pacing_ms == 5_000, "the slot is reserved at the cooldown's end"
     b = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings())
-    assert b.pacing_ms == 5_000 + 2_000, "the next slot follows at the floor rate (0.5/s)"
+    assert b.pacing_ms == 5_000 + 1_000, "the next slot follows at the floor rate (1/s)"
     assert c.tokens(KEY, budget) == 4
 
 

@@ -148,7 +148,7 @@ local function pfresh()
           sents=-1, sentc=0, sentp=0}
 end
 local function count_ok(x) return x >= 0 and x <= 1e9 end
-local function second_ok(x) return x == math.floor(x) and x >= -1 and x * 1000 <= NOW + MAXLEFT end
+local function second_ok(x, hi) return x == math.floor(x) and x >= -1 and x * 1000 <= hi end
 local function pacer_get(k)
   local ty = ktype(k)
   if ty == 'none' then return pfresh() end
@@ -160,12 +160,15 @@ local function pacer_get(k)
     if n == nil then return pfresh() end
     s[f] = n
   end
-  local hi = NOW + MAXLEFT
+  -- times written as NOW (a cut, a growth step, a success) are not ahead of the server's
+  -- clock by more than a minute; slots (tat, the newest send's second) may be booked up to
+  -- a cooldown or backoff of 400 days ahead, plus the horizon
+  local soon, far = NOW + 60000, NOW + 2 * MAXLEFT
   if (s.on ~= 0 and s.on ~= 1) or not count_ok(s.rate) or (s.on == 1 and s.rate <= 0)
-     or s.tat > hi or s.lcut > hi or s.lgrow > hi or s.goodt > hi
+     or s.tat > far or s.lcut > soon or s.lgrow > soon or s.goodt > soon
      or not count_ok(s.wmax) or not count_ok(s.good) or not count_ok(s.okn)
      or not count_ok(s.sentc) or not count_ok(s.sentp)
-     or not second_ok(s.oks) or not second_ok(s.sents) then
+     or not second_ok(s.oks, soon) or not second_ok(s.sents, far) then
     return pfresh()
   end
   return s
@@ -628,6 +631,9 @@ class RedisCoordinator:
                 "1" if floor_slot_due else "0",
                 "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms),
                 WAIT_RECHECK_MS]
+        # The reply (ADMIT): cooldown_ms, allowed (1/0/-1 no budget), token_taken, pacing_ms
+        # (-1: no slot within the pacer's horizon -> pacing_booked=False, nothing taken),
+        # budget_wait_ms, the bucket's milli-tokens (-1: not read).
         reply = self._ints(await self._script(
             "admit", [self.keys.cooldown(key), self.keys.bucket(key), self.keys.floor(key),
                       self.keys.pacer(key)], args, _now), 6)

@@ -282,6 +282,20 @@ async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, f
     await c.aclose()
 
 
+async def test_a_pacer_cut_stamped_days_ahead_of_the_servers_clock_makes_a_fresh_pacer(redis_server, prefix):  # noqa: F811
+    """A last cut ten days ahead (a peer's clock, a corrupted key) would keep the pacer from
+    ever forgetting: it is read as a fresh pacer instead."""
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    name = c.keys.pacer(KEY)
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    sec, usec = await c.client.time()
+    ahead = sec * 1000 + usec // 1000 + 10 * 86_400_000
+    await c.client.hset(name, "lcut", repr(float(ahead)))
+    await c.admit(KEY, retry=False, budget=None, pacing=PACING)
+    assert (await c.client.hget(name, "on")) == b"0"
+    await c.aclose()
+
+
 # -- the attack's family: values of every type and size in every key ---------------------
 
 _NUMBERS = st.one_of(st.integers(-(10 ** 30), 10 ** 30), st.floats(allow_nan=True, allow_infinity=True),

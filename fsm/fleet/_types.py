@@ -161,9 +161,10 @@ class Coordinator(Protocol):
         within ``pacing.horizon_ms`` of that time, nothing is taken, reserved or counted
         (the pacer is asked before the budget) and the answer is the cooldown with
         ``pacing_booked=False``: the request does not go, the host asks again after
-        ``pacing.recheck_ms`` (jittered by the host). A first request
-        (``retry=False``) gets the cooldown and the pacing slot, no budget token. ``floor_slot_due``: this retry waited for the floor
-        slot an earlier ``admit`` reserved for it (``budget_wait_ms``), which is now due.
+        ``pacing.recheck_ms`` (jittered by the host). A first request (``retry=False``) gets
+        the cooldown and the pacing slot, no budget token. ``floor_slot_due``: this retry
+        waited for the floor slot an earlier ``admit`` reserved for it (``budget_wait_ms``),
+        which is now due.
         ``max_wait_ms``: the longest cooldown the caller would wait out (``maxHintWaitMs``);
         beyond it the answer is the cooldown alone, with no token taken and no slot
         reserved (the request will be refused)."""

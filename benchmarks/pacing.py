@@ -143,18 +143,6 @@ def _call_over(event: dict) -> bool:
     return False
 
 
-def _call_over(event: dict) -> bool:
-    """A prompt's work is over: a turn ended without an error (a success after a chain comes
-    after its ``auto_retry_end``), or a chain (or a refusal at rest) ended in failure."""
-    if event.get("type") == "auto_retry_end":
-        return not event.get("success")
-    if event.get("type") == "agent_end":
-        messages = event.get("messages") or []
-        last = messages[-1] if messages else {}
-        return last.get("role") == "assistant" and last.get("stopReason") != "error"
-    return False
-
-
 def chain_ends_lost(events: list[list[dict]]) -> int:
     """``auto_retry_start`` chains (by ``chainId``, per process) with no ``auto_retry_end``."""
     lost = 0

@@ -136,8 +136,10 @@ class GuardedCoordinator:
       :data:`~fsm.fleet.MAX_LEFT_MS`).
     - Protocol v3 (:meth:`admit`, :meth:`record_outcome`, the fallback mark) works the same
       way; ``fallback`` counts on ``clock`` (default: the monotonic clock). The pacer of
-      ``fallback`` hears every outcome, so that while the remote is down this process paces
-      on what it saw itself (local pacing).
+      ``fallback`` hears every outcome and counts every send the remote admitted, so that
+      while the remote is down this process paces on what it saw itself (local pacing).
+      ``pacing_booked`` passes through as answered (the remote's, or the fallback's when it
+      answers).
     - ``on_event`` (and :meth:`subscribe`) hears ``coordinator_unavailable {reason}`` once
       when the remote stops answering and ``coordinator_restored`` once when it answers
       again (``docs/fleet.md``).
@@ -327,6 +329,11 @@ class GuardedCoordinator:
             self.fallback.learn_cooldown_at(key, answer.cooldown_ms, now)
         if retry and budget is not None:
             self._mirror(key, budget)
+        refused = max_wait_ms is not None and answer.cooldown_ms > max_wait_ms
+        if answer.pacing_booked and answer.budget is not False and not refused:
+            # the local pacer counts this process's sends (the rate a local throttle cuts
+            # from while the remote is down); its own slots are left alone
+            self.fallback.count_send_at(key, now, answer.pacing_ms, pacing)
         local = self.fallback.cooldown_left_at(key, now)
         if local > answer.cooldown_ms:
             answer = replace(answer, cooldown_ms=local)
@@ -335,8 +342,9 @@ class GuardedCoordinator:
     async def record_outcome(self, key: CoordKey, *, success: bool, throttled: bool,
                              budget: BudgetSettings | None,
                              pacing: PacingSettings | None) -> None:
-        # The local pacer hears every outcome (local pacing while the remote is down).
-        self.fallback.record_outcome_at(key, self.fallback.now_ms(), success=False,
+        # The local pacer hears every outcome (local pacing while the remote is down); the
+        # budget's credit is the remote's while it answers (budget=None here).
+        self.fallback.record_outcome_at(key, self.fallback.now_ms(), success=success,
                                         throttled=throttled, budget=None, pacing=pacing)
         ok, _ = await self._remote(lambda: self.inner.record_outcome(
             key, success=success, throttled=throttled, budget=budget, pacing=pacing),

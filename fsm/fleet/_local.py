@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from fsm.core import pacing as pacer
@@ -193,17 +194,24 @@ class InProcessCoordinator:
             cooldown = self._left(self._cooldowns, key, now)
             if max_wait_ms is not None and cooldown > max_wait_ms:
                 return Admission(cooldown_ms=cooldown)  # to be refused: nothing taken or reserved
+            # The pacer's slot is computed first (pure: nothing stored yet), so that a request
+            # the pacer has no slot for within its horizon takes and reserves nothing at all.
+            reserved: pacer.PacerState | None = None
+            pacing_ms = 0
+            if pacing is not None and pacing.enabled:
+                state = self._pacers.get(key) or pacer.fresh()  # counted even while not pacing
+                reserved, delay = pacer.reserve(state, now, pacing, max(earliest, cooldown))
+                if delay is None:
+                    return Admission(cooldown_ms=cooldown, pacing_booked=False)
+                pacing_ms = min(MAX_LEFT_MS, delay)
             allowed: bool | None = None
             taken, budget_wait = False, 0
             if retry and budget is not None:
                 allowed, taken, budget_wait = self._budget_step(key, budget, now, floor_slot_due)
-            pacing_ms = 0
-            if allowed is not False and pacing is not None and pacing.enabled:
-                state = self._pacers.get(key)
-                if state is not None:
-                    state, pacing_ms = pacer.reserve(state, now, pacing, max(earliest, cooldown))
-                    self._pacers[key] = state
-                    pacing_ms = min(MAX_LEFT_MS, pacing_ms)
+            if allowed is False:
+                pacing_ms = 0  # a refused retry reserves no slot and is not counted as sent
+            elif reserved is not None:
+                self._pacers[key] = reserved
             return Admission(cooldown_ms=cooldown, budget=allowed, token_taken=taken,
                              pacing_ms=pacing_ms, budget_wait_ms=budget_wait)
 
@@ -216,7 +224,22 @@ class InProcessCoordinator:
                 bucket[0] = min(max_milli(budget), bucket[0] + ratio_milli(budget))
             if pacing is not None and pacing.enabled:
                 state = self._pacers.get(key, pacer.fresh())
-                self._pacers[key] = pacer.observe(state, now, bool(throttled), pacing)
+                self._pacers[key] = pacer.observe(state, now, bool(throttled), pacing,
+                                                  success=bool(success))
+
+    def count_send_at(self, key: CoordKey, now: float, delay_ms: int,
+                      pacing: PacingSettings | None) -> None:
+        """Count one request sent ``delay_ms`` after ``now`` in ``key``'s pacer without
+        reserving a slot (its rate and slots are left alone): a guard counts here the requests
+        another coordinator admitted, so that the send rate a local throttle cuts from (while
+        that coordinator is down) is this process's own."""
+        if pacing is None or not pacing.enabled:
+            return
+        with self._lock:
+            state = self._pacers.get(key) or pacer.fresh()
+            # reserve() of a state that is not pacing counts the send and reserves nothing
+            counted, _ = pacer.reserve(replace(state, on=False), now, pacing, max(0, delay_ms))
+            self._pacers[key] = replace(counted, on=state.on, rate=state.rate)
 
     def pacer_state(self, key: CoordKey) -> pacer.PacerState:
         """``key``'s pacer (for tests and diagnostics)."""

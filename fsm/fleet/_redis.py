@@ -20,8 +20,13 @@ Valkey cluster) can serve a fleet:
   process has used within ``bucket_idle_ms`` that is gone (evicted, flushed, a restart) counts
   as spent; a bucket nobody has seen, or idle for ``bucket_idle_ms``, is full;
 - ``P:{T}:floor`` — a string: the budget floor's next free slot (server ms);
-- ``P:{T}:pacer`` — a hash: the pacer's state (:class:`fsm.core.pacing.PacerState`, times in
-  server ms);
+- ``P:{T}:pacer`` — a hash: the pacer's state (:class:`fsm.core.pacing.PacerState`, one
+  field each, times in server ms; see ``_LUA_PACER`` for the field names). Every admission
+  with pacing on writes it (the send is counted even while not pacing), and every answer
+  observed; it expires :func:`pacer_ttl_ms` after its last write: ``forgetAfterMs`` (after
+  which the pacer lets go anyway) plus :data:`PACER_MEMORY_HALF_LIVES` half-lives of the best
+  throughput remembered (``memoryS``; after them that memory is a sixteenth of what it was)
+  plus a minute. A lost hash is a fresh pacer (not pacing, nothing remembered);
 - ``P:limited:PROVIDER`` — a sorted set of credential ids scored by the end of their usage
   limit (server ms); it expires with its last mark.
 
@@ -52,6 +57,19 @@ DEFAULT_PREFIX = "retry-fsm"
 
 #: A bucket nobody used for this long disappears from Redis (it is full again long before).
 BUCKET_TTL_MS = 7 * 86_400_000
+
+#: The pacer hash outlives its last write by this many half-lives (``memoryS``) of the best
+#: throughput it remembers, beyond ``forgetAfterMs`` (:func:`pacer_ttl_ms`).
+PACER_MEMORY_HALF_LIVES = 4
+
+
+def pacer_ttl_ms(pacing: PacingSettings) -> int:
+    """How long the pacer hash of a key outlives its last write, in ms:
+    ``forgetAfterMs`` + :data:`PACER_MEMORY_HALF_LIVES` × ``memoryS`` × 1000 + one minute.
+    Within ``forgetAfterMs`` a pacer that paces keeps its rate and slots; beyond it the pacer
+    has let go anyway and only the best throughput remembered (fast recovery) is lost, once it
+    has decayed to a sixteenth."""
+    return pacing.forget_after_ms + math.ceil(PACER_MEMORY_HALF_LIVES * pacing.memory_s * 1000) + 60_000
 
 
 # Shared by every script: ARGV[1] is MAX_LEFT_MS, ARGV[2] the time ('' = the server's TIME;
@@ -114,108 +132,164 @@ local function bucket_set(k, m, ttl)
 end
 """
 
-# The pacer: fsm.core.pacing's arithmetic, in the same order (so the same doubles).
-# ARGV[p..p+5]: min_rate, max_rate ('' none), burst_s, beta, scale, forget_after_ms.
+# The pacer: fsm.core.pacing's arithmetic, in the same order of operations (so the same
+# doubles; the growth factors' log1p, which Lua 5.1 lacks, is computed in Python and sent
+# exactly). ARGV[p..p+9] (:meth:`RedisCoordinator._pacing_args`): min_rate ('' = pacing off),
+# max_rate ('' none), beta, log1p(growth_per_s), log1p(fast_growth_per_s), cut_interval_ms,
+# horizon_ms, forget_after_ms, memory_s, the pacer hash's TTL in ms (:func:`pacer_ttl_ms`).
+# The hash's fields are PacerState's: on (0/1), rate, tat, lcut (last_cut_ms), lgrow
+# (last_grow_ms), wmax, good, goodt (good_ms), oks (ok_sec), okn (ok_n), sents (sent_sec),
+# sentc (sent_cur), sentp (sent_prev); times in server ms, written with 17 digits.
 _LUA_PACER = """
-local FIELDS = {'on', 'fill', 'tat', 'wmax', 'lf', 'mr', 'mb', 'mc'}
-local function fresh() return {on=0, fill=0, tat=0, wmax=0, lf=0, mr=0, mb=-1, mc=0} end
+local PFIELDS = {'on', 'rate', 'tat', 'lcut', 'lgrow', 'wmax', 'good', 'goodt', 'oks', 'okn',
+                 'sents', 'sentc', 'sentp'}
+local function pfresh()
+  return {on=0, rate=0, tat=0, lcut=0, lgrow=0, wmax=0, good=0, goodt=0, oks=-1, okn=0,
+          sents=-1, sentc=0, sentp=0}
+end
+local function count_ok(x) return x >= 0 and x <= 1e9 end
+local function second_ok(x, hi) return x == math.floor(x) and x >= -1 and x * 1000 <= hi end
 local function pacer_get(k)
   local ty = ktype(k)
-  if ty == 'none' then return fresh() end
-  if ty ~= 'hash' then redis.call('DEL', k) return fresh() end
-  local v = redis.call('HMGET', k, unpack(FIELDS))
+  if ty == 'none' then return pfresh() end
+  if ty ~= 'hash' then redis.call('DEL', k) return pfresh() end
+  local v = redis.call('HMGET', k, unpack(PFIELDS))
   local s = {}
-  for i, f in ipairs(FIELDS) do
+  for i, f in ipairs(PFIELDS) do
     local n = num(v[i])
-    if n == nil then return fresh() end
+    if n == nil then return pfresh() end
     s[f] = n
   end
-  if (s.on ~= 0 and s.on ~= 1) or s.fill < 0 or s.fill > 1e6 or (s.on == 1 and s.fill <= 0)
-     or s.mr < 0 or s.mr > 1e9 or s.mc < 0 or s.mc > 1e9 or s.wmax < 0 or s.wmax > 1e9
-     or s.tat > NOW + MAXLEFT or s.lf > NOW + MAXLEFT or s.mb > NOW + MAXLEFT
-     or (s.mb < 0 and s.mb ~= -1) then
-    return fresh()
+  -- times written as NOW (a cut, a growth step, a success) are not ahead of the server's
+  -- clock by more than a minute; slots (tat, the newest send's second) may be booked up to
+  -- a cooldown or backoff of 400 days ahead, plus the horizon
+  local soon, far = NOW + 60000, NOW + 2 * MAXLEFT
+  if (s.on ~= 0 and s.on ~= 1) or not count_ok(s.rate) or (s.on == 1 and s.rate <= 0)
+     or s.tat > far or s.lcut > soon or s.lgrow > soon or s.goodt > soon
+     or not count_ok(s.wmax) or not count_ok(s.good) or not count_ok(s.okn)
+     or not count_ok(s.sentc) or not count_ok(s.sentp)
+     or not second_ok(s.oks, soon) or not second_ok(s.sents, far) then
+    return pfresh()
   end
   return s
 end
-local function pacer_set(k, s, forget)
+local function pacer_set(k, s, ttl)
   if ktype(k) ~= 'hash' then redis.call('DEL', k) end
-  redis.call('HSET', k, 'on', fmt(s.on), 'fill', fmt(s.fill), 'tat', fmt(s.tat), 'wmax', fmt(s.wmax),
-             'lf', fmt(s.lf), 'mr', fmt(s.mr), 'mb', fmt(s.mb), 'mc', fmt(s.mc))
-  redis.call('PEXPIRE', k, string.format('%d', forget * 2 + 60000))
+  local args = {}
+  for _, f in ipairs(PFIELDS) do args[#args + 1] = f args[#args + 1] = fmt(s[f]) end
+  redis.call('HSET', k, unpack(args))
+  redis.call('PEXPIRE', k, ttl)
 end
-local function pacer_forget(s, forget)
-  if s.on == 1 and NOW - s.lf >= forget then
-    local f = fresh() f.mr = s.mr f.mb = s.mb f.mc = s.mc
-    return f
-  end
-  return s
+local function pacer_forget(s, p)
+  if s.on == 1 and NOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 end
 end
+local function count_send(s, at)
+  local sec = math.floor(at / 1000.0)
+  if sec <= s.sents then s.sentc = s.sentc + 1.0 return end
+  local prev = 0.0
+  if sec == s.sents + 1.0 then prev = s.sentc end
+  s.sents = sec s.sentc = 1.0 s.sentp = prev
+end
+local function send_rate(s)
+  local sec = math.floor(NOW / 1000.0)
+  if sec > s.sents + 1.0 or s.sents < 0 then return 0.0 end
+  local frac = (NOW - sec * 1000.0) / 1000.0
+  if sec == s.sents + 1.0 then return s.sentc * (1.0 - frac) end
+  if sec == s.sents then return s.sentp * (1.0 - frac) + s.sentc end
+  return s.sentp + s.sentc
+end
+local function best_rate(s, p)
+  if s.good <= 0.0 then return 0.0 end
+  return s.good * 0.5 ^ ((NOW - s.goodt) / 1000.0 / p.memory)
+end
+local function pacer_cap(rate, p)
+  if p.max ~= nil then rate = math.min(rate, p.max) end
+  return math.max(rate, p.min)
+end
+-- Reserves in s (changed in place): the delay in ms, or nil (no slot within the horizon:
+-- nothing reserved or counted; s is then to be dropped, not written).
 local function pacer_reserve(s, p, earliest)
-  if s.on ~= 1 then return s, 0 end
-  s = pacer_forget(s, p.forget)
-  if s.on ~= 1 then return s, 0 end
-  local interval = 1000.0 / s.fill
-  local tol = math.max(0.0, s.fill * p.burst - 1.0) * interval
-  local start = math.max(NOW + math.max(0.0, earliest), s.tat - tol)
-  local delay = math.min(MAXLEFT, start - NOW)
-  start = NOW + delay
-  s.tat = math.max(s.tat, start) + interval
-  return s, math.max(0, math.ceil(delay))
+  earliest = math.max(0.0, earliest)
+  pacer_forget(s, p)
+  local want = NOW + earliest
+  local at = want
+  if s.on == 1 then
+    at = math.max(want, s.tat)
+    if at - want > p.horizon then return nil end
+    s.tat = at + 1000.0 / s.rate
+  end
+  local booked = math.ceil(at)
+  count_send(s, booked)
+  return math.floor(math.min(MAXLEFT, booked - NOW))
 end
-local function pacer_observe(s, throttled, p)
-  s = pacer_forget(s, p.forget)
-  local bucket = math.floor(NOW / 500.0) * 500.0
-  local count = s.mc + 1.0
-  if s.mb < 0 then s.mb = bucket s.mc = count
-  elseif bucket > s.mb then
-    local cur = count / ((bucket - s.mb) / 1000.0)
-    s.mr = cur * 0.8 + s.mr * (1.0 - 0.8)
-    s.mb = bucket s.mc = 0
-  else s.mc = count end
-  local measured = s.mr
-  local old_fill = s.fill
-  local new
-  if throttled then
-    local in_use = measured
-    if s.on == 1 then in_use = math.min(measured, s.fill) end
-    new = in_use * p.beta
-    s.on = 1 s.wmax = in_use s.lf = NOW
-  elseif s.on == 1 then
-    local dt = (NOW - s.lf) / 1000.0
-    local k = (s.wmax * (1.0 - p.beta) / p.scale) ^ (1.0 / 3.0)
-    new = p.scale * (dt - k) ^ 3 + s.wmax
-  else
+-- outcome: 't' throttled, 's' a success, anything else an answer that teaches nothing.
+local function pacer_observe(s, outcome, p)
+  pacer_forget(s, p)
+  if outcome == 't' then
+    if s.on == 1 and NOW - s.lcut < p.cut then return s end
+    local measured = send_rate(s)
+    local base = measured
+    if s.on == 1 then
+      local m = measured
+      if m == 0 then m = s.rate end
+      base = math.min(s.rate, m)
+    end
+    s.on = 1 s.rate = pacer_cap(p.beta * base, p) s.wmax = base
+    s.lcut = NOW s.lgrow = NOW s.tat = math.max(s.tat, NOW)
     return s
   end
-  new = math.min(new, 2.0 * measured)
-  if p.max ~= nil then new = math.min(new, p.max) end
-  new = math.max(new, p.min)
-  if old_fill > 0 and new ~= old_fill then
-    local backlog = math.max(0.0, s.tat - NOW)
-    s.tat = NOW + backlog * (old_fill / new)
+  if outcome ~= 's' then return s end
+  local sec = math.floor(NOW / 1000.0)
+  local good, goodt, okn = s.good, s.goodt, s.okn
+  if sec ~= s.oks then
+    if okn > best_rate(s, p) then good = okn goodt = NOW end
+    okn = 0.0
   end
-  s.fill = new
+  s.good = good s.goodt = goodt s.oks = sec s.okn = okn + 1.0
+  if s.on ~= 1 then return s end
+  local rate, wmax = s.rate, s.wmax
+  local best = best_rate(s, p)
+  if rate < best / 2.0 then
+    if rate <= 2.0 * p.min then wmax = math.max(wmax, best) end
+    rate = best / 2.0
+  end
+  local dt = NOW - s.lgrow
+  if dt > 0 then
+    local lg = p.lgslow
+    if rate < 0.9 * wmax then lg = p.lgfast end
+    rate = rate * math.exp(lg * math.min(dt, 1000.0) / 1000.0)
+  end
+  s.rate = pacer_cap(rate, p) s.wmax = wmax s.lgrow = NOW
   return s
 end
 local function pacing_args(i)
   if ARGV[i] == '' then return nil end
-  local p = {min=tonumber(ARGV[i]), burst=tonumber(ARGV[i + 2]), beta=tonumber(ARGV[i + 3]),
-             scale=tonumber(ARGV[i + 4]), forget=tonumber(ARGV[i + 5])}
+  local p = {min=tonumber(ARGV[i]), beta=tonumber(ARGV[i + 2]), lgslow=tonumber(ARGV[i + 3]),
+             lgfast=tonumber(ARGV[i + 4]), cut=tonumber(ARGV[i + 5]),
+             horizon=tonumber(ARGV[i + 6]), forget=tonumber(ARGV[i + 7]),
+             memory=tonumber(ARGV[i + 8]), ttl=ARGV[i + 9]}
   if ARGV[i + 1] ~= '' then p.max = tonumber(ARGV[i + 1]) end
   return p
 end
 """
 
 # KEYS cooldown, bucket, floor, pacer. ARGV[3] retry (0/1), [4..7] budget (max, seen, idle,
-# ttl), [8] mode, [9] floor interval ms ('' none), [10..15] pacing, [16] earliest_ms,
-# [17] floor_slot_due (0/1), [18] max_wait_ms ('' none), [19] the re-check of a wait with no
+# ttl), [8] mode, [9] floor interval ms ('' none), [10..19] pacing, [20] earliest_ms,
+# [21] floor_slot_due (0/1), [22] max_wait_ms ('' none), [23] the re-check of a wait with no
 # floor (ms).
 # Returns {cooldown_ms, allowed (1/0/-1 none), token_taken, pacing_ms, budget_wait_ms,
-# milli-tokens (-1 none)}.
+# milli-tokens (-1 none)}; pacing_ms is -1 when the pacer has no slot within its horizon
+# (nothing taken, reserved or counted: the reply is {cooldown_ms, -1, 0, -1, 0, -1}).
 ADMIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
 local cooldown = left(KEYS[1])
-if ARGV[18] ~= '' and cooldown > tonumber(ARGV[18]) then return {cooldown, -1, 0, 0, 0, -1} end
+if ARGV[22] ~= '' and cooldown > tonumber(ARGV[22]) then return {cooldown, -1, 0, 0, 0, -1} end
+local p = pacing_args(10)
+local s, pacing = nil, 0
+if p ~= nil then  -- the pacer first: no slot within the horizon, nothing is taken
+  s = pacer_get(KEYS[4])
+  pacing = pacer_reserve(s, p, math.max(tonumber(ARGV[20]), cooldown))
+  if pacing == nil then return {cooldown, -1, 0, -1, 0, -1} end
+end
 local allowed, taken, wait, milli = -1, 0, 0, -1
 if ARGV[3] == '1' and ARGV[4] ~= '' then
   local max = tonumber(ARGV[4])
@@ -238,37 +312,29 @@ if ARGV[3] == '1' and ARGV[4] ~= '' then
   end
   if after * 2 > max then
     m = after allowed = 1 taken = 1
-  elseif ARGV[17] == '1' then
+  elseif ARGV[21] == '1' then
     allowed = 1
   elseif ARGV[8] ~= 'wait' then
     m = after
     if floor_slot(false) ~= nil then allowed = 1 else allowed = 0 end
   else
     local w = floor_slot(true)
-    if w == nil then allowed = 0 wait = tonumber(ARGV[19])
+    if w == nil then allowed = 0 wait = tonumber(ARGV[23])
     elseif w <= 0 then allowed = 1
     else allowed = 0 wait = math.min(MAXLEFT, math.ceil(w)) end
   end
   bucket_set(KEYS[2], m, ARGV[7])
   milli = m
 end
-local pacing = 0
-local p = pacing_args(10)
-if allowed ~= 0 and p ~= nil then
-  local s = pacer_get(KEYS[4])
-  if s.on == 1 then
-    local earliest = math.max(tonumber(ARGV[16]), cooldown)
-    s, pacing = pacer_reserve(s, p, earliest)
-    pacer_set(KEYS[4], s, p.forget)
-  end
-end
+if s ~= nil and allowed ~= 0 then pacer_set(KEYS[4], s, p.ttl) else pacing = 0 end
 return {cooldown, allowed, taken, pacing, wait, milli}
 """
 
 # KEYS bucket, pacer. ARGV[3] add milli ('0': none), [4..7] budget (max or '', seen, idle,
-# ttl), [8] throttled (0/1, '' = no answer to count), [9..14] pacing. A success's credit or a
-# returned token, capped at the maximum (a full bucket stays); the answer counted by the
-# pacer. Returns the milli-tokens (-1 none).
+# ttl), [8] the answer for the pacer ('t' throttled, 's' a success, 'o' any other answer,
+# '' = no answer to count), [9..18] pacing. A success's credit or a returned token, capped at
+# the maximum (a full bucket stays); the answer observed by the pacer. Returns the
+# milli-tokens (-1 none).
 CREDIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
 local milli = -1
 if ARGV[4] ~= '' then
@@ -280,8 +346,8 @@ if ARGV[4] ~= '' then
 end
 local p = pacing_args(9)
 if p ~= nil and ARGV[8] ~= '' then
-  local s = pacer_observe(pacer_get(KEYS[2]), ARGV[8] == '1', p)
-  pacer_set(KEYS[2], s, p.forget)
+  local s = pacer_observe(pacer_get(KEYS[2]), ARGV[8], p)
+  pacer_set(KEYS[2], s, p.ttl)
 end
 return milli
 """
@@ -516,11 +582,18 @@ class RedisCoordinator:
         return [max_milli(budget), self._seen(key), self.bucket_idle_ms, BUCKET_TTL_MS]
 
     @staticmethod
-    def _pacing_args(pacing: PacingSettings | None) -> list:
+    def _pacing_args(pacing: PacingSettings | None) -> list[str]:
+        """The scripts' ten pacing arguments (``_LUA_PACER``); all ``''`` when pacing is off.
+        Floats are sent as ``repr`` (read back exactly), the growth shares as their ``log1p``
+        (which Lua 5.1 lacks), so that the script's doubles are :mod:`fsm.core.pacing`'s."""
         if pacing is None or not pacing.enabled:
-            return ["", "", "", "", "", ""]
-        return [repr(pacing.min_rate), "" if pacing.max_rate is None else repr(pacing.max_rate),
-                repr(pacing.burst_s), repr(pacing.beta), repr(pacing.scale), pacing.forget_after_ms]
+            return [""] * 10
+        return [repr(float(pacing.min_rate)),
+                "" if pacing.max_rate is None else repr(float(pacing.max_rate)),
+                repr(float(pacing.beta)), repr(math.log1p(pacing.growth_per_s)),
+                repr(math.log1p(pacing.fast_growth_per_s)), str(pacing.cut_interval_ms),
+                str(pacing.horizon_ms), str(pacing.forget_after_ms), repr(float(pacing.memory_s)),
+                str(pacer_ttl_ms(pacing))]
 
     async def _script(self, name: str, keys: list[str], args: list, now: float | None = None) -> Any:
         """Run script ``name``; a script error on one key's data is a
@@ -558,22 +631,29 @@ class RedisCoordinator:
                 "1" if floor_slot_due else "0",
                 "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms),
                 WAIT_RECHECK_MS]
+        # The reply (ADMIT): cooldown_ms, allowed (1/0/-1 no budget), token_taken, pacing_ms
+        # (-1: no slot within the pacer's horizon -> pacing_booked=False, nothing taken),
+        # budget_wait_ms, the bucket's milli-tokens (-1: not read).
         reply = self._ints(await self._script(
             "admit", [self.keys.cooldown(key), self.keys.bucket(key), self.keys.floor(key),
                       self.keys.pacer(key)], args, _now), 6)
         cooldown, allowed, taken, pacing_ms, wait, milli = reply
         if milli >= 0:
             self._observe(key, milli)
+        if pacing_ms == -1:  # the pacer had no slot within its horizon: nothing taken
+            return Admission(cooldown_ms=clamp_left(cooldown), pacing_booked=False)
         return Admission(cooldown_ms=clamp_left(cooldown),
                          budget=None if allowed < 0 else bool(allowed),
                          token_taken=bool(taken), pacing_ms=clamp_left(pacing_ms),
                          budget_wait_ms=clamp_left(wait))
 
     async def _credit(self, key: CoordKey, budget: BudgetSettings | None, add_milli: int,
-                      throttled: bool | None, pacing: PacingSettings | None,
+                      outcome: str, pacing: PacingSettings | None,
                       _now: float | None = None) -> None:
-        args = [add_milli, *self._budget_args(key, budget),
-                "" if throttled is None else ("1" if throttled else "0"), *self._pacing_args(pacing)]
+        """The CREDIT script: ``add_milli`` to the bucket (with ``budget``), and ``outcome``
+        (``'t'`` throttled, ``'s'`` a success, ``'o'`` any other answer, ``''`` none) to the
+        pacer (with ``pacing``)."""
+        args = [add_milli, *self._budget_args(key, budget), outcome, *self._pacing_args(pacing)]
         reply = await self._script("credit", [self.keys.bucket(key), self.keys.pacer(key)], args, _now)
         if isinstance(reply, int) and not isinstance(reply, bool) and reply >= 0 and budget is not None:
             self._observe(key, min(reply, max_milli(budget)))
@@ -583,12 +663,13 @@ class RedisCoordinator:
                              _now: float | None = None) -> None:
         if (budget is None or not success) and (pacing is None or not pacing.enabled):
             return
+        outcome = "t" if throttled else "s" if success else "o"
         await self._credit(key, budget if success else None,
                            ratio_milli(budget) if success and budget is not None else 0,
-                           bool(throttled), pacing, _now)
+                           outcome, pacing, _now)
 
     async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
-        await self._credit(key, budget, MILLI, None, None)
+        await self._credit(key, budget, MILLI, "", None)
 
     async def learn_cooldown(self, key: CoordKey, duration_ms: int,
                              now_ms: int | None = None) -> None:

@@ -105,6 +105,14 @@ class Admission:
       (:meth:`Coordinator.return_retry_token`) if the retry is not sent after all;
     - ``pacing_ms``: delay until the pacing slot reserved for this request (0 = now or no
       pacing); the slot is reserved at or after the cooldown's end and ``earliest_ms``;
+    - ``pacing_booked``: ``True`` unless pacing is on and the pacer had no slot within its
+      horizon (``retry.pacing.horizonMs`` after the time the request wants to go,
+      :func:`fsm.core.pacing.reserve`). ``False``: nothing was taken or reserved (no
+      pacing slot, no send counted, no budget token, no floor slot: ``budget`` is None,
+      ``pacing_ms`` and ``budget_wait_ms`` are 0; ``cooldown_ms`` is told) and the request
+      does not go: the host asks again (a new ``admit``) after ``retry.pacing.recheckMs``,
+      which it jitters itself (×U(0.5, 1.5)), so that a rate that recovers meanwhile is used
+      at once (docs/fleet.md "Pacing");
     - ``budget_wait_ms``: with a budget in wait mode that refused (``budget`` False), the
       time until the floor slot reserved for this retry, when the caller re-checks with
       ``floor_slot_due=True``; 0 otherwise. No token is held meanwhile.
@@ -117,10 +125,14 @@ class Admission:
     token_taken: bool = False
     pacing_ms: int = 0
     budget_wait_ms: int = 0
+    pacing_booked: bool = True
 
     @property
     def delay_ms(self) -> int:
-        """``max(cooldown_ms, pacing_ms, budget_wait_ms)``: how long before the request goes."""
+        """``max(cooldown_ms, pacing_ms, budget_wait_ms)``: how long before the request goes,
+        when :attr:`pacing_booked` is True. With it False the request does not go after this:
+        it is only the wait the other terms impose, and the request asks again after
+        ``recheckMs`` (jittered) or this, whichever is later."""
         return max(self.cooldown_ms, self.pacing_ms, self.budget_wait_ms)
 
 
@@ -144,9 +156,15 @@ class Coordinator(Protocol):
         (``retry=True``) with a budget, take a token (gRPC retry throttling; in wait mode a
         retry the bucket cannot afford takes none and gets a floor slot); with pacing on,
         reserve the request's pacing slot, not before the cooldown's end nor
-        ``earliest_ms`` from now. A first request (``retry=False``) gets the cooldown and the
-        pacing slot, no budget token. ``floor_slot_due``: this retry waited for the floor
-        slot an earlier ``admit`` reserved for it (``budget_wait_ms``), which is now due.
+        ``earliest_ms`` from now (with pacing on, every request admitted is counted as sent,
+        paced or not: the send rate a first throttle cuts from). When the pacer has no slot
+        within ``pacing.horizon_ms`` of that time, nothing is taken, reserved or counted
+        (the pacer is asked before the budget) and the answer is the cooldown with
+        ``pacing_booked=False``: the request does not go, the host asks again after
+        ``pacing.recheck_ms`` (jittered by the host). A first request (``retry=False``) gets
+        the cooldown and the pacing slot, no budget token. ``floor_slot_due``: this retry
+        waited for the floor slot an earlier ``admit`` reserved for it (``budget_wait_ms``),
+        which is now due.
         ``max_wait_ms``: the longest cooldown the caller would wait out (``maxHintWaitMs``);
         beyond it the answer is the cooldown alone, with no token taken and no slot
         reserved (the request will be refused)."""
@@ -161,8 +179,11 @@ class Coordinator(Protocol):
                              budget: BudgetSettings | None,
                              pacing: PacingSettings | None) -> None:
         """An answer came back: a success credits the budget ``token_ratio``; with pacing
-        on, the answer is counted and ``throttled`` (a capacity signal: 429, 503, 529, a
-        connection error, a stall) lowers the pacing rate, any other answer lets it grow."""
+        on, ``throttled`` (a capacity signal: 429, 503, 529, a connection error, a stall)
+        cuts the pacing rate (at most once per ``pacing.cut_interval_ms``), a ``success``
+        lets it grow (and counts towards the best throughput remembered), and any other
+        answer (a fatal error, a usage limit) teaches the pacer nothing
+        (:func:`fsm.core.pacing.observe`)."""
 
     async def mark_credential_limited(self, provider: str, credential: str,
                                       duration_ms: int) -> None:

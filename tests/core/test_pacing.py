@@ -1,29 +1,35 @@
 """The pure pacer (fsm/core/pacing.py) and its settings (``retry.pacing``), and the budget's
-wait mode settings: AWS adaptive retry's CUBIC token bucket with a probe floor."""
+wait mode settings: slots within a horizon, a cut on the send rate once per round, growth
+fast below W_max, fast recovery to half the best throughput, a floor of probes."""
 
 from __future__ import annotations
 
 import ast
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from fsm.core import pacing
-from fsm.core.pacing import PacerState, fresh, observe, reserve
+from fsm.core.pacing import (PacerState, best_rate, fresh, observe, reserve, send_rate,
+                             slot_delay_ms)
 from fsm.core.settings import BudgetSettings, PacingSettings, RetrySettings, SettingsError
 
 P = PacingSettings()
 
 
-def throttled_at(rate_per_s: float, seconds: float = 3.0, *, start: float = 0.0) -> tuple[PacerState, float]:
-    """A pacer that saw ``rate_per_s`` successes for ``seconds`` then one throttle."""
-    state, now = fresh(), start
-    step = 1000.0 / rate_per_s
-    while now < start + seconds * 1000:
-        state = observe(state, now, False, P)
-        now += step
-    return observe(state, now, True, P), now
+def sent(state: PacerState, times: list[float], settings: PacingSettings = P) -> PacerState:
+    """``state`` after one reservation at each of ``times`` (each wanting to go at once)."""
+    for t in times:
+        state, delay = reserve(state, t, settings)
+        assert delay is not None
+    return state
+
+
+def pacing_at(rate: float, *, now: float = 0.0, w_max: float = 0.0) -> PacerState:
+    """A pacer that paces at ``rate`` since a cut at ``now``."""
+    return PacerState(on=True, rate=rate, tat_ms=now, last_cut_ms=now, last_grow_ms=now, w_max=w_max)
 
 
 def test_the_pacer_is_pure():
@@ -35,116 +41,206 @@ def test_the_pacer_is_pure():
     assert not names & {"time", "asyncio", "os", "socket", "datetime", "threading", "random"}
 
 
-def test_nothing_is_paced_before_the_first_throttle():
-    """botocore enables its bucket on the first throttle only."""
+def test_nothing_is_paced_before_the_first_throttle_but_every_send_is_counted():
+    """Before a throttle every request goes when it wants; its send is still counted."""
     state = fresh()
-    for t in range(0, 5000, 10):
+    for t in range(0, 1000, 10):
         state = observe(state, t, False, P)
-        state, delay = reserve(state, t, P)
-        assert delay == 0
-    assert state.on is False
+        state, delay = reserve(state, t, P, earliest_ms=7)
+        assert delay == 7
+    assert state.on is False and state.rate == 0.0
+    assert (state.sent_sec, state.sent_cur) == (0.0, 100.0), "each counted in the second of its slot"
+    assert send_rate(state, 1000.0) == 100.0
 
 
-def test_a_throttle_cuts_the_rate_to_beta_times_the_measured_rate():
-    """CUBIC's multiplicative decrease: W_max = the measured rate, the new rate 0.7 × that."""
-    state, _ = throttled_at(100.0)
-    assert state.on is True
-    assert 80 < state.w_max < 120, "the measured send rate"
-    assert state.fill == pytest.approx(0.7 * state.w_max)
+def test_sends_are_counted_in_the_second_they_are_booked_for():
+    """The send window counts each request in the second of its slot (the newest two seconds)."""
+    state = sent(fresh(), [0.0, 500.0, 999.0])
+    assert (state.sent_sec, state.sent_cur, state.sent_prev) == (0.0, 3.0, 0.0)
+    state = sent(state, [1000.0, 1500.0])
+    assert (state.sent_sec, state.sent_cur, state.sent_prev) == (1.0, 2.0, 3.0)
+    state = sent(state, [3200.0])
+    assert (state.sent_sec, state.sent_cur, state.sent_prev) == (3.0, 1.0, 0.0), "a gap clears the older bin"
 
 
-def test_the_rate_grows_back_along_the_cubic_curve():
-    """W(t) = C (t - K)^3 + W_max: back at W_max after K seconds, above it later."""
-    state, t0 = throttled_at(100.0)
-    w_max = state.w_max
-    k = (w_max * (1 - P.beta) / P.scale) ** (1 / 3)
-    rates = []
-    now = t0
-    for _ in range(int((k + 2) * 100)):  # answers at 100/s keep the measured rate up
-        now += 10
-        state = observe(state, now, False, P)
-        rates.append((now - t0, state.fill))
-    at_k = min(rates, key=lambda r: abs(r[0] / 1000 - k))[1]
-    assert at_k == pytest.approx(w_max, rel=0.02)
-    assert rates[-1][1] > w_max
-    assert all(b >= a - 1e-9 for (_, a), (_, b) in zip(rates, rates[1:])), "monotone growth"
+def test_the_send_rate_is_a_sliding_window_over_the_last_second():
+    """The newest bin plus the share of the one before still inside the window."""
+    state = sent(fresh(), [float(t) for t in range(0, 1000, 50)])  # 20 in second 0
+    assert send_rate(state, 500.0) == 20.0
+    assert send_rate(state, 1500.0) == pytest.approx(10.0), "half of second 0 is still in the window"
+    assert send_rate(state, 2000.0) == 0.0
+    state = sent(state, [1100.0, 1200.0])
+    assert send_rate(state, 1250.0) == pytest.approx(20 * 0.75 + 2)
+
+
+def test_a_throttle_cuts_the_rate_to_beta_times_the_send_rate_of_the_last_second():
+    """The first cut: rate = beta × the requests sent over the last second, W_max = that rate."""
+    state = sent(fresh(), [float(t) for t in range(0, 1000, 50)])  # 20/s
+    cut = observe(state, 1500.0, True, P)
+    assert cut.on is True
+    assert cut.w_max == pytest.approx(10.0)
+    assert cut.rate == pytest.approx(0.7 * 10.0)
+    assert cut.last_cut_ms == 1500.0 and cut.tat_ms == 1500.0
+
+
+def test_a_later_cut_takes_the_lower_of_the_send_rate_and_the_rate_in_use():
+    """Once pacing, the base of a cut is min(rate in use, send rate) (the send rate when some)."""
+    low_sends = sent(pacing_at(50.0), [1000.0 + t for t in range(0, 1000, 100)])  # 10 in second 1
+    assert observe(low_sends, 2000.0, True, P).rate == pytest.approx(0.7 * 10.0)
+    high_sends = sent(pacing_at(5.0), [1000.0 + t for t in range(0, 600, 100)])  # slots 1000..2000
+    assert send_rate(high_sends, 2000.0) == 6.0
+    assert observe(high_sends, 2000.0, True, P).rate == pytest.approx(0.7 * 5.0)
+    none_sent = pacing_at(5.0)
+    assert observe(none_sent, 5000.0, True, P).rate == pytest.approx(0.7 * 5.0), \
+        "nothing sent lately: the rate in use is the base"
+
+
+def test_one_cut_per_cut_interval():
+    """The throttles of one round of requests cut once; a throttle after cutIntervalMs cuts again."""
+    settings = PacingSettings(cut_interval_ms=1000, min_rate=0.1)
+    state = pacing_at(10.0, now=-2000.0)
+    first = observe(state, 1.0, True, settings)
+    assert first.rate == pytest.approx(7.0)
+    assert observe(first, 900.0, True, settings) == first
+    again = observe(first, 1001.0, True, settings)
+    assert again.rate == pytest.approx(4.9) and again.last_cut_ms == 1001.0
 
 
 def test_the_rate_never_falls_below_the_probe_floor():
-    """Repeated throttles cannot stop the fleet: probes continue at ``minRate``."""
-    settings = PacingSettings(min_rate=2.0)
+    """Repeated throttles cannot stop the fleet: probes continue at ``minRate``, spaced evenly."""
+    settings = PacingSettings(min_rate=2.0, horizon_ms=10_000)
     state = fresh()
-    for t in range(0, 20_000, 100):
+    for t in range(0, 20_000, 1000):
         state = observe(state, t, True, settings)
-    assert state.fill == 2.0
+    assert state.on is True and state.rate == 2.0
     delays = []
-    for _ in range(5):
+    for _ in range(4):
         state, delay = reserve(state, 20_000, settings)
         delays.append(delay)
-    assert delays == [0, 0, 500, 1000, 1500], "a bucket of two (2/s × 1 s), then one per 500 ms"
+    assert delays == [0, 500, 1000, 1500]
 
 
-def test_the_allowed_rate_is_capped_at_twice_the_measured_rate_and_max_rate():
-    """botocore's _MAX_RATE_ADJUST_SCALE, and the optional ceiling ``maxRate``."""
-    state, now = throttled_at(10.0)
-    for _ in range(6000):  # a long quiet climb with the measured rate at ~10/s
-        now += 100
-        state = observe(state, now, False, P)
-    assert state.fill <= 2 * state.m_rate + 1e-9
-    capped = PacingSettings(max_rate=3.0)
-    state2, now2 = fresh(), 0.0
-    state2 = observe(state2, 0.0, True, capped)
-    for _ in range(600):
-        now2 += 10
-        state2 = observe(state2, now2, False, capped)
-    assert state2.fill <= 3.0
+def test_growth_never_passes_max_rate():
+    """``maxRate`` caps the rate whatever the growth."""
+    settings = PacingSettings(max_rate=3.0, fast_growth_per_s=10.0, growth_per_s=10.0)
+    state = pacing_at(2.9, w_max=100.0)
+    for t in range(1000, 20_000, 1000):
+        state = observe(state, float(t), False, settings)
+    assert state.rate == 3.0
 
 
-def test_slots_are_spaced_at_the_fill_rate_after_a_burst_of_burst_s():
-    """The bucket holds ``fill × burstS`` requests (at least one), then one per 1/fill s."""
-    state = PacerState(on=True, fill=4.0, tat_ms=0.0, last_fail_ms=0.0)
-    settings = PacingSettings(burst_s=1.0)
-    delays = []
-    for _ in range(7):
-        state, delay = reserve(state, 10_000, settings)
-        delays.append(delay)
-    assert delays == [0, 0, 0, 0, 250, 500, 750]
+def test_a_success_grows_fast_below_0_9_w_max_and_slowly_above():
+    """CUBIC's W_max: below 0.9 × the rate last cut, a second of successes grows the rate by
+    fastGrowthPerS; above it by growthPerS."""
+    below = observe(pacing_at(5.0, w_max=10.0), 1000.0, False, P)
+    assert below.rate == pytest.approx(5.0 * 1.5)
+    above = observe(pacing_at(9.5, w_max=10.0), 1000.0, False, P)
+    assert above.rate == pytest.approx(9.5 * 1.03)
+    half = observe(pacing_at(5.0, w_max=10.0), 500.0, False, P)
+    assert half.rate == pytest.approx(5.0 * 1.5 ** 0.5), "growth is per second, pro rata"
+    long = observe(pacing_at(5.0, w_max=10.0), 9000.0, False, P)
+    assert long.rate == pytest.approx(5.0 * 1.5), "at most one second's growth per success"
+
+
+def test_an_answer_that_is_neither_a_success_nor_a_throttle_teaches_nothing():
+    """``success=False, throttled=False`` (a fatal error, a usage limit): the state is kept."""
+    state = pacing_at(5.0, w_max=10.0)
+    assert observe(state, 1000.0, False, P, success=False) == state
+    assert observe(fresh(), 1000.0, False, P, success=False) == fresh()
+
+
+def test_the_best_throughput_is_remembered_and_halves_every_memory_s():
+    """A complete second of successes sets the best rate; it decays with half-life memoryS."""
+    settings = PacingSettings(memory_s=10.0)
+    state = fresh()
+    for t in range(0, 1000, 25):  # 40 successes in second 0
+        state = observe(state, float(t), False, settings)
+    state = observe(state, 1000.0, False, settings)  # second 0 is complete: measured
+    assert (state.good, state.good_ms) == (40.0, 1000.0)
+    assert best_rate(state, 11_000.0, settings) == pytest.approx(20.0)
+    assert best_rate(state, 21_000.0, settings) == pytest.approx(10.0)
+
+
+def test_fast_recovery_jumps_the_rate_to_half_the_best_throughput():
+    """After an outage (rate at the floor) a success jumps the rate to half of the best
+    successes/s seen lately, and W_max to that best (so growth stays fast up to it)."""
+    settings = PacingSettings(min_rate=1.0)
+    state = fresh()
+    for t in range(0, 2000, 25):  # 40 successes/s for two seconds
+        state = sent(state, [float(t)], settings)
+        state = observe(state, float(t), False, settings)
+    for t in range(2000, 22_000, 1000):  # an outage: throttles bring the rate to the floor
+        state = observe(state, float(t), True, settings)
+    assert state.rate == 1.0
+    assert best_rate(state, 21_500.0, settings) == pytest.approx(40.0, rel=0.03)
+    back = observe(state, 21_500.0, False, settings)
+    assert back.good == 40.0, "the last second of 40 successes, measured now"
+    assert back.w_max == pytest.approx(40.0)
+    assert back.rate == pytest.approx(20.0 * 1.5 ** 0.5), "half the best, then half a second's fast growth"
+
+
+def test_fast_recovery_does_not_raise_w_max_above_the_floor_band():
+    """A rate below half the best but well above the floor jumps to the half; W_max is kept."""
+    state = replace(pacing_at(4.0, w_max=30.0), good=40.0, good_ms=0.0, ok_sec=0.0, ok_n=1.0)
+    back = observe(state, 100.0, False, P)
+    assert back.w_max == 30.0
+    assert back.rate == pytest.approx(best_rate(state, 100.0, P) / 2 * 1.5 ** 0.1)
+    assert back.rate > 20.0
+
+
+def test_no_slot_within_the_horizon_reserves_and_counts_nothing():
+    """A slot more than horizonMs after the time the request wants to go: (state, None),
+    the state as it was (no slot, no send counted)."""
+    settings = PacingSettings(min_rate=1.0, horizon_ms=1500)
+    state = observe(sent(fresh(), [0.0]), 100.0, True, settings)  # rate 1/s
+    state, first = reserve(state, 100.0, settings)
+    state, second = reserve(state, 100.0, settings)
+    assert (first, second) == (0, 1000)
+    before = state
+    after, none = reserve(state, 100.0, settings)
+    assert none is None and after == before
+    _, later = reserve(state, 100.0, settings, earliest_ms=1000)
+    assert later == 2000, "a request that wants to go later finds the slot within its horizon"
 
 
 def test_a_slot_is_reserved_no_earlier_than_the_request_goes():
     """``earliest_ms`` (a backoff or cooldown already known) moves the slot, and the next
     slot follows it."""
-    state = PacerState(on=True, fill=1.0, tat_ms=0.0, last_fail_ms=0.0)
+    state = pacing_at(1.0)
     state, delay = reserve(state, 1000, P, earliest_ms=5000)
     assert delay == 5000
-    state, delay = reserve(state, 1000, P)
+    state, delay = reserve(state, 1000, P, earliest_ms=5000)
     assert delay == 6000
+    assert slot_delay_ms(state, 1000, P, earliest_ms=5000) == 7000, "slot_delay_ms reserves nothing"
+    assert slot_delay_ms(state, 1000, P, earliest_ms=5000) == 7000
 
 
 def test_the_pacer_lets_go_after_forget_after_ms_without_a_throttle():
-    """No throttle for ``forgetAfterMs``: unpaced again."""
-    settings = PacingSettings(forget_after_ms=10_000, min_rate=0.1)
+    """No throttle for ``forgetAfterMs``: unpaced again (the send counts survive)."""
+    settings = PacingSettings(forget_after_ms=10_000, min_rate=0.1, horizon_ms=86_400_000)
     state = observe(fresh(), 0, True, settings)
-    state, delay = reserve(state, 1, settings)
+    state, _ = reserve(state, 1, settings)
     state, delay = reserve(state, 1, settings)
     assert delay > 0
+    state, delay = reserve(state, 10_000, settings)
+    assert delay > 0, "not yet: exactly forgetAfterMs is still remembered"
     state, delay = reserve(state, 10_001, settings)
-    assert delay == 0 and state.on is False
+    assert delay == 0 and state.on is False and state.rate == 0.0
+    assert state.sent_cur > 0
 
 
-def test_a_new_rate_rescales_the_reserved_backlog():
-    """Slots reserved at the old rate are spread at the new one (botocore refills at the old
-    rate before a new one applies)."""
-    state = PacerState(on=True, fill=10.0, tat_ms=2000.0, last_fail_ms=0.0, m_rate=10.0, m_bucket=1000.0)
-    after = observe(state, 1000.0, True, P)
-    assert after.fill == pytest.approx(7.0)
-    assert after.tat_ms == pytest.approx(1000 + 1000 * 10 / 7)
+def test_pacing_off_changes_nothing():
+    """``enabled: false``: reserve gives earliest rounded up, observe keeps the state."""
+    off = PacingSettings(enabled=False)
+    state = pacing_at(1.0, now=0.0)
+    assert reserve(state, 0, off, earliest_ms=2.5) == (state, 3)
+    assert observe(state, 10, True, off) == state
 
 
 def test_no_delay_told_exceeds_400_days():
     """A far reservation is clipped to the sane maximum."""
-    state = PacerState(on=True, fill=1.0, tat_ms=1e15, last_fail_ms=0.0)
-    _, delay = reserve(state, 0, PacingSettings(forget_after_ms=7 * 86_400_000))
+    state = replace(pacing_at(1.0), tat_ms=1e15)
+    _, delay = reserve(state, 0, PacingSettings(horizon_ms=86_400_000), earliest_ms=1e15)
     assert delay == pacing.MAX_DELAY_MS
 
 
@@ -156,14 +252,19 @@ def test_pacing_settings_default_off_and_round_trip():
     s = RetrySettings.from_json({"retry": {"pacing": {}}})
     assert s.pacing == PacingSettings() and s.pacing.enabled
     assert RetrySettings.from_json({"retry": s.to_json()}) == s
-    full = PacingSettings(enabled=False, min_rate=1, max_rate=50, burst_s=2, beta=0.5, scale=1,
-                          forget_after_ms=60_000)
+    full = PacingSettings(enabled=False, min_rate=1, max_rate=50, beta=0.5, growth_per_s=0.1,
+                          fast_growth_per_s=1.0, cut_interval_ms=500, horizon_ms=4000,
+                          recheck_ms=1000, forget_after_ms=60_000, memory_s=30)
     assert PacingSettings.from_json(full.to_json()) == full
+    assert set(full.to_json()) == {"enabled", "minRate", "maxRate", "beta", "growthPerS",
+                                   "fastGrowthPerS", "cutIntervalMs", "horizonMs", "recheckMs",
+                                   "forgetAfterMs", "memoryS"}
 
 
 @pytest.mark.parametrize("key, value", [
     ("minRate", 0), ("minRate", -1), ("minRate", float("nan")), ("minRate", "1"), ("minRate", True),
-    ("maxRate", 0.1), ("burstS", 0), ("burstS", 61), ("beta", 1), ("beta", 0), ("scale", 0),
+    ("maxRate", 0.1), ("beta", 1), ("beta", 0), ("growthPerS", 0), ("fastGrowthPerS", 11),
+    ("cutIntervalMs", -1), ("horizonMs", 1.5), ("recheckMs", 0), ("memoryS", 0),
     ("forgetAfterMs", 10), ("forgetAfterMs", 1.5), ("enabled", "yes"),
 ])
 def test_a_bad_pacing_value_names_its_key_and_value(key, value):
@@ -173,10 +274,11 @@ def test_a_bad_pacing_value_names_its_key_and_value(key, value):
     assert repr(value)[:10] in str(info.value)
 
 
-def test_an_unknown_pacing_key_is_refused():
-    """A typo is named."""
-    with pytest.raises(SettingsError, match=r"retry\.pacing.*minrate"):
-        PacingSettings.from_json({"minrate": 1})
+@pytest.mark.parametrize("key", ["burstS", "scale", "minrate"])
+def test_an_unknown_pacing_key_is_refused(key):
+    """A typo, or a key of the pacer before (burstS, scale), is named."""
+    with pytest.raises(SettingsError, match=rf"retry\.pacing.*{key}"):
+        PacingSettings.from_json({key: 1})
 
 
 def test_budget_mode_and_floor_are_validated():

@@ -91,7 +91,7 @@ async def test_a_key_of_the_wrong_type_does_not_make_the_guard_flap(redis_server
         if kind == "list":
             await raw.rpush(name, "1", "2")
         elif kind == "hash":
-            await raw.hset(name, mapping={"m": "nan", "t": "-inf", "on": "7", "fill": "1e999"})
+            await raw.hset(name, mapping={"m": "nan", "t": "-inf", "on": "7", "rate": "1e999"})
         elif kind == "set":
             await raw.sadd(name, "x")
         elif kind == "zset":
@@ -262,6 +262,40 @@ def test_clocks_skewed_both_ways_agree_on_every_wait(skews, hint):
     assert answers == [(hint, hint)] * len(skews)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("on", "7"), ("rate", "1e300"), ("rate", "-1"), ("rate", "0"), ("tat", "1e300"), ("lcut", "nan"),
+    ("lgrow", "inf"), ("wmax", "2e9"), ("good", "-3"), ("goodt", "9e99"), ("oks", "1.5"),
+    ("okn", "-1"), ("sents", "-2"), ("sentc", "1e10"), ("sentp", "x"), ("tat", ""),
+])
+async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, field, value):  # noqa: F811
+    """A pacer hash with one field out of range (or not a number) is read as a fresh pacer:
+    the next admission is not paced and the hash is written whole again."""
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    name = c.keys.pacer(KEY)
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    assert (await c.client.hget(name, "on")) == b"1"
+    await c.client.hset(name, field, value)
+    answer = await c.admit(KEY, retry=False, budget=None, pacing=PACING)
+    assert (answer.pacing_booked, answer.pacing_ms) == (True, 0)
+    stored = await c.client.hgetall(name)
+    assert stored[b"on"] == b"0" and float(stored[b"sentc"]) == 1.0 and len(stored) == 13
+    await c.aclose()
+
+
+async def test_a_pacer_cut_stamped_days_ahead_of_the_servers_clock_makes_a_fresh_pacer(redis_server, prefix):  # noqa: F811
+    """A last cut ten days ahead (a peer's clock, a corrupted key) would keep the pacer from
+    ever forgetting: it is read as a fresh pacer instead."""
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    name = c.keys.pacer(KEY)
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    sec, usec = await c.client.time()
+    ahead = sec * 1000 + usec // 1000 + 10 * 86_400_000
+    await c.client.hset(name, "lcut", repr(float(ahead)))
+    await c.admit(KEY, retry=False, budget=None, pacing=PACING)
+    assert (await c.client.hget(name, "on")) == b"0"
+    await c.aclose()
+
+
 # -- the attack's family: values of every type and size in every key ---------------------
 
 _NUMBERS = st.one_of(st.integers(-(10 ** 30), 10 ** 30), st.floats(allow_nan=True, allow_infinity=True),
@@ -299,8 +333,9 @@ def test_values_of_every_type_and_size_in_every_key_never_raise(fuzz_server, val
             elif kind == "list":
                 sync.rpush(name, text)
             elif kind == "hash":
-                sync.hset(name, mapping={f: text for f in ("m", "t", "on", "fill", "tat", "wmax", "lf",
-                                                           "mr", "mb", "mc")})
+                sync.hset(name, mapping={f: text for f in ("m", "t", "on", "rate", "tat", "lcut",
+                                                           "lgrow", "wmax", "good", "goodt", "oks",
+                                                           "okn", "sents", "sentc", "sentp")})
             elif kind == "set":
                 sync.sadd(name, text)
             elif kind == "zset":

@@ -11,6 +11,7 @@ import pytest
 from fsm.core import pacing as pure
 from fsm.fleet import (MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordKey, GuardedCoordinator,
                        InProcessCoordinator, PacingSettings, RedisCoordinator)
+from fsm.fleet._redis import pacer_ttl_ms
 from fsm.testing import FakeClock
 from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
 
@@ -76,7 +77,7 @@ async def test_first_request_admission_gets_cooldown_and_pacing_but_takes_no_tok
     assert a.cooldown_ms == 5_000 and a.budget is None and not a.token_taken
     assert a.pacing_ms == 5_000, "the slot is reserved at the cooldown's end"
     b = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings())
-    assert b.pacing_ms == 5_000 + 2_000, "the next slot follows at the floor rate (0.5/s)"
+    assert b.pacing_ms == 5_000 + 1_000, "the next slot follows at the floor rate (1/s)"
     assert c.tokens(KEY, budget) == 4
 
 
@@ -137,10 +138,119 @@ async def test_the_pacing_slot_is_reserved_in_the_same_step_as_the_budget_take()
     c = InProcessCoordinator(clock=clock)
     budget = BudgetSettings(max_tokens=2)
     await c.record_outcome(KEY, success=False, throttled=True, budget=budget, pacing=PacingSettings())
+    before = c.pacer_state(KEY)
     refused = await c.admit(KEY, retry=True, budget=budget, pacing=PacingSettings())
-    assert refused.budget is False and refused.pacing_ms == 0
+    assert refused.budget is False and refused.pacing_ms == 0 and refused.pacing_booked
+    assert c.pacer_state(KEY) == before, "a refused retry reserves no slot and counts no send"
     first = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings(), earliest_ms=3_000)
     assert first.pacing_ms == 3_000
+
+
+async def test_the_in_process_pacer_counts_every_admitted_send_before_any_throttle():
+    """Not pacing yet, an admission still counts its send (a pacer not yet stored is made);
+    the first throttle cuts to beta × the send rate of the last second."""
+    clock = Clock(0.0)
+    c = InProcessCoordinator(clock=clock)
+    settings = PacingSettings()
+    for k in range(20):
+        clock.now = k * 50.0
+        a = await c.admit(KEY, retry=False, budget=None, pacing=settings)
+        assert (a.pacing_ms, a.pacing_booked) == (0, True)
+    assert c.pacer_state(KEY).sent_cur == 20 and not c.pacer_state(KEY).on
+    clock.now = 1500.0
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    assert c.pacer_state(KEY).rate == pytest.approx(0.7 * 10)
+
+
+async def test_the_in_process_pacer_tells_a_success_from_any_other_answer():
+    """A success grows the rate; an answer that is neither a success nor a throttle (a fatal
+    error) leaves the pacer as it was."""
+    clock = Clock(0.0)
+    c = InProcessCoordinator(clock=clock)
+    settings = PacingSettings()
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    clock.now = 1000.0
+    before = c.pacer_state(KEY)
+    await c.record_outcome(KEY, success=False, throttled=False, budget=None, pacing=settings)
+    assert c.pacer_state(KEY) == before
+    await c.record_outcome(KEY, success=True, throttled=False, budget=None, pacing=settings)
+    assert c.pacer_state(KEY).rate > before.rate
+
+
+async def pacer_of(c) -> pure.PacerState:
+    return c.pacer_state(KEY) if isinstance(c, InProcessCoordinator) else await stored_pacer(c, KEY)
+
+
+async def tokens_of(c, budget: BudgetSettings) -> float:
+    got = c.tokens(KEY, budget)
+    return await got if hasattr(got, "__await__") else got
+
+
+async def test_no_slot_within_the_horizon_takes_and_reserves_nothing(coord):
+    """The pacer has no slot within horizonMs: ``pacing_booked`` False, only the cooldown told;
+    no budget token taken, no slot reserved, no send counted."""
+    budget = BudgetSettings(max_tokens=10)
+    settings = PacingSettings(min_rate=1.0, horizon_ms=500)
+    await coord.learn_cooldown(KEY, 3_000)
+    await coord.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    first = await coord.admit(KEY, retry=True, budget=budget, pacing=settings)
+    assert first.pacing_booked and first.token_taken and first.pacing_ms == first.cooldown_ms
+    before = await pacer_of(coord)
+    second = await coord.admit(KEY, retry=True, budget=budget, pacing=settings)
+    assert second.pacing_booked is False and 0 < second.cooldown_ms <= 3_000
+    assert second == Admission(cooldown_ms=second.cooldown_ms, pacing_booked=False)
+    assert await tokens_of(coord, budget) == 9
+    assert await pacer_of(coord) == before
+
+
+async def test_the_guard_passes_pacing_booked_through_and_its_local_pacer_follows(redis_server, prefix):  # noqa: F811
+    """Through the guard: Redis's ``pacing_booked`` comes out as answered; the local pacer
+    counts the sends Redis admitted and hears every answer (successes too), so that a local
+    throttle cuts from this process's own send rate."""
+    clock = Clock(0.0)
+    settings = PacingSettings(min_rate=1.0, horizon_ms=500)
+    g = GuardedCoordinator(RedisCoordinator.from_url(redis_server.url, prefix=prefix), timeout_s=1.0,
+                           clock=clock)
+    for _ in range(5):
+        assert (await g.admit(KEY, retry=False, budget=None, pacing=settings)).pacing_booked
+    assert g.fallback.pacer_state(KEY).sent_cur == 5
+    await g.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    local = g.fallback.pacer_state(KEY)
+    assert local.on and local.rate == pytest.approx(0.7 * 5)
+    answers = [await g.admit(KEY, retry=False, budget=None, pacing=settings) for _ in range(4)]
+    assert Admission(pacing_booked=False) in answers, "Redis paces at most 3.5/s: no 4 slots in 500 ms"
+    assert g.available
+    clock.now = 1000.0
+    await g.record_outcome(KEY, success=True, throttled=False, budget=None, pacing=settings)
+    assert g.fallback.pacer_state(KEY).ok_n == 1
+    await g.aclose()
+
+
+async def test_the_guards_local_fallback_answers_pacing_booked_too():
+    """The remote down, the in-process fallback's pacer answers, refusals included."""
+    clock = Clock(0.0)
+    settings = PacingSettings(min_rate=1.0, horizon_ms=500)
+    g = GuardedCoordinator(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), timeout_s=0.5,
+                           clock=clock, probe_interval_s=60)
+    await g.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    assert not g.available
+    first = await g.admit(KEY, retry=False, budget=None, pacing=settings)
+    second = await g.admit(KEY, retry=False, budget=None, pacing=settings)
+    assert (first.pacing_booked, first.pacing_ms) == (True, 0)
+    assert second == Admission(pacing_booked=False)
+    await g.aclose()
+
+
+async def test_the_redis_pacer_hash_expires_after_forget_after_ms_plus_its_memory(redis_server, prefix):  # noqa: F811
+    """The pacer hash lives forgetAfterMs + 4 half-lives of memoryS + a minute after its
+    last write."""
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    settings = PacingSettings(forget_after_ms=30_000, memory_s=60.0)
+    assert pacer_ttl_ms(settings) == 30_000 + 240_000 + 60_000
+    await c.admit(KEY, retry=False, budget=None, pacing=settings)
+    ttl = await c.client.pttl(c.keys.pacer(KEY))
+    assert pacer_ttl_ms(settings) - 5_000 < ttl <= pacer_ttl_ms(settings)
+    await c.aclose()
 
 
 async def test_the_fallback_mark_keeps_the_later_end(coord):
@@ -188,30 +298,61 @@ async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(redis_server, 
 
 # -- the same arithmetic in Lua and in Python ----------------------------------------------
 
-@pytest.mark.parametrize("seed", range(4))
+#: The pacer hash's fields (fsm/fleet/_redis.py ``_LUA_PACER``) -> PacerState's.
+HASH_FIELDS = {"on": "on", "rate": "rate", "tat": "tat_ms", "lcut": "last_cut_ms",
+               "lgrow": "last_grow_ms", "wmax": "w_max", "good": "good", "goodt": "good_ms",
+               "oks": "ok_sec", "okn": "ok_n", "sents": "sent_sec", "sentc": "sent_cur",
+               "sentp": "sent_prev"}
+
+
+async def stored_pacer(c: RedisCoordinator, key: CoordKey) -> pure.PacerState:
+    """The pacer state in ``key``'s hash (a fresh one when there is none)."""
+    raw = await c.client.hgetall(c.keys.pacer(key))
+    if not raw:
+        return pure.fresh()
+    fields = {HASH_FIELDS[k.decode()]: float(v) for k, v in raw.items()}
+    fields["on"] = fields["on"] == 1.0
+    return pure.PacerState(**fields)
+
+
+@pytest.mark.parametrize("seed", range(6))
 async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_server, prefix, seed):  # noqa: F811
-    """A random run of answers and reservations gives the same delays and state in the Lua
-    script (fed the same times) as in fsm.core.pacing."""
+    """A random run of reservations and answers (throttled, success, other) with clock steps
+    gives, step by step, the same delays, the same horizon refusals and the same state, field
+    by field and to the last bit, in the Lua script (fed the same times) as in fsm.core.pacing."""
     rng = random.Random(seed)
-    settings = PacingSettings(min_rate=rng.choice([0.5, 2.0]), burst_s=rng.choice([0.5, 1.0, 3.0]),
-                              max_rate=rng.choice([None, 40.0]), forget_after_ms=20_000)
+    settings = PacingSettings(min_rate=rng.choice([0.5, 2.0]), max_rate=rng.choice([None, 40.0]),
+                              beta=rng.choice([0.5, 0.7]), growth_per_s=rng.choice([0.03, 0.2]),
+                              fast_growth_per_s=rng.choice([0.5, 2.0]),
+                              cut_interval_ms=rng.choice([0, 1000]),
+                              horizon_ms=rng.choice([0, 700, 2000]), forget_after_ms=20_000,
+                              memory_s=rng.choice([5.0, 600.0]))
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     state, now = pure.fresh(), 1_700_000_000_000.0
-    for _ in range(300):
-        now += rng.choice([0, 3, 10, 50, 400, 2000, 9000])
-        if rng.random() < 0.5:
-            throttled = rng.random() < 0.3
-            state = pure.observe(state, now, throttled, settings)
-            await c.record_outcome(KEY, success=not throttled, throttled=throttled, budget=None,
+    refused = cuts = 0
+    for _ in range(400):
+        now += rng.choice([0, 1, 3, 10, 50, 120, 400, 999, 2000, 9000, 25_000])
+        if rng.random() < 0.45:
+            kind = rng.choices(["throttled", "success", "other"], [0.25, 0.65, 0.1])[0]
+            throttled, success = kind == "throttled", kind == "success"
+            before = state
+            state = pure.observe(state, now, throttled, settings, success=success)
+            cuts += state.last_cut_ms != before.last_cut_ms
+            await c.record_outcome(KEY, success=success, throttled=throttled, budget=None,
                                    pacing=settings, _now=now)
         else:
-            earliest = rng.choice([0, 0, 700])
-            state, delay = pure.reserve(state, now, settings, earliest)
-            got = await c.admit(KEY, retry=False, budget=None, pacing=settings, earliest_ms=earliest, _now=now)
-            assert got.pacing_ms == delay
-    stored = await c.client.hgetall(c.keys.pacer(KEY))
-    assert float(stored[b"fill"]) == pytest.approx(state.fill, rel=1e-12) or not state.on
-    assert float(stored[b"tat"]) == pytest.approx(state.tat_ms, rel=1e-12) or not state.on
+            earliest = rng.choice([0, 0, 0, 700, 2500])
+            new, delay = pure.reserve(state, now, settings, earliest)
+            got = await c.admit(KEY, retry=False, budget=None, pacing=settings, earliest_ms=earliest,
+                                _now=now)
+            if delay is None:
+                refused += 1
+                assert (got.pacing_booked, got.pacing_ms) == (False, 0)
+            else:
+                state = new
+                assert (got.pacing_booked, got.pacing_ms) == (True, delay)
+        assert await stored_pacer(c, KEY) == state
+    assert cuts > 0 and refused > 0, "the run cut the rate and met the horizon"
     await c.aclose()
 
 

@@ -115,7 +115,7 @@ class Ideal:
 class BrainPolicy:
     """What the sessions of a brain policy share: settings, messages, coordinators.
 
-    ``coordinators``: ``None`` (none: the settings use neither hints nor a budget),
+    ``coordinators``: ``None`` (none: the settings use no hints, budget or pacing),
     ``"process"`` (one :class:`~fsm.fleet.InProcessCoordinator` per process) or ``"fleet"``
     (one for every session, as a Redis coordinator would be). The coordinators read the
     virtual clock (``clock()`` in virtual ms).
@@ -129,7 +129,8 @@ class BrainPolicy:
         self.messages = messages
         self.key = CoordKey("sim", "model")
         self.kernel_clock: EpochClock | None = EpochClock(clock)
-        uses = settings.honors_hints or settings.budget is not None
+        uses = (settings.honors_hints or settings.budget is not None
+                or (settings.pacing is not None and settings.pacing.enabled))
         if coordinators is None or not uses:
             self.coords: list[Any] | None = None
         else:

@@ -4,8 +4,8 @@ The brain decides every failure with the resilient profile's settings (``retry.p
 "resilient"``: hints honoured with upward jitter, chains bounded by time, the retry budget in
 wait mode, pacing on); one in-process coordinator (:class:`fsm.fleet.InProcessCoordinator`)
 shared by every session of the fleet keeps the cooldowns and the retry budget (as the Redis
-coordinator would for a fleet of processes), and one pacer (:mod:`fsm.core.pacing`, the same
-pure functions the coordinators run) paces every request. What is here is the host loop that
+coordinator would for a fleet of processes), and its pacer (:mod:`fsm.core.pacing`) paces every
+request. What is here is the host loop that
 ``fsm.host`` runs on an event loop, on the virtual clock instead (docs/fleet.md):
 
 - **first-request admission**: a call's first request asks the coordinator first; a known
@@ -29,7 +29,7 @@ from fsm.core.brain import ContinueTurn, ReturnRetryToken, TurnFacts
 from fsm.sim.policies import EPOCH_MS, BrainPolicy, BrainRetrier
 from fsm.sim.world import Answer, Provider
 
-__all__ = ["CorePacer", "ResilientRetrier", "make_resilient_factory"]
+__all__ = ["ResilientRetrier", "make_resilient_factory"]
 
 _CAPACITY_SIGNALS = frozenset(("overloaded", "rate_limited", "window", "unavailable"))
 """Answers that say "no capacity now" (429, 503, 529): a random 500 and a usage limit do not."""
@@ -37,41 +37,16 @@ _CAPACITY_SIGNALS = frozenset(("overloaded", "rate_limited", "window", "unavaila
 _ADMIT = -1  # the timer token of a first request that waits for its admission
 _PACE = -2   # the timer token of a request that asks the pacer again
 
-class CorePacer:
-    """The fleet's pacer (:mod:`fsm.core.pacing`) with the ``retry.pacing`` settings, shared by
-    every session; virtual ms."""
-
-    __slots__ = ("pacing", "core", "state")
-
-    def __init__(self, pacing: Any) -> None:
-        from fsm.core import pacing as core
-
-        self.pacing = pacing
-        self.core = core
-        self.state = core.fresh()
-
-    def slot(self, t: int) -> int | None:
-        """The send time of a request that wants to go at ``t`` (reserved now), or None: no
-        slot within the horizon (ask again after ``recheck_ms``, jittered)."""
-        self.state, delay = self.core.reserve(self.state, t, self.pacing)
-        return None if delay is None else t + delay
-
-    def answered(self, t: int, answer: Answer) -> None:
-        """The answer heard at ``t``: a capacity signal cuts, a success grows the rate."""
-        self.state = self.core.observe(self.state, t, answer.kind in _CAPACITY_SIGNALS, self.pacing,
-                                       success=answer.ok)
-
-
 class ResilientRetrier(BrainRetrier):
     """A session under the resilient profile: the brain, the fleet's coordinator, and the
     pacing gate before every request (see the module docstring)."""
 
-    __slots__ = ("pacer",)
+    __slots__ = ("pacing",)
 
-    def __init__(self, policy: BrainPolicy, session: int, rng: random.Random,
-                 pacer: CorePacer | None) -> None:
+    def __init__(self, policy: BrainPolicy, session: int, rng: random.Random) -> None:
         super().__init__(policy, session, rng)
-        self.pacer = pacer
+        pacing = policy.settings.pacing
+        self.pacing = pacing if pacing is not None and pacing.enabled and self.coord is not None else None
 
     def start(self, t: int) -> tuple[int, int, int]:
         if self.coord is not None and self.policy.settings.admits_first_requests:
@@ -88,13 +63,15 @@ class ResilientRetrier(BrainRetrier):
         return self._paced(t)
 
     def _paced(self, t: int) -> tuple[int, int, int]:
-        if self.pacer is None:
+        """The pacing gate: the coordinator's pacer gives the slot, or none within its horizon
+        (ask again after ``recheck_ms`` × U(0.5, 1.5))."""
+        pacing = self.pacing
+        if pacing is None:
             return SEND, t, 0
-        at = self.pacer.slot(t)
-        if at is None:
-            recheck = self.pacer.pacing.recheck_ms
-            return WAIT, t + int(recheck * (0.5 + self.rng.random())), _PACE
-        return SEND, at, 0
+        a = self.coord.admit_at(self.policy.key, EPOCH_MS + t, retry=False, budget=None, pacing=pacing)
+        if not a.pacing_booked:
+            return WAIT, t + int(pacing.recheck_ms * (0.5 + self.rng.random())), _PACE
+        return SEND, t + a.pacing_ms, 0
 
     def facts(self, t: int, answer: Answer) -> TurnFacts:
         """The coordinator's answer for a retry (one admission: the cooldown, the budget's
@@ -114,8 +91,10 @@ class ResilientRetrier(BrainRetrier):
                          budget_slot_ms=a.budget_wait_ms if waits else None)
 
     def answered(self, t: int, answer: Answer) -> tuple[int, int, int]:
-        if self.pacer is not None:
-            self.pacer.answered(t, answer)
+        if self.pacing is not None:  # the pacer's signal (the budget's credit is the brain's)
+            self.coord.record_outcome_at(self.policy.key, EPOCH_MS + t, success=answer.ok,
+                                         throttled=answer.kind in _CAPACITY_SIGNALS,
+                                         budget=None, pacing=self.pacing)
         return super().answered(t, answer)
 
     def timer(self, t: int, token: int) -> tuple[int, int, int]:
@@ -142,13 +121,9 @@ class ResilientRetrier(BrainRetrier):
 def make_resilient_factory(policy: BrainPolicy, seed: int) -> Callable[[int, Provider, Any], ResilientRetrier]:
     """``make_retrier`` for the brain with a coordinator as the hosts run it: first requests
     admitted under the resilient profile, the budget's answers as facts, and, with
-    ``retry.pacing`` on, one pacer per coordinator (``policy``'s ``"fleet"``: one for the whole
-    fleet; ``"process"``: one per process, as ``python -m fsm rpc`` without ``--redis``)."""
-    pacing = policy.settings.pacing
-    on = pacing is not None and pacing.enabled
-    count = len(policy.coords) if policy.coords else 1
-    pacers = [CorePacer(pacing) if on else None for _ in range(count)]
-
+    ``retry.pacing`` on, the pacing gate through the coordinator's pacer (``policy``'s
+    ``"fleet"``: one coordinator for the whole fleet; ``"process"``: one per process, as
+    ``python -m fsm rpc`` without ``--redis``)."""
     def make(session: int, provider: Provider, context: Any) -> ResilientRetrier:
-        return ResilientRetrier(policy, session, session_rng(seed, session, 1), pacers[session % count])
+        return ResilientRetrier(policy, session, session_rng(seed, session, 1))
     return make

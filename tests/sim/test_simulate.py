@@ -202,10 +202,10 @@ def test_the_resilient_policy_is_the_library_profile_with_one_pacer_and_coordina
     policy = BrainPolicy(settings, Messages(), VirtualClock(), "fleet")
     make = make_resilient_factory(policy, 1)
     a, b = make(0, None, None), make(1, None, None)
-    assert a.pacer is b.pacer and a.coord is b.coord is not None
+    assert a.coord is b.coord is not None and a.pacing == settings.pacing
     unpaced = make_resilient_factory(BrainPolicy(RetrySettings(retry_hints="honor"), Messages(),
                                                  VirtualClock(), "fleet"), 1)(0, None, None)
-    assert unpaced.pacer is None
+    assert unpaced.pacing is None
 
 
 def test_the_pacing_gate_asks_again_when_the_pacer_has_no_slot_within_its_horizon():
@@ -220,7 +220,7 @@ def test_the_pacing_gate_asks_again_when_the_pacer_has_no_slot_within_its_horizo
     policy = BrainPolicy(resilient_settings(), Messages(), VirtualClock(), "fleet")
     session = make_resilient_factory(policy, 1)(0, None, None)
     assert session.start(0) == (SEND, 0, 0)           # not pacing before a throttle
-    session.pacer.answered(200, Answer("overloaded", None, True))
+    session.answered(200, Answer("overloaded", None, True))
     sends = [session._paced(300) for _ in range(4)]
     assert [s[0] for s in sends[:3]] == [SEND] * 3 and [s[1] for s in sends[:3]] == [300, 1300, 2300]
     what, at, token = sends[3]

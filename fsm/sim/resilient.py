@@ -41,12 +41,13 @@ class ResilientRetrier(BrainRetrier):
     """A session under the resilient profile: the brain, the fleet's coordinator, and the
     pacing gate before every request (see the module docstring)."""
 
-    __slots__ = ("pacing",)
+    __slots__ = ("pacing", "floor_booked")
 
     def __init__(self, policy: BrainPolicy, session: int, rng: random.Random) -> None:
         super().__init__(policy, session, rng)
         pacing = policy.settings.pacing
         self.pacing = pacing if pacing is not None and pacing.enabled and self.coord is not None else None
+        self.floor_booked = False  # the budget's last answer reserved a floor slot
 
     def start(self, t: int) -> tuple[int, int, int]:
         if self.coord is not None and self.policy.settings.admits_first_requests:
@@ -84,11 +85,15 @@ class ResilientRetrier(BrainRetrier):
             return TurnFacts(now_ms=now)
         budget = self.policy.settings.budget
         a = self.coord.admit_at(self.policy.key, now, retry=True, budget=budget, pacing=None,
-                                floor_slot_due=floor_slot_due)
+                                floor_slot_due=floor_slot_due and self.floor_booked)
         waits = a.budget is False and budget is not None and budget.waits
+        booked = getattr(a, "budget_slot_booked", True)
+        self.floor_booked = waits and booked
+        slot = None
+        if waits:  # a floor slot reserved is waited exactly; a re-check is jittered
+            slot = a.budget_wait_ms if booked else int(a.budget_wait_ms * (0.5 + self.rng.random()))
         return TurnFacts(now_ms=now, cooldown_ms=a.cooldown_ms, budget_allows=a.budget is not False,
-                         budget_taken=a.token_taken,
-                         budget_slot_ms=a.budget_wait_ms if waits else None)
+                         budget_taken=a.token_taken, budget_slot_ms=slot)
 
     def answered(self, t: int, answer: Answer) -> tuple[int, int, int]:
         if self.pacing is not None:  # the pacer's signal (the budget's credit is the brain's)

@@ -544,7 +544,12 @@ class _Policy:
         wait = self._server_wait()
         now = self.facts.now_ms
         until = "" if now is None else f" (until {_clock_text(now + wait, now)})"
-        self._refuse("hint_too_long", f"the server asks to wait {duration_text(wait)}{until}, longer "
+        hint = (self.cls.retry_hint_ms if self.cls is not None else None) or 0
+        # the longer term decides the wait: this answer's hint, or a cooldown the fleet learned
+        # from an earlier answer (another session's, possibly)
+        who = ("the server asks to wait" if hint >= (self.facts.cooldown_ms or 0)
+               else "the provider's cooldown, learned by the fleet from an earlier answer, has")
+        self._refuse("hint_too_long", f"{who} {duration_text(wait)}{until}, longer "
                      f"than retry.maxHintWaitMs = {duration_text(self.settings.max_hint_wait_ms)}")
 
     def end_deadline(self) -> None:

@@ -303,3 +303,18 @@ def test_a_far_future_or_negative_time_never_breaks_a_decision(cooldown_ms):
     actions = brain.turn_ended(failed, 0, facts=TurnFacts(now_ms=1_700_000_000_000,
                                                          cooldown_ms=max(0, cooldown_ms)))
     assert [a.part for a in actions if isinstance(a, EmitTurnEnd)] == ["message", "agent"]
+
+
+def test_a_chain_ended_by_the_fleets_cooldown_says_so_not_that_the_server_asked():
+    """A refusal decided by a cooldown learned earlier (longer than this answer's own hint)
+    names the fleet's cooldown; one decided by this answer's hint says the server asks."""
+    text = "429 Rate limit reached. Please try again in 2s."
+    by_cooldown = events(RetryBrain(HONOR).turn_ended(
+        err(text), facts=TurnFacts(now_ms=1_767_225_600_000, cooldown_ms=3_600_000)))[0]
+    assert by_cooldown["endReason"] == "hint_too_long"
+    assert "cooldown, learned by the fleet" in by_cooldown["finalError"]
+    assert "server asks" not in by_cooldown["finalError"] and "1 h" in by_cooldown["finalError"]
+    by_hint = events(RetryBrain(HONOR).turn_ended(
+        err("429 Quota exceeded. Please try again in 58 hours."),
+        facts=TurnFacts(now_ms=1_767_225_600_000, cooldown_ms=3_600_000)))[0]
+    assert "the server asks to wait 2 d 10 h" in by_hint["finalError"]

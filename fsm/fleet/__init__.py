@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from fsm.fleet._credentials import RedisCredentialStore, load_credentials
 from fsm.fleet._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, Breaker, GuardedCoordinator)
-from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, InProcessCoordinator, default_coordinator
+from fsm.fleet._local import (DEFAULT_BUCKET_IDLE_MS, FLOOR_HORIZON_MS, WAIT_RECHECK_MS, InProcessCoordinator,
+                              default_coordinator)
 from fsm.fleet._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
 from fsm.fleet._types import (DEFAULT_CREDENTIAL, MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordinatorError, CoordinatorKeyError, CoordKey, PacingSettings, credential_id, wall_ms)
 
 __all__ = [
     "Admission", "CoordinatorKeyError", "MAX_LEFT_MS", "PacingSettings", "DEFAULT_BUCKET_IDLE_MS", "DEFAULT_CREDENTIAL", "DEFAULT_PREFIX", "DEFAULT_PROBE_INTERVAL_S",
-    "DEFAULT_TIMEOUT_S", "DEFAULT_WRITE_TIMEOUT_S", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError",
+    "DEFAULT_TIMEOUT_S", "DEFAULT_WRITE_TIMEOUT_S", "FLOOR_HORIZON_MS", "WAIT_RECHECK_MS", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError",
     "CoordKey", "GuardedCoordinator", "InProcessCoordinator", "RedisCoordinator",
     "RedisCredentialStore", "coordinator_from_url", "credential_id", "default_coordinator",
     "load_credentials", "redact_url", "wall_ms",

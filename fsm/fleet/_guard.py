@@ -138,8 +138,9 @@ class GuardedCoordinator:
       way; ``fallback`` counts on ``clock`` (default: the monotonic clock). The pacer of
       ``fallback`` hears every outcome and counts every send the remote admitted, so that
       while the remote is down this process paces on what it saw itself (local pacing).
-      ``pacing_booked`` passes through as answered (the remote's, or the fallback's when it
-      answers).
+      ``pacing_booked`` and ``budget_slot_booked`` pass through as answered (the remote's,
+      or the fallback's when it answers: its floor books only within
+      :data:`~fsm.fleet.FLOOR_HORIZON_MS` too).
     - ``on_event`` (and :meth:`subscribe`) hears ``coordinator_unavailable {reason}`` once
       when the remote stops answering and ``coordinator_restored`` once when it answers
       again (``docs/fleet.md``).

@@ -19,8 +19,16 @@ from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, Coo
 #: A bucket nobody touched for this long is full again.
 DEFAULT_BUCKET_IDLE_MS = 600_000
 
-#: A budget in wait mode with no floor (``minRetriesPerSecond: 0``) re-checks this often.
-WAIT_RECHECK_MS = 1000
+#: Budget in wait mode: a retry the floor books no slot for (no floor, or its next slot starts
+#: beyond :data:`FLOOR_HORIZON_MS`) asks again after this many ms, which the host jitters
+#: itself (×U(0.5, 1.5)), with ``floor_slot_due=False`` (docs/fleet.md "Budget in wait mode").
+WAIT_RECHECK_MS = 3000
+
+#: Budget in wait mode: the floor's next slot is reserved for a retry only when it starts
+#: within this many ms of now. A slot minutes ahead would keep the retry waiting for it even
+#: after the provider is back and successes have refilled the bucket (docs/fleet.md "Budget in
+#: wait mode"; the pacer has the same kind of horizon, ``retry.pacing.horizonMs``).
+FLOOR_HORIZON_MS = 3000
 
 # Expired entries are swept when a table grows past this many keys (keys are per
 # provider/model/credential, so this is a safety net, not a hot path).
@@ -149,39 +157,40 @@ class InProcessCoordinator:
             bucket[0] = min(max_milli(budget), bucket[0] + milli)
 
     def _floor_slot(self, key: CoordKey, budget: BudgetSettings, now: float,
-                    reserve_ahead: bool) -> float | None:
-        """Reserve the floor's next slot: its delay in ms from ``now`` (0 = now), or None
-        when there is no floor, or when the slot is not free now and ``reserve_ahead`` is
-        False (nothing reserved then)."""
+                    horizon_ms: float) -> float | None:
+        """Reserve the floor's next slot when it starts within ``horizon_ms`` of ``now``: its
+        delay in ms from ``now`` (0 = now); None, with nothing reserved, when there is no floor
+        or the slot starts later (refuse mode passes 0: only a slot free now)."""
         interval = floor_interval_ms(budget)
         if math.isinf(interval):
             return None
         start = max(now, self._floor.get(key, -math.inf))
-        if start > now and not reserve_ahead:
+        if start - now > horizon_ms:
             return None
         self._floor[key] = start + interval
         return start - now
 
     def _budget_step(self, key: CoordKey, budget: BudgetSettings, now: float,
-                     floor_slot_due: bool) -> tuple[bool, bool, int]:
-        """``(allowed, token_taken, budget_wait_ms)`` for one retry (lock held)."""
+                     floor_slot_due: bool) -> tuple[bool, bool, int, bool]:
+        """``(allowed, token_taken, budget_wait_ms, budget_slot_booked)`` for one retry (lock
+        held); the last is False only in wait mode when no floor slot was reserved."""
         bucket = self._bucket(key, budget, now)
         after = max(0.0, bucket[0] - MILLI)
         if after * 2 > max_milli(budget):
             bucket[0] = after
-            return True, True, 0
+            return True, True, 0, True
         if floor_slot_due:
-            return True, False, 0
+            return True, False, 0, True
         if not budget.waits:
             bucket[0] = after  # the failure is counted (gRPC retry throttling)
-            wait = self._floor_slot(key, budget, now, reserve_ahead=False)
-            return (wait is not None), False, 0
-        wait = self._floor_slot(key, budget, now, reserve_ahead=True)
-        if wait is None:
-            return False, False, WAIT_RECHECK_MS
+            wait = self._floor_slot(key, budget, now, 0)
+            return (wait is not None), False, 0, True
+        wait = self._floor_slot(key, budget, now, FLOOR_HORIZON_MS)
+        if wait is None:  # no floor, or its slot is beyond the horizon: ask again later
+            return False, False, WAIT_RECHECK_MS, False
         if wait <= 0:
-            return True, False, 0
-        return False, False, min(MAX_LEFT_MS, math.ceil(wait))
+            return True, False, 0, True
+        return False, False, min(MAX_LEFT_MS, math.ceil(wait)), True
 
     # -- admission ------------------------------------------------------------------------
     def admit_at(self, key: CoordKey, now: float, *, retry: bool,
@@ -205,15 +214,17 @@ class InProcessCoordinator:
                     return Admission(cooldown_ms=cooldown, pacing_booked=False)
                 pacing_ms = min(MAX_LEFT_MS, delay)
             allowed: bool | None = None
-            taken, budget_wait = False, 0
+            taken, budget_wait, booked = False, 0, True
             if retry and budget is not None:
-                allowed, taken, budget_wait = self._budget_step(key, budget, now, floor_slot_due)
+                allowed, taken, budget_wait, booked = self._budget_step(key, budget, now,
+                                                                        floor_slot_due)
             if allowed is False:
                 pacing_ms = 0  # a refused retry reserves no slot and is not counted as sent
             elif reserved is not None:
                 self._pacers[key] = reserved
             return Admission(cooldown_ms=cooldown, budget=allowed, token_taken=taken,
-                             pacing_ms=pacing_ms, budget_wait_ms=budget_wait)
+                             pacing_ms=pacing_ms, budget_wait_ms=budget_wait,
+                             budget_slot_booked=booked)
 
     def record_outcome_at(self, key: CoordKey, now: float, *, success: bool, throttled: bool,
                           budget: BudgetSettings | None, pacing: PacingSettings | None) -> None:

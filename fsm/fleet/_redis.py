@@ -49,7 +49,7 @@ from typing import Any
 
 from fsm._extras import require
 from fsm.core.settings import PacingSettings
-from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, WAIT_RECHECK_MS, floor_interval_ms
+from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, FLOOR_HORIZON_MS, WAIT_RECHECK_MS, floor_interval_ms
 from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, CoordinatorError, CoordinatorKeyError, CoordKey, check_duration,
                               check_ms, clamp_left, max_milli, ratio_milli)
 
@@ -276,28 +276,32 @@ end
 # KEYS cooldown, bucket, floor, pacer. ARGV[3] retry (0/1), [4..7] budget (max, seen, idle,
 # ttl), [8] mode, [9] floor interval ms ('' none), [10..19] pacing, [20] earliest_ms,
 # [21] floor_slot_due (0/1), [22] max_wait_ms ('' none), [23] the re-check of a wait with no
-# floor (ms).
+# floor slot booked (ms, WAIT_RECHECK_MS), [24] the floor's horizon in wait mode (ms,
+# FLOOR_HORIZON_MS: a slot starting later is not reserved).
 # Returns {cooldown_ms, allowed (1/0/-1 none), token_taken, pacing_ms, budget_wait_ms,
-# milli-tokens (-1 none)}; pacing_ms is -1 when the pacer has no slot within its horizon
-# (nothing taken, reserved or counted: the reply is {cooldown_ms, -1, 0, -1, 0, -1}).
+# milli-tokens (-1 none), budget_slot_booked (1/0)}; pacing_ms is -1 when the pacer has no
+# slot within its horizon (nothing taken, reserved or counted: the reply is
+# {cooldown_ms, -1, 0, -1, 0, -1, 1}); budget_slot_booked is 0 only when wait mode reserved
+# no floor slot (no floor, or none within the horizon: budget_wait_ms is then ARGV[23]).
 ADMIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
 local cooldown = left(KEYS[1])
-if ARGV[22] ~= '' and cooldown > tonumber(ARGV[22]) then return {cooldown, -1, 0, 0, 0, -1} end
+if ARGV[22] ~= '' and cooldown > tonumber(ARGV[22]) then return {cooldown, -1, 0, 0, 0, -1, 1} end
 local p = pacing_args(10)
 local s, pacing = nil, 0
 if p ~= nil then  -- the pacer first: no slot within the horizon, nothing is taken
   s = pacer_get(KEYS[4])
   pacing = pacer_reserve(s, p, math.max(tonumber(ARGV[20]), cooldown))
-  if pacing == nil then return {cooldown, -1, 0, -1, 0, -1} end
+  if pacing == nil then return {cooldown, -1, 0, -1, 0, -1, 1} end
 end
-local allowed, taken, wait, milli = -1, 0, 0, -1
+local allowed, taken, wait, milli, booked = -1, 0, 0, -1, 1
 if ARGV[3] == '1' and ARGV[4] ~= '' then
   local max = tonumber(ARGV[4])
   local m = bucket_get(KEYS[2], max, ARGV[5], tonumber(ARGV[6]))
   local after = m - 1000
   if after < 0 then after = 0 end
   local interval = num(ARGV[9])
-  local function floor_slot(ahead)
+  -- reserves the floor's next slot when it starts within `limit` ms of NOW: its delay, or nil
+  local function floor_slot(limit)
     if interval == nil then return nil end
     local tat = nil
     local ty = ktype(KEYS[3])
@@ -305,7 +309,7 @@ if ARGV[3] == '1' and ARGV[4] ~= '' then
     elseif ty ~= 'none' then redis.call('DEL', KEYS[3]) end
     if tat == nil or tat > NOW + MAXLEFT then tat = NOW end
     local start = math.max(NOW, tat)
-    if start > NOW and not ahead then return nil end
+    if start - NOW > limit then return nil end
     local nt = start + interval
     redis.call('SET', KEYS[3], fmt(nt), 'PX', string.format('%d', math.ceil(nt - NOW) + 60000))
     return start - NOW
@@ -316,10 +320,10 @@ if ARGV[3] == '1' and ARGV[4] ~= '' then
     allowed = 1
   elseif ARGV[8] ~= 'wait' then
     m = after
-    if floor_slot(false) ~= nil then allowed = 1 else allowed = 0 end
+    if floor_slot(0) ~= nil then allowed = 1 else allowed = 0 end
   else
-    local w = floor_slot(true)
-    if w == nil then allowed = 0 wait = tonumber(ARGV[23])
+    local w = floor_slot(tonumber(ARGV[24]))
+    if w == nil then allowed = 0 wait = tonumber(ARGV[23]) booked = 0
     elseif w <= 0 then allowed = 1
     else allowed = 0 wait = math.min(MAXLEFT, math.ceil(w)) end
   end
@@ -327,7 +331,7 @@ if ARGV[3] == '1' and ARGV[4] ~= '' then
   milli = m
 end
 if s ~= nil and allowed ~= 0 then pacer_set(KEYS[4], s, p.ttl) else pacing = 0 end
-return {cooldown, allowed, taken, pacing, wait, milli}
+return {cooldown, allowed, taken, pacing, wait, milli, booked}
 """
 
 # KEYS bucket, pacer. ARGV[3] add milli ('0': none), [4..7] budget (max or '', seen, idle,
@@ -630,14 +634,15 @@ class RedisCoordinator:
                 *self._pacing_args(pacing), check_duration("earliest_ms", earliest_ms),
                 "1" if floor_slot_due else "0",
                 "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms),
-                WAIT_RECHECK_MS]
-        # The reply (ADMIT): cooldown_ms, allowed (1/0/-1 no budget), token_taken, pacing_ms
-        # (-1: no slot within the pacer's horizon -> pacing_booked=False, nothing taken),
-        # budget_wait_ms, the bucket's milli-tokens (-1: not read).
+                WAIT_RECHECK_MS, FLOOR_HORIZON_MS]
+        # The reply (ADMIT), seven ints: cooldown_ms, allowed (1/0/-1 no budget), token_taken,
+        # pacing_ms (-1: no slot within the pacer's horizon -> pacing_booked=False, nothing
+        # taken), budget_wait_ms, the bucket's milli-tokens (-1: not read), budget_slot_booked
+        # (0: wait mode reserved no floor slot -> budget_slot_booked=False; 1 otherwise).
         reply = self._ints(await self._script(
             "admit", [self.keys.cooldown(key), self.keys.bucket(key), self.keys.floor(key),
-                      self.keys.pacer(key)], args, _now), 6)
-        cooldown, allowed, taken, pacing_ms, wait, milli = reply
+                      self.keys.pacer(key)], args, _now), 7)
+        cooldown, allowed, taken, pacing_ms, wait, milli, booked = reply
         if milli >= 0:
             self._observe(key, milli)
         if pacing_ms == -1:  # the pacer had no slot within its horizon: nothing taken
@@ -645,7 +650,7 @@ class RedisCoordinator:
         return Admission(cooldown_ms=clamp_left(cooldown),
                          budget=None if allowed < 0 else bool(allowed),
                          token_taken=bool(taken), pacing_ms=clamp_left(pacing_ms),
-                         budget_wait_ms=clamp_left(wait))
+                         budget_wait_ms=clamp_left(wait), budget_slot_booked=booked != 0)
 
     async def _credit(self, key: CoordKey, budget: BudgetSettings | None, add_milli: int,
                       outcome: str, pacing: PacingSettings | None,

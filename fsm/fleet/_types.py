@@ -113,9 +113,17 @@ class Admission:
       does not go: the host asks again (a new ``admit``) after ``retry.pacing.recheckMs``,
       which it jitters itself (×U(0.5, 1.5)), so that a rate that recovers meanwhile is used
       at once (docs/fleet.md "Pacing");
-    - ``budget_wait_ms``: with a budget in wait mode that refused (``budget`` False), the
-      time until the floor slot reserved for this retry, when the caller re-checks with
-      ``floor_slot_due=True``; 0 otherwise. No token is held meanwhile.
+    - ``budget_wait_ms``: with a budget in wait mode that refused (``budget`` False), how
+      long the retry waits before it asks again; 0 otherwise. No token is held meanwhile.
+      With :attr:`budget_slot_booked` True it is the time until the floor slot reserved for
+      this retry, when the caller re-checks with ``floor_slot_due=True``;
+    - ``budget_slot_booked``: ``False`` only when a budget in wait mode refused and reserved
+      no floor slot (no floor, ``minRetriesPerSecond: 0``, or its next slot starts beyond
+      :data:`fsm.fleet.FLOOR_HORIZON_MS` from now): ``budget_wait_ms`` is then
+      :data:`fsm.fleet.WAIT_RECHECK_MS`, which the host jitters (×U(0.5, 1.5)) before it
+      asks again with ``floor_slot_due=False`` (the bucket is asked afresh: a token if it
+      has one, else a floor slot or another wait). ``True`` in every other answer
+      (docs/fleet.md "Budget in wait mode").
 
     :attr:`delay_ms` is the largest of the three waits.
     """
@@ -126,6 +134,7 @@ class Admission:
     pacing_ms: int = 0
     budget_wait_ms: int = 0
     pacing_booked: bool = True
+    budget_slot_booked: bool = True
 
     @property
     def delay_ms(self) -> int:
@@ -162,9 +171,15 @@ class Coordinator(Protocol):
         (the pacer is asked before the budget) and the answer is the cooldown with
         ``pacing_booked=False``: the request does not go, the host asks again after
         ``pacing.recheck_ms`` (jittered by the host). A first request (``retry=False``) gets
-        the cooldown and the pacing slot, no budget token. ``floor_slot_due``: this retry
-        waited for the floor slot an earlier ``admit`` reserved for it (``budget_wait_ms``),
-        which is now due.
+        the cooldown and the pacing slot, no budget token. In wait mode the floor's slot is
+        reserved only when it starts within :data:`fsm.fleet.FLOOR_HORIZON_MS` of now;
+        otherwise (or with no floor) nothing is reserved and the answer is ``budget=False,
+        budget_wait_ms=WAIT_RECHECK_MS, budget_slot_booked=False``: the host waits
+        ``budget_wait_ms`` jittered (×U(0.5, 1.5)), then asks again with
+        ``floor_slot_due=False``. ``floor_slot_due``: this retry waited for the floor slot an
+        earlier ``admit`` reserved for it (``budget_wait_ms`` of an answer with
+        ``budget_slot_booked`` True), which is now due: it is admitted (the bucket is still
+        tried first). Only a booked slot is re-checked with ``floor_slot_due=True``.
         ``max_wait_ms``: the longest cooldown the caller would wait out (``maxHintWaitMs``);
         beyond it the answer is the cooldown alone, with no token taken and no slot
         reserved (the request will be refused)."""

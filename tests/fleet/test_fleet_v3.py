@@ -1,6 +1,6 @@
 """Coordinator protocol v3 (docs/fleet.md): admission in one step (cooldown, budget take or
 wait, pacing slot), first requests, the fallback mark, on the host's clock in-process and
-on the server's clock in Redis; the same Lua and Python pacer."""
+on the server's clock in Redis; the same Lua and Python pacer and budget."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import random
 import pytest
 
 from fsm.core import pacing as pure
-from fsm.fleet import (MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordKey, GuardedCoordinator,
-                       InProcessCoordinator, PacingSettings, RedisCoordinator)
+from fsm.fleet import (FLOOR_HORIZON_MS, MAX_LEFT_MS, WAIT_RECHECK_MS, Admission, BudgetSettings,
+                       Coordinator, CoordKey, GuardedCoordinator, InProcessCoordinator, PacingSettings,
+                       RedisCoordinator)
 from fsm.fleet._redis import pacer_ttl_ms
 from fsm.testing import FakeClock
 from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
@@ -111,13 +112,62 @@ async def test_budget_in_wait_mode_holds_no_token_and_reserves_floor_slots():
     assert due.budget is True and due.token_taken is False
 
 
-async def test_budget_in_wait_mode_without_a_floor_rechecks_every_second():
-    """No floor: the retry waits WAIT_RECHECK_MS and re-checks the bucket."""
-    from fsm.fleet._local import WAIT_RECHECK_MS
-    c = InProcessCoordinator(clock=Clock())
+async def test_budget_in_wait_mode_without_a_floor_books_nothing_and_rechecks(coord):
+    """No floor: the retry is told WAIT_RECHECK_MS with ``budget_slot_booked`` False."""
     budget = BudgetSettings(max_tokens=2, mode="wait")
-    a = await c.admit(KEY, retry=True, budget=budget, pacing=None)
-    assert (a.budget, a.budget_wait_ms) == (False, WAIT_RECHECK_MS)
+    a = await coord.admit(KEY, retry=True, budget=budget, pacing=None)
+    assert (a.budget, a.token_taken, a.budget_wait_ms, a.budget_slot_booked) == \
+        (False, False, WAIT_RECHECK_MS, False)
+    assert a.delay_ms == WAIT_RECHECK_MS == 3_000
+
+
+async def admit_at(c, now: float, **kw) -> Admission:
+    """``c.admit(KEY, retry=True, pacing=None, **kw)`` at time ``now`` (the host's clock
+    in-process, the script's NOW in Redis)."""
+    if isinstance(c, InProcessCoordinator):
+        return c.admit_at(KEY, now, retry=True, pacing=None, **kw)
+    return await c.admit(KEY, retry=True, pacing=None, _now=now, **kw)
+
+
+async def success_at(c, now: float, budget: BudgetSettings) -> None:
+    """A success recorded for ``KEY`` at time ``now`` (credits ``token_ratio``)."""
+    if isinstance(c, InProcessCoordinator):
+        c.record_outcome_at(KEY, now, success=True, throttled=False, budget=budget, pacing=None)
+    else:
+        await c.record_outcome(KEY, success=True, throttled=False, budget=budget, pacing=None,
+                               _now=now)
+
+
+async def test_the_floor_slot_is_booked_only_within_the_horizon(coord):
+    """Wait mode books floor slots up to FLOOR_HORIZON_MS ahead; beyond it nothing is reserved."""
+    assert FLOOR_HORIZON_MS == 3_000
+    budget = BudgetSettings(max_tokens=2, mode="wait", min_retries_per_second=1)
+    t = 1_700_000_000_000.0
+    answers = [await admit_at(coord, t, budget=budget) for _ in range(4)]
+    assert [(a.budget, a.budget_wait_ms, a.budget_slot_booked) for a in answers] == \
+        [(True, 0, True), (False, 1_000, True), (False, 2_000, True), (False, 3_000, True)]
+    for _ in range(2):
+        beyond = await admit_at(coord, t, budget=budget)
+        assert beyond == Admission(budget=False, budget_wait_ms=WAIT_RECHECK_MS,
+                                   budget_slot_booked=False)
+    later = await admit_at(coord, t + 1_000, budget=budget)
+    assert (later.budget, later.budget_wait_ms, later.budget_slot_booked) == (False, 3_000, True), \
+        "the slot 4 s after t was not reserved by the answers beyond the horizon"
+    assert not any(a.token_taken for a in [*answers, beyond, later])
+
+
+async def test_a_recheck_after_an_unbooked_wait_asks_the_bucket_afresh(coord):
+    """A re-check with floor_slot_due=False waits again, then takes a token once refilled."""
+    budget = BudgetSettings(max_tokens=4, token_ratio=1.0, mode="wait")
+    t = 1_700_000_000_000.0
+    assert (await admit_at(coord, t, budget=budget)).token_taken  # 4 -> 3
+    first = await admit_at(coord, t, budget=budget)
+    assert (first.budget, first.budget_slot_booked) == (False, False)
+    again = await admit_at(coord, t + first.budget_wait_ms, budget=budget, floor_slot_due=False)
+    assert (again.budget, again.token_taken, again.budget_slot_booked) == (False, False, False)
+    await success_at(coord, t + 4_000, budget)  # 3 -> 4
+    third = await admit_at(coord, t + 6_000, budget=budget, floor_slot_due=False)
+    assert (third.budget, third.token_taken, third.budget_slot_booked) == (True, True, True)
 
 
 async def test_refuse_mode_floor_lets_one_retry_per_interval_through():
@@ -241,6 +291,27 @@ async def test_the_guards_local_fallback_answers_pacing_booked_too():
     await g.aclose()
 
 
+async def test_the_guard_passes_budget_slot_booked_through_and_its_fallback_answers_it(redis_server, prefix):  # noqa: F811
+    """The guard passes Redis's unbooked wait through; its fallback books within the horizon only."""
+    no_floor = BudgetSettings(max_tokens=2, mode="wait")
+    g = GuardedCoordinator(RedisCoordinator.from_url(redis_server.url, prefix=prefix),
+                           timeout_s=1.0)
+    a = await g.admit(KEY, retry=True, budget=no_floor, pacing=None)
+    assert g.available and a == Admission(budget=False, budget_wait_ms=WAIT_RECHECK_MS,
+                                          budget_slot_booked=False)
+    await g.aclose()
+    clock = Clock(0.0)
+    down = GuardedCoordinator(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), timeout_s=0.5,
+                              clock=clock, probe_interval_s=60)
+    floor = BudgetSettings(max_tokens=2, mode="wait", min_retries_per_second=1)
+    answers = [await down.admit(KEY, retry=True, budget=floor, pacing=None) for _ in range(5)]
+    assert not down.available
+    assert [(x.budget, x.budget_wait_ms, x.budget_slot_booked) for x in answers] == \
+        [(True, 0, True), (False, 1_000, True), (False, 2_000, True), (False, 3_000, True),
+         (False, WAIT_RECHECK_MS, False)]
+    await down.aclose()
+
+
 async def test_the_redis_pacer_hash_expires_after_forget_after_ms_plus_its_memory(redis_server, prefix):  # noqa: F811
     """The pacer hash lives forgetAfterMs + 4 half-lives of memoryS + a minute after its
     last write."""
@@ -353,6 +424,51 @@ async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_se
                 assert (got.pacing_booked, got.pacing_ms) == (True, delay)
         assert await stored_pacer(c, KEY) == state
     assert cuts > 0 and refused > 0, "the run cut the rate and met the horizon"
+    await c.aclose()
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_the_redis_budget_answers_as_the_in_process_one(redis_server, prefix, seed):  # noqa: F811
+    """Over a random run the Lua and in-process budgets give the same answers, bucket and floor."""
+    rng = random.Random(seed)
+    mode, floor = [("refuse", 1.0), ("wait", 0.0), ("wait", 0.3), ("wait", 2.0), ("wait", 7.0),
+                   ("refuse", 0.0)][seed]
+    budget = BudgetSettings(max_tokens=rng.choice([4, 10]), token_ratio=rng.choice([0.1, 0.5, 1.0]),
+                            mode=mode, min_retries_per_second=floor)
+    now = 1_700_000_000_000.0
+    local = InProcessCoordinator(clock=lambda: now)
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    seen: set[tuple] = set()
+    for _ in range(300):
+        now += rng.choice([0, 0, 1, 7, 50, 143, 333, 999, 2000, 3001, 9000, 700_000])
+        roll = rng.random()
+        if roll < 0.7:
+            for _ in range(rng.choice([1, 1, 1, 10, 30])):  # a burst at one time
+                due = rng.random() < 0.2
+                want = local.admit_at(KEY, now, retry=True, budget=budget, pacing=None,
+                                      floor_slot_due=due)
+                got = await c.admit(KEY, retry=True, budget=budget, pacing=None, floor_slot_due=due,
+                                    _now=now)
+                assert got == want
+                seen.add((want.budget, want.token_taken, want.budget_wait_ms > 0,
+                          want.budget_slot_booked))
+        elif roll < 0.9:
+            local.record_outcome_at(KEY, now, success=True, throttled=False, budget=budget,
+                                    pacing=None)
+            await c.record_outcome(KEY, success=True, throttled=False, budget=budget, pacing=None,
+                                   _now=now)
+        else:
+            local.add_tokens_sync(KEY, budget, 1000)
+            await c._credit(KEY, budget, 1000, "", None, _now=now)
+        assert int(await c.client.hget(c.keys.bucket(KEY), "m")) == local._buckets[KEY][0]
+        stored = await c.client.get(c.keys.floor(KEY))
+        assert (None if stored is None else float(stored)) == local._floor.get(KEY)
+    assert (True, True, False, True) in seen, "the run took tokens"
+    assert (False, False, False, True) in seen or mode == "wait", "refuse mode refused"
+    if mode == "wait":
+        assert (False, False, True, False) in seen, "the run met a wait with nothing booked"
+        if floor:
+            assert (False, False, True, True) in seen, "the run booked a floor slot ahead"
     await c.aclose()
 
 

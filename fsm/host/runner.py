@@ -136,9 +136,10 @@ class RetryChainError(Exception):
 
 
 class DeadlinePassed(Exception):
-    """The chain's deadline (``retry.maxElapsedMs``) passed while an attempt was running: the
-    attempt was aborted and the chain ended ``deadline`` (docs/policy.md §13.2). Private to the
-    run loop, which raises :class:`RetryChainError` from it."""
+    """The chain's deadline (``retry.maxElapsedMs``) passed while an attempt was running (or
+    while the retry waited at the pacing gate, before it was sent): the attempt was aborted and
+    the chain ended ``deadline`` (docs/policy.md §13.2). Private to the run loop, which raises
+    :class:`RetryChainError` from it."""
 
 
 class AttemptTimedOut(TimeoutError):

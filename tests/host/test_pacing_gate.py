@@ -43,12 +43,15 @@ class GateCoordinator(InProcessCoordinator):
         self.clock = clock
         self.answers = list(answers)
         self.calls = []  # (fake seconds, retry, pacing given)
+        self.decision_slot_ms = None  # a retry's decision with pacing gets this slot
 
     async def admit(self, key, *, retry, budget, pacing, earliest_ms=0, floor_slot_due=False,
                     max_wait_ms=None):
         self.calls.append((self.clock.now, retry, pacing is not None))
         if not retry and pacing is not None and self.answers:
             return self.answers.pop(0)
+        if retry and pacing is not None and self.decision_slot_ms is not None:
+            return Answer(budget=True, pacing_ms=self.decision_slot_ms)
         return await super().admit(key, retry=retry, budget=budget, pacing=pacing,
                                    earliest_ms=earliest_ms, floor_slot_due=floor_slot_due,
                                    max_wait_ms=max_wait_ms)
@@ -287,6 +290,22 @@ async def test_the_seed_runner_asks_no_gate():
     assert task.result() == "ok" and calls == [0.0, 2.0]
     assert coordinator.gate_calls() == []
     assert not [e for e in events if e["type"] == "request_delayed"]
+
+
+async def test_a_chain_host_reserves_its_retry_slot_at_the_decision():
+    """Chain (no gate): the retry's decision asks admit with pacing and its slot is part of the delay."""
+    from fsm.host.chain import Chain
+
+    clock = FakeClock()
+    coordinator = GateCoordinator(clock)
+    coordinator.decision_slot_ms = 9_000
+    events = []
+    chain = Chain(resilient(), coordinator=coordinator, clock=clock, random=lambda: 0.5,
+                  on_event=events.append)
+    assert await chain.failed(RuntimeError(OVERLOADED)) == 9_000
+    assert [(retry, paced) for _, retry, paced in coordinator.calls] == [(True, True)]
+    assert [e["delaySource"] for e in events if e["type"] == "auto_retry_start"] == ["pacing"]
+    await chain.aclose()
 
 
 # ------------------------------------------------------------------ the kernel

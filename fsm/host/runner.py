@@ -61,7 +61,7 @@ from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
 from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
 from fsm.core.classify import Classification, classify_message
-from fsm.core.events import AutoRetryEnd, Event, RequestDelayed
+from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.redact import register_secret, request_secrets
 from fsm.core.text import safe_message

@@ -266,11 +266,10 @@ class HostKernel:
         """Tell the pacer a retryable failure (docs/fleet.md "Pacing"): without progress
         (nothing streamed: a 429, 503, 529, a connection error, a stall) it is a capacity
         signal (``throttled``); with output streamed it is another answer (neither a success
-        nor a throttle). A host that paces at send (:meth:`gate`) does not wait for the write:
-        the retry's slot is taken after its backoff. Otherwise the write is awaited, bounded by
-        :data:`COORDINATOR_TIMEOUT_S`, before the decision reserves the retry's slot (so the
-        retry is paced by what its own failure taught). A late or failing write only costs
-        sharing."""
+        nor a throttle). The write is awaited, bounded by :data:`COORDINATOR_TIMEOUT_S`, so
+        that it lands before the retry's slot is taken (at the gate, or at the decision for a
+        host that does not pace at send), however short the backoff: the retry is paced by
+        what its own failure taught. A late or failing write only costs sharing."""
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled:
             return
@@ -280,8 +279,7 @@ class HostKernel:
         write = self._spawn(_coord_record(coordinator, self.key(), success=False,
                                           throttled=not output_streamed, budget=None,
                                           pacing=pacing))
-        if not self.paces_at_send:
-            await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
+        await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
 
     async def recheck_budget(self, *, now_ms: int | None = None) -> TurnFacts:
         """The facts for a retry that waited for the retry budget's floor slot (budget in

@@ -120,6 +120,20 @@ async def test_a_retry_waits_for_the_pacer_slot_after_its_backoff_then_goes():
     assert of(events, "auto_retry_end")[-1]["success"] is True
 
 
+async def test_a_first_request_without_a_slot_asks_again_at_rest():
+    """Resilient first request, not booked: request_delayed at rest for the re-check, then booked and sent."""
+    session, clock, coordinator, events, sent = make(
+        resilient(pacing={"recheckMs": 2_000}), [ok()],
+        answers=[Answer(pacing_booked=False), Answer()])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.advance(1.9)
+    assert of(events, "request_delayed") == [{"type": "request_delayed", "delayMs": 2_000,
+                                              "retryAt": NOW + 2_000, "delaySource": "pacing"}]
+    assert sent == [] and not session.is_retrying
+    await settle(clock, task)
+    assert sent == [pytest.approx(2.0)] and coordinator.gate_calls() == [0.0, pytest.approx(2.0)]
+
+
 async def test_the_retry_decision_reserves_no_pacing_slot():
     """Decision time: the coordinator is asked for cooldown and budget with pacing None; the delay never says pacing."""
     session, clock, coordinator, events, sent = make(resilient(), [error(OVERLOADED), ok()])

@@ -343,7 +343,10 @@ class HostKernel:
           ×U(0.5, 1.5) with :attr:`random` (or the cooldown left, when longer).
 
         A ``first`` request whose cooldown is beyond ``maxHintWaitMs`` (hints honoured) gets
-        ``(cooldown, cooldown, True)`` with nothing reserved: the host refuses it. Never raises
+        ``(cooldown, cooldown, True)`` with nothing reserved: the host refuses it. A retry
+        waits out any cooldown learned since its decision (no row of the brain refuses a
+        retry once it continues; the chain's deadline, ``maxElapsedMs``, bounds the wait, and
+        ``abort_retry()`` ends it). Never raises
         for a slow or failing coordinator: a late one is answered from local state (as
         :meth:`gather`); a failing local state lets the request go at once (logged)."""
         if not self.uses_coordinator():

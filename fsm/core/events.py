@@ -142,12 +142,14 @@ class AutoRetryEnd(Event):
 
 @dataclass(frozen=True, eq=False, repr=False, slots=True)
 class RequestDelayed(Event):
-    """A chain's *first* request waits before it is sent (the resilient profile, docs/fleet.md
-    "First requests"): ``delay_ms`` (``delayMs``) for a known cooldown or the pacer's slot,
+    """A request waits at the gate before it is sent (docs/fleet.md "First requests",
+    "Pacing"): a chain's *first* request under the resilient profile (the session is at rest
+    meanwhile, ``isRetrying`` false), or a retry whose backoff is over, with pacing on
+    (``isRetrying`` true). ``delay_ms`` (``delayMs``) for a known cooldown or the pacer's slot
+    (or, when the pacer had no slot within its horizon, until the gate is asked again),
     ``delay_source`` (``delaySource``) ``"cooldown"`` or ``"pacing"``, ``retry_at_ms``
-    (``retryAt``) the epoch ms it goes out (None when the host's clock gives no time). The
-    session is at rest meanwhile (``isRetrying`` false); ``abort()`` ends the turn
-    ``aborted`` with no request sent."""
+    (``retryAt``) the epoch ms it goes out (None when the host's clock gives no time).
+    ``abort()`` / ``abort_retry()`` end the turn ``aborted`` with no request sent."""
 
     type: ClassVar[str] = "request_delayed"
     delay_ms: int

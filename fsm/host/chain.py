@@ -22,6 +22,11 @@ kernel's; docs/architecture.md, "The host kernel")::
             return result
 
 The exceptions a caller sees are the runner's (docs/policy.md §10): :meth:`Chain.error`.
+
+A chain has no pacing gate (the session and the runner take each request's pacing slot right
+before it goes, :meth:`fsm.host.kernel.HostKernel.gate`): with ``retry.pacing`` on, a retry's
+slot is reserved at its decision, part of the delay :meth:`Chain.failed` answers
+(``delaySource: "pacing"`` when it is the longest wait; docs/fleet.md, "The gate").
 """
 
 from __future__ import annotations

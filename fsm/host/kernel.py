@@ -21,6 +21,11 @@ Every host of the retry brain (:class:`~fsm.host.session.AgentSession`, the runn
    own loop (:data:`HOST_LOOP_ACTIONS`: the backoff timer, continuing the turn, the turn's end
    events, dropping the failed message, the compaction check, "prompt may return") are handed
    to the host's callback at their place in that order.
+4. **Pass each request through the gate** right before it goes (:meth:`HostKernel.gate`,
+   docs/fleet.md "Pacing", "First requests"): a chain's first request under the resilient
+   profile, and every retry once its backoff is over, ask the coordinator for the key's
+   cooldown and the fleet pacer's slot, and wait for them (``request_delayed``). The slot is
+   taken when the request is about to go, not at the retry's decision.
 
 Every coordinator call is in the adapter section at the end of this module
 (``_coord_*``): the coordinator protocol (``docs/fleet.md``) is spoken there and nowhere else.
@@ -32,6 +37,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import random as _random
 import time
 import weakref
 from datetime import tzinfo
@@ -140,18 +146,29 @@ class HostKernel:
         scrub: makes a text safe for an event (a host that knows its secrets passes its own).
         use_coordinator: False for a host without an event loop (a synchronous run): no
             coordinator is read or written.
+        random: floats in [0, 1) for the jitter of the pacer's re-check (pass the source the
+            brain was given, so that a test's run is deterministic); None = ``random.random``.
+        paces_at_send: True for a host that passes every retry through the gate
+            (:meth:`gate`) right before it goes (the session, the runner): the retry's
+            decision then reserves no pacing slot. False (a host that only steps the chain,
+            :class:`~fsm.host.chain.Chain`): the decision reserves the slot, as its only
+            pacing (docs/fleet.md "Pacing").
     """
 
     __slots__ = ("brain", "emit", "clock", "_coordinator", "credentials", "key", "zone",
-                 "scrub", "use_coordinator", "_unsubscribe", "_writes", "_token_from",
-                 "__weakref__")
+                 "scrub", "use_coordinator", "random", "paces_at_send", "_unsubscribe",
+                 "_writes", "_token_from", "_floor_booked", "__weakref__")
 
     def __init__(self, brain: RetryBrain, *, emit: Callable[[E.Event], Any],
                  clock: Any = None, coordinator: Any = None, credentials: Any = None,
                  key: Callable[[], Any] | None = None, zone: ZoneResolver | None = default_zone,
                  scrub: Callable[[str], str] = safe_error_text,
-                 use_coordinator: bool = True) -> None:
+                 use_coordinator: bool = True, random: Callable[[], float] | None = None,
+                 paces_at_send: bool = False) -> None:
         self.brain = brain
+        self.random = random or _random.random
+        self.paces_at_send = paces_at_send
+        self._floor_booked = False  # the budget's last answer reserved a floor slot for the retry
         self.emit = emit
         self.clock = clock
         self._coordinator = coordinator
@@ -247,9 +264,13 @@ class HostKernel:
         return facts
 
     async def _record_throttle(self, cls: Classification, output_streamed: bool) -> None:
-        """A retryable failure's capacity signal reaches the pacer *before* the retry's slot
-        is reserved (so the retry is paced by what its own failure taught), bounded by
-        :data:`COORDINATOR_TIMEOUT_S`; a late or failing write only costs sharing."""
+        """Tell the pacer a retryable failure (docs/fleet.md "Pacing"): without progress
+        (nothing streamed: a 429, 503, 529, a connection error, a stall) it is a capacity
+        signal (``throttled``); with output streamed it is another answer (neither a success
+        nor a throttle). The write is awaited, bounded by :data:`COORDINATOR_TIMEOUT_S`, so
+        that it lands before the retry's slot is taken (at the gate, or at the decision for a
+        host that does not pace at send), however short the backoff: the retry is paced by
+        what its own failure taught. A late or failing write only costs sharing."""
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled:
             return
@@ -270,47 +291,131 @@ class HostKernel:
         facts = TurnFacts(now_ms=now, zone=self.zone)
         if not self.uses_coordinator():
             return facts
-        return await self._admission_facts(facts, now, floor_slot_due=True)
+        # only a floor slot reserved for this retry is due now; an answer that reserved none
+        # (beyond the floor's horizon, or no floor) is asked afresh (docs/fleet.md "Budget in
+        # wait mode")
+        return await self._admission_facts(facts, now, floor_slot_due=self._floor_booked)
 
     async def _admission_facts(self, facts: TurnFacts, now: int | None, *,
                                floor_slot_due: bool) -> TurnFacts:
         """``facts`` with the coordinator's answer for a retry: the cooldown (hints honoured),
-        the budget's answer, the token taken, the pacing slot and the budget's floor slot."""
+        the budget's answer, the token taken and the budget's floor slot, in one atomic step
+        (cooldown and budget together). A host that paces at send (:attr:`paces_at_send`)
+        reserves no pacing slot here (``pacing_ms`` 0): the retry takes its slot at the gate
+        after its backoff (:meth:`gate`); a slot reserved now for a retry that goes after a
+        jittered backoff of up to ``maxDelayMs`` would be wasted, and booked beyond the
+        pacer's horizon. Otherwise the slot is reserved here (``pacing_ms``)."""
         settings = self.brain.settings
-        cooldown, ok, taken, pacing_ms, budget_wait = await self._admit(
-            now, retry=True, floor_slot_due=floor_slot_due)
+        cooldown, ok, taken, pacing_ms, budget_wait, _, floor_booked = await self._admit(
+            now, retry=True, floor_slot_due=floor_slot_due, pacing=not self.paces_at_send,
+            max_wait=True)
         budget = settings.budget
         waits = (ok is False and budget is not None
                  and getattr(budget, "mode", "refuse") == "wait")
+        self._floor_booked = waits and floor_booked
+        if waits and not floor_booked:  # a re-check, not a slot: jittered ×U(0.5, 1.5)
+            budget_wait = max(1, round(budget_wait * (0.5 + self.random())))
         return dataclasses.replace(
             facts, cooldown_ms=cooldown if settings.honors_hints else 0,
             budget_allows=ok is not False, budget_taken=taken,
             budget_slot_ms=budget_wait if waits else None, pacing_ms=pacing_ms)
 
-    async def admit_first(self, *, now_ms: int | None = None) -> tuple[int, int]:
-        """Admission of a chain's *first* request through the coordinator (the resilient
-        profile, docs/fleet.md "First requests"): ``(cooldown_ms, pacing_ms)`` — the shared
-        cooldown left (0 when hints are ignored) and the ms until the pacing slot reserved for
-        the request (0: send now). No budget token is taken. A cooldown beyond
-        ``maxHintWaitMs`` comes back alone (nothing reserved): the request is refused. Never
-        raises for a slow or failing coordinator (local state)."""
+    # ------------------------------------------------------------------ the gate
+    def gates(self, *, first: bool = False) -> bool:
+        """True when the request about to go passes the gate (:meth:`gate`): a chain's
+        ``first`` request under a profile that admits first requests (the resilient profile,
+        docs/fleet.md "First requests"), or a retry (``first`` False) with pacing on, on a host
+        that paces at send (:attr:`paces_at_send`). False under the seed profile: no gate call,
+        no ``request_delayed``."""
         if not self.uses_coordinator():
-            return 0, 0
+            return False
+        settings = self.brain.settings
+        if first:
+            return settings.enabled and settings.admits_first_requests
+        return self.paces_at_send and settings.pacing is not None and settings.pacing.enabled
+
+    async def pace(self, *, first: bool = False, now_ms: int | None = None) -> tuple[int, int, bool]:
+        """Ask the gate once for the request about to go (docs/fleet.md "Pacing", "First
+        requests"): one bounded coordinator ``admit`` (no budget token: a retry's was taken at
+        its decision) that reads the key's cooldown and reserves the pacer's slot.
+
+        Returns ``(cooldown_ms, delay_ms, booked)``:
+
+        - ``cooldown_ms``: the shared cooldown left (0 when hints are ignored);
+        - ``booked`` True: a slot is reserved (or there is nothing to reserve: pacing off, or
+          the pacer not pacing) and the request goes ``delay_ms`` from now,
+          ``max(cooldown, pacing slot)``, 0 = at once;
+        - ``booked`` False: the pacer had no slot within its horizon (``horizonMs``); nothing
+          is reserved and the host asks again ``delay_ms`` from now: ``recheckMs`` jittered
+          ×U(0.5, 1.5) with :attr:`random` (or the cooldown left, when longer).
+
+        A ``first`` request whose cooldown is beyond ``maxHintWaitMs`` (hints honoured) gets
+        ``(cooldown, cooldown, True)`` with nothing reserved: the host refuses it. A retry
+        waits out any cooldown learned since its decision (no row of the brain refuses a
+        retry once it continues; the chain's deadline, ``maxElapsedMs``, bounds the wait, and
+        ``abort_retry()`` ends it). Never raises
+        for a slow or failing coordinator: a late one is answered from local state (as
+        :meth:`gather`); a failing local state lets the request go at once (logged)."""
+        if not self.uses_coordinator():
+            return 0, 0, True
+        settings = self.brain.settings
+        pacing = settings.pacing if settings.pacing is not None and settings.pacing.enabled else None
         now = self.now_ms() if now_ms is None else now_ms
-        cooldown, _, _, pacing_ms, _ = await self._admit(now, retry=False, floor_slot_due=False)
-        return (cooldown if self.brain.settings.honors_hints else 0), pacing_ms
+        try:
+            cooldown, _, _, pacing_ms, _, booked, _ = await self._admit(
+                now, retry=False, floor_slot_due=False, pacing=pacing is not None, max_wait=first)
+        except Exception as exc:  # the local state failed too: the request is not held up
+            log.warning("pacing gate: coordinator failed: %s; sending now", describe_error(exc))
+            return 0, 0, True
+        if not settings.honors_hints:
+            cooldown = 0
+        elif first and cooldown > settings.max_hint_wait_ms:
+            return cooldown, cooldown, True  # nothing reserved: the request is refused
+        if booked or pacing is None:
+            return cooldown, max(cooldown, pacing_ms), True
+        recheck = max(1, round(pacing.recheck_ms * (0.5 + self.random())))
+        return cooldown, max(cooldown, recheck), False
+
+    async def gate(self, wait: Callable[[int], Awaitable[bool]], *,
+                   first: bool = False) -> tuple[int, int | None] | None:
+        """Pass the request about to go through the gate (:meth:`pace`), waiting as long as
+        it says: each wait is told in a ``request_delayed {delayMs, retryAt, delaySource:
+        "pacing" | "cooldown"}`` event (``emit``), then waited with the host's ``wait(delay_ms)
+        -> bool``; booked, the request goes once the delay has passed; not booked, the gate is
+        asked again.
+
+        ``wait`` is the host's cancellable wait: it answers False when the host ended it early
+        (an abort, the chain's deadline, ``retry_now``) — the gate stops and the host decides
+        from its own state (an abort sends nothing). Returns None when the request may go (or
+        the wait was ended), or ``(cooldown_ms, now_ms)`` when a ``first`` request must be
+        refused (a cooldown beyond ``maxHintWaitMs``: the host calls the brain's
+        ``request_refused``). Raises what ``wait`` raises (a cancellation)."""
+        settings = self.brain.settings
+        while True:
+            now = self.now_ms()
+            cooldown, delay, booked = await self.pace(first=first, now_ms=now)
+            if first and settings.honors_hints and cooldown > settings.max_hint_wait_ms:
+                return cooldown, now
+            if booked and delay <= 0:
+                return None
+            source = "cooldown" if cooldown >= delay else "pacing"
+            self.emit(E.RequestDelayed(delay, None if now is None else now + delay, source))
+            if not await wait(delay) or booked:
+                return None
 
     def record_outcome(self, cls: Classification, *, output_streamed: bool = False) -> None:
         """An answer came back: tell the coordinator's pacer, off the critical path
-        (docs/fleet.md "Pacing"). Any retryable failure without progress (nothing streamed:
-        a 429, 503, 529, a connection error, a stall) is a capacity signal; a success or any
-        other answer lets the rate grow. An aborted turn tells nothing. The budget's credit
-        stays the brain's ``CreditRetryBudget``."""
+        (docs/fleet.md "Pacing"): ``success`` for a success (the rate may grow),
+        ``throttled`` for any retryable failure without progress (nothing streamed: a 429, 503,
+        529, a connection error, a stall: a capacity signal), neither for any other answer (a
+        fatal error, a context overflow, a failure after output was streamed: nothing
+        learned). An aborted turn tells nothing. The budget's credit stays the brain's
+        ``CreditRetryBudget``."""
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled or not self.use_coordinator:
             return
         if cls.kind == "aborted" or (cls.kind == "retryable" and self.needs_world(cls)):
-            return  # a retryable failure is told in gather(), before the retry's slot
+            return  # a retryable failure is told in gather() (_record_throttle)
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             return
@@ -318,21 +423,25 @@ class HostKernel:
         self._spawn(_coord_record(coordinator, self.key(), success=cls.kind == "none",
                                   throttled=throttled, budget=None, pacing=pacing))
 
-    async def _admit(self, now: int | None, *, retry: bool,
-                     floor_slot_due: bool) -> tuple[int, bool | None, bool, int, int]:
-        """``(cooldown_ms, budget answer or None, token taken, pacing_ms, budget_wait_ms)``
-        from one bounded coordinator call (v3 ``admit``; a coordinator before v3 answers the
-        first two through ``before_decision``). Late or failing → the local state; a token a
-        late answer took is given back."""
+    async def _admit(self, now: int | None, *, retry: bool, floor_slot_due: bool,
+                     pacing: bool, max_wait: bool
+                     ) -> tuple[int, bool | None, bool, int, int, bool, bool]:
+        """``(cooldown_ms, budget answer or None, token taken, pacing_ms, budget_wait_ms,
+        pacing booked, floor slot booked)`` from one bounded coordinator call (v3 ``admit``; a coordinator before
+        v3 answers the first two through ``before_decision``). ``pacing``: reserve the pacer's
+        slot (pacing on); ``max_wait``: pass ``maxHintWaitMs`` (hints honoured), beyond which
+        nothing is taken or reserved. Late or failing → the local state; a token a late answer
+        took is given back."""
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             if not retry:
-                return 0, None, False, 0, 0
+                return 0, None, False, 0, 0, True, True
             left, ok = await self._read(now)
-            return left, ok, ok is not None, 0, 0
+            return left, ok, ok is not None, 0, 0, True, True
         settings = self.brain.settings
         key = self.key()
-        args = _coord_admit_args(settings, retry=retry, floor_slot_due=floor_slot_due)
+        args = _coord_admit_args(settings, retry=retry, floor_slot_due=floor_slot_due,
+                                 pacing=pacing, max_wait=max_wait)
         if _coord_at_once(coordinator) is not None or getattr(coordinator, "self_bounded", False):
             # no I/O, or a coordinator that bounds itself and answers locally when late (the
             # guarded one): an extra timeout would only turn its local answer into a default
@@ -586,7 +695,8 @@ def loop_coordinator(clock: Any = None) -> Any:
 # Every call into a coordinator is made here, in the coordinator protocol of docs/fleet.md.
 # Protocol v3 (a coordinator with ``admit``): ``admit(key, retry=, budget=, pacing=,
 # floor_slot_due=, max_wait_ms=) -> Admission`` (cooldown, budget answer, token taken, pacing
-# slot, budget floor slot in one atomic step), ``record_outcome(key, success=, throttled=,
+# slot, budget floor slot in one atomic step; ``pacing_booked`` False: no slot within the pacer's
+# horizon, nothing reserved), ``record_outcome(key, success=, throttled=,
 # budget=, pacing=)``, ``learn_cooldown(key, duration_ms)``, ``return_retry_token(key, budget)``.
 # Before v3 (still spoken to a coordinator without ``admit``): ``before_decision(key, now_ms,
 # budget) -> (cooldown_left_ms, allowed | None)``, ``learn_cooldown(key, until_ms, now_ms)``,
@@ -598,16 +708,22 @@ def _coord_v3(coordinator: Any) -> bool:
     return callable(getattr(coordinator, "admit", None))
 
 
-def _coord_admit_args(settings: Any, *, retry: bool, floor_slot_due: bool) -> dict[str, Any]:
-    pacing = settings.pacing if settings.pacing is not None and settings.pacing.enabled else None
-    return {"retry": retry, "budget": settings.budget if retry else None, "pacing": pacing,
+def _coord_admit_args(settings: Any, *, retry: bool, floor_slot_due: bool, pacing: bool,
+                      max_wait: bool) -> dict[str, Any]:
+    paced = settings.pacing if pacing and settings.pacing is not None and settings.pacing.enabled else None
+    return {"retry": retry, "budget": settings.budget if retry else None, "pacing": paced,
             "floor_slot_due": floor_slot_due,
-            "max_wait_ms": settings.max_hint_wait_ms if settings.honors_hints else None}
+            "max_wait_ms": settings.max_hint_wait_ms if max_wait and settings.honors_hints else None}
 
 
-def _coord_admission(answer: Any) -> tuple[int, bool | None, bool, int, int]:
+def _coord_admission(answer: Any) -> tuple[int, bool | None, bool, int, int, bool, bool]:
+    # ``pacing_booked`` (False: no slot within the pacer's horizon, nothing reserved) and
+    # ``budget_slot_booked`` (False: no floor slot reserved, the wait is a re-check) are read
+    # with a default so that a coordinator that does not tell them counts as booked
     return (int(answer.cooldown_ms or 0), answer.budget, bool(answer.token_taken),
-            int(answer.pacing_ms or 0), int(answer.budget_wait_ms or 0))
+            int(answer.pacing_ms or 0), int(answer.budget_wait_ms or 0),
+            bool(getattr(answer, "pacing_booked", True)),
+            bool(getattr(answer, "budget_slot_booked", True)))
 
 
 def _coord_record(coordinator: Any, key: Any, *, success: bool, throttled: bool, budget: Any,

@@ -61,7 +61,7 @@ from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
 from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
 from fsm.core.classify import Classification, classify_message
-from fsm.core.events import AutoRetryEnd, Event, RequestDelayed
+from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.redact import register_secret, request_secrets
 from fsm.core.text import safe_message
@@ -136,9 +136,10 @@ class RetryChainError(Exception):
 
 
 class DeadlinePassed(Exception):
-    """The chain's deadline (``retry.maxElapsedMs``) passed while an attempt was running: the
-    attempt was aborted and the chain ended ``deadline`` (docs/policy.md §13.2). Private to the
-    run loop, which raises :class:`RetryChainError` from it."""
+    """The chain's deadline (``retry.maxElapsedMs``) passed while an attempt was running (or
+    while the retry waited at the pacing gate, before it was sent): the attempt was aborted and
+    the chain ended ``deadline`` (docs/policy.md §13.2). Private to the run loop, which raises
+    :class:`RetryChainError` from it."""
 
 
 class AttemptTimedOut(TimeoutError):
@@ -210,7 +211,8 @@ class _Call(HostKernel):
         HostKernel.__init__(self, RetryBrain(runner.settings, random=runner.random),
                             emit=self.on_event, clock=runner.clock,
                             coordinator=None if sync else runner.coordinator,
-                            key=self.coord_key, zone=runner.zone, use_coordinator=not sync)
+                            key=self.coord_key, zone=runner.zone, use_coordinator=not sync,
+                            random=runner.random, paces_at_send=True)
         self.runner = runner
         self.calls = 0
         self.exc: BaseException | None = None
@@ -418,9 +420,11 @@ class RetryRunner:
         call = _Call(self, fn, kwargs)
         owner = RETRY_OWNER.set(call)  # a retrying transport under this call passes through
         try:
-            if call.brain.settings.enabled and call.brain.settings.admits_first_requests:
+            if call.gates(first=True):
                 await self._admit_first(call)
             while True:
+                if call.brain.is_retrying:  # a retry whose backoff is over: the gate first
+                    await self._pace_retry(call)
                 call.calls += 1
                 kwargs = call.kwargs  # a fallback model replaces model= (docs/policy.md §13.3)
                 try:
@@ -474,24 +478,53 @@ class RetryRunner:
             call.close()
 
     async def _admit_first(self, call: _Call) -> None:
-        """Admit the call's first attempt through the coordinator (the resilient profile,
-        docs/fleet.md "First requests"): a known cooldown or the pacer's slot is waited out
-        (a ``request_delayed`` event first); a cooldown beyond ``maxHintWaitMs`` refuses it:
-        one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}`` and
-        :class:`RetryChainError` (``calls`` 0, no ``__cause__``), the callable never called."""
-        settings = call.brain.settings
-        now = call.now_ms()
-        cooldown, pacing = await call.admit_first(now_ms=now)
-        if settings.honors_hints and cooldown > settings.max_hint_wait_ms:
-            call.carry_out(call.brain.request_refused(cooldown, now_ms=now))
+        """Admit the call's first attempt through the gate (the resilient profile,
+        docs/fleet.md "First requests"; :meth:`~fsm.host.kernel.HostKernel.gate`): a known
+        cooldown or the pacer's slot is waited out (a ``request_delayed`` event first); a
+        cooldown beyond ``maxHintWaitMs`` refuses it: one ``auto_retry_end {attempt: 0,
+        endReason: "hint_too_long"}`` and :class:`RetryChainError` (``calls`` 0, no
+        ``__cause__``), the callable never called."""
+        refused = await call.gate(self._gate_wait(call), first=True)
+        if refused is not None:
+            call.carry_out(call.brain.request_refused(refused[0], now_ms=refused[1]))
             end = call.end
             raise RetryChainError(end.end_reason if end else "hint_too_long", 0, 0, None,
                                   end.final_error if end else None, None)
-        delay = max(cooldown, pacing)
-        if delay > 0:
-            source = "cooldown" if cooldown >= pacing else "pacing"
-            self._emit(RequestDelayed(delay, None if now is None else now + delay, source))
-            await self._wait(delay)
+
+    async def _pace_retry(self, call: _Call) -> None:
+        """A retry whose backoff is over passes the gate right before it goes (docs/fleet.md
+        "Pacing"): it waits for the key's cooldown and the fleet pacer's slot (each wait a
+        ``request_delayed`` event; with no slot within the pacer's horizon it asks again after
+        the jittered re-check). The chain's deadline (``maxElapsedMs``) reached while it waits
+        ends the chain ``deadline`` as during an attempt: :class:`RetryChainError`, the
+        callable not called again."""
+        if not call.gates():
+            return
+        try:
+            await call.gate(self._gate_wait(call))
+        except DeadlinePassed as passed:
+            end = call.end
+            assert end is not None
+            raise RetryChainError(end.end_reason, end.attempt, call.calls, call.cls,
+                                  end.final_error, call.message) from passed
+
+    def _gate_wait(self, call: _Call) -> Callable[[int], Awaitable[bool]]:
+        """The runner's wait at the gate: ``delay_ms`` on its clock (or ``sleep``), cut short
+        by the chain's deadline, which ends the chain (:class:`DeadlinePassed` raised)."""
+        async def wait(delay_ms: int) -> bool:
+            deadline = call.deadline if call.brain.is_retrying else None
+            if deadline is not None:
+                left = max(0, deadline[1] - (call.now_ms() or 0))
+                if left < delay_ms:
+                    await self._wait(left)
+                    call.carry_out(call.brain.deadline_passed(deadline[0]))
+                    raise DeadlinePassed(
+                        f"the chain's deadline of retry.maxElapsedMs = "
+                        f"{seconds_text(call.brain.settings.max_elapsed_ms or 0)} passed while "
+                        "the retry waited for the fleet's pacing")
+            await self._wait(delay_ms)
+            return True
+        return wait
 
     async def _recheck_budget(self, call: _Call) -> bool:
         """A retry waited for the budget's floor slot (wait mode, docs/policy.md §13.7): ask

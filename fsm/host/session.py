@@ -136,7 +136,8 @@ class AgentSession:
         self._abort_turn = False
         self._prompt_owner: object | None = None  # the prompt() call that owns the session
         self._last_turn_aborted = False
-        self._first_wait: asyncio.Future | None = None  # a first request's admission wait
+        self._gate_wait: asyncio.Future | None = None  # a request's wait at the gate (pacing)
+        self._skip_gate = False  # retry_now(): the next retry request bypasses the gate
         self._rechecks: set[asyncio.Task] = set()  # budget re-checks in flight
         self._turn_done = asyncio.Event()
         self._turn_done.set()
@@ -151,7 +152,8 @@ class AgentSession:
         self._joiner = StreamJoiner()
         self._kernel = HostKernel(self.brain, emit=self._emit, clock=self.clock,
                                   coordinator=coordinator, credentials=credentials,
-                                  key=self._coord_key, zone=zone, scrub=self._safe)
+                                  key=self._coord_key, zone=zone, scrub=self._safe,
+                                  random=random, paces_at_send=True)
 
     @property
     def coordinator(self) -> Any:
@@ -338,22 +340,34 @@ class AgentSession:
         self._emit(self._queue_event())
 
     def abort_retry(self) -> None:
-        """Cancel a pending backoff (§5), or a first request's wait (the resilient profile:
-        the turn ends ``aborted``, nothing sent); while a retried turn runs, the turn decides."""
-        self._end_first_wait()
+        """Cancel a pending backoff (§5), or a request's wait at the gate (a first request's
+        or a retry's wait for a cooldown or the fleet pacer's slot, docs/fleet.md "Pacing":
+        the turn ends ``aborted``, nothing sent; for a retry, as an abort during its attempt,
+        the chain ends ``cancelled``); while a retried turn runs, the turn decides."""
+        self._end_gate_wait()
         self._perform(self.brain.abort_retry())
 
     def retry_now(self) -> None:
         """Retry now (§3): during a backoff the timer is cancelled and the turn continues on
-        the next loop tick with the same attempt number; ignored at any other time."""
-        self._perform(self.brain.retry_now())
+        the next loop tick with the same attempt number; while a retry waits at the gate (a
+        cooldown or the fleet pacer's slot) it goes at once. Either way that one request
+        bypasses the gate (docs/fleet.md "Pacing"). Ignored at any other time."""
+        waiter = self._gate_wait
+        if waiter is not None and not waiter.done() and self.brain.is_retrying:
+            self._skip_gate = True
+            waiter.set_result(False)
+            return
+        actions = self.brain.retry_now()
+        if any(isinstance(a, B.ContinueTurn) for a in actions):
+            self._skip_gate = True
+        self._perform(actions)
 
     async def abort(self) -> None:
         """``abort_retry()`` first, then stop the running turn; returns when it has ended.
 
         Once this returns, the chain sends no further request: a turn whose answer arrived
         in the same moment is taken as aborted, and the chain ends ``cancelled``."""
-        self._end_first_wait()
+        self._end_gate_wait()
         self._perform(self.brain.abort())
         if self._turn_running:
             self._abort_turn = True
@@ -407,6 +421,8 @@ class AgentSession:
                     and self.brain.settings.admits_first_requests):
                 if not await self._admit_first():
                     return None  # refused without sending (request_refused, at rest)
+            elif not new and self.brain.is_retrying:
+                await self._pace_retry()
             if self._queue:
                 new = [m for m, _ in self._queue] + new  # queued first: they were typed earlier
                 self._queue.clear()
@@ -441,6 +457,7 @@ class AgentSession:
             self._turn_running = False
             self._abort_turn = False
             self._deadline_abort = None
+            self._skip_gate = False
             self._partial = None
             self._turn_done.set()
             self._unwatch()
@@ -453,42 +470,59 @@ class AgentSession:
         return message
 
     async def _admit_first(self) -> bool:
-        """Admit a chain's first request through the coordinator (the resilient profile,
-        docs/fleet.md "First requests"): a known cooldown or the pacer's slot makes it wait at
-        rest, said in a ``request_delayed`` event and cancellable (``abort()`` /
-        ``abort_retry()``: the turn then ends ``aborted`` without a request); a cooldown beyond
-        ``maxHintWaitMs`` on the credential in use refuses it (the brain's
+        """Admit a chain's first request through the gate (the resilient profile,
+        docs/fleet.md "First requests"; :meth:`HostKernel.gate`): a known cooldown or the
+        pacer's slot makes it wait at rest, said in a ``request_delayed`` event and cancellable
+        (``abort()`` / ``abort_retry()``: the turn then ends ``aborted`` without a request); a
+        cooldown beyond ``maxHintWaitMs`` on the credential in use refuses it (the brain's
         ``request_refused``: one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}``).
         Returns False when refused."""
         await self._read_fallback_mark()
         self._settle_model_and_settings()
-        kernel, settings = self._kernel, self.brain.settings
-        now = kernel.now_ms()
-        cooldown, pacing = await kernel.admit_first(now_ms=now)
-        if settings.honors_hints and cooldown > settings.max_hint_wait_ms:
-            self._perform(self.brain.request_refused(cooldown, now_ms=now))
-            return False
-        delay = max(cooldown, pacing)
-        if delay <= 0 or self._abort_turn:
+        kernel = self._kernel
+        if self._abort_turn or not kernel.gates(first=True):
             return True
-        source = "cooldown" if cooldown >= pacing else "pacing"
-        self._emit(E.RequestDelayed(delay, None if now is None else now + delay, source))
-        waiter = self._first_wait = asyncio.get_running_loop().create_future()
-        timer = self.clock.call_later(delay / 1000, _resolve, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._first_wait = None
+        refused = await kernel.gate(self._wait_at_gate, first=True)
+        if refused is not None:
+            self._perform(self.brain.request_refused(refused[0], now_ms=refused[1]))
+            return False
         return True  # an abort during the wait: _complete sees it and sends nothing
 
-    def _end_first_wait(self) -> None:
-        """``abort()`` / ``abort_retry()`` during a first request's wait: the turn ends
-        ``aborted`` with no request sent."""
-        waiter = self._first_wait
+    async def _pace_retry(self) -> None:
+        """A retry whose backoff is over passes the gate right before it goes (docs/fleet.md
+        "Pacing"): it waits for the key's cooldown and the fleet pacer's slot (each wait a
+        ``request_delayed`` event; with no slot within the pacer's horizon it asks again after
+        the jittered re-check), taken now rather than at the retry's decision. ``retry_now()``
+        bypasses it; ``abort()`` / ``abort_retry()`` during the wait end the turn ``aborted``
+        with nothing sent (the chain ends ``cancelled``, as for an abort during the attempt);
+        the chain's deadline during the wait ends it ``deadline`` as during an attempt."""
+        if self._skip_gate or self._abort_turn or self._deadline_abort is not None:
+            return
+        if self._kernel.gates():
+            await self._kernel.gate(self._wait_at_gate)
+
+    async def _wait_at_gate(self, delay_ms: int) -> bool:
+        """Wait ``delay_ms`` on the session clock for the gate; False when the wait was ended
+        early (an abort, the chain's deadline, ``retry_now()``) or is not to begin."""
+        if self._abort_turn or self._deadline_abort is not None or self._skip_gate:
+            return False
+        waiter = self._gate_wait = asyncio.get_running_loop().create_future()
+        timer = self.clock.call_later(delay_ms / 1000, _resolve, waiter)
+        try:
+            return bool(await waiter)
+        finally:
+            timer.cancel()
+            self._gate_wait = None
+
+    def _end_gate_wait(self, *, abort: bool = True) -> None:
+        """End a request's wait at the gate: for ``abort()`` / ``abort_retry()`` (``abort``)
+        the turn ends ``aborted`` with no request sent; otherwise (the chain's deadline) the
+        turn decides from its own state."""
+        waiter = self._gate_wait
         if waiter is not None and not waiter.done():
-            self._abort_turn = True
-            waiter.set_result(None)
+            if abort:
+                self._abort_turn = True
+            waiter.set_result(False)
 
     async def _decide(self, message: AssistantMessage,
                       run: list[dict[str, Any]]) -> tuple[AssistantMessage, list[B.Action]]:
@@ -864,6 +898,7 @@ class AgentSession:
                                                              self._on_deadline, action.chain_id)
             elif isinstance(action, B.AbortAttempt):
                 self._deadline_abort = action.error
+                self._end_gate_wait(abort=False)  # a retry waiting at the gate sends nothing
                 task = self._stream_task
                 if task is not None and not task.done():
                     task.cancel()
@@ -895,6 +930,6 @@ class AgentSession:
 
 
 def _resolve(waiter: asyncio.Future) -> None:
-    """A first request's wait is over."""
+    """A request's wait at the gate is over (its timer fired)."""
     if not waiter.done():
-        waiter.set_result(None)
+        waiter.set_result(True)

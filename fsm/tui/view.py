@@ -79,7 +79,8 @@ class ChatView:
         # one": a stack says exactly that.
         self._esc: list[str] = [ESC_ABORT_TURN]
         self.backoff: Backoff | None = None
-        # a first request waiting at rest (request_delayed): (deadline in clock s, delaySource)
+        # a request waiting at the gate (request_delayed: a first request at rest, or a retry
+        # after its backoff): (deadline in clock s, delaySource)
         self.first_wait: tuple[float, str] | None = None
         self.chain_attempt = 0          # attempt of the active retry chain, 0 outside one
         self.chain_max = 0
@@ -112,9 +113,10 @@ class ChatView:
         return self.backoff is not None or self.turn_running or self.first_wait is not None
 
     def first_wait_text(self) -> str | None:
-        """``Sending in 3s… (the provider's cooldown; esc to cancel)`` while a first request
-        waits (the resilient profile's ``request_delayed``, docs/fleet.md "First requests"),
-        counted down like a backoff (rounded up, never 0 while it waits), else None."""
+        """``Sending in 3s… (the provider's cooldown; esc to cancel)`` while a request waits at
+        the gate (``request_delayed``: a first request under the resilient profile, or a retry
+        whose backoff is over, docs/fleet.md "First requests", "Pacing"), counted down like a
+        backoff (rounded up, never 0 while it waits), else None."""
         if self.first_wait is None:
             return None
         deadline, source = self.first_wait
@@ -138,8 +140,10 @@ class ChatView:
                            counting=True)
 
     def activity_text(self) -> str | None:
-        """The line above the input: the loader, a working indicator, or None."""
-        text = self.loader_text() or self.first_wait_text()
+        """The line above the input: a request's wait at the gate, the loader, a working
+        indicator, or None (a retry's wait at the gate follows its backoff, whose loader
+        would otherwise stay at 1s)."""
+        text = self.first_wait_text() or self.loader_text()
         if text is not None:
             return text
         if self.turn_running:
@@ -177,7 +181,8 @@ class ChatView:
         return handler(event)
 
     def _on_request_delayed(self, event: dict[str, Any]) -> list[Line]:
-        """A first request waits at rest: counted down; Esc aborts it (nothing is sent)."""
+        """A request waits at the gate (a first request at rest, or a retry after its
+        backoff): counted down; Esc aborts it (nothing is sent)."""
         delay_ms = float(event.get("delayMs", 0) or 0)
         if self.first_wait is None:
             self._esc.append(ESC_ABORT_RETRY)  # session.abort_retry() ends the wait, aborted
@@ -191,7 +196,7 @@ class ChatView:
                 self._esc.pop()
 
     def _on_agent_start(self, event: dict[str, Any]) -> list[Line]:
-        self._end_first_wait()  # the first request's wait is over: the turn starts
+        self._end_first_wait()  # the request's wait at the gate is over: the turn starts
         self.turn_running = True
         self.stream_tail = ""
         self.queued = 0  # a turn takes every queued message with it (AgentSession._run_turn)

@@ -127,3 +127,33 @@ async def test_actions_of_the_world_are_carried_out_and_the_loops_handed_back_in
     assert seen == [B.EmitTurnEnd("message"), B.PromptMayReturn(None)] and emitted == ["event"]
     await kernel.aclose()
     assert coord.calls == ["credit_success"]
+
+
+async def test_a_budget_wait_without_a_floor_slot_is_re_checked_afresh_and_jittered():
+    """Budget in wait mode: an answer that reserved a floor slot is re-checked with the slot
+    due; one that reserved none (beyond the floor's horizon) waits the re-check × (0.5 +
+    random()) and asks afresh (``floor_slot_due`` False), so it does not go without a token."""
+    from fsm.fleet import Admission, WAIT_RECHECK_MS
+
+    class Floor:
+        def __init__(self, answers):
+            self.answers, self.due = list(answers), []
+
+        async def admit(self, key, *, retry, budget, pacing, earliest_ms=0, floor_slot_due=False,
+                        max_wait_ms=None):
+            self.due.append(floor_slot_due)
+            return self.answers.pop(0)
+
+    coord = Floor([Admission(budget=False, budget_wait_ms=800),
+                   Admission(budget=False, budget_wait_ms=WAIT_RECHECK_MS, budget_slot_booked=False),
+                   Admission(budget=False, budget_wait_ms=WAIT_RECHECK_MS, budget_slot_booked=False)])
+    kernel = HostKernel(RetryBrain(RetrySettings(budget={"mode": "wait", "minRetriesPerSecond": 1})),
+                        emit=lambda e: None, clock=FakeClock(), coordinator=coord,
+                        key=lambda: KEY, random=lambda: 0.25)
+    cls = kernel.classify(AssistantMessage("error", error_message=RESET, timestamp_ms=0))
+    first = await kernel.gather(cls)
+    assert first.budget_slot_ms == 800                      # a reserved slot: waited exactly
+    second = await kernel.recheck_budget()
+    assert second.budget_slot_ms == round(WAIT_RECHECK_MS * 0.75)   # none reserved: jittered
+    await kernel.recheck_budget()
+    assert coord.due == [False, True, False]                # only the reserved slot is "due"

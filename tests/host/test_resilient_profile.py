@@ -1,6 +1,8 @@
 """The resilient profile in the session (docs/fleet.md "First requests", "Pacing"; docs/policy.md
-§13.7): first requests admitted through the coordinator, the pacer's slot as a delay term, the
-budget in wait mode re-checked at its slot. Everything on the fake clock (no real time)."""
+§13.7): first requests admitted through the coordinator, the pacer's slot as a delay term (a
+decision-time slot: a Chain host's; the session's retries take theirs at the gate,
+tests/host/test_pacing_gate.py), the budget in wait mode re-checked at its slot. Everything on
+the fake clock (no real time)."""
 
 import asyncio
 
@@ -131,7 +133,7 @@ async def test_the_pacer_slot_delays_a_first_request():
 # ------------------------------------------------------------------ retries: pacing and budget
 
 def test_the_pacer_slot_decides_a_retry_delay_when_it_is_the_longest():
-    """delay = max(backoff, hint/cooldown, pacer slot); delaySource names the pacer."""
+    """delay = max(backoff, hint/cooldown, decision-time pacer slot); delaySource names the pacer."""
     brain = RetryBrain(RetrySettings(base_delay_ms=1_000))
     actions = brain.turn_ended(AssistantMessage("error", error_message=OVERLOADED),
                                facts=TurnFacts(now_ms=NOW, pacing_ms=7_000))

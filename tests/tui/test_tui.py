@@ -376,6 +376,18 @@ def test_end_reason_text_covers_every_reason_and_nothing_else():
     assert end_reason_text(None) is None and end_reason_text("new_reason") is None
 
 
+def test_a_retry_wait_at_the_gate_is_counted_down_after_its_backoff(view, clock):
+    """request_delayed after a retry's backoff: its countdown replaces the loader; Esc aborts it; the retried turn starts after."""
+    view.handle(start(delay_ms=1000))
+    clock.now += 1.5  # the backoff is over: the retry waits for its pacer slot
+    view.handle({"type": "request_delayed", "delayMs": 2500, "retryAt": 1, "delaySource": "pacing"})
+    assert view.activity_text() == "Sending in 3s… (the fleet's pacing; esc to cancel)"
+    assert view.esc_action == ESC_ABORT_RETRY
+    view.handle({"type": "agent_start"})
+    assert view.esc_action == ESC_ABORT_TURN and view.retried_turn
+    assert view.activity_text().endswith("Retry 1/3 running… (esc to interrupt)")
+
+
 def test_a_first_request_wait_is_counted_down_and_esc_cancels_it(view, clock):
     """request_delayed (resilient): a countdown above the input, Esc bound to abort_retry
     (which ends the wait with nothing sent), cleared when the turn starts."""

@@ -20,7 +20,7 @@ from fsm.integrations.pydantic_ai import RetryBrainCapability
 from fsm.integrations.tenacity import BrainStrategy
 from fsm.testing import FakeClock
 
-FAST = {"baseDelayMs": 1, "maxDelayMs": 2, "maxRetries": 1}
+FAST = {"baseDelayMs": 0, "maxRetries": 1}  # no backoff to wait: no real sleep
 
 
 def free_port() -> int:

@@ -45,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--model must not be empty")
     if not 0 < args.timeout < float("inf"):
         return _fail(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    from fsm.providers.apis import check_api_installed
+    try:
+        check_api_installed(getattr(args, "api", "openai"))
+    except ImportError as exc:  # the SDK of --api is not installed: say which extra
+        return _fail(str(exc))
     try:
         settings, credentials, coordinator = load_host_options(args, prog="chat")
     except StartupError as exc:

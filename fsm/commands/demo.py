@@ -234,7 +234,7 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
                 elif event["attempt"] == 0:
                     say(f"Not retrying: {event.get('finalError', '')}")
                 else:
-                    say(failure_text(event["attempt"], event.get("finalError", "")))
+                    say(failure_text(event["attempt"], event.get("finalError", ""), event.get("endReason")))
                     why = end_reason_text(event.get("endReason"))
                     if why:
                         say(why)

@@ -5,7 +5,8 @@ commands; :mod:`fsm.rpc.dispatch` lists what is answered how).
 stdout carries protocol lines only: the real stdout descriptor is kept for them and descriptor
 1 is pointed at stderr, so nothing else (a library's ``print``, a warning, a C extension) can
 ever write there. Logs and warnings go to stderr. Exit status 0 after EOF on stdin, SIGTERM or
-SIGINT; 2 for bad arguments or settings.
+SIGINT; 2 for bad arguments or settings, or when the SDK of ``--api`` is not installed
+(the message names the extra: ``pip install 'retry-fsm[anthropic]'``).
 
 The ``openai`` SDK takes ~0.7 s to import; it is loaded in a background thread after the first
 commands are served, so ``get_state`` is answered long before it is ready. A prompt sent within
@@ -127,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
             return _error("--model must not be empty")
         if not (args.timeout > 0 and args.timeout < float("inf")):
             return _error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+        from fsm.providers.apis import check_api_installed
+        try:
+            check_api_installed(getattr(args, "api", "openai"))
+        except ImportError as exc:  # the SDK of --api is not installed: say which extra
+            return _error(str(exc))
         try:
             settings, credentials, coordinator = load_host_options(args, prog="fsm rpc")
         except StartupError as exc:

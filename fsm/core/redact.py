@@ -5,7 +5,8 @@ runner's error texts (:func:`fsm.core.text.safe_error_text`, :func:`safe_message
 line (:func:`fsm.rpc.protocol.encode_line`), the session log, every log record of a command
 (:class:`ScrubbingFilter` on its handlers, DEBUG included: ``httpcore`` dumps response headers
 there, ``httpx`` logs the request URL at INFO), the fleet's ``coordinator_unavailable`` reason
-and :class:`~fsm.host.runner.RetryChainError`.
+and :class:`~fsm.host.runner.RetryChainError`; an exception an integration re-raises to its
+caller is scrubbed in place by :func:`scrub_exception` (its type and causes kept).
 
 What is replaced by :data:`REDACTED`:
 
@@ -38,7 +39,7 @@ from typing import Any, Iterable
 
 __all__ = ["MIN_SECRET_LENGTH", "REDACTED", "SECRETS", "ScrubbingFilter", "SecretSet",
            "contains_secret", "redact_url", "register_secret", "register_url",
-           "request_secrets", "scrub_secrets", "scrub_value", "url_secrets"]
+           "request_secrets", "scrub_exception", "scrub_secrets", "scrub_value", "url_secrets"]
 
 REDACTED = "[redacted]"
 """What :func:`scrub_secrets` puts where a credential was."""
@@ -248,6 +249,63 @@ def scrub_value(value: Any, secrets: Iterable[str | None] = (), *, _depth: int =
                 changes[f.name] = new
         return replace(value, **changes) if changes else value
     return value
+
+
+# The C-level text fields of ``OSError`` (``str()`` reads them, not ``args``).
+_OSERROR_TEXT = ("errno", "strerror", "filename", "filename2")
+_MAX_CHAIN = 32
+
+
+def scrub_exception(exc: BaseException, secrets: Iterable[str | None] = ()) -> BaseException:
+    """``exc`` itself, its text scrubbed in place (:func:`scrub_secrets` with ``secrets``
+    plus :data:`SECRETS`), before a host raises or re-raises it: the string items of its
+    ``args`` (what ``str(exc)`` shows), its ``__notes__``, its string attributes (``message``
+    of the SDKs' errors; ``strerror`` and ``filename`` of an ``OSError``), and the same for
+    every exception on its ``__cause__`` / ``__context__`` chain and inside an exception group
+    (at most 32 exceptions), so a printed traceback shows no credential either. The type, the
+    traceback, the causes and every non-text attribute (``request``, ``response``) are kept:
+    ``except`` clauses and ``exc.__cause__`` work as before. Never raises (a field that
+    cannot be set is left as it is)."""
+    secrets = tuple(secrets)
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < _MAX_CHAIN:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        try:
+            _scrub_fields(current, secrets)
+        except Exception:  # noqa: BLE001 - a foreign exception: scrub what can be scrubbed
+            pass
+        todo += [e for e in (current.__context__, current.__cause__) if e is not None]
+        todo += [e for e in getattr(current, "exceptions", ()) or ()
+                 if isinstance(e, BaseException)]
+    return exc
+
+
+def _scrub_fields(exc: BaseException, secrets: tuple[str | None, ...]) -> None:
+    args = scrub_value(exc.args, secrets)
+    if args is not exc.args:
+        exc.args = args
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list):
+        notes[:] = [scrub_secrets(n, secrets) if isinstance(n, str) else n for n in notes]
+    if isinstance(exc, OSError):
+        for name in _OSERROR_TEXT:
+            value = getattr(exc, name, None)
+            if isinstance(value, str):
+                clean = scrub_secrets(value, secrets)
+                if clean != value:
+                    setattr(exc, name, clean)
+    for name, value in list(getattr(exc, "__dict__", {}).items()):
+        if isinstance(value, str) and not name.startswith("__"):
+            clean = scrub_secrets(value, secrets)
+            if clean != value:
+                try:
+                    setattr(exc, name, clean)
+                except Exception:  # noqa: BLE001 - a read-only property: leave it
+                    pass
 
 
 def _credential_param(name: str) -> bool:

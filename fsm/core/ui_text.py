@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 __all__ = [
-    "END_REASON_TEXT", "aborted_text", "countdown_seconds", "end_reason_text", "failure_text",
-    "loader_text", "seconds_half_up",
+    "END_REASON_TEXT", "aborted_text", "cancelled_text", "countdown_seconds", "end_reason_text",
+    "failure_text", "is_cancel", "loader_text", "seconds_half_up",
 ]
 
 LOADER_KEYS = "esc to cancel"
@@ -39,8 +39,29 @@ def loader_text(attempt: int, max_attempts: int, remaining_ms: float, *,
     return f"{text} ({keys})" if keys else text
 
 
-def failure_text(attempts: int, final_error: str) -> str:
-    """``Retry failed after 3 attempts: <finalError>`` ("1 attempt" in the singular)."""
+def is_cancel(final_error: str | None, end_reason: str | None = None) -> bool:
+    """Whether an ``auto_retry_end`` without success was a cancel (the user's Esc, ``abort``,
+    the host closing): ``endReason`` ``cancelled`` or ``finalError`` ``"Retry cancelled"``
+    (:data:`fsm.core.events.CANCELLED_TEXT`; an event without ``endReason`` says it so)."""
+    from fsm.core.events import CANCELLED_TEXT
+    return end_reason == "cancelled" or final_error == CANCELLED_TEXT
+
+
+def cancelled_text(attempts: int) -> str:
+    """``Retry cancelled after 2 attempts`` ("1 attempt" in the singular)."""
+    noun = "attempt" if attempts == 1 else "attempts"
+    return f"Retry cancelled after {attempts} {noun}"
+
+
+def failure_text(attempts: int, final_error: str, end_reason: str | None = None) -> str:
+    """What the screen shows for a chain that ended without success (docs/policy.md §6):
+    ``Retry failed after 3 attempts: <finalError>`` ("1 attempt" in the singular); a cancel
+    (:func:`is_cancel`: ``endReason`` ``cancelled`` or ``finalError`` ``"Retry cancelled"``)
+    reads as one — ``Retry cancelled after 2 attempts`` (:func:`cancelled_text`) — not as a
+    failure whose error is "Retry cancelled". Only this text changes: the event's fields stay
+    as sent."""
+    if is_cancel(final_error, end_reason):
+        return cancelled_text(attempts)
     noun = "attempt" if attempts == 1 else "attempts"
     return f"Retry failed after {attempts} {noun}: {final_error}"
 

@@ -95,6 +95,14 @@ def _secrets(request: Any) -> tuple[str, ...]:
     return found
 
 
+def _scrub(exc: BaseException, request: Any) -> None:
+    """Scrub, in place, the text of ``exc`` (and of its causes) before the transport re-raises
+    it: a wrapped transport or a proxy layer may name the request's URL, its ``user:password@``
+    or ``?api_key=`` included (:func:`fsm.core.redact.scrub_exception`; type and causes kept)."""
+    from fsm.core.redact import scrub_exception
+    scrub_exception(exc, _secrets(request))
+
+
 def _error_message(response: Any) -> Any:
     """The failed assistant message for an HTTP error ``response`` (body already read)."""
     from fsm.providers.sdk_errors import status_error_facts
@@ -176,7 +184,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
                         raise
-                    delay = await chain.failed(exc)
+                    delay = await chain.failed(exc, secrets=_secrets(request))
                     if delay is None:
                         _note_end(exc, chain)
                         raise
@@ -196,6 +204,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                 await wait_ms(self.clock, delay)
                 chain.backoff_elapsed()
         except BaseException as exc:  # a started chain always ends, exactly once
+            _scrub(exc, request)
             if chain.running:
                 if isinstance(exc, Exception):
                     delay = await chain.failed(exc)
@@ -246,7 +255,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
                         raise
-                    delay = chain.failed_sync(exc)
+                    delay = chain.failed_sync(exc, secrets=_secrets(request))
                     if delay is None:
                         _note_end(exc, chain)
                         raise
@@ -266,6 +275,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                 self.sleep(delay / 1000)
                 chain.backoff_elapsed()
         except BaseException as exc:  # a started chain always ends, exactly once
+            _scrub(exc, request)
             if chain.running:
                 if isinstance(exc, Exception):
                     if chain.failed_sync(exc) is not None:

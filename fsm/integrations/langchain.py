@@ -164,6 +164,10 @@ class RetryBrainMiddleware(AgentMiddleware):
 
 
 def _raise_end(chain: Chain, exc: Exception) -> None:
+    # what reaches the caller shows no credential: the exception's text and its causes'
+    # scrubbed in place (fsm.core.redact.scrub_exception), its type kept
+    from fsm.core.redact import request_secrets, scrub_exception
+    scrub_exception(exc, request_secrets(exc))
     error = chain.error()
     if error is exc:
         end = chain.end

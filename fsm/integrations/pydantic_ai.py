@@ -98,6 +98,10 @@ class RetryBrainCapability(AbstractCapability):
             raise error
         delay = await chain.failed(error)
         if delay is None:
+            # what reaches the caller shows no credential: the error's text and its causes'
+            # scrubbed in place (fsm.core.redact.scrub_exception), its type kept
+            from fsm.core.redact import request_secrets, scrub_exception
+            scrub_exception(error, request_secrets(error))
             failure = chain.error()
             if failure is error:
                 if chain.end is not None:

@@ -168,6 +168,7 @@ class BrainStrategy:
             return True  # stop ends it; retry_error_callback raises RetryChainError
         if end is not None:  # an end at rest: the caller's own exception, the reason noted
             exc.add_note(f"retry-fsm: endReason {end.end_reason}")
+        _scrub(exc)  # tenacity re-raises it to the caller
         return False
 
     # ---------------------------------------------------------------- stop, wait
@@ -223,7 +224,7 @@ class BrainStrategy:
     def error_callback(self, state: Any) -> Any:
         """tenacity ``retry_error_callback``: raise what :func:`fsm.retrying` would."""
         chain = self._chains.get(state)
-        exc = state.outcome.exception()
+        exc = _scrub(state.outcome.exception())
         if chain is None:
             raise exc
         raise chain.error() from exc
@@ -237,6 +238,13 @@ class BrainStrategy:
                 "sleep": self.asleep if asynchronous else self.sleep,
                 "retry_error_callback": self.error_callback}
 
+
+
+def _scrub(exc: BaseException) -> BaseException:
+    """``exc`` with its text (and its causes') scrubbed in place before it reaches the caller:
+    the credentials its request carried and the process's (:func:`fsm.core.redact.scrub_exception`)."""
+    from fsm.core.redact import request_secrets, scrub_exception
+    return scrub_exception(exc, request_secrets(exc))
 
 
 def retrying(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:

@@ -5,10 +5,30 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["APIS", "build_provider"]
+__all__ = ["APIS", "build_provider", "check_api_installed"]
 
 APIS: tuple[str, ...] = ("openai", "anthropic")
 """The values of ``--api``; ``openai`` is the default (any OpenAI-compatible endpoint)."""
+
+
+def check_api_installed(api: str) -> None:
+    """Refuse at start-up an ``api`` whose SDK is not installed: raises
+    :class:`fsm._extras.MissingExtraError` (an ``ImportError``) whose text names the flag, the
+    missing package and the line to run (``pip install 'retry-fsm[anthropic]'``). Looks the
+    package up without importing it (the SDKs take most of a second to import; the commands
+    load them in the background). ``ValueError`` naming an unknown ``api``."""
+    if api not in APIS:
+        raise ValueError(f"unknown api {api!r}; expected one of {', '.join(APIS)}")
+    import importlib.util
+
+    from fsm._extras import EXTRAS, MissingExtraError
+    for module in EXTRAS[api]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken entry in sys.modules / on the path
+            found = False
+        if not found:
+            raise MissingExtraError(module, api, f"--api {api}")
 
 
 def build_provider(api: str, *, base_url: str | None, model: str, api_key: str | None = None,

@@ -126,38 +126,54 @@ def _events(diagram: Diagram, effect: str | None) -> str:
                      for name, why in found)
 
 
-def _row_text(step: Step) -> str:
-    if step.dest is None:
-        return f"{step.source} ignores {step.trigger}"
-    return f"{step.source} → {step.dest}  {step.trigger}"
+def _width(text: str) -> int:
+    """Terminal columns ``text`` takes: East Asian wide and full-width characters count two,
+    combining marks none (``len`` would misalign a column after a state named ``待機``)."""
+    import unicodedata
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int, *, right: bool = False) -> str:
+    fill = " " * max(0, width - _width(text))
+    return fill + text if right else text + fill
 
 
 def format_story(path: str | Path, steps: list[Step], diagram: Diagram | None = None,
                  *, limit: int = MAX_STEPS) -> list[str]:
-    """The lines of the path: a heading, one line per step (``time``, the row, its guards,
-    its events), the middle elided past ``limit`` steps."""
+    """The lines of the path: a heading, a header, one line per step — ``time`` (or the step
+    number), the state left, ``→`` the state reached (``ignores`` for an ignored fact), the
+    trigger, its guards, its events — each column as wide as its widest cell (header
+    included, in terminal columns), the middle elided past ``limit`` steps."""
     diagram = extract() if diagram is None else diagram
     timed = any(s.time_ms is not None for s in steps)
     out = [f"the path taken in {path}: {len(steps)} steps"
            + ("" if timed else " (the trace records no times: steps in order)")]
     if not steps:
         return out
-    rows = [(f"{s.time_ms / 1000:8.3f}s" if s.time_ms is not None else f"{s.number:>4}.",
-             _row_text(s), _guards_text(s)
+    header = ("time" if timed else "step", "from", "→ to", "trigger", "guards", "events")
+    rows = [(f"{s.time_ms / 1000:.3f}s" if s.time_ms is not None else f"{s.number}.",
+             s.source, "ignores" if s.dest is None else f"→ {s.dest}", s.trigger,
+             _guards_text(s)
              + (f" ({s.rejected} row{'s' if s.rejected > 1 else ''} rejected)" if s.rejected
                 else ""),
              _events(diagram, s.effect)) for s in steps]
-    w1 = max(len(r[1]) for r in rows)
-    w2 = max(len(r[2]) for r in rows)
-    out.append(f"  {'time' if timed else 'step':>5}  {'from → to  trigger':<{w1}}  "
-               f"{'guards':<{w2}}  events")
     shown = rows if len(rows) <= limit else rows[:limit // 2] + [None] + rows[-(limit // 2):]
+    widths = [max(_width(r[i]) for r in [header] + [r for r in shown if r is not None])
+              for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return ("  " + "  ".join([_pad(cells[0], widths[0], right=True)]
+                                 + [_pad(c, w) for c, w in zip(cells[1:-1], widths[1:-1])]
+                                 + [cells[-1]])).rstrip()
+
+    out.append(line(header))
     for r in shown:
         if r is None:
             out.append(f"  … {len(rows) - 2 * (limit // 2)} steps not shown (--table counts "
                        "them all) …")
             continue
-        out.append(f"  {r[0]:>5}  {r[1]:<{w1}}  {r[2]:<{w2}}  {r[3]}".rstrip())
+        out.append(line(r))
     return out
 
 

@@ -293,8 +293,9 @@ def session_state(session: Any, *, session_file: str | None = None,
     ``thinkingLevel`` (``"off"``), ``isStreaming``, ``isCompacting`` (false: no compaction
     runs inside this session), ``steeringMode`` / ``followUpMode`` (``"all"``), ``sessionFile``
     (only when a log is written, as there), ``sessionId``, ``autoCompactionEnabled``,
-    ``messageCount``, ``pendingMessageCount``. Added here: ``autoRetryEnabled``, ``isRetrying``,
-    ``retryAttempt``, ``retryState``, ``retrySettings``, ``ignoredSettings`` (the original's
+    ``messageCount``, ``pendingMessageCount``. Added here: ``autoRetryEnabled``, ``isRetrying``
+    (true from a chain's ``auto_retry_start`` to its ``auto_retry_end``: during each backoff and
+    each retried attempt, as the original's; docs/rpc.md), ``retryAttempt``, ``retryState``, ``retrySettings``, ``ignoredSettings`` (the original's
     settings keys given and ignored, e.g. ``["retry.provider"]``; docs/policy.md §1) and
     ``queuedMessageCount`` (the same number as ``pendingMessageCount``, under its earlier name).
     """

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from fsm.core.brain import CANCELLED_TEXT  # the finalError of a chain the user cancelled
 from fsm.core.ui_text import (aborted_text, countdown_seconds, end_reason_text, failure_text,
-                              loader_text)
+                              is_cancel, loader_text)
 
 CHAT_KEYS = "esc to cancel, enter to retry now"
 """What the chat's loader names inside its parentheses."""
@@ -291,10 +291,12 @@ class ChatView:
             out.append(Line(f"Retry succeeded on attempt {attempt}{of}", "retry_ok"))
         else:
             final = str(event.get("finalError", ""))
-            cancelled = final == CANCELLED_TEXT or event.get("endReason") == "cancelled"
+            cancelled = is_cancel(final, event.get("endReason"))
             self.last_chain = "cancelled" if cancelled else "exhausted"
             if not (self._abort_reported and final == CANCELLED_TEXT):
-                out.append(Line(failure_text(attempt, final), "retry_failed"))
+                # a cancel reads as one ("Retry cancelled after 2 attempts"), not as a failure
+                out.append(Line(failure_text(attempt, final, event.get("endReason")),
+                                "aborted" if cancelled else "retry_failed"))
             why = None if cancelled else end_reason_text(event.get("endReason"))
             if why:
                 out.append(Line(why, "info"))

@@ -313,3 +313,26 @@ def test_the_registry_forgets_the_oldest_past_its_bound():
     small = redact.SecretSet(max_values=4)
     small.add("first-secret-1", "second-secret-2", "third-secret-3", "fourth-secret-4", "fifth-secret-5")
     assert len(small) == 4 and "first-secret-1" not in small and "fifth-secret-5" in small
+
+
+def test_scrub_exception_scrubs_text_notes_and_causes_in_place():
+    """scrub_exception: args, notes, OSError fields and the cause chain lose the secret; type kept."""
+    import traceback
+
+    from fsm.core.redact import scrub_exception
+    secret = "Hq7pW2xK9mV4cause"
+    root = OSError(111, f"refused by proxy {secret}", f"/tmp/{secret}")
+    try:
+        try:
+            raise root
+        except OSError as inner:
+            raise RuntimeError(f"cannot reach http://u:{secret}@h/", 42) from inner
+    except RuntimeError as exc:
+        exc.add_note(f"url was ?key={secret}")
+        exc.message = f"see {secret}"
+        group = ExceptionGroup("many", [exc])
+        assert scrub_exception(group, [secret]) is group
+        text = "".join(traceback.format_exception(group))
+        assert secret not in text and REDACTED in text
+        assert type(exc) is RuntimeError and exc.__cause__ is root and exc.args[1] == 42
+        assert exc.message == f"see {REDACTED}" and root.errno == 111

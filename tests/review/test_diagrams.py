@@ -667,7 +667,7 @@ def test_refusal_cascades_are_one_line_and_the_guard_order_is_listed_once():
         assert text.count("refused: the first failing guard → endReason") == 1, edge
         assert "¬has_retries_left" not in text and "¬budget_allows" not in text, edge
         assert "/ turn ends; auto_retry_end (endReason); compaction; prompt done" in text, edge
-    legend = source[source.index("<b>guard order</b>"):]
+    legend = source[source.index("<b>guard order"):]
     plain = re.sub(r"<[^>]+>", " ", legend[:legend.index("</table>")]).replace("&#160;", " ")
     positions = [plain.index(f" {g} ") for g in order]
     assert positions == sorted(positions) and all(plain.count(f" {g} ") == 1 for g in order)
@@ -880,3 +880,53 @@ def test_markdown_lists_every_effect_in_words():
     rows = re.findall(r"^\| `(\w+)` \| (.*) \|$", section, re.M)
     assert rows == [(e, doc.replace("|", "\\|")) for e, doc in L.declaration()["effects"].items()]
     assert "## Effects" not in D.render_markdown(D.extract(mini_declaration()))
+
+
+FALLBACK_SETTINGS = {"maxRetries": 4, "retryHints": "honor", "afterOutput": "stop",
+                     "fallbackModels": ["gpt-backup", "openai/gpt-small"], "fallbackAfter": 3}
+
+
+def test_legend_card_names_the_fallback_models_when_set():
+    """fallbackModels set: the legend's settings name the models, when they switch and revert."""
+    from fsm.core.settings import RetrySettings
+    from fsm.review.diagrams.policy import policy_card
+
+    card = policy_card(RetrySettings.coerce(FALLBACK_SETTINGS), source="team.json")
+    line = dict(card.settings)["fallback"]
+    assert "gpt-backup, openai/gpt-small" in line and "after 3 failures in a row" in line
+    assert "overloaded or usage limit" in line and "after 300 s (fallbackRevertMs)" in line
+    source = " ".join(re.sub(r"<[^>]+>", " ", D.render_review_dot(D.extract(), policy=card)).split())
+    assert "fallback fallbackModels gpt-backup, openai/gpt-small" in source.replace("&#160;", "")
+    assert "fallback" not in dict(policy_card().settings)  # the defaults: none to name
+
+
+def legend_runs(svg: bytes) -> list[tuple[float, float, float, bool, str]]:
+    """The legend card's runs of text: (x, y, font size, bold, text), in SVG points."""
+    graph = next(g for g in ET.fromstring(svg).iter(f"{SVG_NS}g") if g.get("class") == "graph")
+    return [(float(t.get("x")), float(t.get("y")), float(t.get("font-size")),
+             t.get("font-weight") == "bold", t.text or "") for t in graph.findall(f"{SVG_NS}text")]
+
+
+@pytest.mark.parametrize("settings", [None, FALLBACK_SETTINGS])
+def test_legend_rows_do_not_overlap(settings):
+    """Read from the SVG: runs on one line leave room for a viewer's wider font (bold
+    included); in each column a row's name and text share a line, a line apart from the next."""
+    from fsm.core.settings import RetrySettings
+    from fsm.review.diagrams.policy import policy_card
+
+    policy = policy_card(RetrySettings.coerce(settings)) if settings else None
+    runs = legend_runs(D.dot.svg_of(D.dot.build_review_digraph(D.extract(), policy=policy)))
+    assert any("gpt-backup" in r[4] for r in runs) == bool(settings)
+    # a viewer's font may be wider than Graphviz's estimate: a run needs this much room (em)
+    per_char = {False: 0.55, True: 0.62}
+    for y in {r[1] for r in runs}:
+        line = sorted(r for r in runs if r[1] == y)
+        for (x, _, size, bold, text), nxt in zip(line, line[1:]):
+            room = per_char[bold] * size * len(text.rstrip("\xa0 "))
+            assert nxt[0] >= x + room, f"{text!r} runs into {nxt[4]!r}"
+    split = next(x for x, _, _, _, text in runs if text.startswith("read an edge as"))
+    for column in ([r for r in runs if r[0] < split], [r for r in runs if r[0] >= split]):
+        baselines = sorted({y for _, y, _, _, _ in column})
+        for a, b in zip(baselines, baselines[1:]):
+            # one line (a bold run may sit a point off), or a line apart: never half a line
+            assert b - a <= 1.5 or b - a >= 0.9 * 9, f"lines at y={a} and y={b} overlap"

@@ -73,7 +73,7 @@ def test_a_long_path_is_cut_in_the_middle(tmp_path, capsys):
     assert len(lines) <= 40
     assert any("steps not shown" in l for l in lines)
     assert lines[0].startswith(f"the path taken in {path}: 51 steps")
-    assert "succeeded → exhausted" in lines[-3]
+    assert lines[-3].split()[1:4] == ["succeeded", "→", "exhausted"]
 
 
 def test_times_are_shown_when_records_carry_them(tmp_path):
@@ -150,3 +150,36 @@ def test_a_trace_written_with_the_host_clock_tells_when_each_step_happened(tmp_p
         brain.backoff_elapsed(1)
     steps = read_steps(path)
     assert [s.time_ms for s in steps] == [0, 2000]
+
+
+def test_story_columns_align_for_any_width_of_names():
+    """Every column starts at the same terminal column on every line, whatever the widths of
+    the state and trigger names (wide characters included) and of the times."""
+    import unicodedata
+
+    def width(text):
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+    steps = [S.Step(1, 0, "idle", "turn_failed_retryable_with_a_long_name", "backing_off",
+                    (("retry_enabled", True),), 0, None, 1),
+             S.Step(2, 2_500, "a_very_long_state_name_indeed", "t", "待機", (), 2, None, 2),
+             S.Step(3, 123_456, "待機", "tick", None, (), 0, None, 3)]
+    lines = S.format_story("trace.jsonl", steps)[1:]
+    cells = [("time", "from", "→ to", "trigger", "guards"),
+             ("0.000s", "idle", "→ backing_off", "turn_failed_retryable_with_a_long_name",
+              "retry_enabled ✓"),
+             ("2.500s", "a_very_long_state_name_indeed", "→ 待機", "t", "- (2 rows rejected)"),
+             ("123.456s", "待機", "ignores", "tick", "-")]
+    assert len(lines) == len(cells)
+    starts = []
+    for line, row in zip(lines, cells):
+        at, columns = 0, []
+        for cell in row:
+            at = line.index(cell, at)
+            columns.append(width(line[:at]))
+            at += len(cell)
+        starts.append(columns)
+    ends = [width(line[:line.index(row[0]) + len(row[0])]) for line, row in zip(lines, cells)]
+    assert len(set(ends)) == 1, lines  # the time column is right-aligned
+    for column in range(1, len(cells[0])):
+        assert len({s[column] for s in starts}) == 1, (cells[0][column], lines)

@@ -355,6 +355,24 @@ async def test_get_state_during_a_backoff(stuck):
     assert after["isRetrying"] is False and after["retryAttempt"] == 0
 
 
+async def test_get_state_during_a_retried_attempt_is_retrying(fast):
+    """isRetrying holds for the whole chain, as the original's: during the retried attempt too
+    (retryState continuing), false once the chain ended; docs/rpc.md says so."""
+    run = await fast.run([OVERLOADED, {"hang_ms": 30_000, "stream": ["late"]}])
+    await run.client.prompt("retried attempt")
+    await run.client.wait_for_event("auto_retry_start")
+    await run.client.wait_for_event("agent_start")  # the retried attempt is running
+    during = await run.client.get_state()
+    assert during["isRetrying"] is True and during["retryState"] == "continuing"
+    assert during["retryAttempt"] == 1 and during["isStreaming"] is True
+    await run.client.abort()
+    after = await run.idle()
+    assert after["isRetrying"] is False and after["retryState"] in ("cancelled", "idle")
+    doc = " ".join((ROOT / "docs" / "rpc.md").read_text(encoding="utf-8").split())
+    said = doc[doc.index("`isRetrying` ("):][:200]
+    assert "retried attempt" in said and "exactly while a backoff waits" not in said, said
+
+
 async def test_prompt_during_a_backoff_never_bypasses_it(slow):
     # docs/policy.md §8 item 7: a message sent during the backoff must not bypass the delay.
     """Prompt during a backoff never bypasses it."""

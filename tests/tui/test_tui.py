@@ -152,12 +152,12 @@ def test_end_without_a_retried_turn_also_restores_esc(view):
     assert view.loader_text() is None
 
 
-def test_esc_cancel_during_backoff_prints_the_failure_line_singular(view):
-    """Esc cancel during backoff prints the failure line singular."""
+def test_esc_cancel_during_backoff_reads_as_a_cancel_singular(view):
+    """Esc cancel during backoff reads as a cancel, not a failure (singular)."""
     failed_turn(view)
     view.handle(start())
     lines = view.handle(end(False, 1, "Retry cancelled"))
-    assert lines == [Line("Retry failed after 1 attempt: Retry cancelled", "retry_failed")]
+    assert lines == [Line("Retry cancelled after 1 attempt", "aborted")]
     assert view.esc_action == ESC_ABORT_TURN
     assert view.loader_text() is None
 
@@ -174,6 +174,23 @@ def test_exhausted_chain_prints_the_final_error_plural(view):
     lines = view.handle(end(False, 3, "503 Service Unavailable"))
     assert lines == [Line("Retry failed after 3 attempts: 503 Service Unavailable", "retry_failed")]
     assert view.esc_action == ESC_ABORT_TURN
+
+
+def test_esc_during_the_second_backoff_reads_retry_cancelled_after_2_attempts(view):
+    """The user's Esc in the second backoff: "Retry cancelled after 2 attempts", no "failed";
+    a chain ended cancelled by its endReason alone reads the same."""
+    failed_turn(view)
+    view.handle(start(attempt=1))
+    failed_turn(view)
+    view.handle(start(attempt=2))
+    lines = view.handle({**end(False, 2, "Retry cancelled"), "endReason": "cancelled"})
+    assert lines == [Line("Retry cancelled after 2 attempts", "aborted")]
+    assert not any("failed" in line.text for line in lines)
+    failed_turn(view)
+    view.handle(start(attempt=1))
+    view.handle(start(attempt=2))
+    assert view.handle({**end(False, 2, "stopped"), "endReason": "cancelled"}) == [
+        Line("Retry cancelled after 2 attempts", "aborted")]
 
 
 def test_each_failed_attempt_shows_its_error(view):
@@ -225,7 +242,7 @@ def test_a_new_chain_after_a_cancelled_one_reports_its_own_failure(view):
     failed_turn(view)
     view.handle(start(attempt=1))
     assert view.handle(end(False, 1, "Retry cancelled")) == [
-        Line("Retry failed after 1 attempt: Retry cancelled", "retry_failed")]
+        Line("Retry cancelled after 1 attempt", "aborted")]
 
 
 def test_max_retries_zero_end_without_start_keeps_esc_bound_to_abort(view):
@@ -347,7 +364,7 @@ def test_a_cancelled_chain_needs_no_why(view):
     failed_turn(view)
     view.handle(start())
     lines = view.handle({**end(False, 1, "Retry cancelled"), "endReason": "cancelled"})
-    assert lines == [Line("Retry failed after 1 attempt: Retry cancelled", "retry_failed")]
+    assert lines == [Line("Retry cancelled after 1 attempt", "aborted")]
     assert view.state_label == rest_label("cancelled") == "idle (last chain cancelled)"
 
 

@@ -41,8 +41,9 @@ def _legend(diagram: Diagram, colours: Mapping[str, str], summary: str | None) -
         for trigger, doc in diagram.triggers:
             rows.append(f'<tr><td align="left"><font color="{colours[trigger]}">━━ {html_text(trigger)}'
                         f'</font></td><td align="left">{html_text(doc)}</td></tr>')
-    rows.append('<tr><td colspan="2" align="left"><b>guards</b> '
-                f'({AND} and, {NOT} not; rows of a cell are tried top to bottom)</td></tr>')
+    rows.append('<tr><td colspan="2" align="left"><b>guards</b></td></tr>')
+    rows.append(f'<tr><td colspan="2" align="left">{AND} and, {NOT} not; rows of a cell are '
+                'tried top to bottom</td></tr>')
     for guard, doc in diagram.guards:
         rows.append(f'<tr><td align="left">{html_text(guard)}</td><td align="left">{html_text(doc)}</td></tr>')
     for twins in diagram.twins():
@@ -181,8 +182,42 @@ def _row(cells: str) -> str:
     return f"<tr>{cells}</tr>"
 
 
+# The legend's layout, so that no two texts can overlap whatever font the SVG viewer uses
+# (Graphviz places each run of text by its own estimate of the font's widths):
+# - a bold heading is never followed by plain text in the same cell (the viewer's bold is
+#   wider than Graphviz's estimate: the plain run would be drawn over it): its text goes in
+#   the next column;
+# - a (name, text) row puts both cells at the top, the text's lines left-aligned by the cell
+#   (``balign``), without a trailing line break (which adds an empty line and drops the text
+#   half a line below its name);
+# - a name is followed by a gap of a few em, wider than the estimate's error on a long name.
+_GAP = "&#160;" * 5
+_GUTTER = 40  # points between the legend's two columns
+_BR = "<br/>"
+
+
 def _wide(html: str) -> str:
-    return _row(f'<td colspan="3" align="left">{html}</td>')
+    return _row(f'<td colspan="3" align="left" balign="left">{html}</td>')
+
+
+def _heading(title: str, text: str = "") -> list[str]:
+    """A bold ``title``; ``text`` (plain, optional) in the text column of the same row."""
+    if not text:
+        return [_wide(f"<b>{html_text(title)}</b>")]
+    return [_row(f'<td colspan="2" align="left" valign="top"><b>{html_text(title)}{_GAP}</b></td>'
+                 f'<td align="left" valign="top" balign="left">{_lines(text)}</td>')]
+
+
+def _lines(text: str, width: int = 84) -> str:
+    """``text`` wrapped at ``width`` characters, as lines of one table cell."""
+    return _BR.join(html_text(w) for w in wrap(text, width))
+
+
+def _pair(name_html: str, body_html: str, lead: str = "") -> str:
+    """A legend row: ``lead`` (a number), the name, its text; every cell from the top."""
+    return _row(f'<td align="right" valign="top">{lead}</td>'
+                f'<td align="left" valign="top">{name_html}{_GAP}</td>'
+                f'<td align="left" valign="top" balign="left">{body_html}</td>')
 
 
 def _guard_order_rows(diagram: Diagram) -> list[str]:
@@ -195,8 +230,8 @@ def _guard_order_rows(diagram: Diagram) -> list[str]:
     if not order:
         return rows
     triggers = ", ".join(dict.fromkeys(c.trigger for c in found))
-    rows.append(_wide(f"<b>guard order</b> ({html_text(triggers)}): tried in turn; the first "
-                      "that fails refuses the retry, with its endReason"))
+    rows += _heading("guard order", f"({triggers}) tried in turn; the first that fails "
+                     "refuses the retry, with its endReason")
     docs = dict(diagram.guards)
     for n, guard in enumerate(order, 1):
         reasons: dict[str, list[str]] = {}
@@ -210,12 +245,10 @@ def _guard_order_rows(diagram: Diagram) -> list[str]:
                     reasons.setdefault(reason, []).append(where)
         said = "; ".join(r if len(reasons) == 1 else f"{r} ({', '.join(w)})"
                          for r, w in reasons.items())
-        doc = '<br align="left"/>'.join(html_text(w) for w in wrap(docs.get(guard, ""), 84))
-        rows.append(_row(f'<td align="right" valign="top">{n}&#160;</td>'
-                         f'<td align="left" valign="top">{html_text(guard)}&#160;&#160;</td>'
-                         f'<td align="left">{doc}<br align="left"/>'
-                         f'<font color="#8C2D00">fails → {html_text(said) or "-"}</font>'
-                         '<br align="left"/></td>'))
+        doc = docs.get(guard, "")
+        body = (_lines(doc) + _BR if doc else "") + \
+            f'<font color="#8C2D00">fails → {html_text(said) or "-"}</font>'
+        rows.append(_pair(html_text(guard), body, lead=f"{n}&#160;"))
     return rows
 
 
@@ -226,17 +259,13 @@ def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = Non
     edge, the guard order of each refusal cascade and the other guards."""
     rows = []
     if policy is not None and summary is None and diff is None:
-        rows.append(_wide(f"<b>{html_text(policy.title)}</b>"))
+        rows += _heading(policy.title)
         for name, text in policy.settings:
-            body = '<br align="left"/>'.join(html_text(w) for w in wrap(text, 84))
-            rows.append(_row(f'<td></td><td align="left" valign="top">{html_text(name)}&#160;&#160;'
-                             f'</td><td align="left">{body}<br align="left"/></td>'))
-        rows.append(_wide("<b>classification</b>: which trigger a turn that ends fires "
-                          "(families; docs/classification.md)"))
+            rows.append(_pair(html_text(name), _lines(text)))
+        rows += _heading("classification", "which trigger a turn that ends fires (families; "
+                         "docs/classification.md)")
         for name, text in policy.families:
-            body = '<br align="left"/>'.join(html_text(w) for w in wrap(text, 84))
-            rows.append(_row(f'<td></td><td align="left" valign="top">{html_text(name)}&#160;&#160;'
-                             f'</td><td align="left">{body}<br align="left"/></td>'))
+            rows.append(_pair(html_text(name), _lines(text)))
     if summary is not None:
         for line in summary.split("; "):
             rows.append(_wide(f"<b>{html_text(line)}</b>"))
@@ -245,39 +274,33 @@ def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = Non
                  "not covered": "never taken"}
         for status, (colour, style, _, _) in STATUS_STYLE.items():
             stroke = "╍╍" if style == "dashed" else "━━"
-            rows.append(_row(f'<td></td><td align="left"><font color="{colour}">{stroke} '
-                             f'{html_text(status)}</font></td><td align="left">'
-                             f'{html_text(words[status])}</td>'))
+            rows.append(_pair(f'<font color="{colour}">{stroke} {html_text(status)}</font>',
+                              html_text(words[status])))
         rows.append(_wide("a row drawn from a group counts once per member state (per state: "
                           "--svg-states); an edge is as covered as its rows"))
     if diff is not None:
         rows.append(_wide(f"<b>{html_text(diff)}</b>"))
         for change, (colour, style, mark) in CHANGE_STYLE.items():
             stroke = "╍╍" if style == "dashed" else "━━"
-            rows.append(_row(f'<td></td><td align="left"><font color="{colour}">{stroke} {mark} '
-                             f'{change}</font></td><td align="left">'
-                             + {ADDED: "a row the old version did not have",
-                                REMOVED: "a row of the old version that is gone",
-                                CHANGED: "same source, trigger, dest and effect; other guards "
-                                         "(or the same guards, another effect)"}[change]
-                             + "</td>"))
+            rows.append(_pair(f'<font color="{colour}">{stroke} {mark} {change}</font>',
+                              {ADDED: "a row the old version did not have",
+                               REMOVED: "a row of the old version that is gone",
+                               CHANGED: "same source, trigger, dest and effect; other guards "
+                                        "(or the same guards, another effect)"}[change]))
     left = rows
-    right = [_wide("<b>read an edge as</b> trigger [guards] / what it does; "
-                   f"{AND} and, {NOT} not; a cell's rows are tried top to bottom")]
+    right = _heading("read an edge as", f"trigger [guards] / what it does; {AND} and, {NOT} "
+                     "not; a cell's rows are tried top to bottom")
     right += _guard_order_rows(diagram)
     in_order = {g for c in cascades(diagram.rows) for g in c.order}
     for guard, doc in diagram.guards:
         if guard in in_order:
             continue
-        text = '<br align="left"/>'.join(html_text(w) for w in wrap(doc, 84))
-        right.append(_row(f'<td></td><td align="left" valign="top">{html_text(guard)}&#160;&#160;'
-                          f'</td><td align="left">{text}<br align="left"/></td>'))
+        right.append(_pair(html_text(guard), _lines(doc)))
     for group, members in diagram.groups:
         rest = [m for m in members if m != members[0]]
         if rest:
-            left.append(_wide(f"<b>{html_text(group_words(group))}</b>: {html_text(', '.join(rest))} "
-                              f"answer every trigger as {html_text(members[0])} does (the rows drawn "
-                              f"from {html_text(members[0])} hold in each)"))
+            left += _heading(group_words(group), f"{', '.join(rest)} answer every trigger as "
+                             f"{members[0]} does (the rows drawn from {members[0]} hold in each)")
     left.append(_wide(f"{len(diagram.ignored)} ignored (state, trigger) cells are not drawn; "
                       f"every cell, per state: {diagram.name}.md"))
     table = '<table border="0" cellborder="0" cellspacing="0" cellpadding="1">'
@@ -288,8 +311,11 @@ def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = Non
                 f'<tr><td colspan="3" align="left"><font point-size="11">{html_text(title)}'
                 f'</font></td></tr>{"".join(left + right)}</table>>')
     return (f'<<table border="0" cellborder="0" cellspacing="0" cellpadding="4">'
-            f'<tr><td colspan="2" align="left"><font point-size="11">{html_text(title)}</font></td></tr>'
+            f'<tr><td colspan="3" align="left"><font point-size="11">{html_text(title)}</font></td></tr>'
             f'<tr><td valign="top" align="left">{table}{"".join(left)}</table></td>'
+            # a gutter: a viewer's font up to ~10 % wider than Graphviz's estimate stays in
+            # its column
+            f'<td width="{_GUTTER}"></td>'
             f'<td valign="top" align="left">{table}{"".join(right)}</table></td></tr></table>>')
 
 

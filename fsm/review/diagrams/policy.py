@@ -6,7 +6,8 @@ tables (:mod:`fsm.core.classify`) into :class:`PolicyCard`, lines of plain text 
 can lay out:
 
 - the settings in effect: retries, the backoff (``3 retries, 2 s doubling: 2 s, 4 s, 8 s``),
-  the cap and jitter, the retry-hint mode, and which optional guards are on (docs/policy.md §1,
+  the cap and jitter, the retry-hint mode, the fallback models when ``retry.fallbackModels``
+  is set (docs/policy.md §13.3), and which optional guards are on (docs/policy.md §1,
   §3 D10–D12, §9);
 - the classification families, one line per outcome and the trigger it fires
   (docs/policy.md §2; docs/classification.md lists every rule).
@@ -54,6 +55,14 @@ def _settings_lines(s) -> list[tuple[str, str]]:
                      f"{seconds(s.max_hint_wait_ms)} (maxHintWaitMs)" if s.retry_hints == "honor"
                      else "the server's wait is not read; the schedule above holds")),
     ]
+    if s.fallback_models:
+        families = " or ".join(f.replace("_", " ") for f in s.fallback_on) or "no family"
+        after = s.fallback_after
+        lines.append(("fallback", f"fallbackModels {', '.join(s.fallback_models)}: after "
+                      f"{after} {'failure' if after == 1 else 'failures'} in a row ({families}) "
+                      "on a model, the next retry goes at once to the next model (fallback_due); "
+                      f"a new prompt goes back to the first model after "
+                      f"{seconds(s.fallback_revert_ms)} (fallbackRevertMs)"))
     optional = [
         ("replay_safe", s.after_output == "stop",
          "afterOutput stop: no retry after streamed output"),

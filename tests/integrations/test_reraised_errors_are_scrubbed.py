@@ -1,0 +1,142 @@
+"""An error an integration raises or re-raises to its caller shows no credential: a connection
+error naming the request's URL (``user:password@``, ``?api_key=``) keeps its type and its
+``__cause__``, its text (and the causes' texts, as a traceback prints them) scrubbed."""
+
+from __future__ import annotations
+
+import socket
+import traceback
+from types import SimpleNamespace
+
+import httpx2
+import pytest
+import tenacity
+
+import fsm
+from fsm.host.chain import RETRY_OWNER
+from fsm.integrations.httpx2 import AsyncRetryTransport, RetryTransport
+from fsm.integrations.langchain import RetryBrainMiddleware
+from fsm.integrations.pydantic_ai import RetryBrainCapability
+from fsm.integrations.tenacity import BrainStrategy
+from fsm.testing import FakeClock
+
+FAST = {"baseDelayMs": 0, "maxRetries": 1}  # no backoff to wait: no real sleep
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def secret_url(tag: str) -> tuple[str, str, str]:
+    """A URL on a free loopback port (nothing listens) with a password and an ``?api_key=``."""
+    password, key = f"Pw{tag}9xK2mW7vP4", f"Key{tag}3nB6cJ1qZ8"
+    return f"http://user:{password}@127.0.0.1:{free_port()}/v1?api_key={key}", password, key
+
+
+def shown(exc: BaseException) -> str:
+    """Everything a printed traceback shows of ``exc``: its text, notes and causes."""
+    return "".join(traceback.format_exception(exc))
+
+
+class Naming(httpx2.BaseTransport, httpx2.AsyncBaseTransport):
+    """A wrapped transport (a proxy layer, a logging one) whose connection error names the URL."""
+
+    def handle_request(self, request):
+        try:
+            return httpx2.HTTPTransport().handle_request(request)
+        except httpx2.ConnectError as exc:
+            raise httpx2.ConnectError(f"cannot connect to {request.url}: {exc}") from exc
+
+    async def handle_async_request(self, request):
+        try:
+            async with httpx2.AsyncHTTPTransport() as inner:
+                return await inner.handle_async_request(request)
+        except httpx2.ConnectError as exc:
+            raise httpx2.ConnectError(f"cannot connect to {request.url}: {exc}") from exc
+
+
+def test_the_sync_transport_re_raises_a_connection_error_without_the_url_s_credentials():
+    """RetryTransport: the exhausted chain's ConnectError keeps type and cause, loses the secrets."""
+    url, password, key = secret_url("SyncT")
+    events = []
+    transport = RetryTransport(Naming(), settings=FAST, sleep=lambda s: None,
+                               on_event=lambda e: events.append(dict(e)))
+    with httpx2.Client(transport=transport) as client, pytest.raises(httpx2.ConnectError) as caught:
+        client.get(url)
+    text = shown(caught.value)
+    assert "cannot connect to http://user:[redacted]@127.0.0.1:" in str(caught.value)
+    assert isinstance(caught.value.__cause__, httpx2.ConnectError)
+    assert "endReason exhausted" in text
+    assert password not in text and key not in text
+    assert events[-1]["endReason"] == "exhausted"
+    assert password not in repr(events) and key not in repr(events)
+
+
+async def test_the_async_transport_re_raises_a_connection_error_without_the_url_s_credentials():
+    """AsyncRetryTransport: the same, the event text scrubbed too."""
+    url, password, key = secret_url("AsyncT")
+    events = []
+    transport = AsyncRetryTransport(Naming(), settings=FAST,
+                                    on_event=lambda e: events.append(dict(e)))
+    async with httpx2.AsyncClient(transport=transport) as client:
+        with pytest.raises(httpx2.ConnectError) as caught:
+            await client.get(url)
+    text = shown(caught.value)
+    assert "api_key=[redacted]" in str(caught.value)
+    assert caught.value.__cause__ is not None
+    assert password not in text and key not in text
+    assert events and password not in repr(events) and key not in repr(events)
+
+
+def failing_call(url: str):
+    """A call whose error names ``url`` and carries the request (as the SDKs' errors do)."""
+    def call():
+        request = httpx2.Request("GET", url)
+        raise httpx2.ConnectError(f"cannot connect to {url}", request=request)
+    return call
+
+
+@pytest.mark.parametrize("max_retries", [0, 1])
+def test_tenacity_re_raises_the_caller_s_error_scrubbed(max_retries):
+    """BrainStrategy: at rest the caller's own error, after a chain RetryChainError from it."""
+    url, password, key = secret_url(f"Ten{max_retries}")
+    strategy = BrainStrategy({**FAST, "maxRetries": max_retries}, clock=FakeClock())
+    expected = fsm.RetryChainError if max_retries else httpx2.ConnectError
+    with pytest.raises(expected) as caught:
+        tenacity.retry(**strategy.kwargs())(failing_call(url))()
+    text = shown(caught.value)
+    assert "cannot connect to http://user:[redacted]@" in text
+    assert password not in text and key not in text
+
+
+def test_the_langchain_middleware_re_raises_the_model_s_error_scrubbed():
+    """RetryBrainMiddleware: the exhausted chain's RetryChainError and its cause show no secret."""
+    url, password, key = secret_url("Lang")
+    middleware = RetryBrainMiddleware(FAST, sleep=lambda s: None)
+    with pytest.raises(fsm.RetryChainError) as caught:
+        middleware.wrap_model_call(SimpleNamespace(model=None), lambda request: failing_call(url)())
+    text = shown(caught.value)
+    assert isinstance(caught.value.__cause__, httpx2.ConnectError)
+    assert password not in text and key not in text
+
+
+async def test_the_pydantic_ai_capability_re_raises_the_model_s_error_scrubbed():
+    """RetryBrainCapability: the chain's end raises from the model's own error, both scrubbed."""
+    url, password, key = secret_url("Pyd")
+    capability = RetryBrainCapability({**FAST, "maxRetries": 0})
+    context = SimpleNamespace(model=None)
+    token = RETRY_OWNER.set(capability._chain(context))
+    try:
+        with pytest.raises(fsm.RetryChainError) as caught:
+            try:
+                failing_call(url)()
+            except httpx2.ConnectError as error:
+                await capability.on_model_request_error(None, request_context=context, error=error)
+    finally:
+        RETRY_OWNER.reset(token)
+    text = shown(caught.value)
+    assert isinstance(caught.value.__cause__, httpx2.ConnectError)
+    assert "api_key=[redacted]" in str(caught.value.__cause__)
+    assert password not in text and key not in text

@@ -150,6 +150,14 @@ def register_url(url: Any) -> None:
 # Each pattern starts with a literal, so the regex engine skips ahead to it: linear and fast
 # even on a 10 MB body. The character before the match is checked in Python.
 _KEY_SHAPE = re.compile(r"sk-[A-Za-z0-9_-]{16,}")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _scrub_url(m: re.Match[str]) -> str:
+    url = m.group(0)
+    for value in sorted(url_secrets(url), key=len, reverse=True):
+        url = url.replace(value, REDACTED)
+    return url
 _BEARER_SHAPES = tuple(re.compile(word + r"(\s+)([A-Za-z0-9._~+/=-]{12,})")
                        for word in ("Bearer", "bearer", "BEARER"))
 _ASCII_DIGIT = re.compile(r"[0-9]")
@@ -180,8 +188,9 @@ def scrub_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
     at least :data:`MIN_SECRET_LENGTH` characters (also stripped of surrounding whitespace,
     JSON-escaped and percent-encoded); ``None`` and short entries are skipped. Also replaced
     without being listed: ``sk-`` keys of at least 16 more letters, digits, ``-`` or ``_``
-    that hold a digit, and the token after ``Bearer`` when it has at least 12 token characters
-    and a digit (``"Bearer [redacted]"``). Longer secrets are replaced first, so a secret that
+    that hold a digit, the token after ``Bearer`` when it has at least 12 token characters
+    and a digit (``"Bearer [redacted]"``), and the credentials inside any URL the text names
+    (:func:`url_secrets`: ``user:password@``, ``?api_key=``...). Longer secrets are replaced first, so a secret that
     contains another leaves no fragment. Linear in the text per secret; the text itself is
     returned when nothing is replaced. ``TypeError`` when ``text`` is not a ``str``.
     """
@@ -195,6 +204,8 @@ def scrub_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
     for value in values:
         if value in text:
             text = text.replace(value, REDACTED)
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(_scrub_url, text)
     if "sk-" in text:
         text = _KEY_SHAPE.sub(
             lambda m: REDACTED if _looks_random(m.group(0)) and _starts_a_word(m.string, m.start(), _KEY_CHARS)

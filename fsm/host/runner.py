@@ -63,7 +63,7 @@ from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
 from fsm.core.classify import Classification, classify_message
 from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
-from fsm.core.redact import register_secret, request_secrets
+from fsm.core.redact import register_secret, request_secrets, scrub_exception
 from fsm.core.text import safe_message
 from fsm.core.settings import RetrySettings, SettingsError
 from fsm.host.chain import RETRY_OWNER
@@ -304,6 +304,10 @@ class _Call(HostKernel):
     # -------------------------------------------------------------- the end
     def outcome(self, result: Any, cls: Classification) -> Any:
         end = self.end
+        if self.exc is not None:
+            # the caller's exception is re-raised or chained below: its text (and its causes')
+            # is scrubbed in place of the credentials the call carried (fsm.core.redact)
+            scrub_exception(self.exc, self.secrets(self.exc))
         if end is None:  # no chain: the brain settled the turn
             if cls.kind == "none":
                 return result

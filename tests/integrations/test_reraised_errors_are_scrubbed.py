@@ -140,3 +140,23 @@ async def test_the_pydantic_ai_capability_re_raises_the_model_s_error_scrubbed()
     assert isinstance(caught.value.__cause__, httpx2.ConnectError)
     assert "api_key=[redacted]" in str(caught.value.__cause__)
     assert password not in text and key not in text
+
+
+async def test_the_runner_re_raises_the_caller_s_error_and_chains_its_end_without_credentials():
+    """fsm.retrying: the caller's own connection error (no chain: retry disabled) and the
+    RetryChainError's cause (a chain that ran out) show no password or key."""
+    url, password, key = secret_url("run")
+
+    async def call(**kwargs):
+        raise ConnectionError(f"cannot connect to {url}")
+
+    async def no_sleep(seconds):
+        """No backoff to wait."""
+
+    for settings, expected in (({"enabled": False}, ConnectionError), (FAST, fsm.RetryChainError)):
+        runner = fsm.RetryRunner(settings, sleep=no_sleep)
+        with pytest.raises(expected) as info:
+            await runner.run(call)
+        text = shown(info.value)
+        assert "cannot connect to http://user:" in text
+        assert password not in text and key not in text, text

@@ -103,8 +103,9 @@ def make_provider(args: argparse.Namespace):  # -> DeferredProvider
                               name=name)
 
     env = "ANTHROPIC_API_KEY" if getattr(args, "api", "openai") == "anthropic" else "OPENAI_API_KEY"
+    api = "anthropic-messages" if getattr(args, "api", "openai") == "anthropic" else "openai-completions"
     return DeferredProvider(build, name=name, model=args.model,
-                            api_key=args.api_key or os.environ.get(env) or None)
+                            api_key=args.api_key or os.environ.get(env) or None, api=api)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -78,6 +78,8 @@ class AnthropicMessagesProvider:
     or a ``max_tokens`` that is not a positive integer.
     """
 
+    api = "anthropic-messages"  # pi's Model.api name (get_state's model.api)
+
     def __init__(self, *, model: str, base_url: str | None = None, api_key: str | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS, timeout_s: float = 600.0,
                  name: str | None = None, http_client: Any = None) -> None:

@@ -28,9 +28,10 @@ class DeferredProvider:
     """
 
     def __init__(self, factory: Callable[[], Any], *, name: str, model: str,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, api: str = "openai-completions") -> None:
         import concurrent.futures
         self.name = name
+        self.api = api  # pi's Model.api name of what the factory builds
         self.model = model
         self.api_key = api_key  # the configured key: what the session scrubs and keys sharing by
         self._factory = factory
@@ -117,6 +118,12 @@ class ProviderGate:
     def model(self, model: str) -> None:
         """A model fallback switches the wrapped provider's model (docs/policy.md §13.3)."""
         self.provider.model = model
+
+    @property
+    def api(self) -> str:
+        """The wrapped provider's API, in pi's ``Model.api`` names (``"openai-completions"``
+        when it does not say)."""
+        return str(getattr(self.provider, "api", "") or "openai-completions")
 
     @property
     def api_key(self) -> str | None:

@@ -92,6 +92,8 @@ class OpenAIChatProvider:
     Raises ``ValueError`` for an empty ``model`` or a ``timeout_s`` that is not a positive number.
     """
 
+    api = "openai-completions"  # pi's Model.api name (get_state's model.api)
+
     def __init__(self, *, base_url: str | None = None, model: str, api_key: str | None = None,
                  timeout_s: float = 600.0, name: str | None = None, http_client: Any = None) -> None:
         if not isinstance(model, str) or not model:

@@ -103,7 +103,7 @@ class RpcServer:
 
     async def _cmd_get_messages(self, cmd: Command) -> None:
         provider = _provider_name(self.session)
-        self._respond(cmd, data={"messages": [message_json(m, provider=provider)
+        self._respond(cmd, data={"messages": [message_json(m, provider=provider, api=_api_name(self.session))
                                               for m in self.session.messages]})
 
     async def _cmd_get_last_assistant_text(self, cmd: Command) -> None:
@@ -257,6 +257,12 @@ def _provider_name(session: Any) -> str:
     return str(getattr(session.provider, "name", "") or "")
 
 
+def _api_name(session: Any) -> str:
+    """pi's ``Model.api`` of the session's provider: ``"anthropic-messages"`` for the
+    Anthropic Messages API, ``"openai-completions"`` otherwise (a provider may say its own)."""
+    return str(getattr(session.provider, "api", "") or "openai-completions")
+
+
 def _public_url(url: str) -> str:
     """``url`` without credentials: a password in it and the query string (``?api-key=…``)
     are replaced by ``***``, so ``get_state`` never echoes a secret."""
@@ -279,7 +285,7 @@ def model_json(session: Any, *, base_url: str | None = None) -> dict[str, Any]:
     session (0: unknown); ``maxTokens`` 0 (not set: the endpoint's default); no cost is known.
     """
     model_id = str(getattr(session.provider, "model", "") or "")
-    return {"id": model_id, "name": model_id, "api": "openai-completions",
+    return {"id": model_id, "name": model_id, "api": _api_name(session),
             "provider": _provider_name(session), "baseUrl": _public_url(base_url or ""), "reasoning": False,
             "input": ["text"], "cost": dict(_ZERO_COST), "contextWindow": session.context_window,
             "maxTokens": 0}
@@ -326,7 +332,7 @@ def session_state(session: Any, *, session_file: str | None = None,
     return state
 
 
-def message_json(message: Any, *, provider: str = "") -> dict[str, Any]:
+def message_json(message: Any, *, provider: str = "", api: str = "openai-completions") -> dict[str, Any]:
     """One message of the runtime context in pi's ``AgentMessage`` shape.
 
     A user message: ``{role, content: [{type: "text", text}], timestamp}``. An assistant
@@ -341,7 +347,7 @@ def message_json(message: Any, *, provider: str = "") -> dict[str, Any]:
                                         if k in ("input", "output", "cacheRead", "cacheWrite")))
     usage.setdefault("cost", dict(_ZERO_COST, total=0))
     out["usage"] = usage
-    out.setdefault("api", "openai-completions")
+    out.setdefault("api", api)
     out.setdefault("provider", provider)
     out.setdefault("model", "")
     return out

@@ -194,11 +194,24 @@ def test_rpc_api_anthropic_retries_an_overloaded_stream_end_to_end(tmp_path):
             for line in proc.stdout:
                 event = json.loads(line)
                 seen.append(event)
-                if event.get("type") == "auto_retry_end" or len(seen) > 200:
+                if event.get("type") == "agent_end" and any(
+                        e.get("type") == "auto_retry_end" for e in seen) or len(seen) > 200:
                     break
+            for request in ({"id": "s", "type": "get_state"}, {"id": "m", "type": "get_messages"}):
+                proc.stdin.write(json.dumps(request) + "\n")
+                proc.stdin.flush()
+                for line in proc.stdout:
+                    seen.append(json.loads(line))
+                    if seen[-1].get("id") == request["id"]:
+                        break
         finally:
             stop_process(proc)
         assert [r["path"] for r in srv.chat_requests] == ["/v1/messages"] * 2
+    state = next(e for e in seen if e.get("id") == "s")["data"]
+    assert state["model"]["api"] == "anthropic-messages"  # pi's Model.api, not the OpenAI one
+    answers = [m for m in next(e for e in seen if e.get("id") == "m")["data"]["messages"]
+               if m["role"] == "assistant"]
+    assert answers and {m["api"] for m in answers} == {"anthropic-messages"}
     retry = [e for e in seen if e.get("type", "").startswith("auto_retry")]
     assert retry[0]["type"] == "auto_retry_start" and "Overloaded" in retry[0]["errorMessage"]
     assert retry[-1]["success"] is True

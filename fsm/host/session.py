@@ -585,9 +585,8 @@ class AgentSession:
         if self._deadline_abort is not None:
             return AssistantMessage("error", error_message=self._deadline_abort,
                                     model=self.provider.model)
-        self._stream_task = task = asyncio.ensure_future(
-            self.provider.complete(context, on_text=self._on_text, api_key=api_key))
-        self._arm_watch()
+        self._timed_out = None
+        self._stream_task = task = asyncio.ensure_future(self._send(context, api_key))
         try:
             message = await task
         except asyncio.CancelledError:
@@ -728,6 +727,17 @@ class AgentSession:
             self.provider.model = model
         except AttributeError:  # a provider whose model cannot change: it keeps its own
             log.warning("provider %r cannot switch models; fallback ignored", self.provider)
+
+    async def _send(self, context: list[dict[str, Any]], api_key: str | None) -> AssistantMessage:
+        """The attempt: wait until the provider is ready to send (``provider.ready()``, when it
+        has one: a model client still being imported), then arm the attempt's timers and call
+        it — a stall or an attempt timeout is measured from the send, never from a start-up
+        (docs/policy.md §13.1)."""
+        ready = getattr(self.provider, "ready", None)
+        if ready is not None:
+            await ready()
+        self._arm_watch()
+        return await self.provider.complete(context, on_text=self._on_text, api_key=api_key)
 
     def _arm_watch(self) -> None:
         """Start the attempt's timers: the attempt timeout and the first-token timer (or, with

@@ -75,6 +75,15 @@ class DeferredProvider:
             await asyncio.shield(asyncio.wrap_future(self._future))
         return self._future.result()
 
+    async def ready(self) -> None:
+        """Return once the real provider is loaded, or its load failed (then
+        :meth:`complete` answers with the failure): what a host awaits before it starts
+        timing an attempt."""
+        try:
+            await self.provider()
+        except Exception:  # noqa: BLE001 - complete() reports it as the turn's error
+            pass
+
     async def complete(self, messages: list[dict], *, on_text: Callable[[str], None] | None = None,
                        api_key: str | None = None) -> Any:
         try:
@@ -132,6 +141,13 @@ class ProviderGate:
 
     def close(self) -> None:
         self.closed = True
+
+    async def ready(self) -> None:
+        """The wrapped provider's :meth:`DeferredProvider.ready` (nothing to wait for when it
+        has none)."""
+        ready = getattr(self.provider, "ready", None)
+        if ready is not None and not self.closed:
+            await ready()
 
     async def complete(self, messages: list[dict], *, on_text: Callable[[str], None] | None = None,
                        api_key: str | None = None) -> Any:

@@ -452,3 +452,24 @@ async def test_sessions_sharing_a_coordinator_fall_back_and_revert_together():
     await clock.advance(61)
     await run(b, clock)
     assert second.models == ["backup", "scripted-model"]
+
+
+async def test_the_first_token_timer_starts_when_the_provider_is_ready_not_at_start_up():
+    """A provider still loading (``ready()``: a model client being imported) is not a stall:
+    the first-token timer starts once it is ready to send, so a start-up longer than
+    firstTokenTimeoutMs costs no failed attempt."""
+    session, provider, clock, events = make([ok("Hello")], first_token_timeout_ms=500)
+    loaded = asyncio.get_running_loop().create_future()
+
+    async def ready():
+        await loaded
+
+    provider.ready = ready
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.advance(5)                       # ten first-token timeouts of start-up
+    assert not of(events, "auto_retry_start") and provider.requests == []
+    loaded.set_result(None)
+    await clock.advance(0.1)
+    await asyncio.wait_for(task, 1)
+    assert session.messages[-1].text == "Hello" and len(provider.requests) == 1
+    assert not of(events, "auto_retry_start")

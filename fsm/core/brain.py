@@ -160,10 +160,18 @@ class CheckCompaction:
     kind: str
 
 
+MAX_SHARED_COOLDOWN_MS = 86_400_000
+"""The longest cooldown a single answer's hint shares with the fleet (24 h): a ``retry-after``
+of a year (a misconfigured proxy, a hostile one) would otherwise refuse every session's first
+request for a year; after a day one request asks the provider again and learns anew. Usage
+windows of up to five hours, the longest common one, are shared whole."""
+
+
 @dataclass(frozen=True, slots=True)
 class RecordCooldown:
     """Share the server's wait: nobody should retry before ``until_ms`` (epoch ms); ``wait_ms``
-    is the hint as given."""
+    is the hint, at most :data:`MAX_SHARED_COOLDOWN_MS` (a longer hint still decides this
+    chain, but one answer does not close the key for the fleet for longer than a day)."""
 
     wait_ms: int
     until_ms: int | None
@@ -894,8 +902,9 @@ class RetryBrain:
                 if f.budget_taken and f.budget_allows and not any(isinstance(a, StartBackoff) for a in actions):
                     actions.append(ReturnRetryToken())
                 if p.settings.honors_hints and cls.retry_hint_ms and p.settings.enabled:
-                    until = None if f.now_ms is None else f.now_ms + cls.retry_hint_ms
-                    actions.append(RecordCooldown(cls.retry_hint_ms, until))
+                    shared = min(cls.retry_hint_ms, MAX_SHARED_COOLDOWN_MS)
+                    until = None if f.now_ms is None else f.now_ms + shared
+                    actions.append(RecordCooldown(shared, until))
             return actions
         finally:
             p.message, p.cls, p.facts = None, None, _NO_FACTS

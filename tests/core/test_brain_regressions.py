@@ -318,3 +318,21 @@ def test_a_chain_ended_by_the_fleets_cooldown_says_so_not_that_the_server_asked(
         err("429 Quota exceeded. Please try again in 58 hours."),
         facts=TurnFacts(now_ms=1_767_225_600_000, cooldown_ms=3_600_000)))[0]
     assert "the server asks to wait 2 d 10 h" in by_hint["finalError"]
+
+
+def test_a_year_long_hint_ends_the_chain_but_shares_a_cooldown_of_one_day_at_most():
+    """A retry-after of 365 days: this chain ends (longer than maxHintWaitMs) and names the
+    year; the cooldown shared with the fleet is capped at 24 h (MAX_SHARED_COOLDOWN_MS)."""
+    from fsm.core.brain import MAX_SHARED_COOLDOWN_MS
+
+    now = 1_767_225_600_000
+    actions = RetryBrain(HONOR).turn_ended(
+        err("429 Too Many Requests. Please try again in 365 days."), facts=TurnFacts(now_ms=now))
+    end = events(actions)[0]
+    assert end["endReason"] == "hint_too_long" and "365 d" in end["finalError"]
+    shared = [a for a in actions if isinstance(a, RecordCooldown)]
+    assert [(a.wait_ms, a.until_ms) for a in shared] == [(MAX_SHARED_COOLDOWN_MS, now + 86_400_000)]
+    short = [a for a in RetryBrain(HONOR).turn_ended(
+        err("429 Quota exceeded. Please try again in 5 hours."), facts=TurnFacts(now_ms=now))
+        if isinstance(a, RecordCooldown)]
+    assert short[0].wait_ms == 5 * 3_600_000

@@ -15,7 +15,7 @@ from support import ROOT, env, stop_process
 
 pytestmark = pytest.mark.subprocess
 
-HINTED = {"status": 429, "headers": {"retry-after": "2"},
+HINTED = {"status": 429, "headers": {"retry-after": "4"},
           "json": {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}}
 OVERLOADED = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
                                                                   "message": "Overloaded"}}}
@@ -59,11 +59,14 @@ def test_two_rpc_processes_share_a_hint_through_redis(redis_server, tmp_path):  
         try:
             send(first, {"type": "prompt", "message": "hi"})
             start_a, _ = read_until(first, "auto_retry_start")
-            assert start_a["delaySource"] == "hint" and start_a["delayMs"] >= 2000
+            assert start_a["delaySource"] == "hint" and start_a["delayMs"] >= 4000
             send(second, {"type": "prompt", "message": "hi"})
             start_b, _ = read_until(second, "auto_retry_start")
             assert start_b["delaySource"] == "cooldown", start_b
-            assert start_b["delayMs"] > 1000, "the second process waits out the first one's cooldown"
+            # the second process waits out the first one's cooldown: its retry goes when the
+            # first one's does (one machine's clock; however long its own start-up took)
+            assert start_b["delayMs"] > 0
+            assert abs(start_b["retryAt"] - start_a["retryAt"]) < 300, (start_a, start_b)
             end_a, _ = read_until(first, "auto_retry_end")
             end_b, _ = read_until(second, "auto_retry_end")
             assert end_a["success"] and end_b["success"]

@@ -3,16 +3,16 @@ before it goes — a retry once its backoff is over, not at its decision. The se
 runner on the fake clock with an in-process coordinator (no real time)."""
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
 
 from fsm.core.settings import RetrySettings
-from fsm.fleet import CoordKey, InProcessCoordinator
+from fsm.fleet import Admission, CoordKey, InProcessCoordinator
 from fsm.host.kernel import HostKernel
 from fsm.core.brain import RetryBrain
 from fsm.host.session import AgentSession
 from fsm.testing import FakeClock, ScriptedProvider, error, ok
+from test_resilient_profile import of, settle as _settle  # the profile tests' helpers
 
 OVERLOADED = "529 Overloaded"
 NOW = FakeClock.EPOCH_MS
@@ -22,16 +22,7 @@ def resilient(**keys):
     return RetrySettings.from_json({"retry": {"profile": "resilient", **keys}})
 
 
-@dataclass(frozen=True)
-class Answer:
-    """An ``admit`` answer as a coordinator of protocol v3 gives it (``pacing_booked`` told)."""
-
-    cooldown_ms: int = 0
-    budget: bool | None = None
-    token_taken: bool = False
-    pacing_ms: int = 0
-    budget_wait_ms: int = 0
-    pacing_booked: bool = True
+Answer = Admission  # an ``admit`` answer as a coordinator of protocol v3 gives it
 
 
 class GateCoordinator(InProcessCoordinator):
@@ -73,16 +64,9 @@ def make(settings, script, coordinator=None, answers=()):
     return session, clock, coordinator, events, sent
 
 
-def of(events, kind):
-    return [dict(e) for e in events if e["type"] == kind]
-
-
-async def settle(clock, task, step=0.1, limit=120.0):
-    waited = 0.0
-    while not task.done() and waited < limit:
-        await clock.advance(step)
-        waited += step
-    await asyncio.wait_for(task, 1)
+async def settle(clock, task):
+    """Advance the fake clock in 0.1 s steps until ``task`` is done (2 min at most)."""
+    await _settle(clock, task, step=0.1, limit=120.0)
 
 
 async def until(clock, predicate, step=0.1, limit=60.0):

@@ -133,7 +133,7 @@ def best_rate(state: PacerState, now_ms: float, settings: PacingSettings) -> flo
     """The best successes/s seen lately (halved every ``memory_s``)."""
     if state.good <= 0.0:
         return 0.0
-    return state.good * 0.5 ** ((now_ms - state.good_ms) / 1000.0 / settings.memory_s)
+    return float(state.good * 0.5 ** ((now_ms - state.good_ms) / 1000.0 / settings.memory_s))
 
 
 def reserve(state: PacerState, now_ms: float, settings: PacingSettings,

@@ -444,6 +444,7 @@ class RetrySettings:
                                 "one of " + ", ".join(f'"{p}"' for p in PROFILES))
         object.__setattr__(self, "pacing", PacingSettings.from_json(
             self.pacing.to_json() if isinstance(self.pacing, PacingSettings) else self.pacing))
+        self._apply_profile()
         # A field counts as set when the caller named it (set_keys, a mapping's keys) or when it
         # differs from its default (a Python caller's RetrySettings(max_retries=5)).
         names = {f.name for f in fields(self) if f.name not in _MACHINERY}
@@ -454,6 +455,26 @@ class RetrySettings:
         differs = {f.name for f in fields(self) if f.name in names and getattr(self, f.name) != f.default}
         object.__setattr__(self, "set_keys", given | differs)
         object.__setattr__(self, "ignored_keys", tuple(self.ignored_keys))
+
+    def _apply_profile(self) -> None:
+        """``RetrySettings(profile="resilient", ...)`` from Python gets the profile's values
+        too (as ``retry.profile`` in a file does): each key the caller did not name in
+        ``set_keys`` and left at its default takes the profile's value (profile < the keys
+        the caller gives, docs/policy.md §1)."""
+        values = PROFILES.get(self.profile) or {}
+        if not values:
+            return
+        defaults = {f.name: f.default for f in fields(self)}
+        given = frozenset(self.set_keys)
+        for key, value in values.items():
+            name = _KEYS[key]
+            if name in given or getattr(self, name) != defaults[name]:
+                continue
+            if name == "budget":
+                value = BudgetSettings.from_json(value)
+            elif name == "pacing":
+                value = PacingSettings.from_json(value)
+            object.__setattr__(self, name, value)
 
     def is_set(self, key: str) -> bool:
         """Whether the user set ``key`` (snake_case ``max_retries`` or camelCase ``maxRetries``)

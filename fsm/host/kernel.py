@@ -324,15 +324,16 @@ class HostKernel:
     def gates(self, *, first: bool = False) -> bool:
         """True when the request about to go passes the gate (:meth:`gate`): a chain's
         ``first`` request under a profile that admits first requests (the resilient profile,
-        docs/fleet.md "First requests"), or a retry (``first`` False) with pacing on, on a host
-        that paces at send (:attr:`paces_at_send`). False under the seed profile: no gate call,
-        no ``request_delayed``."""
+        docs/fleet.md "First requests"), and any request — first or retry — with pacing on,
+        on a host that paces at send (:attr:`paces_at_send`). False under the seed profile
+        without pacing: no gate call, no ``request_delayed``."""
         if not self.uses_coordinator():
             return False
         settings = self.brain.settings
+        paced = self.paces_at_send and settings.pacing is not None and settings.pacing.enabled
         if first:
-            return settings.enabled and settings.admits_first_requests
-        return self.paces_at_send and settings.pacing is not None and settings.pacing.enabled
+            return settings.enabled and (settings.admits_first_requests or paced)
+        return paced
 
     async def pace(self, *, first: bool = False, now_ms: int | None = None) -> tuple[int, int, bool]:
         """Ask the gate once for the request about to go (docs/fleet.md "Pacing", "First
@@ -363,12 +364,13 @@ class HostKernel:
         now = self.now_ms() if now_ms is None else now_ms
         try:
             cooldown, _, _, pacing_ms, _, booked, _ = await self._admit(
-                now, retry=False, floor_slot_due=False, pacing=pacing is not None, max_wait=first)
+                now, retry=False, floor_slot_due=False, pacing=pacing is not None,
+                max_wait=first and settings.admits_first_requests)
         except Exception as exc:  # the local state failed too: the request is not held up
             log.warning("pacing gate: coordinator failed: %s; sending now", describe_error(exc))
             return 0, 0, True
-        if not settings.honors_hints:
-            cooldown = 0
+        if not settings.honors_hints or (first and not settings.admits_first_requests):
+            cooldown = 0  # under the seed profile a cooldown never touches a first request
         elif first and cooldown > settings.max_hint_wait_ms:
             return cooldown, cooldown, True  # nothing reserved: the request is refused
         if booked or pacing is None:
@@ -394,7 +396,8 @@ class HostKernel:
         while True:
             now = self.now_ms()
             cooldown, delay, booked = await self.pace(first=first, now_ms=now)
-            if first and settings.honors_hints and cooldown > settings.max_hint_wait_ms:
+            if (first and settings.honors_hints and settings.admits_first_requests
+                    and cooldown > settings.max_hint_wait_ms):
                 return cooldown, now
             if booked and delay <= 0:
                 return None

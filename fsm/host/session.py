@@ -417,8 +417,7 @@ class AgentSession:
         self._turn_done.clear()
         actions: list[B.Action] = []
         try:
-            if (new and not self.brain.is_retrying and self.brain.settings.enabled
-                    and self.brain.settings.admits_first_requests):
+            if new and not self.brain.is_retrying and self._kernel.gates(first=True):
                 if not await self._admit_first():
                     return None  # refused without sending (request_refused, at rest)
             elif not new and self.brain.is_retrying:

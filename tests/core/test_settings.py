@@ -264,3 +264,17 @@ def test_flat_retry_keys_at_the_top_level_raise():
     it is now a SettingsError (no silent warnings, docs/policy.md §1)."""
     with pytest.raises(SettingsError, match=r'retry settings: expected the retry keys inside "retry"'):
         RetrySettings.from_json({"baseDelayMs": 20})
+
+
+def test_a_python_caller_s_profile_applies_its_values_as_a_file_s_does():
+    """RetrySettings(profile="resilient") is the profile (it used to keep the seed's values
+    while admitting first requests); a key the caller gives wins over the profile."""
+    from fsm.core.settings import profile_settings
+
+    python = RetrySettings(profile="resilient")
+    assert python == profile_settings("resilient") == RetrySettings.from_json({"retry": {"profile": "resilient"}})
+    assert python.retry_hints == "honor" and python.max_retries == 100
+    assert python.budget is not None and python.budget.waits and python.pacing is not None
+    mine = RetrySettings(profile="resilient", max_retries=5, jitter="none", set_keys={"jitter"})
+    assert (mine.max_retries, mine.jitter, mine.retry_hints) == (5, "none", "honor")
+    assert RetrySettings.from_json({"retry": {"profile": "resilient", "pacing": None}}).pacing is None

@@ -118,6 +118,19 @@ async def test_a_first_request_without_a_slot_asks_again_at_rest():
     assert sent == [pytest.approx(2.0)] and coordinator.gate_calls() == [0.0, pytest.approx(2.0)]
 
 
+async def test_pacing_without_the_profile_paces_first_requests_but_no_cooldown_holds_them():
+    """Seed profile + pacing: a first request takes its pacer slot at the gate too (every
+    request is paced), while a known cooldown never delays nor refuses it (docs/policy.md §8b)."""
+    settings = RetrySettings.from_json({"retry": {"retryHints": "honor", "pacing": {}}})
+    session, clock, coordinator, events, sent = make(
+        settings, [ok()], answers=[Answer(cooldown_ms=600_000, pacing_ms=1_500)])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await settle(clock, task)
+    assert of(events, "request_delayed") == [{"type": "request_delayed", "delayMs": 1_500,
+                                              "retryAt": NOW + 1_500, "delaySource": "pacing"}]
+    assert sent == [pytest.approx(1.5)] and not of(events, "auto_retry_end")
+
+
 async def test_the_retry_decision_reserves_no_pacing_slot():
     """Decision time: the coordinator is asked for cooldown and budget with pacing None; the delay never says pacing."""
     session, clock, coordinator, events, sent = make(resilient(), [error(OVERLOADED), ok()])

@@ -156,7 +156,7 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
                         "NAME as --provider): a usage limit blocks the key in use and the next "
                         "one is tried; shared safely by concurrent processes")
     p.add_argument("--redis", default=None, metavar="URL",
-                   help="share cooldowns and the retry budget with other sessions through this "
+                   help="share cooldowns, the retry budget and the pacer with other sessions through this "
                         "coordinator (redis://HOST:PORT/DB, or memory: for this process only; "
                         "see docs/fleet.md); default: none")
     p.add_argument("--trace", default=None, metavar="FILE",

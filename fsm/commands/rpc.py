@@ -53,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, metavar="K",
                    help="API key (default: OPENAI_API_KEY, else a placeholder for local servers)")
     p.add_argument("--settings", default=None, metavar="FILE",
-                   help="settings file in pi's shape ({\"retry\": {...}}); keys this "
-                        "project does not use are ignored with a warning on stderr")
+                   help="settings file in pi's shape ({\"retry\": {...}}); other top-level "
+                        "groups and the original's own retry keys are ignored with a warning on "
+                        "stderr; an unknown key inside \"retry\" is refused (docs/policy.md §1)")
     p.add_argument("--context-window", type=_non_negative_int, default=0, metavar="N",
                    help="the model's context window in tokens, for the silent-overflow rule "
                         "(default 0: unknown)")

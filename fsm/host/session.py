@@ -406,6 +406,14 @@ class AgentSession:
     def _safe(self, text: str) -> str:
         return safe_error_text(text, self._secrets)
 
+    def _unsent(self, message: AssistantMessage) -> AssistantMessage:
+        """An answer for a request that was never sent (aborted at the gate, a failing
+        credential store): its ``message_start`` is emitted now, so that every assistant
+        ``message_end`` has one (README "Events", the order)."""
+        self._emit(E.MessageStart({"role": "assistant", "content": [], "model": message.model,
+                                   "timestamp": message.timestamp_ms or self._stamp()}))
+        return message
+
     def _aborted(self) -> AssistantMessage:
         return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model,
                                 timestamp_ms=self._stamp())
@@ -561,7 +569,7 @@ class AgentSession:
         self._started = 0
         self._joiner = StreamJoiner()
         if self._abort_turn:
-            return self._aborted()
+            return self._unsent(self._aborted())
         api_key = None
         if self.credentials is not None:
             try:
@@ -569,10 +577,11 @@ class AgentSession:
                                                        self.session_id, timeout=KEY_TIMEOUT_S)
             except Exception as exc:  # a broken store fails the turn; it never picks a key for us
                 log.warning("credential store failed: %s", _describe(exc))
-                return AssistantMessage("error", error_message=f"credential store failed: "
-                                        f"{_describe(exc)}", model=self.provider.model)
+                return self._unsent(AssistantMessage("error", error_message=f"credential store "
+                                                     f"failed: {_describe(exc)}",
+                                                     model=self.provider.model))
             if self._abort_turn:
-                return self._aborted()
+                return self._unsent(self._aborted())
         self._api_key = api_key
         if api_key:
             self._secrets.add(api_key)

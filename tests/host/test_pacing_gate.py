@@ -346,3 +346,17 @@ async def test_the_kernel_gate_never_raises_for_a_failing_coordinator():
     kernel = HostKernel(RetryBrain(resilient()), emit=lambda e: None, clock=clock,
                         coordinator=broken, key=lambda: CoordKey("p", "m"), paces_at_send=True)
     assert await kernel.pace() == (0, 0, True)
+
+
+async def test_an_abort_at_the_gate_gives_the_unsent_answer_its_message_start():
+    """Abort during a first request's wait: the aborted assistant message has a message_start
+    before its message_end (every assistant message_end has one), and nothing is sent."""
+    session, clock, coordinator, events, sent = make(
+        resilient(), [ok()], answers=[Answer(pacing_ms=5_000)])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await until(clock, lambda: of(events, "request_delayed"))
+    session.abort_retry()
+    await settle(clock, task)
+    assistant = [e["type"] for e in events if e["type"] in ("message_start", "message_end")
+                 and e["message"].get("role") == "assistant"]
+    assert assistant == ["message_start", "message_end"] and sent == []

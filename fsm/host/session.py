@@ -138,6 +138,7 @@ class AgentSession:
         self._last_turn_aborted = False
         self._gate_wait: asyncio.Future | None = None  # a request's wait at the gate (pacing)
         self._skip_gate = False  # retry_now(): the next retry request bypasses the gate
+        self._in_gate = False  # a request is at the gate (asking the coordinator or waiting)
         self._rechecks: set[asyncio.Task] = set()  # budget re-checks in flight
         self._turn_done = asyncio.Event()
         self._turn_done.set()
@@ -357,6 +358,9 @@ class AgentSession:
             self._skip_gate = True
             waiter.set_result(False)
             return
+        if self._in_gate and self.brain.is_retrying:  # asking the coordinator: go once answered
+            self._skip_gate = True
+            return
         actions = self.brain.retry_now()
         if any(isinstance(a, B.ContinueTurn) for a in actions):
             self._skip_gate = True
@@ -489,8 +493,12 @@ class AgentSession:
         kernel = self._kernel
         if self._abort_turn or not kernel.gates(first=True):
             return True
-        refused = await kernel.gate(self._wait_at_gate, first=True)
-        if refused is not None:
+        self._in_gate = True
+        try:
+            refused = await kernel.gate(self._wait_at_gate, first=True)
+        finally:
+            self._in_gate = False
+        if refused is not None and not self._abort_turn:
             self._perform(self.brain.request_refused(refused[0], now_ms=refused[1]))
             return False
         return True  # an abort during the wait: _complete sees it and sends nothing
@@ -506,7 +514,11 @@ class AgentSession:
         if self._skip_gate or self._abort_turn or self._deadline_abort is not None:
             return
         if self._kernel.gates():
-            await self._kernel.gate(self._wait_at_gate)
+            self._in_gate = True
+            try:
+                await self._kernel.gate(self._wait_at_gate)
+            finally:
+                self._in_gate = False
 
     async def _wait_at_gate(self, delay_ms: int) -> bool:
         """Wait ``delay_ms`` on the session clock for the gate; False when the wait was ended
@@ -530,6 +542,10 @@ class AgentSession:
             if abort:
                 self._abort_turn = True
             waiter.set_result(False)
+        elif abort and self._in_gate:
+            # the gate is still asking the coordinator: its wait will not begin (and nothing
+            # is sent) once the answer is in
+            self._abort_turn = True
 
     async def _decide(self, message: AssistantMessage,
                       run: list[dict[str, Any]]) -> tuple[AssistantMessage, list[B.Action]]:

@@ -360,3 +360,41 @@ async def test_an_abort_at_the_gate_gives_the_unsent_answer_its_message_start():
     assistant = [e["type"] for e in events if e["type"] in ("message_start", "message_end")
                  and e["message"].get("role") == "assistant"]
     assert assistant == ["message_start", "message_end"] and sent == []
+
+
+class SlowGate(GateCoordinator):
+    """The gate's ``admit`` (after the first request's) waits until released: a Redis round trip."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.release = asyncio.Event()
+        self.pending = False
+
+    async def admit(self, key, *, retry, budget, pacing, **kwargs):
+        if not retry and [c for c in self.calls if not c[1]]:
+            self.calls.append((self.clock.now, retry, pacing is not None))
+            self.pending = True
+            await self.release.wait()
+            self.pending = False
+            return Answer(pacing_ms=2_000)
+        return await super().admit(key, retry=retry, budget=budget, pacing=pacing, **kwargs)
+
+
+@pytest.mark.parametrize("how, requests, success", [("abort_retry", 1, False), ("retry_now", 2, True)])
+async def test_abort_retry_or_retry_now_while_the_gate_asks_the_coordinator_is_not_lost(
+        how, requests, success):
+    """abort_retry() while the retry's gate is still asking the coordinator: nothing more is
+    sent once the answer comes; retry_now() then: the retry goes at once, not after the slot."""
+    clock = FakeClock()
+    coordinator = SlowGate(clock)
+    session, clock, coordinator, events, sent = make(resilient(), [error(OVERLOADED), ok()],
+                                                     coordinator=coordinator)
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await until(clock, lambda: coordinator.pending)
+    asked = clock.now
+    getattr(session, how)()
+    coordinator.release.set()
+    await settle(clock, task)
+    assert len(sent) == requests and of(events, "auto_retry_end")[-1]["success"] is success
+    if how == "retry_now":
+        assert sent[-1] == pytest.approx(asked, abs=0.2)  # not 2 s later at the slot

@@ -179,7 +179,8 @@ class Chain:
         self._loop = coordinator_loop() if sync and coordinator is not None else None
         self.kernel = HostKernel(self.brain, emit=self._emit, clock=clock,
                                  coordinator=coordinator, key=self.coord_key, zone=zone,
-                                 use_coordinator=not sync or self._loop is not None)
+                                 use_coordinator=not sync or self._loop is not None,
+                                 random=random)
         self.calls = 0
         self.exc: BaseException | None = None
         self.message: AssistantMessage | None = None

@@ -306,9 +306,20 @@ class HostKernel:
         jittered backoff of up to ``maxDelayMs`` would be wasted, and booked beyond the
         pacer's horizon. Otherwise the slot is reserved here (``pacing_ms``)."""
         settings = self.brain.settings
-        cooldown, ok, taken, pacing_ms, budget_wait, _, floor_booked = await self._admit(
+        cooldown, ok, taken, pacing_ms, budget_wait, paced, floor_booked = await self._admit(
             now, retry=True, floor_slot_due=floor_slot_due, pacing=not self.paces_at_send,
             max_wait=True)
+        if not paced:
+            # a host that reserves the slot here (a stepwise Chain, no gate) and the pacer had
+            # none within its horizon: nothing was taken (the budget was not even asked). The
+            # budget and the cooldown are asked again without pacing — so the retry is still
+            # bounded by the budget — and the retry waits at least the pacer's re-check
+            # (jittered); it then goes unpaced (a Chain has no gate to ask again at)
+            cooldown, ok, taken, _, budget_wait, _, floor_booked = await self._admit(
+                now, retry=True, floor_slot_due=floor_slot_due, pacing=False, max_wait=True)
+            pacing = settings.pacing
+            pacing_ms = max(1, round((pacing.recheck_ms if pacing is not None else 1000)
+                                     * (0.5 + self.random())))
         budget = settings.budget
         waits = (ok is False and budget is not None
                  and getattr(budget, "mode", "refuse") == "wait")

@@ -398,3 +398,36 @@ async def test_abort_retry_or_retry_now_while_the_gate_asks_the_coordinator_is_n
     assert len(sent) == requests and of(events, "auto_retry_end")[-1]["success"] is success
     if how == "retry_now":
         assert sent[-1] == pytest.approx(asked, abs=0.2)  # not 2 s later at the slot
+
+
+async def test_a_chain_host_whose_pacer_has_no_slot_still_takes_the_budget_and_waits_the_recheck():
+    """Chain (no gate), the pacer with no slot within its horizon (nothing taken): the budget
+    is asked again without pacing (a refusal still ends the chain) and the retry waits at
+    least the pacer's re-check, not its bare backoff."""
+    from fsm.host.chain import Chain
+
+    class NoSlot(GateCoordinator):
+        async def admit(self, key, *, retry, budget, pacing, **kwargs):
+            if retry and pacing is not None:
+                self.calls.append((self.clock.now, retry, True))
+                return Answer(pacing_booked=False)
+            return await super().admit(key, retry=retry, budget=budget, pacing=pacing, **kwargs)
+
+    clock = FakeClock()
+    events = []
+    settings = resilient(pacing={"recheckMs": 4_000}, baseDelayMs=100,
+                         budget={"maxTokens": 10, "mode": "refuse"})
+    chain = Chain(settings, coordinator=NoSlot(clock), clock=clock, random=lambda: 0.5,
+                  on_event=events.append)
+    assert await chain.failed(RuntimeError(OVERLOADED)) == 4_000
+    assert [e["delaySource"] for e in events if e["type"] == "auto_retry_start"] == ["pacing"]
+    await chain.aclose()
+    spent = NoSlot(clock)
+    budget = settings.budget
+    for _ in range(6):  # the bucket below half: the next retry is refused
+        spent.take_retry_token_sync(CoordKey("p", "m"), budget)
+    refused = Chain(settings, coordinator=spent, clock=clock, random=lambda: 0.5)
+    refused._key = CoordKey("p", "m")
+    assert await refused.failed(RuntimeError(OVERLOADED)) is None
+    assert refused.end.end_reason == "budget"
+    await refused.aclose()

@@ -133,7 +133,9 @@ def best_rate(state: PacerState, now_ms: float, settings: PacingSettings) -> flo
     """The best successes/s seen lately (halved every ``memory_s``)."""
     if state.good <= 0.0:
         return 0.0
-    return float(state.good * 0.5 ** ((now_ms - state.good_ms) / 1000.0 / settings.memory_s))
+    # a clock that stepped back (a server failover, an NTP step) counts as no time passed
+    age = max(0.0, now_ms - state.good_ms)
+    return float(state.good * 0.5 ** (age / 1000.0 / settings.memory_s))
 
 
 def reserve(state: PacerState, now_ms: float, settings: PacingSettings,
@@ -163,9 +165,14 @@ def reserve(state: PacerState, now_ms: float, settings: PacingSettings,
     return state, int(min(float(MAX_DELAY_MS), booked - now_ms))
 
 
+MAX_RATE = 1_000_000.0
+"""No rate grows beyond this many requests/s (the largest ``maxRate``), ``maxRate`` or not."""
+
+
 def _cap(rate: float, settings: PacingSettings) -> float:
     if settings.max_rate is not None:
         rate = min(rate, settings.max_rate)
+    rate = min(rate, MAX_RATE)
     return max(rate, settings.min_rate)
 
 

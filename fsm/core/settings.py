@@ -271,7 +271,7 @@ class PacingSettings:
     - ``enabled``: pacing on (default ``True`` once the group is given; ``retry.pacing: null``,
       the seed profile's default, is off).
     - ``min_rate`` (``minRate``): the floor of the rate, so probes keep detecting recovery; a
-      number in (0, 1e6], default 1.
+      number in [0.001, 1e6] (one probe per 1,000 s at the least), default 1.
     - ``max_rate`` (``maxRate``): a ceiling of the rate, or ``None`` (default: none); a number
       in (0, 1e6], at least ``minRate``.
     - ``beta``: a throttle cuts the rate to ``beta`` × the send rate measured over the last
@@ -309,7 +309,7 @@ class PacingSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise SettingsError("pacing.enabled", self.enabled, "true or false")
-        object.__setattr__(self, "min_rate", _check_number("pacing.minRate", self.min_rate, 0, 1e6, lo_open=True))
+        object.__setattr__(self, "min_rate", _check_number("pacing.minRate", self.min_rate, 0.001, 1e6))
         if self.max_rate is not None:
             object.__setattr__(self, "max_rate", _check_number("pacing.maxRate", self.max_rate, 0, 1e6, lo_open=True))
             if self.max_rate < self.min_rate:

@@ -200,10 +200,11 @@ local function send_rate(s)
 end
 local function best_rate(s, p)
   if s.good <= 0.0 then return 0.0 end
-  return s.good * 0.5 ^ ((NOW - s.goodt) / 1000.0 / p.memory)
+  return s.good * 0.5 ^ (math.max(0.0, NOW - s.goodt) / 1000.0 / p.memory)
 end
 local function pacer_cap(rate, p)
   if p.max ~= nil then rate = math.min(rate, p.max) end
+  rate = math.min(rate, 1000000.0)
   return math.max(rate, p.min)
 end
 -- Reserves in s (changed in place): the delay in ms, or nil (no slot within the horizon:

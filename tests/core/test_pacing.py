@@ -293,3 +293,26 @@ def test_budget_mode_and_floor_are_validated():
         BudgetSettings.from_json({"minRetriesPerSecond": -1})
     with pytest.raises(SettingsError, match=r"retry\.budget\.minRetriesPerSecond"):
         BudgetSettings.from_json({"minRetriesPerSecond": math.inf})
+
+
+def test_a_clock_that_steps_back_neither_inflates_nor_overflows_the_best_rate():
+    """Successes recorded, then one 30 s earlier (a server failover, an NTP step) with a tiny
+    memoryS: the best rate stays what was seen (no 2^3000 blow-up, no OverflowError)."""
+    settings = PacingSettings(memory_s=0.01)
+    state = pacing.fresh()
+    for t in range(0, 3_000, 100):
+        state = pacing.observe(state, 100_000 + t, False, settings)
+    state = pacing.observe(state, 100_000 + 3_000, True, settings)  # pacing on
+    stepped = pacing.observe(state, 70_000, False, settings)
+    assert math.isfinite(stepped.rate) and stepped.rate <= stepped.good == 10  # half the best: 5
+    assert pacing.best_rate(stepped, 70_000, settings) <= stepped.good
+
+
+def test_no_rate_grows_beyond_the_largest_max_rate_without_a_max_rate():
+    """Minutes of successes with fast growth and no maxRate: the rate stops at MAX_RATE (1e6/s),
+    where the Redis script's state stays valid too."""
+    settings = PacingSettings(growth_per_s=10, fast_growth_per_s=10, forget_after_ms=600_000)
+    state = pacing.observe(pacing.fresh(), 0, True, settings)
+    for t in range(1, 300):
+        state = pacing.observe(state, t * 1_000, False, settings)
+    assert state.on and state.rate == pacing.MAX_RATE

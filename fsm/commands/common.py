@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import stat
 import sys
 import uuid
@@ -251,8 +252,26 @@ def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any,
     try:
         coordinator = load_coordinator(args.redis)
     except (OSError, ValueError, ImportError) as exc:
-        raise StartupError(f"bad --redis: {exc}") from None
+        raise StartupError(f"bad --redis: {_without_userinfo(str(exc), args.redis)}") from None
     return settings, credentials, coordinator
+
+
+def _without_userinfo(text: str, url: Any) -> str:
+    """``text`` (a URL parser's error) without any piece of ``url``'s user information: a
+    password holding an unencoded ``#``, ``?`` or ``/`` is split there by the parsers, so the
+    scrubbing layer cannot recognise it and a fragment ("Port could not be cast to integer
+    value as 's3cr3t'") would be printed. Every piece between those characters is replaced,
+    however short; a hint to percent-encode follows when that happened."""
+    if not isinstance(url, str) or "://" not in url or "@" not in url:
+        return text
+    userinfo = url.split("://", 1)[1].rpartition("@")[0]
+    pieces = sorted({p for p in re.split(r"[:#?/@]", userinfo) if p}, key=len, reverse=True)
+    hidden = text
+    for piece in pieces:
+        hidden = hidden.replace(piece, "[redacted]")
+    if hidden != text or any(c in userinfo for c in "#?/"):
+        hidden += " (a password with '#', '?' or '/' must be percent-encoded in the URL: %23, %3F, %2F)"
+    return hidden
 
 
 @dataclass

@@ -52,3 +52,22 @@ def test_rpc_starts_when_the_sdk_is_installed(tmp_path):
         env=env(), cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert '"command":"get_state","success":true' in proc.stdout
+
+
+def test_a_redis_password_with_an_unencoded_hash_is_not_printed_even_in_part():
+    """``--redis redis://default:s3cr3t#Passw0rd@host``: the URL parser splits the password at
+    '#' and names a fragment in its error; the start-up error shows no piece of it, and says
+    to percent-encode (exit 2)."""
+    import subprocess
+    import sys
+
+    from support import ROOT, env
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fsm", "rpc", "--model", "m", "--base-url", "http://127.0.0.1:9",
+         "--api-key", "sk-test", "--no-session",
+         "--redis", "redis://default:s3cr3t#Passw0rd@127.0.0.1:6391/0"],
+        cwd=ROOT, env=env(), input="", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "bad --redis" in done.stderr and "percent-encoded" in done.stderr
+    assert "s3cr3t" not in done.stderr and "Passw0rd" not in done.stderr

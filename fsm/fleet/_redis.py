@@ -181,7 +181,7 @@ local function pacer_set(k, s, ttl)
   redis.call('PEXPIRE', k, ttl)
 end
 local function pacer_forget(s, p)
-  if s.on == 1 and NOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 end
+  if s.on == 1 and NOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 s.tat = 0.0 end
 end
 local function count_send(s, at)
   local sec = math.floor(at / 1000.0)

@@ -316,3 +316,15 @@ def test_no_rate_grows_beyond_the_largest_max_rate_without_a_max_rate():
     for t in range(1, 300):
         state = pacing.observe(state, t * 1_000, False, settings)
     assert state.on and state.rate == pacing.MAX_RATE
+
+
+def test_a_forgotten_pacer_does_not_bring_back_its_old_slots_at_the_next_throttle():
+    """At the floor (0.01/s: one slot per 100 s), pacing lets go after forgetAfterMs; the next
+    throttle starts pacing from now, not from the slot booked 100 s ahead before."""
+    settings = PacingSettings(min_rate=0.01, forget_after_ms=1_000, horizon_ms=200_000)
+    state = observe(fresh(), 0, True, settings)
+    state, delay = reserve(state, 0, settings)
+    assert delay == 0 and state.tat_ms == 100_000
+    state = observe(state, 5_000, True, settings)          # forgotten, then throttled again
+    state, delay = reserve(state, 5_000, settings)
+    assert delay == 0

@@ -285,7 +285,8 @@ class PacingSettings:
     - ``horizon_ms`` (``horizonMs``): a slot is reserved at most this far ahead; a request that
       finds none reserves nothing and asks again after ``recheck_ms`` (jittered ×U(0.5, 1.5) by
       the host), so a rate that recovers is used at once; an integer 0..86 400 000, default 2 000.
-    - ``recheck_ms`` (``recheckMs``): see ``horizon_ms``; an integer 1..86 400 000, default 3 000.
+    - ``recheck_ms`` (``recheckMs``): see ``horizon_ms``; an integer 100..86 400 000 (a waiting
+      request asks the coordinator at most about ten times a second), default 3 000.
     - ``forget_after_ms`` (``forgetAfterMs``): no throttle for this long and the pacer lets go
       (unpaced until the next throttle), an integer 1000..604 800 000, default 30 000.
     - ``memory_s`` (``memoryS``): the half-life in seconds of the best throughput seen, to which
@@ -322,7 +323,7 @@ class PacingSettings:
         object.__setattr__(self, "fast_growth_per_s", _check_number("pacing.fastGrowthPerS", self.fast_growth_per_s, 0, 10, lo_open=True))
         object.__setattr__(self, "cut_interval_ms", _check_int("pacing.cutIntervalMs", self.cut_interval_ms, 0, 600_000))
         object.__setattr__(self, "horizon_ms", _check_int("pacing.horizonMs", self.horizon_ms, 0, MAX_DELAY_LIMIT_MS))
-        object.__setattr__(self, "recheck_ms", _check_int("pacing.recheckMs", self.recheck_ms, 1, MAX_DELAY_LIMIT_MS))
+        object.__setattr__(self, "recheck_ms", _check_int("pacing.recheckMs", self.recheck_ms, 100, MAX_DELAY_LIMIT_MS))
         object.__setattr__(self, "forget_after_ms", _check_int("pacing.forgetAfterMs", self.forget_after_ms,
                                                                1000, 7 * MAX_DELAY_LIMIT_MS))
         object.__setattr__(self, "memory_s", _check_number("pacing.memoryS", self.memory_s, 0, 1e6, lo_open=True))

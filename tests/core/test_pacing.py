@@ -264,7 +264,7 @@ def test_pacing_settings_default_off_and_round_trip():
 @pytest.mark.parametrize("key, value", [
     ("minRate", 0), ("minRate", -1), ("minRate", float("nan")), ("minRate", "1"), ("minRate", True),
     ("maxRate", 0.1), ("beta", 1), ("beta", 0), ("growthPerS", 0), ("fastGrowthPerS", 11),
-    ("cutIntervalMs", -1), ("horizonMs", 1.5), ("recheckMs", 0), ("memoryS", 0),
+    ("cutIntervalMs", -1), ("horizonMs", 1.5), ("recheckMs", 0), ("recheckMs", 99), ("memoryS", 0),
     ("forgetAfterMs", 10), ("forgetAfterMs", 1.5), ("enabled", "yes"),
 ])
 def test_a_bad_pacing_value_names_its_key_and_value(key, value):

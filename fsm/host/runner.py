@@ -304,9 +304,11 @@ class _Call(HostKernel):
     # -------------------------------------------------------------- the end
     def outcome(self, result: Any, cls: Classification) -> Any:
         end = self.end
-        if self.exc is not None:
+        settled = (end is None and cls.kind == "none") or (end is not None and end.success)
+        if self.exc is not None and not settled:
             # the caller's exception is re-raised or chained below: its text (and its causes')
-            # is scrubbed in place of the credentials the call carried (fsm.core.redact)
+            # is scrubbed in place of the credentials the call carried (fsm.core.redact); a
+            # call that succeeded raises nothing, and pays nothing for it
             scrub_exception(self.exc, self.secrets(self.exc))
         if end is None:  # no chain: the brain settled the turn
             if cls.kind == "none":

@@ -655,8 +655,12 @@ def _give_back_late(coordinator: Any, key: Any, budget: Any, task: asyncio.Futur
     if budget is None or task.cancelled() or task.exception() is not None:
         return
     _, allowed = task.result()
-    if allowed is not True:
-        return
+    if allowed is True:
+        _return_token_in_background(coordinator, key, budget)
+
+
+def _return_token_in_background(coordinator: Any, key: Any, budget: Any) -> None:
+    """Give a budget token back through a bounded background write, kept alive until it ends."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # pragma: no cover - a done callback runs on the loop
@@ -673,15 +677,8 @@ def _give_back_late_admission(coordinator: Any, key: Any, budget: Any, task: asy
     """An ``admit`` answered after the host stopped waiting: a token it took is given back."""
     if budget is None or task.cancelled() or task.exception() is not None:
         return
-    if not getattr(task.result(), "token_taken", False):
-        return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # pragma: no cover - a done callback runs on the loop
-        return
-    write = loop.create_task(_bounded_write(_coord_return_token(coordinator, key, budget)))
-    _IN_FLIGHT.add(write)
-    write.add_done_callback(_IN_FLIGHT.discard)
+    if getattr(task.result(), "token_taken", False):
+        _return_token_in_background(coordinator, key, budget)
 
 
 # ---------------------------------------------------------------------------- the loop's coordinator

@@ -20,8 +20,8 @@ Keys (docs/policy.md §1):
 - a ``RetrySettings`` tells a key the user set from a default (:meth:`RetrySettings.is_set`),
   so that a layer of lower precedence (a profile) never overrides a value the user wrote.
 
-Reading the file is a shell's job (:mod:`fsm.host.settings_file`; :meth:`RetrySettings.load`
-delegates).
+Reading the file is a shell's job: :func:`fsm.host.settings_file.load_settings` (also the
+top-level ``fsm.load_settings``).
 """
 
 from __future__ import annotations
@@ -637,14 +637,6 @@ class RetrySettings:
             return cls._from_retry(settings, base=None, stacklevel=3)
         raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                         f"{{'maxRetries': 5}} (or {{'retry': {{...}}}}), got {type(settings).__name__}")
-
-    @classmethod
-    def load(cls, path: str | Path) -> "RetrySettings":
-        """Read a settings file: a shell's convenience, delegating to
-        :func:`fsm.host.settings_file.load_settings` (the core reads no file; see that function
-        for what is refused). Raises :class:`SettingsError` naming the path or the key."""
-        from fsm.host.settings_file import load_settings  # the shell's module: imported on use
-        return load_settings(path, cls)
 
 
 # ---------------------------------------------------------------------------- docs/policy.md §13

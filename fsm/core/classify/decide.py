@@ -85,7 +85,8 @@ class Classification:
     (``"structured.status_529"``, ``"structured.code_insufficient_quota"``,
     ``"structured.type_overloaded_error"``, ``"structured.x_should_retry_false"``…, see
     :func:`classify_facts`), or one of the fixed steps ``"stop_reason.not_error"``,
-    ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"``.
+    ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"`` (family
+    ``unknown``: no status, no typed code, no rule).
     ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage limits";
     only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
     milliseconds (0 … 400 days, :data:`fsm.core.hints.MAX_HINT_MS`), only for ``retryable``;
@@ -119,6 +120,8 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
         return "overflow"
     if usage_limit:
         return "usage_limit"
+    if rule == _UNMATCHED_ID:
+        return "unknown"
     family = family_of_rule(rule)
     if family is not None:
         return family
@@ -137,6 +140,13 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
         if name == "x_should_retry_false":
             return "invalid_request"
     return "server_error" if kind == "retryable" else "other"
+
+
+_UNMATCHED_ID = "fatal.unmatched"
+"""The one rule id of family ``unknown``: text with no status, no typed code and no rule
+(docs/policy.md §2 step 6; fatal, one retry under ``retry.unknown: "once"``). With a status or a
+typed code that decides nothing, :func:`classify_facts` names the fact instead (family of the
+status, or ``other``)."""
 
 
 _USAGE_WINDOW_ONLY = frozenset({"fatal.payment_required", "fatal.insufficient_quota"})
@@ -253,7 +263,9 @@ _Clock = tuple["float | None", "ZoneResolver | None"]
 _NOT_ERROR = Classification("none", "stop_reason.not_error")
 _NO_MESSAGE = Classification("fatal", "error.no_message")
 _SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
-_UNMATCHED = Classification("fatal", "fatal.unmatched")
+_UNMATCHED = Classification("fatal", _UNMATCHED_ID)
+_UNMATCHED_FACTS = Classification("fatal", "structured.unmatched")
+"""A typed code or type that no table knows, with no status and no rule: family ``other``."""
 _RESULT: dict[tuple[str, bool], Classification] = {}
 for _tag, _rule in _TAGGED[:-1] + [(RETRYABLE, r) for r in INWORD_RULES]:
     _RESULT[_rule.id, False] = Classification(
@@ -628,6 +640,11 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
     # 7. the text families
     if tr.kind == "retryable":
         return _retryable(tr.rule, _family(tr.rule) in _RATE_FAMILIES, tr, text, headers, clock)
+    if tr.rule == _UNMATCHED_ID:  # a fact was there: not unknown, the fact names the verdict
+        if status is not None:
+            return Classification("fatal", f"structured.status_{status}")
+        if typed:
+            return _UNMATCHED_FACTS
     return tr
 
 

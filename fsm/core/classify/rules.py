@@ -53,7 +53,7 @@ __all__ = [
 FAMILIES: tuple[str, ...] = (
     "overloaded", "rate_limit", "usage_limit", "server_error", "network", "stalled", "timeout",
     "retry_later", "overflow", "billing", "auth", "invalid_request", "not_found", "content_policy",
-    "region", "configuration", "resources", "other", "none",
+    "region", "configuration", "resources", "model_output", "unknown", "other", "none",
 )
 """The closed set of failure families (:attr:`fsm.core.classify.Classification.family`, the
 ``family`` of every :class:`Rule`; docs/classification.md "Families" says what each covers).
@@ -64,7 +64,11 @@ Retryable: ``overloaded`` (the provider is at capacity: 529, ``overloaded_error`
 ``retry_later`` (the provider only says to retry). Overflow: ``overflow``. Fatal:
 ``billing``, ``auth``, ``invalid_request``, ``not_found``, ``content_policy``, ``region``,
 ``configuration`` (TLS trust, a host name that was never set), ``resources`` (a local runtime
-cannot hold the model), ``other`` (nothing more specific: no rule matched). ``none``: the turn did not fail."""
+cannot hold the model), ``unknown`` (text with no status, no typed code and no rule: the rule
+``fatal.unmatched``; one retry under ``retry.unknown: "once"``), ``other`` (a status or typed
+code that names nothing more specific). Retryable too: ``model_output`` (the provider's own model
+failed to produce valid output: ``tool_use_failed``, "failed to generate valid JSON"; docs/policy.md
+§2). ``none``: the turn did not fail."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -992,6 +992,7 @@ ROUND4_CASES = [
     ("동시 요청 한도를 초과했습니다. 나중에 다시 시도하세요.", "retryable", "rate_limit"),
     ("서버 트래픽이 많습니다. 잠시 뒤 다시 시도해 주세요.", "retryable", "overloaded"),
     ("El servidor está saturado", "retryable", "overloaded"),
+    ("Reintenta más tarde", "retryable", "retry_later"),
     ("Der Server ist ausgelastet", "retryable", "overloaded"),
 ]
 

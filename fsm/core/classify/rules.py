@@ -787,7 +787,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          # Spanish
          r"(?:vuelve|vuelva|volver) a intentar(?:lo)?|int[ée]nt(?:alo|elo|a|e) (?:de nuevo|nuevamente"
          r"|m[áa]s tarde|otra vez)|intente (?:de nuevo|nuevamente|m[áa]s tarde|otra vez)"
-         r"|reint[ée]nt(?:alo|elo|ar|e)|(?:prueba|pruebe|vuelve a probar) (?:de nuevo|otra vez|m[áa]s tarde)"
+         r"|reint[ée]nt(?:alo|elo|ar|a|e)|(?:prueba|pruebe|vuelve a probar) (?:de nuevo|otra vez|m[áa]s tarde)"
          # French
          r"|r[ée]essay(?:ez|er|e)|essayez (?:de nouveau|plus tard|à nouveau|ultérieurement)|retentez"
          # German
@@ -807,7 +807,7 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "Chinese '请重试' / '稍后再试', Korean '다시 시도해 주세요' (localized gateways and "
          "console front ends)"),
     Rule("retryable.rate_limit_i18n", "rate_limit",
-         r"demasiadas (?:solicitudes|peticiones|consultas|llamadas)|l[íi]mite de (?:velocidad|tasa|solicitudes"
+         r"demasiadas (?:solicitudes|peticiones|consultas|llamadas)|(?:límite|limite) de (?:velocidad|tasa|solicitudes"
          r"|peticiones|frecuencia|concurrencia)|(?:solicitudes|peticiones) (?:simult[áa]neas|concurrentes)"
          r"|trop de (?:requêtes|requetes|demandes|appels)|limite de (?:débit|debit|taux|requêtes|requetes|fréquence"
          r"|concurrence)|requêtes simultanées"

@@ -242,6 +242,9 @@ _TRIGGER_BY_KIND = {
     "none": L.TURN_SUCCEEDED,
 }
 _DEFAULT_SETTINGS = RetrySettings()
+_UNKNOWN_ONCE = Classification("retryable", "retry.unknown_once", family="unknown")
+"""What an ``unknown`` failure at rest is under ``retry.unknown: "once"``; its rule id is the
+``rule`` of the ``auto_retry_start`` that follows (docs/policy.md §1)."""
 
 
 # ---------------------------------------------------------------------------- words
@@ -892,8 +895,13 @@ class RetryBrain:
         else:
             f = facts or _NO_FACTS
             cls = classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
-        trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p = self._p
+        if (cls.family == "unknown" and cls.kind == "fatal" and p.settings.unknown == "once"
+                and p.state not in L.IN_CHAIN):
+            # retry.unknown "once": text no rule knows starts a chain of one retry at attempt 1's
+            # backoff; an unknown failure inside a chain stays fatal (docs/policy.md §1)
+            cls = _UNKNOWN_ONCE
+        trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p.message, p.cls, p.facts = message, cls, facts or _NO_FACTS
         try:
             actions = self._fire(trigger)

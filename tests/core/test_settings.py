@@ -228,6 +228,9 @@ def test_rpc_refuses_an_oversized_or_special_settings_file(tmp_path):
     ({"maxHintWaitMs": float("nan")}, "retry.maxHintWaitMs"),
     ({"maxElapsedMs": "10s"}, "retry.maxElapsedMs"),
     ({"afterOutput": "never"}, "retry.afterOutput"),
+    ({"unknown": "twice"}, "retry.unknown"),
+    ({"unknown": True}, "retry.unknown"),
+    ({"unknown": ["once"]}, "retry.unknown"),
     ({"budget": 5}, "retry.budget"),
     ({"budget": {"maxTokens": 0}}, "retry.budget.maxTokens"),
     ({"budget": {"maxTokens": 1001}}, "retry.budget.maxTokens"),
@@ -246,8 +249,10 @@ def test_v2_defaults_keep_the_reference_behaviour_and_round_trip():
     s = RetrySettings()
     assert (s.retry_hints, s.max_hint_wait_ms, s.max_elapsed_ms, s.after_output, s.budget) == \
         ("ignore", 60_000, None, "retry", None)
+    assert s.unknown == "never"  # docs/policy.md §1: unknown text stays fatal under the seed
     full = RetrySettings.from_json({"retry": {"retryHints": "honor", "maxElapsedMs": 900_000,
-                                              "afterOutput": "stop", "budget": {"maxTokens": 10}}})
+                                              "afterOutput": "stop", "unknown": "once",
+                                              "budget": {"maxTokens": 10}}})
     assert RetrySettings.from_json({"retry": full.to_json()}) == full
     assert full.budget.threshold == 5 and full.budget.token_ratio == 0.1
 

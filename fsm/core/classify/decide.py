@@ -85,7 +85,8 @@ class Classification:
     (``"structured.status_529"``, ``"structured.code_insufficient_quota"``,
     ``"structured.type_overloaded_error"``, ``"structured.x_should_retry_false"``…, see
     :func:`classify_facts`), or one of the fixed steps ``"stop_reason.not_error"``,
-    ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"``.
+    ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"`` (family
+    ``unknown``: no status, no typed code, no rule).
     ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage limits";
     only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
     milliseconds (0 … 400 days, :data:`fsm.core.hints.MAX_HINT_MS`), only for ``retryable``;
@@ -119,6 +120,8 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
         return "overflow"
     if usage_limit:
         return "usage_limit"
+    if rule == _UNMATCHED_ID:
+        return "unknown"
     family = family_of_rule(rule)
     if family is not None:
         return family
@@ -139,6 +142,13 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
     return "server_error" if kind == "retryable" else "other"
 
 
+_UNMATCHED_ID = "fatal.unmatched"
+"""The one rule id of family ``unknown``: text with no status, no typed code and no rule
+(docs/policy.md §2 step 6; fatal, one retry under ``retry.unknown: "once"``). With a status or a
+typed code that decides nothing, :func:`classify_facts` names the fact instead (family of the
+status, or ``other``)."""
+
+
 _USAGE_WINDOW_ONLY = frozenset({"fatal.payment_required", "fatal.insufficient_quota"})
 """Permanent rules that stand down only for a usage window with a stated reset (a 402 or an
 insufficient_quota type whose text is a free or periodic quota that resets at a given time),
@@ -157,14 +167,24 @@ def _states_a_reset(t: str) -> bool:
 _WINDOW_CODES = frozenset({"insufficient_quota", "payment_required"})
 """Typed permanent codes that stand down for a usage window with a stated reset."""
 
-_REFINABLE = frozenset({"server_error", "retry_later", "network", "timeout"})
+_REFINABLE = frozenset({"server_error", "retry_later", "network", "timeout", "rate_limit"})
+_OVERLOADED_WORDS = re.compile(
+    r"overload|over capacity|no capacity|at capacity|capacity exhausted|high demand|high traffic"
+    r"|heavy (?:load|traffic)|under (?:high|heavy) load|too busy|server busy"
+    r"|(?:model|service|server|system|engine|cluster)s? (?:is |are )?(?:currently |temporarily )?busy"
+    r"|(?:model|engine) is (?:currently )?loading|surcharg|sobrecarg|überlastet|ausgelastet"
+    r"|繁忙|过载|過負荷|混雑|과부하")
+"""The overloaded family's words (docs/classification.md "Families"): any retryable 5xx, gateway,
+"retry later" or rate-limit verdict whose text says so is ``overloaded``, so that
+``retry.fallbackOn: ["overloaded"]`` fires for every wording of an engine at capacity."""
 
 
 def _refine(result: Classification, text: str | None) -> Classification:
-    """A retryable 5xx, gateway or "retry later" whose text says the provider is overloaded is
-    ``overloaded`` (OpenAI's "503 … The engine is currently overloaded"; docs/classification.md)."""
-    if (result.kind == "retryable" and result.family in _REFINABLE and text
-            and "overload" in text.lower()):
+    """A retryable 5xx, gateway, "retry later" or rate limit whose text says the provider is
+    overloaded is ``overloaded`` (OpenAI's "503 … The engine is currently overloaded", Moonshot's
+    429 "The engine is currently overloaded", "high traffic"; docs/classification.md)."""
+    if (result.kind == "retryable" and result.family in _REFINABLE and not result.usage_limit and text
+            and _OVERLOADED_WORDS.search(text.lower()) is not None):
         return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
                               "overloaded")
     return result
@@ -253,7 +273,14 @@ _Clock = tuple["float | None", "ZoneResolver | None"]
 _NOT_ERROR = Classification("none", "stop_reason.not_error")
 _NO_MESSAGE = Classification("fatal", "error.no_message")
 _SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
-_UNMATCHED = Classification("fatal", "fatal.unmatched")
+_UNMATCHED = Classification("fatal", _UNMATCHED_ID)
+_MODEL_OUTPUT_RULE = next(r for r in RETRYABLE_RULES if r.family == "model_output")
+_MODEL_OUTPUT_RE = re.compile(_MODEL_OUTPUT_RULE.pattern)
+_MODEL_OUTPUT = Classification("retryable", _MODEL_OUTPUT_RULE.id)
+"""docs/policy.md §2: the provider's own model failed to produce valid output (a tool call, JSON):
+retryable, family ``model_output``, even inside a 4xx (Groq's 400 ``tool_use_failed``)."""
+_UNMATCHED_FACTS = Classification("fatal", "structured.unmatched")
+"""A typed code or type that no table knows, with no status and no rule: family ``other``."""
 _RESULT: dict[tuple[str, bool], Classification] = {}
 for _tag, _rule in _TAGGED[:-1] + [(RETRYABLE, r) for r in INWORD_RULES]:
     _RESULT[_rule.id, False] = Classification(
@@ -448,6 +475,8 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
     if permanent is not None and permanent.id not in YIELDS_TO_HINT:
         return _RESULT[permanent.id, False]
     if status is not None and status.id[0] == "f":
+        if _MODEL_OUTPUT_RE.search(t) is not None:  # the model's own invalid output outranks a 4xx
+            return _MODEL_OUTPUT
         return _RESULT[status.id, False]
     if retryable is None:
         retryable = _ANYWHERE_RETRYABLE.search(t)
@@ -481,6 +510,8 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
 _STATUS_VERDICT = {**{n: "retryable" for n in RETRYABLE_STATUSES}, **{n: "fatal" for n in FATAL_STATUSES},
                    402: "permanent", 413: "context_overflow"}
 _RATE_FAMILIES = frozenset({"rate_limit", "usage_limit"})
+_SIZE_REFUSALS = frozenset({"fatal.request_entity_too_large"})
+"""Text rules that make an HTTP 413 a fatal request-size refusal rather than an overflow."""
 _STATUS_DIGITS = re.compile(r"[1-5][0-9][0-9]")
 
 
@@ -570,6 +601,8 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
         if verdict is not None and verdict[0] == "context_overflow":
             return Classification("context_overflow", f"structured.{name}")
     if outer == "context_overflow":
+        if tr.rule in _SIZE_REFUSALS:  # a proxy's 413 page: a request-size refusal, not an overflow
+            return tr
         return Classification("context_overflow", f"structured.status_{status}")
     if tr.kind == "context_overflow":
         if status != 429 or tr.rule in _BEATS_429:
@@ -590,6 +623,8 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
         return Classification("fatal", "structured.x_should_retry_false")
     if tr.kind == "fatal" and tr.rule in _CONDITION_IDS:
         return tr
+    if tr.kind == "retryable" and tr.family == "model_output":  # outranks any status (§2)
+        return _retryable(tr.rule, False, tr, text, headers, clock)
     # 3. the server's own verdict: worth retrying
     if verdict_header is True:
         return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, clock)
@@ -628,6 +663,11 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
     # 7. the text families
     if tr.kind == "retryable":
         return _retryable(tr.rule, _family(tr.rule) in _RATE_FAMILIES, tr, text, headers, clock)
+    if tr.rule == _UNMATCHED_ID:  # a fact was there: not unknown, the fact names the verdict
+        if status is not None:
+            return Classification("fatal", f"structured.status_{status}")
+        if typed:
+            return _UNMATCHED_FACTS
     return tr
 
 

@@ -264,23 +264,26 @@ class HostKernel:
         return facts
 
     async def _record_throttle(self, cls: Classification, output_streamed: bool) -> None:
-        """Tell the pacer a retryable failure (docs/fleet.md "Pacing"): without progress
-        (nothing streamed: a 429, 503, 529, a connection error, a stall) it is a capacity
-        signal (``throttled``); with output streamed it is another answer (neither a success
-        nor a throttle). The write is awaited, bounded by :data:`COORDINATOR_TIMEOUT_S`, so
-        that it lands before the retry's slot is taken (at the gate, or at the decision for a
-        host that does not pace at send), however short the backoff: the retry is paced by
-        what its own failure taught. A late or failing write only costs sharing."""
+        """Tell the pacer a retryable failure (docs/fleet.md "Pacing"): a capacity signal
+        (:attr:`~fsm.core.classify.Classification.capacity_signal`: a 429, 503, 529, a
+        connection refused or reset) with nothing streamed is ``throttled``; any other (a
+        random 500, a stall, a timeout, a usage limit, a failure after output) is another
+        answer, which teaches nothing. A throttle's write is awaited, bounded by
+        :data:`COORDINATOR_TIMEOUT_S`, so that it lands before the retry's slot is taken (at
+        the gate, or at the decision for a host that does not pace at send), however short the
+        backoff: the retry is paced by what its own failure taught. A late or failing write
+        only costs sharing."""
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled:
             return
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             return
+        throttled = cls.capacity_signal and not output_streamed
         write = self._spawn(_coord_record(coordinator, self.key(), success=False,
-                                          throttled=not output_streamed, budget=None,
-                                          pacing=pacing))
-        await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
+                                          throttled=throttled, budget=None, pacing=pacing))
+        if throttled:  # another answer changes no slot: nothing to wait for
+            await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
 
     async def recheck_budget(self, *, now_ms: int | None = None) -> TurnFacts:
         """The facts for a retry that waited for the retry budget's floor slot (budget in
@@ -420,11 +423,12 @@ class HostKernel:
     def record_outcome(self, cls: Classification, *, output_streamed: bool = False) -> None:
         """An answer came back: tell the coordinator's pacer, off the critical path
         (docs/fleet.md "Pacing"): ``success`` for a success (the rate may grow),
-        ``throttled`` for any retryable failure without progress (nothing streamed: a 429, 503,
-        529, a connection error, a stall: a capacity signal), neither for any other answer (a
-        fatal error, a context overflow, a failure after output was streamed: nothing
-        learned). An aborted turn tells nothing. The budget's credit stays the brain's
-        ``CreditRetryBudget``."""
+        ``throttled`` for a capacity signal without progress (nothing streamed, and
+        :attr:`~fsm.core.classify.Classification.capacity_signal`: a 429, 503, 529, a
+        connection refused or reset), neither for any other answer (a random 500, a stall, a
+        timeout, a usage limit, a fatal error, a context overflow, a failure after output was
+        streamed: nothing learned). An aborted turn tells nothing. The budget's credit stays
+        the brain's ``CreditRetryBudget``."""
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled or not self.use_coordinator:
             return
@@ -433,7 +437,7 @@ class HostKernel:
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             return
-        throttled = cls.kind == "retryable" and not output_streamed
+        throttled = cls.capacity_signal and not output_streamed
         self._spawn(_coord_record(coordinator, self.key(), success=cls.kind == "none",
                                   throttled=throttled, budget=None, pacing=pacing))
 

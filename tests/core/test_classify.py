@@ -524,6 +524,8 @@ RULE_EXAMPLES = {
     "retryable.status_5xx": "ChatGPT error 500",
     "retryable.status_408": "HTTP 408",
     "retryable.service_unavailable": "Service Unavailable",
+    "retryable.status_503": "upstream answered 503",
+    "retryable.bad_gateway": "Bad Gateway",
     "retryable.server_error": "The server had an error while processing your request.",
     "retryable.connection": "Connection error.",
     "retryable.errno": "read ECONNRESET",

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from fsm.core.classify.rules import (
@@ -67,8 +67,8 @@ from fsm.core.hints import (
 )
 from fsm.core.messages import AssistantMessage, Usage
 
-__all__ = ["FAMILIES", "KINDS", "Classification", "Kind", "classify", "classify_facts", "classify_message",
-           "family_of"]
+__all__ = ["FAMILIES", "KINDS", "Classification", "Kind", "capacity_signal_of", "classify", "classify_facts",
+           "classify_message", "family_of"]
 
 Kind = Literal["retryable", "context_overflow", "fatal", "none"]
 KINDS: tuple[str, ...] = ("retryable", "context_overflow", "fatal", "none")
@@ -94,6 +94,16 @@ class Classification:
     (``"overloaded"``, ``"rate_limit"``, ``"usage_limit"``, ``"server_error"``…); left out, it
     is derived from ``rule``, ``kind`` and ``usage_limit``. Raises ``ValueError`` naming a
     family outside the set.
+    ``capacity_signal``: the failure says the provider has no capacity now — what teaches the
+    pacer (docs/classification.md "Capacity signal", docs/fleet.md "Pacing"): a 429 rate limit,
+    a 529 or overloaded, a 503 or unavailable, a connection refused or reset. False for a 500,
+    a 502/504, a stall, a timeout, a connection dropped any other way, a usage-limit window and
+    every verdict that is not ``retryable``. Left out (None), it is derived by
+    :func:`capacity_signal_of` from ``kind``, ``rule``, ``family`` and ``usage_limit``; the
+    classifier passes it when the text decides (a ``network`` verdict whose text names a
+    refused or reset connection). Always a ``bool`` once built; never true for a verdict that
+    is not retryable or for a usage limit; not part of equality. The host adds what the text
+    cannot say: nothing had been streamed (a reset mid-stream teaches nothing).
     """
 
     kind: Kind
@@ -101,6 +111,7 @@ class Classification:
     usage_limit: bool = False
     retry_hint_ms: int | None = None
     family: str = ""
+    capacity_signal: bool | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -108,6 +119,32 @@ class Classification:
         elif self.family not in FAMILIES:
             raise ValueError(f"Classification.family: unknown family {self.family!r}; "
                              f"expected one of {', '.join(FAMILIES)}")
+        derived = capacity_signal_of(self.kind, self.rule, self.family, self.usage_limit)
+        if self.capacity_signal is not None:  # the classifier's word, within the same bounds
+            derived = bool(self.capacity_signal) and self.kind == "retryable" and not (
+                self.usage_limit or self.family == "usage_limit")
+        object.__setattr__(self, "capacity_signal", derived)
+
+
+_CAPACITY_FAMILIES = frozenset({"overloaded", "rate_limit"})
+_UNAVAILABLE_RULES = frozenset({
+    "retryable.status_503", "retryable.service_unavailable", "structured.status_503",
+    "structured.inner_status_503",
+    *(f"structured.{source}_{code}" for source in ("code", "type")
+      for code in ("unavailable", "service_unavailable", "serviceunavailableexception")),
+})
+"""The rules of a retryable ``server_error`` that mean 503 / unavailable (a capacity signal)."""
+
+
+def capacity_signal_of(kind: str, rule: str, family: str, usage_limit: bool = False) -> bool:
+    """Whether a verdict is a capacity signal by its rule alone (docs/classification.md
+    "Capacity signal"): a retryable ``overloaded`` or ``rate_limit`` verdict (529, 429,
+    ``overloaded_error``, "too many requests"…), or a ``server_error`` whose rule means 503 /
+    unavailable (:data:`_UNAVAILABLE_RULES`). False for a usage limit and for anything not
+    ``retryable``. A refused or reset connection is told by the text (:func:`_refine`)."""
+    if kind != "retryable" or usage_limit or family == "usage_limit":
+        return False
+    return family in _CAPACITY_FAMILIES or rule in _UNAVAILABLE_RULES
 
 
 def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
@@ -179,14 +216,30 @@ _OVERLOADED_WORDS = re.compile(
 ``retry.fallbackOn: ["overloaded"]`` fires for every wording of an engine at capacity."""
 
 
+_REFUSED_OR_RESET_RE = re.compile(
+    r"refused|conn(?:ection)?[ _-]?reset|connection (?:was |has been )?reset|reset by peer"
+    r"|reset before headers|errno (?:104|111|54|61)\b|winerror 100(?:54|61)\b", re.ASCII)
+"""A connection refused or reset, in lower-case text (``ECONNREFUSED``, ``[Errno 111]
+Connection refused``, ``ConnectionResetError``, "reset by peer", WinError 10054/10061)."""
+
+
 def _refine(result: Classification, text: str | None) -> Classification:
     """A retryable 5xx, gateway, "retry later" or rate limit whose text says the provider is
     overloaded is ``overloaded`` (OpenAI's "503 … The engine is currently overloaded", Moonshot's
-    429 "The engine is currently overloaded", "high traffic"; docs/classification.md)."""
-    if (result.kind == "retryable" and result.family in _REFINABLE and not result.usage_limit and text
+    429 "The engine is currently overloaded", "high traffic"; docs/classification.md); a
+    ``network`` failure whose text names a refused or reset connection is a capacity signal
+    (``Connection error. (ConnectError: [Errno 111] Connection refused)``; docs/classification.md
+    "Capacity signal")."""
+    if result.kind != "retryable" or not text:
+        return result
+    if (result.family in _REFINABLE and not result.usage_limit
             and _OVERLOADED_WORDS.search(text.lower()) is not None):
         return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
                               "overloaded")
+    if (result.family == "network" and not result.capacity_signal
+            and _REFUSED_OR_RESET_RE.search(text.lower()) is not None):
+        return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
+                              "network", True)
     return result
 
 
@@ -512,6 +565,8 @@ _STATUS_VERDICT = {**{n: "retryable" for n in RETRYABLE_STATUSES}, **{n: "fatal"
 _RATE_FAMILIES = frozenset({"rate_limit", "usage_limit"})
 _SIZE_REFUSALS = frozenset({"fatal.request_entity_too_large"})
 """Text rules that make an HTTP 413 a fatal request-size refusal rather than an overflow."""
+_CAPACITY_STATUSES = frozenset({429, 503, 529})
+"""Statuses that are a capacity signal by themselves (docs/classification.md "Capacity signal")."""
 _STATUS_DIGITS = re.compile(r"[1-5][0-9][0-9]")
 
 
@@ -627,7 +682,13 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
         return _retryable(tr.rule, False, tr, text, headers, clock)
     # 3. the server's own verdict: worth retrying
     if verdict_header is True:
-        return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, clock)
+        # the header names no condition: the status, the typed code or the text still say
+        # whether the provider is out of capacity (a 529 with x-should-retry: true is one)
+        capacity = (status in _CAPACITY_STATUSES or bool(tr.capacity_signal)
+                    or any(v is not None and capacity_signal_of(v[0], f"structured.{n}", v[1])
+                           for n, v, _ in typed))
+        return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, clock,
+                          capacity=capacity)
     # 4. the body's typed code/type (a numeric code is an inner status)
     for name, verdict, value in typed:
         if verdict is None and name.startswith("code_") and _STATUS_DIGITS.fullmatch(value):
@@ -673,9 +734,10 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
 
 def _retryable(rule_id: str, rate_limited: bool, tr: Classification, text: str,
                headers: Mapping[str, str] | None, clock: _Clock, *,
-               usage_limit: bool = False) -> Classification:
+               usage_limit: bool = False, capacity: bool | None = None) -> Classification:
     """A retryable verdict with the usage-limit flag of the facts or the text, and the hint of
-    the headers, else of the text."""
+    the headers, else of the text; ``capacity``: its capacity signal when the rule id alone
+    does not say it (None: derived from the rule)."""
     usage_limit = usage_limit or (tr.kind == "retryable" and tr.usage_limit)
     rate_limited = rate_limited or usage_limit or (tr.kind == "retryable" and _family(tr.rule) in _RATE_FAMILIES)
     found = header_hint(headers, rate_limited=rate_limited, now_ms=clock[0], zone=clock[1])
@@ -685,7 +747,7 @@ def _retryable(rule_id: str, rate_limited: bool, tr: Classification, text: str,
         hint = tr.retry_hint_ms
     else:
         hint = parse_retry_hint_ms(text, now_ms=clock[0], zone=clock[1]) if text else None
-    return Classification("retryable", rule_id, usage_limit, hint)
+    return Classification("retryable", rule_id, usage_limit, hint, "", capacity)
 
 
 def classify_message(message: AssistantMessage, context_window: int = 0, *,

@@ -505,9 +505,13 @@ STATUS_RULES: tuple[Rule, ...] = (
     Rule("retryable.status_429", "rate_limit",
          _status("429"),
          "HTTP 429 Too Many Requests (RFC 6585); base families (docs/policy.md §2); D3"),
+    Rule("retryable.status_503", "server_error",
+         _status("503"),
+         "HTTP 503 Service Unavailable (RFC 9110 §15.6.4): a capacity signal "
+         "(docs/classification.md \"Capacity signal\"); D3 standalone numbers"),
     Rule("retryable.status_5xx", "server_error",
-         _status("5(?:0[0234]|2[0-4])"),
-         "the base 500/502/503/504 and Cloudflare 520-524; D3 standalone numbers"),
+         _status("5(?:0[024]|2[0-4])"),
+         "the base 500/502/504 and Cloudflare 520-524; D3 standalone numbers"),
     Rule("retryable.status_408", "timeout",
          _status("408"),
          "HTTP 408 Request Timeout"),
@@ -666,12 +670,16 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"service[ _]?(?:is )?(?:temporarily )?unavailable|temporarily unavailable"
          r"|temporarily unable to process|(?:is|are) (?:currently )?unable to (?:process|handle|serve)"
          r" (?:your|the|this) request"
-         r"|status\\?[\"']?:? ?\\?[\"']?unavailable\b|statuscode\.unavailable|bad ?gateway"
-         r"|gateway ?time-?out"
-         r"|origin (?:is )?unreachable|no healthy upstream"
+         r"|status\\?[\"']?:? ?\\?[\"']?unavailable\b|statuscode\.unavailable|no healthy upstream"
          r"|(?:under|undergoing) (?:scheduled |planned )?maintenance|maintenance mode|be back shortly",
-         "base families (docs/policy.md §2); Bedrock ServiceUnavailableException; Google status UNAVAILABLE; gRPC "
-         "StatusCode.UNAVAILABLE; nginx/Cloudflare 502/504 pages; envoy"),
+         "base families (docs/policy.md §2); the reason phrase of 503; Bedrock "
+         "ServiceUnavailableException; Google status UNAVAILABLE; gRPC StatusCode.UNAVAILABLE; "
+         "envoy 503 'no healthy upstream'; a maintenance page: a capacity signal "
+         "(docs/classification.md \"Capacity signal\")"),
+    Rule("retryable.bad_gateway", "server_error",
+         r"bad ?gateway|gateway ?time-?out|origin (?:is )?unreachable",
+         "nginx/Cloudflare 502/504 pages named without their number: a gateway that could not "
+         "get an answer, not a capacity signal (docs/classification.md \"Capacity signal\")"),
     Rule("retryable.server_error", "server_error",
          r"server[ _]?error|internal[ _]?(?:server[ _]?)?(?:error|exception)|server had an error"
          r"|status\\?[\"']?:? ?\\?[\"']?internal\b",

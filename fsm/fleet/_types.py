@@ -88,6 +88,11 @@ class CoordinatorError(Exception):
     """
 
 
+class CoordinatorSlowError(CoordinatorError):
+    """The coordinator did not answer within a socket's timeout: slow, not known to be down
+    (a guard answers locally, "unknown", and a probe decides whether it is down)."""
+
+
 class CoordinatorKeyError(CoordinatorError):
     """The server answered, but not with what one key's step should give (a reply of the
     wrong shape, a script error on one key's data): that key is answered locally; the

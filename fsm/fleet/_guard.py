@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+import itertools
 from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
@@ -34,6 +34,8 @@ STABLE_S = 30.0
 HEARTBEAT_S = 10.0
 #: A token handed out is remembered (to give it back where it came from) for this long (s).
 TOKEN_MEMORY_S = 3600.0
+#: At most this many tokens are remembered per key (the oldest are forgotten first).
+MAX_TOKENS_KEPT = 4096
 
 # A deadline the event loop reaches later than this was missed because the loop was busy:
 # the deadline moves on by as long as it was late (at most the timeout), at most this often.
@@ -271,8 +273,9 @@ class GuardedCoordinator:
         self._background: set[asyncio.Task] = set()  # late give-backs, probes, heartbeats
         self._next_heartbeat = -math.inf
         self.processes = 1  # the fleet's processes heard lately (the local share's divisor)
-        # key -> the tokens handed out and not given back: (where from, when (monotonic s))
-        self._tokens: dict[CoordKey, deque[tuple[str, float]]] = {}
+        # key -> token id -> (where from, when (monotonic s)): handed out, not given back
+        self._tokens: dict[CoordKey, dict[int, tuple[str, float]]] = {}
+        self._token_ids = itertools.count(1)
         self.answers = {"remote": 0, "unknown": 0, "down": 0}  # how each read was answered
 
     def __repr__(self) -> str:
@@ -424,16 +427,21 @@ class GuardedCoordinator:
         return give_back
 
     # -- the tokens handed out -------------------------------------------------------------
-    def _handed(self, key: CoordKey, source: str) -> None:
-        """A token taken from ``source`` ("remote" or "local") was handed to a caller."""
+    def _handed(self, key: CoordKey, source: str) -> int:
+        """A token taken from ``source`` ("remote" or "local") is handed to a caller: its id.
+        Remembered for :data:`TOKEN_MEMORY_S` (a retry that went never gives it back)."""
         now = self._monotonic()
-        tokens = self._tokens.setdefault(key, deque(maxlen=4096))
-        while tokens and now - tokens[0][1] > TOKEN_MEMORY_S:
-            tokens.popleft()
-        tokens.append((source, now))
+        tokens = self._tokens.setdefault(key, {})
+        for token in [t for t, (_, at) in tokens.items() if now - at > TOKEN_MEMORY_S]:
+            del tokens[token]
+        while len(tokens) >= MAX_TOKENS_KEPT:
+            del tokens[next(iter(tokens))]
+        token = next(self._token_ids)
+        tokens[token] = (source, now)
         if len(self._tokens) > 1024:
             for k in [k for k, t in self._tokens.items() if not t]:
                 del self._tokens[k]
+        return token
 
     def _answered(self, how: str) -> None:
         self.answers[how] += 1
@@ -485,7 +493,7 @@ class GuardedCoordinator:
                                                floor_slot_due=floor_slot_due,
                                                max_wait_ms=max_wait_ms)
             if answer.token_taken:
-                self._handed(key, "local")
+                answer = replace(answer, token=self._handed(key, "local"))
             return answer
         self._answered("remote")
         now = self.fallback.now_ms()
@@ -494,7 +502,7 @@ class GuardedCoordinator:
         if retry and budget is not None:
             self._mirror(key, budget)
         if answer.token_taken:
-            self._handed(key, "remote")
+            answer = replace(answer, token=self._handed(key, "remote"))
         refused = max_wait_ms is not None and answer.cooldown_ms > max_wait_ms
         if answer.pacing_booked and answer.budget is not False and not refused:
             # the local pacer counts this process's sends (the rate a local throttle cuts
@@ -596,16 +604,22 @@ class GuardedCoordinator:
         self._mirror_cooldown(key, left, now_ms)
         return max(left, self.fallback.cooldown_left_sync(key, now_ms)), allowed
 
-    async def return_retry_token(self, key: CoordKey, budget: BudgetSettings) -> None:
-        """Give back the latest token handed out for ``key`` and not given back, to where it
-        was taken (the remote bucket or the local share); nothing when none is outstanding
-        (a second give-back of one retry's token returns nothing). A remote that does not
-        take it back (down, or no answer in time) keeps it spent: never the local share."""
+    async def return_retry_token(self, key: CoordKey, budget: BudgetSettings, *,
+                                 token: int | None = None) -> None:
+        """Give back a token this guard handed out for ``key``, to where it was taken (the
+        remote bucket or the local share): ``token`` (:attr:`Admission.token`) once, however
+        often it is passed; without it, the latest one not given back. Nothing when none is
+        outstanding. A remote that does not take it back (down, or no answer in time) keeps
+        it spent: never the local share."""
         tokens = self._tokens.get(key)
-        if not tokens:
-            log.debug("no budget token outstanding for %s: nothing to give back", key)
+        if token is not None:
+            entry = tokens.pop(token, None) if tokens else None
+        else:
+            entry = tokens.pop(next(reversed(tokens))) if tokens else None
+        if entry is None:
+            log.debug("no such budget token outstanding for %s: nothing to give back", key)
             return
-        source, _ = tokens.pop()
+        source, _ = entry
         if source == "local":
             await self.fallback.return_retry_token(key, budget)
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from fsm.core.settings import BudgetSettings, PacingSettings
@@ -129,6 +129,10 @@ class Admission:
       asks again with ``floor_slot_due=False`` (the bucket is asked afresh: a token if it
       has one, else a floor slot or another wait). ``True`` in every other answer
       (docs/fleet.md "Budget in wait mode").
+    - ``token``: with ``token_taken``, an id of that token a coordinator that tracks tokens
+      gives (the guard: :class:`~fsm.fleet.GuardedCoordinator`), to pass back as
+      ``return_retry_token(key, budget, token=...)``: that token is given back once, to
+      where it was taken, however often it is passed. None otherwise (not compared).
 
     :attr:`delay_ms` is the largest of the three waits.
     """
@@ -140,6 +144,7 @@ class Admission:
     budget_wait_ms: int = 0
     pacing_booked: bool = True
     budget_slot_booked: bool = True
+    token: int | None = field(default=None, compare=False)
 
     @property
     def delay_ms(self) -> int:

@@ -10,8 +10,12 @@ Registered through the ``pytest11`` entry point and off unless asked for:
     where to write the JSON report (default ``build/transition-coverage.json``, relative to
     the directory pytest was started in): ``{"declared", "covered", "percent", "uncovered",
     ...}`` plus per-row counts (see :meth:`fsm.review.audit.Report.to_json`) and the run's
-    ``partial`` reasons. It is also a counts file: ``python -m fsm audit PATH --svg OUT``
-    draws it (``make test`` writes ``build/transition-coverage.svg`` and ``.md`` that way);
+    ``partial`` reasons, and ``contexts``: for every row and outcome (taken, rejected by which
+    guard, ignored) the node ids of the tests that exercised it, the first
+    :data:`fsm.review.audit.CONTEXT_LIMIT` of them and how many there were (from a test's
+    set-up to its tear-down; with xdist, every worker's). It is also a counts file:
+    ``python -m fsm audit PATH --svg OUT`` draws it (``make test`` writes
+    ``build/transition-coverage.svg`` and ``.md`` that way);
 ``--transition-coverage-fail-under=PCT``
     (implies ``--transition-coverage``) fail the run when the coverage is under PCT percent, but only when the whole suite ran:
     a run narrowed by ``-k``, ``-m``, ``--lf``, ``--sw``, ``--deselect``, ``--ignore``, any
@@ -105,7 +109,7 @@ class TransitionCoverage:
 
         self.config = config
         self.worker = hasattr(config, "workerinput")
-        self.collector = Collector().install()
+        self.collector = Collector(contexts=True).install()
         self.deselected = 0
         self.report = None
         self.reasons: list[str] = []
@@ -115,13 +119,23 @@ class TransitionCoverage:
     def pytest_deselected(self, items) -> None:
         self.deselected += len(items)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        # Every transition heard from the test's set-up to its tear-down is the test's.
+        self.collector.context = item.nodeid
+        try:
+            return (yield)
+        finally:
+            self.collector.context = None
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         data = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
         if data is not None:
-            from fsm.review.audit import Collector
+            from fsm.review.audit import Collector, contexts_from_json
 
-            self.collector.add(Collector.counts_from_json(data))
+            self.collector.add(Collector.counts_from_json(data),
+                               contexts_from_json(data.get("contexts", [])))
             self.deselected = max(self.deselected, data.get("deselected", 0))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
@@ -133,7 +147,7 @@ class TransitionCoverage:
             return
         from fsm.review.audit import coverage
 
-        report = self.report = coverage(self.collector.counts)
+        report = self.report = coverage(self.collector.counts, None, self.collector.contexts)
         fail_under = self.config.getoption("transition_coverage_fail_under")
         self.reasons = partial_reasons(self.config, self.deselected)
         self.failed = (fail_under is not None and not self.reasons and report.below(fail_under))

@@ -14,7 +14,7 @@ from fsm.review.diagrams.model import (ADDED, AND, CHANGED, NOT, REMOVED, REVIEW
 from fsm.review.diagrams.style import (CHANGE_STYLE, GROUP_LABELS, STATUS_STYLE, Line,
                                        group_words, label_lines, twins_text, wrap)
 from fsm.review.diagrams.policy import PolicyCard, policy_card
-from fsm.review.diagrams.style import CLUSTERS, FILLS, PALETTE, REVIEW_EDGE
+from fsm.review.diagrams.style import CLUSTERS, FILLS, FONT, PALETTE, REVIEW_EDGE
 
 def dot_text(text: str) -> str:
     # Free text (docs, specs) must not be read as a DOT escape or an HTML label.
@@ -71,11 +71,11 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     colours = {t: PALETTE[i % len(PALETTE)] for i, (t, _) in enumerate(diagram.triggers)}
     g = graphviz.Digraph(diagram.name)
     g.attr("graph", rankdir="LR", newrank="true", nodesep="0.35", ranksep="1.1",
-           fontname="Helvetica", fontsize="11", labelloc="t",
+           fontname=FONT, fontsize="11", labelloc="t",
            label=dot_text(f"{diagram.name}: generated from fsm/core/lifecycle.py"))
-    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+    g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="12",
            fillcolor="#FFFFFF")
-    g.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7")
+    g.attr("edge", fontname=FONT, fontsize="9", arrowsize="0.7")
     initial = [s for s in diagram.states if s.initial]
     if initial:
         g.node("__initial", label="", shape="point", width="0.15", style="filled",
@@ -352,11 +352,11 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
                       f"state: {diagram.name}.md)")
     # The legend card is the graph's label, under the machine: no edge can run through it.
     g.attr("graph", rankdir="BT", compound="true", nodesep="0.3",
-           ranksep="0.3", fontname="Helvetica", fontsize="9", labelloc="b", labeljust="l",
+           ranksep="0.3", fontname=FONT, fontsize="9", labelloc="b", labeljust="l",
            pad="0.1", label=_review_legend(diagram, diff, summary, policy, title))
-    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+    g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="12",
            fillcolor="#FFFFFF")
-    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
+    g.attr("edge", fontname=FONT, fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
     names = {s.name for s in diagram.states}
     groups = {group: members for group, members in diagram.groups if members}
     grouped = {m: group for group, members in groups.items() for m in members}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from fsm._extras import require
 from fsm.review.diagrams.dot import dot_text, html_text, review_label, svg_of
 from fsm.review.diagrams.model import Diagram, DrawnRow, ReviewEdge
-from fsm.review.diagrams.style import FILLS, REVIEW_EDGE, STATUS_STYLE, group_words, wrap
+from fsm.review.diagrams.style import FILLS, FONT, REVIEW_EDGE, STATUS_STYLE, group_words, wrap
 
 __all__ = ["state_rows", "build_state_digraph", "render_state_dot", "render_state_svg"]
 
@@ -63,11 +63,11 @@ def build_state_digraph(diagram: Diagram, state: str, drawn=None):
     notes.append(f"rows into {html_text(state)} on the left, rows out of it on the right; "
                  f"every cell: {diagram.name}.md")
     g.attr("graph", rankdir="LR", newrank="true", nodesep="0.25", ranksep="0.35",
-           fontname="Helvetica", fontsize="10", labelloc="t", labeljust="l", pad="0.1",
+           fontname=FONT, fontsize="10", labelloc="t", labeljust="l", pad="0.1",
            label="<" + '<br align="left"/>'.join(notes) + '<br align="left"/>>')
-    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="11",
+    g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="11",
            fillcolor="#FFFFFF")
-    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
+    g.attr("edge", fontname=FONT, fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
     g.node(state, label=state, fillcolor=FILLS.get(s.group, "#FFFFFF"), penwidth="2.2",
            tooltip=dot_text(s.doc or state))
     fill = {t.name: FILLS.get(t.group, "#FFFFFF") for t in diagram.states}

@@ -33,6 +33,10 @@ CHANGE_STYLE = {  # diff view: colour, line style, marker; Okabe–Ito, with a m
     CHANGED: ("#0072B2", "solid", "~"),
 }
 REVIEW_EDGE = "#444444"
+FONT = "DejaVu Sans"
+"""The font every DOT names (Debian's ``fonts-dejavu-core``, which ``make setup`` installs):
+Graphviz measures the labels with it and a browser draws them with it, so a label's box fits
+its text and stays next to its edge (docs/diagrams.md "The report")."""
 GROUP_WORDS = {"at_rest": "at rest"}
 
 

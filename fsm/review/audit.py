@@ -842,11 +842,12 @@ def _summary_lines(report: Report) -> str:
     return "; ".join([f"transition coverage {report.summary()}"] + report.breakdown())
 
 
-def coverage_svg(report: Report) -> bytes:
+def coverage_svg(report: Report, links: Mapping[str, str] | None = None) -> bytes:
     """The review diagram coloured by coverage: each declared row covered, partly covered
     (taken somewhere, but a state or a rejection is missing) or not covered (red, dashed),
     with its counts, and a legend. A row drawn from a group is as covered as its member
-    states' transitions together.
+    states' transitions together. ``links`` (declared row id or state → URL) links the
+    picture's rows and states (the HTML report, :mod:`fsm.review.report`).
 
     Raises :class:`fsm.review.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
@@ -856,13 +857,15 @@ def coverage_svg(report: Report) -> bytes:
     marks = declared_marks(report, diagram)
     drawn = [DrawnRow(r, was=marks[r.id].note, coverage=marks[r.id].status) for r in diagram.rows]
     return svg_of(build_review_digraph(diagram, drawn, summary=_summary_lines(report),
-                                       title=f"{diagram.name}: transition coverage"))
+                                       title=f"{diagram.name}: transition coverage",
+                                       links=links))
 
 
-def coverage_states_svgs(report: Report) -> dict[str, bytes]:
+def coverage_states_svgs(report: Report, links=None) -> dict[str, bytes]:
     """One small SVG per state (``{state: svg}``, the pictures ``python -m fsm diagrams``
     writes into ``diagrams/states/``), each edge coloured by the coverage of its declared rows:
     covered, partly covered, not covered (red, dashed), as :func:`coverage_svg` colours them.
+    ``links(state)`` (optional) gives the row id / state → URL mapping of each state's picture.
 
     Raises :class:`fsm.review.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
@@ -873,7 +876,8 @@ def coverage_states_svgs(report: Report) -> dict[str, bytes]:
     marks = declared_marks(report, diagram)
     drawn = {r.id: DrawnRow(r, was=marks[r.id].note, coverage=marks[r.id].status)
              for r in diagram.rows}
-    return {s.name: render_state_svg(diagram, s.name, drawn) for s in diagram.states}
+    return {s.name: render_state_svg(diagram, s.name, drawn, links(s.name) if links else None)
+            for s in diagram.states}
 
 
 def coverage_states_svg(report: Report) -> bytes:

@@ -16,6 +16,11 @@ Registered through the ``pytest11`` entry point and off unless asked for:
     set-up to its tear-down; with xdist, every worker's). It is also a counts file:
     ``python -m fsm audit PATH --svg OUT`` draws it (``make test`` writes
     ``build/transition-coverage.svg`` and ``.md`` that way);
+``--transition-coverage-html=DIR``
+    (implies ``--transition-coverage``) also write the HTML report into the folder ``DIR``
+    (:mod:`fsm.review.report`; ``make test`` writes ``build/transition-coverage-html/``),
+    whatever the tests' outcome; a report that cannot be drawn (no Graphviz) is said in the
+    summary and does not change the exit status;
 ``--transition-coverage-fail-under=PCT``
     (implies ``--transition-coverage``) fail the run when the coverage is under PCT percent, but only when the whole suite ran:
     a run narrowed by ``-k``, ``-m``, ``--lf``, ``--sw``, ``--deselect``, ``--ignore``, any
@@ -59,11 +64,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(implies --transition-coverage)")
     group.addoption("--transition-coverage-report", default=DEFAULT_REPORT, metavar="PATH",
                     help=f"JSON report path (default: {DEFAULT_REPORT})")
+    group.addoption("--transition-coverage-html", default=None, metavar="DIR",
+                    help="also write the HTML report (the diagram, every row with the tests "
+                         "that took it, a page per state) into DIR (implies "
+                         "--transition-coverage)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # A threshold alone turns recording on: a CI line that sets one expects it enforced.
     if (config.getoption("transition_coverage")
+            or config.getoption("transition_coverage_html")
             or config.getoption("transition_coverage_fail_under") is not None):
         config.pluginmanager.register(TransitionCoverage(config), "transition-coverage-collector")
 
@@ -115,6 +125,7 @@ class TransitionCoverage:
         self.reasons: list[str] = []
         self.failed = False
         self.path: Path | None = None
+        self.html: str = ""
 
     def pytest_deselected(self, items) -> None:
         self.deselected += len(items)
@@ -158,8 +169,24 @@ class TransitionCoverage:
         self.path = path if path.is_absolute() else self.config.invocation_params.dir / path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        self._write_html(report)
         if self.failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_html(self, report) -> None:
+        folder = self.config.getoption("transition_coverage_html")
+        if not folder:
+            return
+        from fsm.review.diagrams import DiagramError
+        from fsm.review import report as html_report
+
+        out = Path(folder)
+        out = out if out.is_absolute() else self.config.invocation_params.dir / out
+        try:
+            html_report.write(out, report)
+            self.html = f"HTML report {out / 'index.html'}"
+        except (DiagramError, OSError) as exc:
+            self.html = f"no HTML report: {exc}"
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.report is None:
@@ -171,6 +198,8 @@ class TransitionCoverage:
         elif self.failed:
             line += f"; FAIL: under --transition-coverage-fail-under={fail_under:g}"
         terminalreporter.write_line(line, red=self.failed, bold=self.failed)
+        if self.html:
+            terminalreporter.write_line(f"transition coverage: {self.html}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.collector.uninstall()

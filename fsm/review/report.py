@@ -250,8 +250,9 @@ def _outcomes_html(row: ReportRow, report: A.Report) -> str:
 
 
 def _tests_html(row: ReportRow, report: A.Report, limit: int) -> str:
-    """The tests (or traces) that exercised the row, per outcome and state; "not covered"
-    when none did; a row seen only outside any test says so."""
+    """The tests (or traces) that exercised the row, per outcome and state; "not covered: no
+    test took it" when none took it (the tests that saw it rejected are still listed); a row
+    seen only outside any test says so."""
     blocks = []
     several = len(row.members) > 1
     for m in row.members:
@@ -269,10 +270,10 @@ def _tests_html(row: ReportRow, report: A.Report, limit: int) -> str:
                 more = ctx.total - min(len(ctx.tests), limit)
                 tail = f"<li>… and {more} more</li>" if more > 0 else ""
                 blocks.append(f"{head}:</p><ul>{items}{tail}</ul>")
-    if not blocks:
-        if row.taken:  # counted without contexts: an old counts file
-            return '<p class="muted">no test ids recorded (counts without contexts)</p>'
-        return f'<p>{_status_html(A.NOT_COVERED)}: no test took it</p>'
+    if not row.taken:  # never taken: perhaps seen rejected, by the tests listed
+        blocks.insert(0, f'<p>{_status_html(A.NOT_COVERED)}: no test took it</p>')
+    elif not blocks:  # counted without contexts: an old counts file
+        blocks.append('<p class="muted">no test ids recorded (counts without contexts)</p>')
     return "".join(blocks)
 
 

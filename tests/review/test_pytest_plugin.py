@@ -389,3 +389,15 @@ def test_contexts_are_bounded_and_counted():
     assert ctx.total == A.CONTEXT_LIMIT + 6 and len(ctx.tests) == A.CONTEXT_LIMIT
     again = A.contexts_from_json(A.contexts_to_json({("r", "taken", ""): ctx}))
     assert again[("r", "taken", "")].tests == ctx.tests and again[("r", "taken", "")].total == ctx.total
+
+
+def test_the_html_option_writes_the_report_naming_the_tests(suite):
+    """--transition-coverage-html DIR writes the browser report (implies recording), its rows
+    naming the tests that took them (docs/diagrams.md "The report")."""
+    result = run(suite, "--transition-coverage-html", "build/transition-coverage-html")
+    result.assert_outcomes(passed=2)
+    index = suite.path / "build" / "transition-coverage-html" / "index.html"
+    text = index.read_text(encoding="utf-8")
+    assert CHAIN_ID in text and CANCEL_ID in text
+    assert (index.parent / "states" / "idle.html").is_file()
+    assert any(l == f"transition coverage: HTML report {index}" for l in result.outlines)

@@ -240,7 +240,7 @@ def _outcomes_html(row: ReportRow, report: A.Report) -> str:
         if c.no_rejection:
             text += f"; rejected — ({c.no_rejection})"
         elif c.rejected:
-            by = ", ".join(f"{_e(guard_text([g]) if g else '?')} ✗ {ctx.records}"
+            by = ", ".join(f"{_e(guard_text([g]) if g else '?')} failed {ctx.records}×"
                            for g, ctx in report.context(c.id, "rejected"))
             text += f"; rejected {c.rejected}" + (f" ({by})" if by else "")
         else:
@@ -259,7 +259,7 @@ def _tests_html(row: ReportRow, report: A.Report, limit: int) -> str:
         outcomes = ("ignored",) if row.ignored else ("taken", "rejected")
         for outcome in outcomes:
             for guard, ctx in report.context(m.coverage.id, outcome):
-                what = outcome if not guard else f"rejected ({guard_text([guard])} ✗)"
+                what = outcome if not guard else f"rejected ({guard_text([guard])} failed)"
                 where = f" in {m.state}" if several else ""
                 head = f"<p>{_e(what)}{_e(where)} by {ctx.total} test{'s' if ctx.total != 1 else ''}"
                 if not ctx.tests:
@@ -322,10 +322,11 @@ def _legend(report: A.Report, *, base: bool, limit: int) -> str:
                  "tried top to bottom and the first whose guards hold is taken"),
         ("rejected — (unguarded / fallback)", "a rejection is impossible: the row has no guard, "
          "or whenever its guards fail an earlier row of its cell is taken"),
-        ("rejected n (g ✗ k)", "the row was tried n times and refused; k of them by guard g, the "
-         "first of its guards to fail"),
-        ("6 ✓ (a trace's story)", "the row's 6 guards all held; 'name ✓' / 'name ✗': that guard "
-         "held / failed; ✓ on a '!name' guard: name was false"),
+        ("rejected n (g failed k×)", "the row was tried n times and refused; k of them by g, "
+         "the first of its guards to fail; the tests are listed per failing guard"),
+        ("6 ✓ (a trace's story)", "the guard values that took the row: six guards were true "
+         "(two or fewer are named); 'name ✗': name was false (so a row needing ¬name held); "
+         "hover for every value"),
         ("tests", f"the pytest node ids (or trace files) that exercised the row, per outcome: "
                   f"the first {limit} are listed, '… and n more' counts the rest; "
                   "a test counts from its set-up to its tear-down"),
@@ -407,7 +408,8 @@ def _story(paths: Sequence[str | Path], diagram: Diagram) -> str:
                    '</th><th scope="col">guards</th><th scope="col">events</th></tr></thead><tbody>')
         for s in steps:
             when = f"{s.time_ms / 1000:.3f} s" if s.time_ms is not None else f"{s.number}."
-            full = ", ".join(f"{g} {'✓' if ok else '✗'}" for g, ok in s.guards)
+            full = ", ".join(f"{g.lstrip('!')} {'✓' if ok != g.startswith('!') else '✗'}"
+                             for g, ok in s.guards)
             shown = guards_text(s) + (f" ({s.rejected} row{'s' if s.rejected > 1 else ''} "
                                       "rejected)" if s.rejected else "")
             guards = f'<abbr title="{_e(full)}">{_e(shown)}</abbr>' if full else _e(shown)

@@ -32,8 +32,8 @@ ITEM = ("an item is one thing a trace can show: a transition taken, a guarded tr
         "seen rejected, or an ignored (state, trigger) cell seen ignored")
 """What the audit counts, in one phrase (its ``items``)."""
 
-GUARDS = ("guards: '6 ✓' = the row's 6 guards all held; 'name ✓' / 'name ✗' = that guard held "
-          "/ failed (the first to fail refuses the row); ✓ on a '!name' guard: name was false")
+GUARDS = ("guards: the values that took the row, '6 ✓' = six guards were true (two or fewer are "
+          "named), 'name ✗' = name was false (so a row needing ¬name held)")
 """The guards column's shorthand in one line (the CLI prints it under a path, the HTML report's
 legend says the same)."""
 

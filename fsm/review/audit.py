@@ -187,13 +187,19 @@ class Collector:
             return
         key = (record.row, record.outcome)
         self.counts[key] = self.counts.get(key, 0) + 1
-        if self.contexts is not None:
-            guard = failing_guard(record.guards) if record.outcome == "rejected" else ""
+        contexts = self.contexts
+        if contexts is not None:
+            guard = ""
+            if record.outcome == "rejected":  # the last guard evaluated is the one that failed
+                guard = next((g for g, ok in record.guards if not ok), "")
             ckey = (record.row, record.outcome, guard)
-            c = self.contexts.get(ckey)
+            c = contexts.get(ckey)
             if c is None:
-                c = self.contexts[ckey] = Context()
-            c.hear(self.context)
+                c = contexts[ckey] = Context()
+            if self.context is None or self.context == c.last:
+                c.records += 1  # the common case, without a call: the same test again
+            else:
+                c.hear(self.context)
 
     def install(self) -> "Collector":
         L.add_recorder(self)

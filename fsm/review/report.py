@@ -329,7 +329,8 @@ def _legend(report: A.Report, *, base: bool, limit: int) -> str:
          "hover for every value"),
         ("tests", f"the pytest node ids (or trace files) that exercised the row, per outcome: "
                   f"the first {limit} are listed, '… and n more' counts the rest; "
-                  "a test counts from its set-up to its tear-down"),
+                  "a test counts from its set-up to its tear-down; 'outside any test': "
+                  "records heard while no test ran (collection, session set-up)"),
         ("at rest (…)", "a row declared for the group holds in each member state; the "
                         "outcomes are shown per state"),
     ]
@@ -379,13 +380,7 @@ def _changes(diff, rows: Sequence[ReportRow], report: A.Report, diagram: Diagram
                        f"<td>{_e(row.source)}</td><td><code>{_e(row.trigger)}</code></td>"
                        f"<td>{guards}</td><td>{_e(row.dest)}</td><td>{effect}</td><td>{cov}</td></tr>")
         out.append("</tbody></table>")
-    other = []
-    for label, (added, removed) in (("states", diff.states), ("triggers", diff.triggers),
-                                    ("guards", diff.guards), ("ignored cells", diff.ignored)):
-        if added:
-            other.append(f"<li>{label} added: {_e(', '.join(added))}</li>")
-        if removed:
-            other.append(f"<li>{label} removed: {_e(', '.join(removed))}</li>")
+    other = [f"<li>{what}: {_e(', '.join(names))}</li>" for what, names in diff.other_changes()]
     if other:
         out.append("<p>Also changed in the declaration:</p><ul>" + "".join(other) + "</ul>")
     out.append("</section>")

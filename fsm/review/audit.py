@@ -5,8 +5,10 @@ as a :class:`fsm.core.lifecycle.TransitionRecord`, either of every brain firing 
 context (:func:`fsm.core.lifecycle.recording` / :func:`~fsm.core.lifecycle.add_recorder`; the
 asyncio tasks started inside inherit it) or of one brain (``RetryBrain.add_recorder``):
 
-- :class:`Collector` counts records in memory per (row id, outcome); the pytest plugin
-  (:mod:`fsm.review.pytest_plugin`) uses it;
+- :class:`Collector` counts records in memory per (row id, outcome) and, asked to, keeps their
+  *contexts* (:class:`Context`: the first :data:`CONTEXT_LIMIT` test ids per row, outcome and
+  failing guard, and their count); the pytest plugin (:mod:`fsm.review.pytest_plugin`) uses
+  it, and :mod:`fsm.review.report` shows them;
 - :class:`TraceWriter` writes them to a JSON-lines trace file, for ``--trace FILE`` of the
   ``demo``, ``rpc`` and ``chat`` commands.
 

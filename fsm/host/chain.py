@@ -42,20 +42,12 @@ from fsm.core.classify import Classification
 from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
+from fsm.host.errors import RETRY_OWNER, ContextOverflowError, PROGRAMMING_ERRORS, RetryChainError
 from fsm.host.kernel import HostKernel, ZoneResolver, default_zone
 
 __all__ = ["Chain", "RETRY_OWNER", "http_error_message", "refuse_unsupported"]
 
-RETRY_OWNER: ContextVar[object | None] = ContextVar("fsm_retry_owner", default=None)
-"""Set while an fsm host (the runner, a transport) owns a call: one retry owner per call — a
-transport under it passes requests through instead of retrying them again (docs/integrations.md)."""
-
 _OK = AssistantMessage("stop", timestamp_ms=0)
-
-#: Exception classes that mean a bug in the caller's code: fatal whatever their text.
-PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
-    LookupError, AttributeError, TypeError, NameError, AssertionError, ArithmeticError,
-    NotImplementedError, ImportError, SyntaxError)
 
 _SDK_MODULES = ("openai", "anthropic", "httpx", "httpx2", "httpcore")
 
@@ -277,7 +269,6 @@ class Chain:
         :class:`~fsm.host.runner.ContextOverflowError` for an overflow,
         :class:`~fsm.host.runner.RetryChainError` for a chain that ended without success (or a
         refusal at rest), else the attempt's own exception (a fatal first failure)."""
-        from fsm.host.runner import ContextOverflowError, RetryChainError
         end, cls = self.end, self.cls
         if cls is not None and cls.kind == "context_overflow":
             return ContextOverflowError(end.end_reason if end else None,

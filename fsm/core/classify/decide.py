@@ -108,6 +108,27 @@ class Classification:
             raise ValueError(f"Classification.family: unknown family {self.family!r}; "
                              f"expected one of {', '.join(FAMILIES)}")
 
+    @property
+    def capacity_signal(self) -> bool:
+        """True when this failure says "no capacity now" (SPEC §15.13, docs/fleet.md
+        "Pacing"): a 429 rate limit, a 529 / overloaded, a 503, a connection refused or reset
+        (before any response byte: a host that saw output streamed does not count it). False
+        for every other verdict: a 500, a stall, a client-side timeout, a usage limit, a fatal
+        error, a success. The pacer is told ``throttled`` from this, by every host and by the
+        simulation alike."""
+        if self.kind != "retryable":
+            return False
+        if self.family in ("overloaded", "rate_limit"):
+            return True
+        return self.rule in _CAPACITY_RULES
+
+
+_CAPACITY_RULES = frozenset((
+    "structured.status_503", "retryable.service_unavailable", "retryable.connection",
+    "retryable.cannot_connect"))
+"""The rules, outside the ``overloaded`` and ``rate_limit`` families, whose failure is a
+capacity signal: a 503 and a connection that was refused or reset."""
+
 
 def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
     """The :data:`FAMILIES` value a verdict means by itself: ``kind``, the deciding ``rule`` id (a

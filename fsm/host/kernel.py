@@ -2,7 +2,7 @@
 
 Every host of the retry brain (:class:`~fsm.host.session.AgentSession`, the runner of
 :mod:`fsm.host.runner`, the integrations) does the same three things around a
-:class:`~fsm.core.brain.RetryBrain` (``docs/architecture.md``, "The host kernel"):
+:class:`~fsm.core.brain.RetryBrain` (``docs/architecture.md``, "The loop"):
 
 1. **Gather the facts** before the brain decides (``docs/policy.md`` §8b.2): the host's clock
    (:meth:`HostKernel.now_ms`), the credential store's answer on a usage limit, the

@@ -825,20 +825,8 @@ async def _admit_bounded(command: Admit) -> Admitted:
         # under load (docs/fleet.md "How a session uses it")
         return Admitted(await coordinator.admit(key, **args), coordinator)
     task = asyncio.ensure_future(coordinator.admit(key, **args))
-    try:
-        done, _ = await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
-    except BaseException:  # cancelled while waiting: the late answer's token goes back
-        task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
-        raise
-    if done and not task.cancelled() and task.exception() is None:
+    if await _bounded(task, coordinator, key, budget):
         return Admitted(task.result(), coordinator)
-    if done:
-        exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
-        log.warning("coordinator failed: %s; deciding on local state", describe_error(exc))
-    else:
-        log.warning("coordinator did not answer within %g ms: deciding on local state",
-                    COORDINATOR_TIMEOUT_S * 1000)
-        task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
     local = getattr(coordinator, "fallback", None)
     if local is None or not _coord_v3(local):
         local = command.local()
@@ -850,14 +838,27 @@ async def _read_bounded(command: Admit, budget: Any) -> Admitted:
     coordinator, key = command.coordinator, command.key
     when = command.now_ms if command.now_ms is not None else time.time_ns() // 1_000_000
     task = asyncio.ensure_future(_coord_read(coordinator, key, when, budget))
+    if await _bounded(task, coordinator, key, budget):
+        left, ok = task.result()
+        return Admitted(_admission(left, ok), coordinator)
+    local = _coord_local(coordinator, command.local)
+    if local is None:  # pragma: no cover - the in-process coordinator always answers
+        return Admitted(_admission(), coordinator)
+    left, ok = _coord_read_local(local, key, when, budget)
+    return Admitted(_admission(left, ok), local)
+
+
+async def _bounded(task: asyncio.Future, coordinator: Any, key: Any, budget: Any) -> bool:
+    """Wait for a coordinator read at most :data:`COORDINATOR_TIMEOUT_S`: True when it
+    answered; else (late or failing: logged) False, and a token a late answer takes is given
+    back, as it is when the host is cancelled while waiting."""
     try:
         done, _ = await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
     except BaseException:  # the host was cancelled while waiting: the late answer's token
         task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
         raise
     if done and not task.cancelled() and task.exception() is None:
-        left, ok = task.result()
-        return Admitted(_admission(left, ok), coordinator)
+        return True
     if done:
         exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
         log.warning("coordinator failed: %s; deciding on local state", describe_error(exc))
@@ -865,11 +866,7 @@ async def _read_bounded(command: Admit, budget: Any) -> Admitted:
         log.warning("coordinator did not answer within %g ms: deciding on local state",
                     COORDINATOR_TIMEOUT_S * 1000)
         task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
-    local = _coord_local(coordinator, command.local)
-    if local is None:  # pragma: no cover - the in-process coordinator always answers
-        return Admitted(_admission(), coordinator)
-    left, ok = _coord_read_local(local, key, when, budget)
-    return Admitted(_admission(left, ok), local)
+    return False
 
 
 def _admission(cooldown_ms: int = 0, allowed: bool | None = None) -> Any:

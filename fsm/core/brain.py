@@ -295,7 +295,7 @@ class _Policy:
     __slots__ = ("owner", "state", "settings", "attempt", "chain_id", "max", "timer",
                  "fact_timer", "chain_start_ms", "actions", "message", "cls", "facts", "reason",
                  "random", "plan", "source", "recs", "model", "fallback_count", "last_error",
-                 "waiting_for", "refusal")
+                 "waiting_for", "refusal", "chain_ids")
 
     def __init__(self, owner: "RetryBrain", settings: RetrySettings,
                  random: Callable[[], float]) -> None:
@@ -455,8 +455,9 @@ class _Policy:
         self._schedule()
 
     def _begin(self) -> None:
-        """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §13.3)."""
-        self.chain_id += 1
+        """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §13.3); its id is
+        the next of ``chain_ids()`` when the host gave one (unique per process), else counted."""
+        self.chain_id = self.chain_ids() if self.chain_ids is not None else self.chain_id + 1
         self.attempt = 1
         self.model = self.facts.model
         self.max = self.settings.max_retries + len(self.settings.fallback_models)
@@ -774,10 +775,12 @@ class RetryBrain:
     __slots__ = ("_p",)
 
     def __init__(self, settings: RetrySettings | None = None, *,
-                 random: Callable[[], float] = _random.random) -> None:
+                 random: Callable[[], float] = _random.random,
+                 chain_ids: Callable[[], int] | None = None) -> None:
         if settings is not None and not isinstance(settings, RetrySettings):
             raise TypeError(f"settings must be RetrySettings, got {type(settings).__name__}")
         self._p = _Policy(self, settings or _DEFAULT_SETTINGS, random)
+        self._p.chain_ids = chain_ids
 
     @classmethod
     def in_state(cls, state: str, *, settings: RetrySettings | None = None, attempt: int = 1,

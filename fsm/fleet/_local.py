@@ -66,6 +66,11 @@ class InProcessCoordinator:
     self_bounded = True
     """Every call answers at once (no I/O) and never raises for valid input."""
 
+    answers_at_once = True
+    """A capability the hosts read (docs/fleet.md): every call does no I/O and its coroutine
+    never suspends, so a host without an event loop (a sync caller, the simulation on virtual
+    time) may run it to its end at once."""
+
     def __init__(self, *, bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
                  clock: Callable[[], float] | None = None,
                  monotonic_ms: Callable[[], float] | None = None) -> None:

@@ -883,6 +883,14 @@ class RetryBrain:
         self.update_settings(self._p.settings.with_enabled(enabled))
 
     # ------------------------------------------------------------------ facts
+    def retries_unknown(self, cls: Classification) -> bool:
+        """True when ``cls`` (an ``unknown`` failure: text no rule knows) starts a chain of one
+        retry under ``retry.unknown: "once"`` at rest (docs/policy.md §1): a host gathers the
+        facts of a retry for it (the budget, the cooldown), as for any retryable failure."""
+        p = self._p
+        return (cls.family == "unknown" and cls.kind == "fatal" and p.settings.unknown == "once"
+                and p.state not in L.IN_CHAIN)
+
     def turn_ended(self, message: AssistantMessage, context_window: int = 0, *,
                    classification: Classification | None = None,
                    facts: TurnFacts | None = None) -> list[Action]:
@@ -899,8 +907,7 @@ class RetryBrain:
             f = facts or _NO_FACTS
             cls = classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
         p = self._p
-        if (cls.family == "unknown" and cls.kind == "fatal" and p.settings.unknown == "once"
-                and p.state not in L.IN_CHAIN):
+        if self.retries_unknown(cls):
             # retry.unknown "once": text no rule knows starts a chain of one retry at attempt 1's
             # backoff; an unknown failure inside a chain stays fatal (docs/policy.md §1)
             cls = _UNKNOWN_ONCE

@@ -160,7 +160,7 @@ class HostKernel:
 
     __slots__ = ("brain", "emit", "clock", "_coordinator", "credentials", "key", "zone",
                  "scrub", "use_coordinator", "random", "paces_at_send", "_unsubscribe", "tell",
-                 "_writes", "_token_from", "_floor_booked", "__weakref__")
+                 "_writes", "_token_from", "_token_id", "_floor_booked", "__weakref__")
 
     def __init__(self, brain: RetryBrain, *, emit: Callable[[E.Event], Any],
                  clock: Any = None, coordinator: Any = None, credentials: Any = None,
@@ -183,6 +183,7 @@ class HostKernel:
         self._unsubscribe: Callable[[], None] | None = None
         self._writes: set[asyncio.Task] | None = None  # created with the first write
         self._token_from: Any = None  # the coordinator that gave this decision's budget token
+        self._token_id: int | None = None  # its id (Admission.token), when the coordinator tells one
         self.tell: Callable[[Tell], None] = self._spawn_tell  # where coordinator writes go
         if coordinator is not None:
             self._subscribe()
@@ -206,8 +207,10 @@ class HostKernel:
 
     def needs_world(self, cls: Classification) -> bool:
         """True when the facts for ``cls`` need an await (the credential store or the
-        coordinator is asked); False on the common path (a success, a fatal error)."""
-        if cls.kind != "retryable":
+        coordinator is asked); False on the common path (a success, a fatal error). An
+        ``unknown`` failure the brain retries once (``retry.unknown: "once"``) is asked for as a
+        retry: its retry takes a budget token like any other."""
+        if cls.kind != "retryable" and not self.brain.retries_unknown(cls):
             return False
         settings = self.brain.settings
         if not settings.enabled:
@@ -227,7 +230,7 @@ class HostKernel:
                     output_streamed: bool = False) -> TurnFacts | None:
         """The facts for ``cls`` when they need no await (:meth:`local_facts`), or None when the
         world must be asked (:meth:`gather`): one call on a host's common path."""
-        if cls.kind == "retryable" and self.needs_world(cls):
+        if self.needs_world(cls):
             return None
         return TurnFacts(now_ms=self.now_ms() if now_ms is None else now_ms,
                          output_streamed=output_streamed, zone=self.zone)
@@ -352,6 +355,9 @@ class HostKernel:
         answer: Admitted = yield Admit(self.coordinator(), self.key(), args, self.now_ms(),
                                        self._local_coordinator)
         self._token_from = answer.source
+        if retry:  # the token's id (a guarded coordinator's): a give-back returns that one, once
+            self._token_id = getattr(answer.admission, "token", None) if getattr(
+                answer.admission, "token_taken", False) else None
         return answer.admission
 
     # ------------------------------------------------------------------ the gate
@@ -589,7 +595,9 @@ class HostKernel:
         budget = self.brain.settings.budget
         source = coordinator or self._token_from or self._coordinator
         if budget is not None and source is not None:
-            self.tell(Tell(source, "return_retry_token", self.key(), {}, (budget,)))
+            token, self._token_id = self._token_id, None
+            self.tell(Tell(source, "return_retry_token", self.key(),
+                           {} if token is None else {"token": token}, (budget,)))
 
     def _spawn_tell(self, command: Tell) -> None:
         """The default :attr:`tell`: the write as a background task on the running loop,

@@ -157,3 +157,30 @@ async def test_a_budget_wait_without_a_floor_slot_is_re_checked_afresh_and_jitte
     assert second.budget_slot_ms == round(WAIT_RECHECK_MS * 0.75)   # none reserved: jittered
     await kernel.recheck_budget()
     assert coord.due == [False, True, False]                # only the reserved slot is "due"
+
+
+async def test_an_unknown_failure_retried_once_takes_a_budget_token():
+    """docs/policy.md §1 ``retry.unknown: "once"``: the one retry of an unknown failure is a
+    retry like any other — it asks the retry budget (an empty bucket refuses it: endReason
+    ``budget``), so text no rule knows cannot bypass the fleet's bound (docs/fleet.md)."""
+    import fsm
+    from fsm.core.settings import BudgetSettings, RetrySettings
+    from fsm.fleet import CoordKey, InProcessCoordinator
+    coordinator = InProcessCoordinator(clock=lambda: 1_000_000)
+    budget = BudgetSettings(max_tokens=2, token_ratio=0.1)
+    key = CoordKey("p", "m")
+    # two retries elsewhere have spent the bucket down to its half: no retry is allowed
+    for _ in range(2):
+        await coordinator.admit(key, retry=True, budget=budget, pacing=None)
+    calls, events = [], []
+
+    async def call():
+        calls.append(1)
+        raise RuntimeError("the assistant could not finish")  # family unknown
+
+    settings = RetrySettings(unknown="once", budget=budget, base_delay_ms=1)
+    with pytest.raises(RuntimeError):
+        await fsm.retrying(call, settings=settings, coordinator=coordinator, key=key,
+                           on_event=lambda e: events.append(dict(e)))
+    assert len(calls) == 1
+    assert [e["endReason"] for e in events if e["type"] == "auto_retry_end"] == ["budget"]

@@ -75,6 +75,8 @@ CASES = [
      ("fsm.integrations.langchain",)),
     ("pydantic-ai", "pydantic_ai", lambda: _import("fsm.integrations.pydantic_ai"),
      ("fsm.integrations.pydantic_ai",)),
+    ("langgraph", "langgraph", lambda: _import("fsm.integrations.langgraph"),
+     ("fsm.integrations.langgraph",)),
 ]
 
 

@@ -32,6 +32,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "langchain": ("langchain", "langchain_core"),
     "pydantic-ai": ("pydantic_ai",),
     "langgraph": ("langgraph",),
+    "openai-agents": ("agents",),
 }
 """Extra name → the top-level modules it provides (as pyproject.toml declares them)."""
 

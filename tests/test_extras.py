@@ -77,6 +77,8 @@ CASES = [
      ("fsm.integrations.pydantic_ai",)),
     ("langgraph", "langgraph", lambda: _import("fsm.integrations.langgraph"),
      ("fsm.integrations.langgraph",)),
+    ("openai-agents", "agents", lambda: _import("fsm.integrations.openai_agents"),
+     ("fsm.integrations.openai_agents",)),
 ]
 
 

@@ -221,17 +221,18 @@ class Chain:
 
     async def failed(self, exc: BaseException | None = None, *,
                      message: AssistantMessage | None = None,
-                     secrets: tuple[str, ...] = ()) -> int | None:
+                     secrets: tuple[str, ...] = (), output_streamed: bool = False) -> int | None:
         """An attempt failed (``exc`` raised, or ``message`` is a failed assistant message):
         the backoff in ms before the next attempt, or None when no retry follows (the chain
         ended, or none started: :meth:`error` is what the caller should see). ``secrets`` as
-        :meth:`judge`."""
+        :meth:`judge`; ``output_streamed``: the attempt had already streamed output (its retry
+        is then the ``retry.afterOutput`` decision, docs/policy.md §3 D12)."""
         msg, cls = self.judge(exc, message=message, secrets=secrets)
         now = self.kernel.now_ms()
         if self.kernel.needs_world(cls):
-            facts = await self.kernel.gather(cls, now_ms=now)
+            facts = await self.kernel.gather(cls, now_ms=now, output_streamed=output_streamed)
         else:
-            facts = self.kernel.local_facts(now_ms=now)
+            facts = self.kernel.local_facts(now_ms=now, output_streamed=output_streamed)
         return self._decide(msg, cls, facts)
 
     def failed_sync(self, exc: BaseException | None = None, *,

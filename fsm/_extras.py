@@ -31,6 +31,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "tenacity": ("tenacity",),
     "langchain": ("langchain", "langchain_core"),
     "pydantic-ai": ("pydantic_ai",),
+    "langgraph": ("langgraph",),
+    "openai-agents": ("agents",),
 }
 """Extra name → the top-level modules it provides (as pyproject.toml declares them)."""
 

@@ -75,6 +75,10 @@ CASES = [
      ("fsm.integrations.langchain",)),
     ("pydantic-ai", "pydantic_ai", lambda: _import("fsm.integrations.pydantic_ai"),
      ("fsm.integrations.pydantic_ai",)),
+    ("langgraph", "langgraph", lambda: _import("fsm.integrations.langgraph"),
+     ("fsm.integrations.langgraph",)),
+    ("openai-agents", "agents", lambda: _import("fsm.integrations.openai_agents"),
+     ("fsm.integrations.openai_agents",)),
 ]
 
 

@@ -319,33 +319,47 @@ class Chain:
         return self._done
 
     def _outcome(self, exc: BaseException | None, message: AssistantMessage | None,
-                 secrets: tuple[str, ...]) -> Any:
-        return Attempt(exc=exc, message=message, secrets=tuple(secrets))
+                 secrets: tuple[str, ...], output_streamed: bool = False) -> Any:
+        return Attempt(exc=exc, message=message, secrets=tuple(secrets),
+                       output_streamed=output_streamed)
+
+    def judge(self, exc: BaseException | None = None, *,
+              message: AssistantMessage | None = None,
+              secrets: tuple[str, ...] = ()) -> tuple[AssistantMessage, Classification]:
+        """How the end of an attempt reads, without stepping the chain: ``exc`` (what it
+        raised) or ``message`` (a failed assistant message); neither = a success. Returns the
+        message (scrubbed of ``secrets`` and of the credentials ``exc``'s request carried) and
+        its :class:`~fsm.core.classify.Classification` (a framework's ``retry_on`` asks this)."""
+        read, cls, _ = self.loop.judge(self._outcome(exc, message, secrets), exc)
+        return read, cls
 
     async def failed(self, exc: BaseException | None = None, *,
                      message: AssistantMessage | None = None,
-                     secrets: tuple[str, ...] = ()) -> int | None:
+                     secrets: tuple[str, ...] = (), output_streamed: bool = False) -> int | None:
         """An attempt failed (``exc`` raised, or ``message`` is a failed assistant message):
         the wait in ms before the next attempt (then :meth:`pause`), or None when no retry
         follows (:meth:`error` is what the caller should see). ``secrets``: credentials the
-        failed request carried, scrubbed from what events and errors show."""
+        failed request carried, scrubbed from what events and errors show;
+        ``output_streamed``: the attempt had already streamed output (its retry is then the
+        ``retry.afterOutput`` decision, docs/policy.md §3 D12)."""
         if self._prime(False):
             await self._aadvance(None)
         if type(self._at) is not Send:  # not at an attempt (it failed during a wait)
             self.cancel()
             return None
-        return self._delay(await self._aadvance(self._outcome(exc, message, secrets)))
+        return self._delay(await self._aadvance(self._outcome(exc, message, secrets,
+                                                              output_streamed)))
 
     def failed_sync(self, exc: BaseException | None = None, *,
                     message: AssistantMessage | None = None,
-                    secrets: tuple[str, ...] = ()) -> int | None:
+                    secrets: tuple[str, ...] = (), output_streamed: bool = False) -> int | None:
         """:meth:`failed` for a host without an event loop."""
         if self._prime(False):
             self._advance(None)
         if type(self._at) is not Send:
             self.cancel()
             return None
-        return self._delay(self._advance(self._outcome(exc, message, secrets)))
+        return self._delay(self._advance(self._outcome(exc, message, secrets, output_streamed)))
 
     def succeeded(self) -> None:
         """The attempt succeeded: a running chain ends ``success: true`` (the budget is

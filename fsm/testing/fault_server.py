@@ -37,6 +37,10 @@ An entry without ``json``, ``body`` or ``stream`` answers a plain success when i
 200 (an SSE stream, or a ``chat.completion`` object when the request did not ask to stream)
 and an empty body otherwise.
 
+``POST …/v1/messages`` (the Anthropic Messages API, :mod:`fsm.testing.fault_anthropic`) and
+``POST …/v1/responses`` (the OpenAI Responses API, :mod:`fsm.testing.fault_responses`) take
+the same script and count as chat requests.
+
 ``GET …/models`` answers a list with one model; every other path gets a 404 JSON error and is
 recorded with ``index`` ``None``.
 
@@ -582,7 +586,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"null")
         except ValueError:
             body = None
-        chat = self._is("/chat/completions") or self._is("/messages")  # /messages: fault_anthropic
+        # /messages: fault_anthropic; /responses: fault_responses (the OpenAI Responses API)
+        chat = self._is("/chat/completions") or self._is("/messages") or self._is("/responses")
         self._rec, entry = self.server.owner._record(self.command, self.path, body, chat=chat,
                                                      t_ms=arrival, headers=self._header_dict(),
                                                      body_bytes=len(raw))
@@ -607,6 +612,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self._is("/messages"):  # the Anthropic Messages API, same script
             from fsm.testing.fault_anthropic import answer
             return answer(self, entry, req, index)
+        if self._is("/responses"):  # the OpenAI Responses API, same script
+            from fsm.testing.fault_responses import answer as answer_responses
+            return answer_responses(self, entry, req, index)
         delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
         if delay and not self.pause(delay):
             return self.client_gone(None, "client_gone_during_delay")

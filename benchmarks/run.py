@@ -111,7 +111,7 @@ TARGETS.update(_simulation_targets())
 # The order of the table: the brief's figures first, then the ones that explain them.
 ORDER = (
     "decision_us", "tenacity_us", "decision_ratio_vs_tenacity", "decision_preclassified_us",
-    "decision_short_us",
+    "decision_short_us", "decision_transitions_us", "decision_transitions_ratio_vs_tenacity",
     "transition_us", "dict_baseline_us", "transition_ratio_vs_dict",
     "brain_bytes", "session_bytes", "brain_create_us_1k", "brain_create_us_10k",
     "brain_create_growth", "plain_create_us_1k", "plain_create_us_10k",

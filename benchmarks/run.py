@@ -34,7 +34,7 @@ GROUPS: dict[str, dict] = {
     # group: {"full": measure() kwargs, "quick": kwargs for --quick, "timeout": s}
     "memory": {"full": {}, "quick": {"alive": 2_000, "repeat": 3}, "timeout": 120},
     "decision": {"full": {"number": 300, "repeat": 11},
-                 "quick": {"number": 30, "repeat": 3, "warmup": 10}, "timeout": 240},
+                 "quick": {"number": 30, "repeat": 3, "warmup": 10}, "timeout": 360},
     "transition": {"full": {"repeat": 15},
                    "quick": {"number": 2_000, "repeat": 3, "warmup": 200}, "timeout": 120},
     "classification": {"full": {"number": 300, "repeat": 11, "big_repeat": 5},

@@ -1,8 +1,8 @@
 """``decision_us`` vs ``tenacity_us``: the cost of deciding one retried failure.
 
 Subject: ``RetryBrain.turn_ended(message)`` from ``idle`` into ``backing_off`` — classification
-of the error text, the guarded transition through the shared ``transitions`` machine and the
-actions (``auto_retry_start`` event, drop, start backoff) — then the brain is put back to
+of the error text, the guarded transition through the dispatch compiled from the ``transitions``
+machine (the default engine) and the actions (``auto_retry_start`` event, drop, start backoff) — then the brain is put back to
 ``idle`` by assigning ``state``/``attempt`` (two attribute stores, included in the figure).
 The messages are the corpus's real retryable errors; ``decision_us`` is the median over
 messages of each message's median time.
@@ -13,7 +13,9 @@ what a hand-rolled agent loop would otherwise pay for "retry this once".
 
 Extra figures that explain the split: ``decision_preclassified_us`` (the same call with the
 classification handed in, so only transition + actions) and ``decision_short_us`` (a short
-``"503 Service Unavailable"`` message).
+``"503 Service Unavailable"`` message), ``decision_transitions_us`` (the same decision on a
+``RetryBrain(engine="transitions")``, which fires the ``transitions`` machine itself) and its
+``decision_transitions_ratio_vs_tenacity``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def measure(*, number: int = 200, repeat: int = 5, warmup: int = 50,
         _check(brain, m)
     deciders = [_decider(brain, m) for m in messages]
     pre = [_decider(brain, m, classify_message(m)) for m in messages]
+    fired = RetryBrain(RetrySettings(), engine="transitions")
+    for m in messages:
+        _check(fired, m)
+    on_machine = [_decider(fired, m) for m in messages]
     short = AssistantMessage("error", error_message=SHORT_MESSAGE)
     short_decider = _decider(brain, short)
     tenacity_number = max(20, number * 5)
@@ -93,9 +99,10 @@ def measure(*, number: int = 200, repeat: int = 5, warmup: int = 50,
     async def rounds() -> dict[str, list]:
         per_msg: list[list[float]] = [[] for _ in messages]
         per_pre: list[list[float]] = [[] for _ in messages]
+        per_fired: list[list[float]] = [[] for _ in messages]
         short_runs: list[float] = []
         ten_runs: list[float] = []
-        for d in deciders + pre + [short_decider]:
+        for d in deciders + pre + on_machine + [short_decider]:
             loop_us(d, warmup)
         await aloop_us(_tenacity_once, warmup)
         for r in range(repeat):
@@ -105,14 +112,18 @@ def measure(*, number: int = 200, repeat: int = 5, warmup: int = 50,
                 per_msg[i].append(loop_us(d, number))
             for i, d in enumerate(pre):
                 per_pre[i].append(loop_us(d, number))
+            for i, d in enumerate(on_machine):
+                per_fired[i].append(loop_us(d, number))
             short_runs.append(loop_us(short_decider, number * 5))
             if not r % 2:
                 ten_runs.append(await aloop_us(_tenacity_once, tenacity_number))
-        return {"msg": per_msg, "pre": per_pre, "short": short_runs, "ten": ten_runs}
+        return {"msg": per_msg, "pre": per_pre, "fired": per_fired, "short": short_runs,
+                "ten": ten_runs}
 
     runs = asyncio.run(rounds())
     decision = statistics.median(statistics.median(x) for x in runs["msg"])
     preclassified = statistics.median(statistics.median(x) for x in runs["pre"])
+    fired_us = statistics.median(statistics.median(x) for x in runs["fired"])
     ten = statistics.median(runs["ten"])
     return {
         "decision_us": decision,
@@ -120,5 +131,7 @@ def measure(*, number: int = 200, repeat: int = 5, warmup: int = 50,
         "decision_ratio_vs_tenacity": decision / ten,
         "decision_preclassified_us": preclassified,
         "decision_short_us": statistics.median(runs["short"]),
+        "decision_transitions_us": fired_us,
+        "decision_transitions_ratio_vs_tenacity": fired_us / ten,
         "decision_messages": float(len(messages)),
     }

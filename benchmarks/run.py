@@ -34,7 +34,7 @@ GROUPS: dict[str, dict] = {
     # group: {"full": measure() kwargs, "quick": kwargs for --quick, "timeout": s}
     "memory": {"full": {}, "quick": {"alive": 2_000, "repeat": 3}, "timeout": 120},
     "decision": {"full": {"number": 300, "repeat": 11},
-                 "quick": {"number": 30, "repeat": 3, "warmup": 10}, "timeout": 240},
+                 "quick": {"number": 30, "repeat": 3, "warmup": 10}, "timeout": 360},
     "transition": {"full": {"repeat": 15},
                    "quick": {"number": 2_000, "repeat": 3, "warmup": 200}, "timeout": 120},
     "classification": {"full": {"number": 300, "repeat": 11, "big_repeat": 5},
@@ -116,7 +116,7 @@ TARGETS.update(_simulation_targets())
 # The order of the table: the brief's figures first, then the ones that explain them.
 ORDER = (
     "decision_us", "tenacity_us", "decision_ratio_vs_tenacity", "decision_preclassified_us",
-    "decision_short_us",
+    "decision_short_us", "decision_transitions_us", "decision_transitions_ratio_vs_tenacity",
     "transition_us", "dict_baseline_us", "transition_ratio_vs_dict",
     "brain_bytes", "session_bytes", "brain_create_us_1k", "brain_create_us_10k",
     "brain_create_growth", "plain_create_us_1k", "plain_create_us_10k",

@@ -5,8 +5,9 @@ The cycle, from ``backing_off`` each time: ``backoff_elapsed(current timer)`` â†
 then ``abort_retry()`` â†’ ``cancelled`` (effect ``cancel_backoff``: cancel action, end event,
 release waiters), back to ``backing_off`` by assignment. ``transition_us`` is half a cycle.
 
-Subject: the brain's public methods, i.e. the shared ``transitions`` machine
-(``machine.events[trigger].trigger(brain)``). Baseline: a hand-written dictionary state table
+Subject: the brain's public methods on the default engine, i.e. the dispatch compiled from the
+shared ``transitions`` machine (``RetryBrain(engine="transitions")`` would fire
+``machine.events[trigger].trigger(model)`` itself; ``decision_transitions_us`` measures that). Baseline: a hand-written dictionary state table
 ``{(state, trigger): (guard, dest, effect)}`` for the same two cells, calling the very same
 brain guard and effect methods and collecting the actions the same way. The ratio is the
 price of the declarative engine over the plainest possible dispatch.

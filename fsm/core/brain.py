@@ -295,11 +295,14 @@ class _Policy:
     __slots__ = ("owner", "state", "settings", "attempt", "chain_id", "max", "timer",
                  "fact_timer", "chain_start_ms", "actions", "message", "cls", "facts", "reason",
                  "random", "plan", "source", "recs", "model", "fallback_count", "last_error",
-                 "waiting_for", "refusal", "chain_ids")
+                 "waiting_for", "refusal", "chain_ids", "engine")
 
     def __init__(self, owner: "RetryBrain", settings: RetrySettings,
-                 random: Callable[[], float]) -> None:
+                 random: Callable[[], float],
+                 engine: Callable[["_Policy", str, tuple[L.Recorder, ...]], None]) -> None:
         self.owner = owner
+        self.engine = engine  # how a fact runs through the machine (ENGINES)
+        self.chain_ids: Callable[[], int] | None = None  # the host's chain ids (unique per process)
         self.state = L.INITIAL
         self.settings = settings
         self.attempt = 0
@@ -666,63 +669,106 @@ class _Policy:
         self.last_error = ""
 
 
-_MACHINE = L.build_machine(_Policy)
+_MACHINE = L.MACHINE
 _EVENTS = _MACHINE.events
 _context_recorders = L.context_recorders
 
 
-# ---------------------------------------------------------------------------- the lean path
+# ---------------------------------------------------------------------------- the engines
 
 _Candidate = tuple[tuple[tuple[str, bool], ...], "str | None", "str | None", str,
-                   tuple[str, ...]]
+                   tuple[str, ...], str]
 
 
-def _compile_dispatch() -> dict[tuple[str, str], tuple[_Candidate, ...]]:
-    """The declaration as a dispatch table: (state, trigger) -> the cell's candidates in the
-    order written, each ``(guards, effect, dest, row_id, labels)``; ``guards`` is ``((name,
-    expected), ...)`` in the order the row writes them, ``labels`` the same guards as written
-    (``name`` / ``!name``, what a record shows), ``dest`` None for an ignored cell. Derived from
-    :data:`fsm.core.lifecycle.TRANSITIONS` / :data:`~fsm.core.lifecycle.IGNORED` only."""
-    table: dict[tuple[str, str], list[_Candidate]] = {}
-    for row in L.TRANSITIONS:
-        guards = tuple((g.lstrip("!"), not g.startswith("!")) for g in row.guards)
-        table.setdefault((row.source, row.trigger), []).append(
-            (guards, row.effect, row.dest, row.id, tuple(row.guards)))
-    for ig in L.IGNORED:
-        table.setdefault((ig.source, ig.trigger), []).append(((), None, None, ig.id, ()))
-    return {cell: tuple(candidates) for cell, candidates in table.items()}
+def _compile_candidate(tr: Any, trigger: str, model: type) -> _Candidate:
+    """One ``transitions`` transition as a dispatch candidate ``(guards, effect, dest, row_id,
+    labels, outcome)``; raises ``ValueError`` for what the dispatch cannot run as
+    ``transitions`` would (a callable guard, a callback other than one named ``after`` effect,
+    a name ``model`` lacks, a transition without a row id)."""
+    row_id = getattr(tr, "row_id", "")
+    where = row_id or f"{tr.source}--{trigger}->{tr.dest}"
+    if not row_id:
+        raise ValueError(f"transition {where} has no row id: build it with "
+                         f"fsm.core.lifecycle.build_machine")
+    if tr.prepare or tr.before or len(tr.after) > 1:
+        raise ValueError(f"transition {where}: only one named 'after' effect compiles "
+                         f"(prepare={tr.prepare!r}, before={tr.before!r}, after={tr.after!r})")
+    names = [c.func for c in tr.conditions] + list(tr.after)
+    for name in names:
+        if not isinstance(name, str) or not callable(getattr(model, name, None)):
+            raise ValueError(f"transition {where}: {name!r} is not a method of {model.__name__}")
+    guards = tuple((c.func, bool(c.target)) for c in tr.conditions)
+    labels = tuple(name if expected else "!" + name for name, expected in guards)
+    effect = tr.after[0] if tr.after else None
+    return (guards, effect, tr.dest, row_id, labels,
+            "ignored" if getattr(tr, "ignored", False) else "taken")
+
+
+def _compile_dispatch(machine: Any = _MACHINE, model: type = _Policy
+                      ) -> dict[tuple[str, str], tuple[_Candidate, ...]]:
+    """The serving dispatch, compiled from ``machine`` (a ``transitions.Machine`` made by
+    :func:`fsm.core.lifecycle.build_machine`; default the one the brain serves on): (state,
+    trigger) -> the candidates ``transitions`` would try, in its order — for each of
+    ``machine.events``, each source's ``transitions`` as ``(guards, effect, dest, row_id,
+    labels, outcome)``. ``guards`` is each transition's ``conditions`` as ``((name,
+    expected), ...)`` (``expected`` False for an ``unless`` guard), ``labels`` the same as a
+    record shows them (``name`` / ``!name``), ``effect`` its ``after`` callback, ``dest`` None
+    for an internal transition (an ignored cell), ``outcome`` what a record says when it runs.
+
+    Raises ``ValueError`` when the machine runs something the dispatch would not: a
+    machine-wide or state callback, events sent as objects, or a transition
+    :func:`_compile_candidate` refuses; or when ``model`` lacks a guard or effect it names.
+    """
+    hooks = {name: getattr(machine, name) for name in (
+        "prepare_event", "before_state_change", "after_state_change", "finalize_event",
+        "on_exception", "on_final")}
+    hooks.update({f"{s.name}.on_enter": s.on_enter for s in machine.states.values()})
+    hooks.update({f"{s.name}.on_exit": s.on_exit for s in machine.states.values()})
+    used = {name: value for name, value in hooks.items() if value}
+    if used or machine.send_event:
+        raise ValueError(f"the machine runs callbacks the dispatch would not: {used!r} "
+                         f"(send_event={machine.send_event!r})")
+    return {(source, trigger): tuple(_compile_candidate(tr, trigger, model) for tr in candidates)
+            for trigger, event in machine.events.items()
+            for source, candidates in event.transitions.items()}
 
 
 _DISPATCH = _compile_dispatch()
 
 
-def _fire_declared(p: _Policy, trigger: str, recorders: tuple[L.Recorder, ...] = ()) -> None:
-    """Run ``trigger`` on ``p`` through the ``transitions`` machine: the reference engine the
-    compiled one is tested against. It reports to the brain's and the context's recorders
-    itself (``recorders`` is taken for the same signature as :func:`_fire_compiled`)."""
-    _EVENTS[trigger].trigger(p)
+def _fire_transitions(p: _Policy, trigger: str, recorders: tuple[L.Recorder, ...] = ()) -> None:
+    """Run ``trigger`` on ``p`` by firing it on the ``transitions`` machine itself (the
+    ``transitions`` engine, ``RetryBrain(engine="transitions")``): the machine's transitions
+    report to the brain's and the context's recorders themselves (``recorders`` is taken for
+    the same signature as :func:`_fire_compiled`). Raises ``MachineError`` for a cell the
+    machine does not declare."""
+    event = _EVENTS.get(trigger)
+    if event is None:  # unreachable for a validated declaration; as transitions says it
+        raise MachineError(f"Can't trigger event {trigger} from state {p.state}!")
+    event.trigger(p)
 
 
 def _fire_compiled(p: _Policy, trigger: str, recorders: tuple[L.Recorder, ...] = ()) -> None:
-    """Run ``trigger`` on ``p`` through :data:`_DISPATCH`: the same candidates, guards (in the
-    order written, stopping at the first that fails), state change and effect as
-    :func:`_fire_declared`, at a fraction of the cost. This is the engine that serves; with
-    ``recorders`` it reports each candidate tried to them, the same records as the
-    ``transitions`` engine reports (docs/policy.md §7)."""
+    """Run ``trigger`` on ``p`` through :data:`_DISPATCH` (the ``compiled`` engine, the
+    default): the same candidates, guards (in the machine's order, stopping at the first that
+    fails), state change and effect as :func:`_fire_transitions`, at a fraction of the cost.
+    With ``recorders`` it reports each candidate tried to them, the same records as the
+    ``transitions`` engine reports (docs/policy.md §7). Raises ``MachineError`` for a cell
+    the machine does not declare."""
     candidates = _DISPATCH.get((p.state, trigger))
     if candidates is None:  # unreachable for a validated declaration; as transitions says it
         raise MachineError(f"Can't trigger event {trigger} from state {p.state}!")
     if recorders:
         _fire_recorded(p, trigger, candidates, recorders)
         return
-    for guards, effect, dest, _, _ in candidates:
+    for guards, effect, dest, _, _, _ in candidates:
         for name, expected in guards:
             if getattr(p, name)() != expected:  # transitions' Condition.check compares so
                 break
         else:
-            if dest is not None:  # a transition row always names its effect (the table's grammar)
-                assert effect is not None
+            if dest is not None:
                 p.state = dest
+            if effect is not None:
                 getattr(p, effect)()
             return
 
@@ -731,7 +777,7 @@ def _fire_recorded(p: _Policy, trigger: str, candidates: tuple[_Candidate, ...],
                    recorders: tuple[L.Recorder, ...]) -> None:
     source = p.state
     owner = p.owner
-    for guards, effect, dest, row_id, labels in candidates:
+    for guards, effect, dest, row_id, labels, outcome in candidates:
         outcomes: list[tuple[str, bool]] = []
         passed = True
         for (name, expected), label in zip(guards, labels):
@@ -744,14 +790,21 @@ def _fire_recorded(p: _Policy, trigger: str, candidates: tuple[_Candidate, ...],
                                                           tuple(outcomes), "rejected", L.VERSION))
             continue
         if dest is not None:
-            assert effect is not None  # a transition row always names its effect
             p.state = dest
+        if effect is not None:
             getattr(p, effect)()
         L.report(recorders, owner, L.TransitionRecord(row_id, source, trigger, dest,
-                                                      tuple(outcomes),
-                                                      "taken" if dest is not None else "ignored",
-                                                      L.VERSION))
+                                                      tuple(outcomes), outcome, L.VERSION))
         return
+
+
+ENGINES: dict[str, Callable[[_Policy, str, tuple[L.Recorder, ...]], None]] = {
+    "compiled": _fire_compiled,
+    "transitions": _fire_transitions,
+}
+"""``RetryBrain(engine=)``: ``"compiled"`` (the default) runs the dispatch compiled from the
+``transitions`` machine; ``"transitions"`` fires the machine itself. Same actions, states and
+transition records (docs/policy.md §3)."""
 
 
 # ---------------------------------------------------------------------------- the brain
@@ -763,6 +816,11 @@ class RetryBrain:
         settings: :class:`~fsm.core.settings.RetrySettings` (the defaults of §1 when None).
             ``retry.enabled`` is read live; ``maxAttempts`` is fixed when a chain starts.
         random: returns floats in [0, 1) for the jitter modes (inject for tests).
+        engine: how the brain runs the ``transitions`` machine built from the declaration
+            (:data:`fsm.core.lifecycle.MACHINE`): ``"compiled"`` (the default, for speed) runs
+            a dispatch compiled from that machine; ``"transitions"`` fires the machine itself
+            (slower). Both give the same actions, states and transition records
+            (docs/policy.md §3). Raises ``ValueError`` naming any other value.
 
     Queries: :attr:`state` (a lifecycle state name), :attr:`attempt` (0 outside a chain),
     :attr:`chain_id`, :attr:`max_attempts`, :attr:`timer_id`, :attr:`is_retrying`,
@@ -776,26 +834,32 @@ class RetryBrain:
 
     def __init__(self, settings: RetrySettings | None = None, *,
                  random: Callable[[], float] = _random.random,
-                 chain_ids: Callable[[], int] | None = None) -> None:
+                 chain_ids: Callable[[], int] | None = None, engine: str = "compiled") -> None:
         if settings is not None and not isinstance(settings, RetrySettings):
             raise TypeError(f"settings must be RetrySettings, got {type(settings).__name__}")
-        self._p = _Policy(self, settings or _DEFAULT_SETTINGS, random)
+        fire = ENGINES.get(engine) if isinstance(engine, str) else None
+        if fire is None:
+            raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, "
+                             f"got {engine!r:.80}")
+        self._p = _Policy(self, settings or _DEFAULT_SETTINGS, random, fire)
         self._p.chain_ids = chain_ids
 
     @classmethod
     def in_state(cls, state: str, *, settings: RetrySettings | None = None, attempt: int = 1,
                  max_attempts: int | None = None, chain_id: int = 1, timer_id: int = 1,
                  chain_start_ms: int | None = None,
-                 random: Callable[[], float] = _random.random) -> "RetryBrain":
+                 random: Callable[[], float] = _random.random,
+                 engine: str = "compiled") -> "RetryBrain":
         """A brain placed in ``state`` (for tests and for hosts restoring a session).
 
         In ``backing_off`` / ``continuing``: at ``attempt`` of ``max_attempts`` (default the
         settings' ``maxRetries``), chain ``chain_id``, current timer ``timer_id``. At rest the
-        attempt is 0. Raises ``ValueError`` for an unknown state or impossible numbers.
+        attempt is 0. ``engine`` as for the constructor. Raises ``ValueError`` for an unknown
+        state or engine, or impossible numbers.
         """
         if state not in L.STATES:
             raise ValueError(f"unknown state {state!r}; expected one of {', '.join(L.STATES)}")
-        brain = cls(settings, random=random)
+        brain = cls(settings, random=random, engine=engine)
         p = brain._p
         p.state = state
         if state in L.IN_CHAIN:
@@ -807,6 +871,12 @@ class RetryBrain:
         return brain
 
     # ------------------------------------------------------------------ queries
+    @property
+    def engine(self) -> str:
+        """``"compiled"`` or ``"transitions"``: how this brain runs the machine (see the class)."""
+        fire = self._p.engine
+        return next(name for name, f in ENGINES.items() if f is fire)
+
     @property
     def state(self) -> str:
         return self._p.state
@@ -993,7 +1063,7 @@ class RetryBrain:
         p.source = p.state
         try:
             recs = p.recs
-            _fire_compiled(p, trigger, recs + _context_recorders() if recs else _context_recorders())
+            p.engine(p, trigger, recs + _context_recorders() if recs else _context_recorders())
         finally:
             p.actions = []
             p.plan = None

@@ -1,9 +1,11 @@
 """The retry lifecycle, declared once (docs/policy.md §3).
 
 This module is the single declaration of the machine: its states, the ``at_rest`` group,
-triggers, guards, effects, the transition table and the cells that are explicitly ignored. The
-running machine (:func:`build_machine`, a ``transitions.Machine``), the diagrams, the matrix
-tests and the coverage audit are all derived from :data:`TABLE`.
+triggers, guards, effects, the transition table and the cells that are explicitly ignored.
+:data:`MACHINE` is the ``transitions.Machine`` built from :data:`TABLE` at import
+(:func:`build_machine`), and it is the model at run time: the brain's serving dispatch is
+compiled from it and ``RetryBrain(engine="transitions")`` fires it (:mod:`fsm.core.brain`); the
+diagrams, the audit and :data:`VERSION` read it (:func:`declaration`, :func:`machine_rows`).
 
 The table is written literally, one row per line::
 
@@ -49,6 +51,7 @@ __all__ = [
     "Row", "Ignored", "DeclaredRow", "ROWS", "TRANSITIONS", "IGNORED", "INITIAL", "VERSION",
     "EFFECT_WORDS", "validate", "cells", "declaration", "TransitionRecord", "Recorder", "add_recorder",
     "remove_recorder", "recording", "context_recorders", "report", "build_machine",
+    "machine_rows", "MACHINE",
 ]
 
 # States: adjectives or participles.
@@ -439,55 +442,7 @@ def cells() -> Iterator[tuple[str, str]]:
             yield s, t
 
 
-def declaration() -> dict[str, Any]:
-    """The declaration as plain JSON-able data (what diagrams, the diff and the audit read).
-
-    Keys: ``states``, ``initial``, ``groups``, ``triggers``, ``guards`` and ``effects`` (name
-    -> words), ``rows`` (the table as declared, group sources kept), ``transitions`` and
-    ``ignored`` (expanded per member state; each names its declared ``row``).
-    """
-    return {
-        "states": list(STATES),
-        "initial": INITIAL,
-        "groups": {name: list(members) for name, members in GROUPS.items()},
-        "triggers": list(TRIGGERS),
-        "guards": dict(GUARDS),
-        "effects": dict(EFFECTS),
-        "rows": [
-            {"id": d.id, "source": d.source, "trigger": d.trigger, "dest": d.dest,
-             "guards": list(d.guards), "effect": d.effect, "spec": d.spec,
-             "ignored": d.ignored}
-            for d in ROWS
-        ],
-        "transitions": [
-            {"id": r.id, "source": r.source, "trigger": r.trigger, "dest": r.dest,
-             "guards": list(r.guards), "effect": r.effect, "spec": r.spec, "row": r.declared}
-            for r in TRANSITIONS
-        ],
-        "ignored": [{"id": i.id, "source": i.source, "trigger": i.trigger, "reason": i.reason,
-                     "row": i.declared}
-                    for i in IGNORED],
-    }
-
-
-def _version() -> str:
-    # Only what changes behaviour counts: a reworded citation or reason keeps old traces valid.
-    d = declaration()
-    structure = {
-        "states": d["states"], "initial": d["initial"], "triggers": d["triggers"],
-        "guards": sorted(d["guards"]),
-        "transitions": [[t["source"], t["trigger"], t["guards"], t["dest"], t["effect"]]
-                        for t in d["transitions"]],
-        "ignored": [[i["source"], i["trigger"]] for i in d["ignored"]],
-    }
-    blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
 validate()  # at import: nothing can run or draw a declaration with a gap or an overlap
-
-VERSION: str = _version()
-"""A short hash of the declaration; traces carry it so the audit never mixes versions."""
 
 
 # ---------------------------------------------------------------------------- recording
@@ -564,10 +519,18 @@ def report(recorders: tuple[Recorder, ...], owner: object, record: TransitionRec
 
 class _RecordingTransition(Transition):
     """A ``transitions.Transition`` that reports every try, guard outcome and ignored cell to
-    the recorders of the firing model (``model.recorders()``) and of the context."""
+    the recorders of the firing model (``model.recorders()``) and of the context.
+
+    It carries its row's identity (set by :func:`build_machine`): ``row_id`` (:attr:`Row.id`
+    / :attr:`Ignored.id`), ``declared`` (the :attr:`DeclaredRow.id` it comes from), ``spec``
+    (the citation, or an ignored cell's reason), ``ignored`` and ``position`` (its place in the
+    declaration, state-major, as :data:`TRANSITIONS` / :data:`IGNORED` list it)."""
 
     row_id = ""
+    declared = ""
+    spec = ""
     ignored = False
+    position = 0
 
     def _eval_conditions(self, event_data: EventData) -> bool:
         outcomes: list[tuple[str, bool]] = []
@@ -596,6 +559,8 @@ class _RecordingTransition(Transition):
 
 class _LifecycleMachine(Machine):
     transition_cls = _RecordingTransition
+    declared: tuple[DeclaredRow, ...] = ()
+    """The table the machine was built from, as declared (group sources kept)."""
 
 
 def build_machine(model: type | None = None,
@@ -610,27 +575,131 @@ def build_machine(model: type | None = None,
     ``auto_transitions`` is off, ignored cells are internal transitions (``dest=None``) and
     any undeclared cell raises ``MachineError``. A row's guards are tried in the order written
     (``transitions`` itself would try every ``conditions`` guard before the ``unless`` ones).
+
+    The machine's own order: its ``events`` in :data:`TRIGGERS` order, each event's
+    ``transitions`` per source in :data:`STATES` order, a cell's rows in the order written
+    (the order ``transitions`` tries them). Each transition carries its row's identity (see
+    ``_RecordingTransition``); the table it was built from is ``machine.declared``.
     Raises ``ValueError`` for a bad declaration.
     """
     validate(model, rows)
-    transitions, ignored = (TRANSITIONS, IGNORED) if rows is None else _expand(rows)
+    declared = ROWS if rows is None else rows
+    transitions, ignored = (TRANSITIONS, IGNORED) if rows is None else _expand(declared)
     machine = _LifecycleMachine(model=None, states=list(STATES), initial=INITIAL,
                                 auto_transitions=False, ignore_invalid_triggers=False,
                                 send_event=False)
-    for row in transitions:
-        conditions: list[str | Callable[..., bool | None]] = list(row.conditions)
-        unless: list[str | Callable[..., bool | None]] = list(row.unless)
-        machine.add_transition(row.trigger, row.source, row.dest, conditions=conditions or None,
-                               unless=unless or None, after=row.effect)
-        tr = machine.events[row.trigger].transitions[row.source][-1]
+    machine.declared = declared
+    items: list[Row | Ignored] = [*transitions, *ignored]
+    place = {id(item): i for i, item in enumerate(transitions)}
+    place.update({id(item): i for i, item in enumerate(ignored)})
+    items.sort(key=lambda item: (TRIGGERS.index(item.trigger), STATES.index(item.source)))
+    for item in items:  # stable: a cell's rows stay in the order written
+        if isinstance(item, Row):
+            conditions: list[str | Callable[..., bool | None]] = list(item.conditions)
+            unless: list[str | Callable[..., bool | None]] = list(item.unless)
+            machine.add_transition(item.trigger, item.source, item.dest,
+                                   conditions=conditions or None, unless=unless or None,
+                                   after=item.effect)
+        else:
+            machine.add_transition(item.trigger, item.source, None)
+        tr = machine.events[item.trigger].transitions[item.source][-1]
         assert isinstance(tr, _RecordingTransition)
-        tr.row_id = row.id
-        written = {(g.lstrip("!"), not g.startswith("!")): i for i, g in enumerate(row.guards)}
-        tr.conditions.sort(key=lambda c: written[(str(c.func), c.target)])
-    for ig in ignored:
-        machine.add_transition(ig.trigger, ig.source, None)
-        tr = machine.events[ig.trigger].transitions[ig.source][-1]
-        assert isinstance(tr, _RecordingTransition)
-        tr.row_id = ig.id
-        tr.ignored = True
+        tr.row_id, tr.position = item.id, place[id(item)]
+        if isinstance(item, Row):
+            tr.declared, tr.spec = item.declared, item.spec
+            written = {(g.lstrip("!"), not g.startswith("!")): i for i, g in enumerate(item.guards)}
+            tr.conditions.sort(key=lambda c: written[(str(c.func), c.target)])
+        else:
+            tr.declared, tr.spec, tr.ignored = item.declared, item.reason, True
     return machine
+
+
+def machine_rows(machine: Machine | None = None) -> tuple[tuple[Row, ...], tuple[Ignored, ...]]:
+    """The transitions and ignored cells of ``machine`` (default :data:`MACHINE`), read from
+    the ``transitions.Machine`` itself: each of its ``events``, each event's ``transitions``
+    per source state, each transition's ``conditions`` (``unless`` ones as ``!name``, in the
+    order the machine tries them), ``dest`` and ``after`` effect.
+
+    Returned in declaration order (state-major, rows as written: each transition keeps its
+    place from :func:`build_machine`), what the diagrams and the audit list them by; the
+    machine itself holds them per event, then per source. Raises ``ValueError`` for a
+    transition that :func:`build_machine` did not make (no row id).
+    """
+    m = MACHINE if machine is None else machine
+    moving: list[tuple[int, Row]] = []
+    ignored: list[tuple[int, Ignored]] = []
+    for trigger, event in m.events.items():
+        for source, candidates in event.transitions.items():
+            for tr in candidates:
+                if not getattr(tr, "row_id", ""):
+                    raise ValueError(f"transition {source}--{trigger}->{tr.dest} was not built "
+                                     f"by build_machine (it has no row id)")
+                if tr.ignored:
+                    ignored.append((tr.position, Ignored(source, trigger, tr.spec, tr.declared)))
+                    continue
+                guards = tuple(c.func if c.target else "!" + c.func for c in tr.conditions)
+                effect = tr.after[0] if tr.after else None
+                moving.append((tr.position, Row(source, trigger, tr.dest, guards, effect,
+                                                tr.spec, tr.declared)))
+    moving.sort(key=lambda item: item[0])
+    ignored.sort(key=lambda item: item[0])
+    return tuple(r for _, r in moving), tuple(i for _, i in ignored)
+
+
+def declaration(machine: Machine | None = None) -> dict[str, Any]:
+    """The declaration as plain JSON-able data (what diagrams, the diff and the audit read),
+    read from ``machine`` (default :data:`MACHINE`, the one the brain serves on).
+
+    Keys: ``states``, ``initial``, ``triggers`` (the machine's states, initial state and
+    events), ``groups``, ``guards`` and ``effects`` (name -> words), ``rows`` (the table the
+    machine was built from, group sources kept), ``transitions`` and ``ignored`` (the
+    machine's, one per member state, see :func:`machine_rows`; each names its declared
+    ``row``).
+    """
+    m = MACHINE if machine is None else machine
+    transitions, ignored = machine_rows(m)
+    return {
+        "states": list(m.states),
+        "initial": m.initial,
+        "groups": {name: list(members) for name, members in GROUPS.items()},
+        "triggers": list(m.events),
+        "guards": dict(GUARDS),
+        "effects": dict(EFFECTS),
+        "rows": [
+            {"id": d.id, "source": d.source, "trigger": d.trigger, "dest": d.dest,
+             "guards": list(d.guards), "effect": d.effect, "spec": d.spec,
+             "ignored": d.ignored}
+            for d in m.declared
+        ],
+        "transitions": [
+            {"id": r.id, "source": r.source, "trigger": r.trigger, "dest": r.dest,
+             "guards": list(r.guards), "effect": r.effect, "spec": r.spec, "row": r.declared}
+            for r in transitions
+        ],
+        "ignored": [{"id": i.id, "source": i.source, "trigger": i.trigger, "reason": i.reason,
+                     "row": i.declared}
+                    for i in ignored],
+    }
+
+
+def _version() -> str:
+    # Only what changes behaviour counts: a reworded citation or reason keeps old traces valid.
+    d = declaration()
+    structure = {
+        "states": d["states"], "initial": d["initial"], "triggers": d["triggers"],
+        "guards": sorted(d["guards"]),
+        "transitions": [[t["source"], t["trigger"], t["guards"], t["dest"], t["effect"]]
+                        for t in d["transitions"]],
+        "ignored": [[i["source"], i["trigger"]] for i in d["ignored"]],
+    }
+    blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+MACHINE: Machine = build_machine()
+"""The ``transitions.Machine`` built from the declaration at import: the brain serves on it
+(its dispatch is compiled from this object; ``RetryBrain(engine="transitions")`` fires it),
+and the diagrams, the audit and :data:`VERSION` read it (:func:`declaration`)."""
+
+VERSION: str = _version()
+"""A short hash of the declaration; traces carry it so the audit never mixes versions."""

@@ -106,6 +106,30 @@ def test_no_auto_transitions_and_undeclared_cells_raise():
         machine.events["backoff_elapsed"].trigger(Model())
 
 
+def test_the_machine_holds_the_declaration_in_its_own_order():
+    """``MACHINE``'s events, their transitions per source, conditions (``unless`` as ``!``) and
+    effects are the declaration's rows, a cell's rows in the order written; read back from the
+    machine they are exactly ``TRANSITIONS`` and ``IGNORED`` (docs/policy.md §3)."""
+    assert list(L.MACHINE.events) == list(L.TRIGGERS)
+    assert list(L.MACHINE.states) == list(L.STATES) and L.MACHINE.initial == L.INITIAL
+    for trigger, event in L.MACHINE.events.items():
+        assert list(event.transitions) == [s for s in L.STATES if s in event.transitions]
+        for source, candidates in event.transitions.items():
+            written = [r.id for r in L.TRANSITIONS if (r.source, r.trigger) == (source, trigger)]
+            assert [tr.row_id for tr in candidates] == (written or [f"{source}--{trigger}->(ignored)"])
+    assert L.machine_rows() == (L.TRANSITIONS, L.IGNORED)
+    assert L.declaration(L.build_machine()) == L.declaration()
+
+
+def test_a_transition_the_declaration_did_not_make_is_refused_by_name():
+    """A transition added to a machine by hand has no row: reading the machine names it
+    (docs/policy.md §3)."""
+    machine = L.build_machine()
+    machine.add_transition("retry_requested", "idle", "continuing")
+    with pytest.raises(ValueError, match="idle--retry_requested->continuing was not built"):
+        L.machine_rows(machine)
+
+
 def test_declaration_is_json_with_rows_groups_and_effects():
     """Declaration is JSON with rows groups and effects."""
     d = L.declaration()

@@ -153,6 +153,20 @@ def test_dot_has_one_edge_per_transition_labelled_with_its_guards():
         assert attrs["label"] == expected_label(row)
 
 
+def test_diagrams_read_the_machine_the_brain_serves_on():
+    """The diagrams draw the ``transitions`` machine's events, transitions and conditions —
+    the very object the brain's dispatch is compiled from — and a machine built from another
+    table draws that table (docs/policy.md §3, §7)."""
+    from fsm.core import brain as B
+    assert B._MACHINE is L.MACHINE
+    assert D.extract() == D.extract(machine=L.MACHINE)
+    old = "at_rest     + turn_succeeded / settle_turn = idle"
+    changed = L.build_machine(rows=L.parse_table(L.TABLE.replace(old, old.replace("= idle", "= exhausted"))))
+    edges = {e.id: e for e in D.extract(machine=changed).edges}
+    assert edges["succeeded--turn_succeeded->exhausted"].dest == L.EXHAUSTED
+    assert "succeeded--turn_succeeded->exhausted" not in {e.id for e in D.extract().edges}
+
+
 def test_dot_label_example_from_the_issue():
     """A refusal at rest reads turn_failed_retryable [retry_enabled ∧ ¬has_retries_left]."""
     source = D.render_dot(D.extract())

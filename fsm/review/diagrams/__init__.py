@@ -3,9 +3,10 @@
 The pipeline is *extract → model → render*, one module each, the way python-statemachine's
 ``contrib/diagram/`` is laid out (https://github.com/fgmacedo/python-statemachine):
 
-- :mod:`.extract` reads :func:`fsm.core.lifecycle.declaration` (its rows as declared, their
-  groups, the effects in words, plus the state and trigger docs of :mod:`fsm.core.lifecycle`)
-  into a :class:`Diagram`;
+- :mod:`.extract` reads the ``transitions`` machine the brain serves on
+  (:data:`fsm.core.lifecycle.MACHINE`: its ``machine.events``, their transitions, conditions
+  and effects) through :func:`fsm.core.lifecycle.declaration` (with the rows as declared,
+  their groups, the effects in words, the state and trigger docs) into a :class:`Diagram`;
 - :mod:`.model` is that model, small, immutable and free of output formats;
 - one renderer per format: :mod:`.dot` (DOT and SVG, laid out by Graphviz's ``dot``),
   :mod:`.mermaid` (``stateDiagram-v2``), :mod:`.markdown` (the transition table and the

@@ -1,10 +1,12 @@
-"""Extract: read :func:`fsm.core.lifecycle.declaration` (or a declaration of the same shape,
-such as an older ``retry_lifecycle.json``) into the :class:`~fsm.review.diagrams.model.Diagram`."""
+"""Extract: read the ``transitions`` machine the brain serves on (:data:`fsm.core.lifecycle.MACHINE`:
+its ``machine.events``, their transitions, conditions and effects, through
+:func:`fsm.core.lifecycle.declaration`), or a declaration of the same shape such as an older
+``retry_lifecycle.json``, into the :class:`~fsm.review.diagrams.model.Diagram`."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from fsm.core import lifecycle as L
 from fsm.review.diagrams.model import (NAME, DeclaredRow, Diagram, Edge, IgnoredCell, State)
@@ -93,8 +95,11 @@ def declared_rows(decl: Mapping, groups: Mapping[str, Sequence[str]] | None = No
                  for r in raw)
 
 
-def extract(decl: Mapping | None = None) -> Diagram:
-    """Build the :class:`Diagram` of ``decl`` (default: :func:`fsm.core.lifecycle.declaration`).
+def extract(decl: Mapping | None = None, *, machine: Any = None) -> Diagram:
+    """Build the :class:`Diagram` of ``decl``; by default the declaration read from ``machine``
+    (a ``transitions.Machine`` from :func:`fsm.core.lifecycle.build_machine`; default
+    :data:`fsm.core.lifecycle.MACHINE`, the one the brain serves on): its states, events and
+    each event's transitions, conditions and effects (:func:`fsm.core.lifecycle.declaration`).
 
     ``decl`` has the shape of :func:`fsm.core.lifecycle.declaration`: ``states``, ``initial``,
     ``triggers``, ``guards``, ``transitions`` (one per member state), ``ignored`` and,
@@ -104,7 +109,7 @@ def extract(decl: Mapping | None = None) -> Diagram:
     ``IN_CHAIN``, ``ENDED``, ``AT_REST``) and are optional. Raises ``ValueError`` when two
     rows share an id.
     """
-    decl = L.declaration() if decl is None else decl
+    decl = L.declaration(machine) if decl is None else decl
     state_docs = getattr(L, "STATE_DOCS", {})
     trigger_docs = getattr(L, "TRIGGER_DOCS", {})
     groups = (("in_chain", set(getattr(L, "IN_CHAIN", ()))), ("ended", set(getattr(L, "ENDED", ()))),

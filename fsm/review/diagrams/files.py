@@ -1,4 +1,5 @@
-"""Write the generated files (and check the committed ones against the declaration)."""
+"""Write the generated files (and check the committed ones against the declaration, read from
+the ``transitions`` machine the brain serves on, :data:`fsm.core.lifecycle.MACHINE`)."""
 
 from __future__ import annotations
 

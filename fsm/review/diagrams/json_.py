@@ -8,7 +8,8 @@ from typing import Mapping
 from fsm.core import lifecycle as L
 
 def declaration_json(decl: Mapping | None = None) -> str:
-    """The declaration (default: :func:`fsm.core.lifecycle.declaration`) as the JSON written next
+    """The declaration (default: :func:`fsm.core.lifecycle.declaration`, read from the machine
+    the brain serves on) as the JSON written next
     to the diagrams (``retry_lifecycle.json``), what ``--diff`` compares: 2-space indents,
     declaration order, UTF-8, a final ``\\n``."""
     decl = L.declaration() if decl is None else decl

@@ -29,7 +29,6 @@ source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
-suppress_warnings: list[str] = []
 nitpicky = True
 html_theme = "alabaster"
 html_title = f"retry-fsm {version}"
@@ -87,6 +86,61 @@ def _source_read(app, docname: str, source: list[str]) -> None:
 
 def _include_read(app, relative_path, parent_docname: str, content: list[str]) -> None:
     content[0] = _relink(content[0], (Path(app.srcdir) / relative_path).resolve())
+
+
+# Known debt, listed name by name so that any new unresolved reference fails the build: names
+# the docstrings refer to that the reference does not document (yet). Remove an entry when its
+# target is documented or the docstring stops referring to it.
+nitpick_ignore = [
+    ('py:attr', 'is_backing_off'),
+    ('py:attr', 'paces_at_send'),
+    ('py:attr', 'settings'),
+    ('py:attr', 'state'),
+    ('py:class', 'AbortAttempt'),
+    ('py:class', 'CompactionHook'),
+    ('py:class', 'EventListener'),
+    ('py:class', 'PacingSettings'),
+    ('py:class', 'Rule'),
+    ('py:class', 'ZoneResolver'),
+    ('py:class', 'fsm.core.classify.Classification'),
+    ('py:class', 'fsm.core.lifecycle.TransitionRecord'),
+    ('py:class', 'fsm.host.chain.Chain'),
+    ('py:class', 'fsm.host.runner.T'),
+    ('py:class', 'fsm.integrations.httpx2._Base'),
+    ('py:class', 'fsm.integrations.otel._Listener'),
+    ('py:class', 'fsm.providers.openai_chat.OpenAIChatProvider'),
+    ('py:class', 'fsm.testing.FakeClock'),
+    ('py:class', 'list[dict[str'),
+    ('py:data', 'COORDINATOR_TIMEOUT_S'),
+    ('py:data', 'DELAY_SOURCES'),
+    ('py:data', 'END_REASONS'),
+    ('py:data', 'FAMILIES'),
+    ('py:data', 'MAX_SHARED_COOLDOWN_MS'),
+    ('py:data', 'ORIGINAL_RETRY_KEYS'),
+    ('py:data', 'RUNNER_OPTIONS'),
+    ('py:data', 'STOP_REASONS'),
+    ('py:data', 'fsm.core.hints.MAX_HINT_MS'),
+    ('py:data', 'fsm.host.chain.RETRY_OWNER'),
+    ('py:data', 'fsm.host.kernel.COORDINATOR_TIMEOUT_S'),
+    ('py:func', 'classify_facts'),
+    ('py:func', 'default_zone'),
+    ('py:func', 'fsm.core.classify.classify_message'),
+    ('py:func', 'fsm.core.lifecycle.recording'),
+    ('py:func', 'fsm.core.text.clean_text'),
+    ('py:func', 'fsm.core.text.safe_error_text'),
+    ('py:func', 'fsm.core.text.scrub_secrets'),
+    ('py:func', 'fsm.host.chain.coordinator_loop'),
+    ('py:func', 'fsm.host.kernel.default_zone'),
+    ('py:func', 'fsm.host.settings_file.load_settings'),
+    ('py:func', 'fsm.providers.sdk_errors.error_message'),
+    ('py:func', 'loop_coordinator'),
+    ('py:mod', 'fsm.core.lifecycle'),
+    ('py:mod', 'fsm.core.messages'),
+    ('py:mod', 'fsm.host.kernel'),
+]
+# Known debt: docstrings of fsm.host.runner, fsm.host.kernel and fsm.host.session whose bullet
+# lists are not valid reStructuredText ("Unexpected indentation"); they render as plain text.
+suppress_warnings = ["docutils"]
 
 
 def setup(app):  # noqa: D103

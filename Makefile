@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # uv: the one on PATH, else a private copy in .uv/ (installed with pip on first use).
 UV ?= $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.uv/bin/uv)
 
-.PHONY: setup .dot .redis .node .browser demo test test-locked test-lowest typecheck dist diagrams \
+.PHONY: setup .dot .redis .node .browser demo test test-locked test-lowest typecheck dist docs diagrams \
 	diagrams-diff bench clean
 
 setup: $(STAMP) .dot .redis .browser
@@ -75,18 +75,20 @@ demo: $(STAMP)
 
 # Everything CI checks (bash .ci/run): the suite on the locked versions with its coverage gates,
 # the core/runner/SDK tests on the lowest versions the metadata allows, the strict type check of
-# fsm/core, and the wheel and sdist. Each step runs whatever the others' outcome; the first
+# fsm/core, the wheel and sdist, and the documentation site. Each step runs whatever the others' outcome; the first
 # failure's status is the target's.
 test: setup .node
 	@status=0; \
-	echo "== 1/4 the suite on the locked versions (uv.lock)"; \
+	echo "== 1/5 the suite on the locked versions (uv.lock)"; \
 	$(MAKE) --no-print-directory test-locked || status=$$?; \
-	echo "== 2/4 core, runner and SDK providers on the lowest versions pyproject.toml allows"; \
+	echo "== 2/5 core, runner and SDK providers on the lowest versions pyproject.toml allows"; \
 	$(MAKE) --no-print-directory test-lowest || { [ $$status != 0 ] || status=$$?; }; \
-	echo "== 3/4 strict type check of fsm/core (mypy --strict)"; \
+	echo "== 3/5 strict type check of fsm/core (mypy --strict)"; \
 	$(MAKE) --no-print-directory typecheck || { [ $$status != 0 ] || status=$$?; }; \
-	echo "== 4/4 the wheel and the sdist (python -m build, twine check, contents)"; \
+	echo "== 4/5 the wheel and the sdist (python -m build, twine check, contents)"; \
 	$(MAKE) --no-print-directory dist || { [ $$status != 0 ] || status=$$?; }; \
+	echo "== 5/5 the documentation site (Sphinx + MyST + autodoc, nitpicky, warnings as errors)"; \
+	$(MAKE) --no-print-directory docs || { [ $$status != 0 ] || status=$$?; }; \
 	exit $$status
 
 # COVERAGE_FILE is absolute so that the subprocesses the tests start (rpc, chat, demo, classify)
@@ -120,6 +122,13 @@ dist: $(STAMP)
 	$(PY) -m build --outdir build/dist
 	$(PY) -m twine check --strict build/dist/*
 	$(PY) .ci/check-dist build/dist
+
+# The documentation site in build/docs/ (open build/docs/index.html): the Markdown of README and
+# docs/ as it is (MyST), the API reference from the docstrings (autodoc, docs/api.md). Nitpicky:
+# a reference to a name of the project that resolves nowhere is an error, as is any warning.
+docs: $(STAMP)
+	$(PY) -m sphinx -b html -n -W --keep-going -q -E docs build/docs
+	@echo "documentation: build/docs/index.html"
 
 diagrams: setup
 	$(PY) -m fsm diagrams --out diagrams

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -90,3 +91,18 @@ def test_type_checkers_see_every_top_level_name():
     seen = {(node.module, alias.name) for node in guarded.body if isinstance(node, ast.ImportFrom)
             for alias in node.names if alias.asname == alias.name}  # "X as X": re-exported
     assert seen == {(module, name) for name, module in fsm._EXPORTS.items()}
+
+
+def test_the_readme_install_lines_are_true_today():
+    """README "Install": the wheel named is the one `make dist` builds for this version, each
+    extra named is declared, and the published name is said to be future, not available."""
+    from fsm._version import __version__
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Install"):readme.index("## Quick start")]
+    assert f"build/dist/retry_fsm-{__version__}-py3-none-any.whl[" in section
+    assert "not on PyPI yet" in section and "will be published as **`retry-fsm`**" in section
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = {e for group in re.findall(r"\.\[([a-z0-9,-]+)\]", section) for e in group.split(",")}
+    named |= {e for group in re.findall(r"whl\[([a-z0-9,-]+)\]", section) for e in group.split(",")}
+    assert named and named <= extras, named - extras
+    assert "make test" in readme and "~15 min on 2 cores" in readme

@@ -14,7 +14,6 @@ and transition trace.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -102,15 +101,17 @@ def load_settings(path: str | None, *, prog: str,
                   warn: Callable[[str], Any] | None = None):  # -> RetrySettings
     """The retry settings of ``path`` (the defaults when None), for every command.
 
-    Warnings (unknown keys inside ``retry``) and the top-level keys this project does not use
-    (pi's settings file carries many) are reported through ``warn`` as one line
-    each, prefixed ``"<prog>: settings <path>: "`` (default: printed to stderr). Raises
-    :class:`~fsm.core.settings.SettingsError` naming the key and value, or the file, when it is bad.
+    Warnings (the original's own keys inside ``retry``) and the top-level keys this project does
+    not use (pi's settings file carries many) are reported through ``warn`` as one line
+    each, prefixed ``"<prog>: settings <path>: "`` (default: printed to stderr). A file with no
+    ``retry`` group gives the defaults. Raises :class:`~fsm.core.settings.SettingsError` naming
+    the key and value, or the file, when it is bad (an unknown key at any depth, a near-miss of
+    the ``retry`` group: :meth:`~fsm.core.settings.RetrySettings.from_json`).
     """
     import warnings
 
     from fsm.core.settings import RetrySettings, SettingsError
-    from fsm.host.settings_file import load_settings as load_file
+    from fsm.host.settings_file import load_settings as load_settings_file
 
     if path is None:
         return RetrySettings()
@@ -120,19 +121,12 @@ def load_settings(path: str | None, *, prog: str,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            settings = load_file(path)
+            # a file shared with other programs may have no retry group: the defaults
+            settings = load_settings_file(path, RetrySettings, require_retry=False)
         except RecursionError:
             raise SettingsError("", path, "a settings file, not JSON nested this deeply") from None
-    for w in caught:
+    for w in caught:  # the original's own keys; other programs' groups (RetrySettings.from_json)
         warn(f"{prog}: settings {path}: {_clip(str(w.message), 300)}")
-    try:
-        data = json.loads(read_input(path, what="settings file", limit_bytes=1 << 20))
-        unused = sorted(k for k in data if k != "retry") if isinstance(data, dict) else []
-    except (OSError, ValueError, RecursionError):
-        unused = []
-    if unused:
-        warn(f"{prog}: settings {path}: ignoring keys this project does not use: "
-             f"{_clip(', '.join(_clip(k, 60) for k in unused), 300)}")
     return settings
 
 

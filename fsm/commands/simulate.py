@@ -126,8 +126,8 @@ def _output_problem(json_path: str | None, svg_dir: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsm.core.settings import RetrySettings, SettingsError
-    from fsm.host.settings_file import load_settings
+    from fsm.commands.common import load_settings
+    from fsm.core.settings import SettingsError
     from fsm.sim import POLICIES, SCENARIOS
     from fsm.sim.svg import load_svg
     from fsm.sim.targets import check
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     settings = None
     if args.settings is not None:
         try:
-            settings = load_settings(args.settings)
+            settings = load_settings(args.settings, prog="fsm simulate")
         except SettingsError as exc:
             print(f"fsm simulate: {args.settings}: {exc}", file=sys.stderr)
             return 2

@@ -96,6 +96,21 @@ the original's HTTP-client retry, ``{"maxRetries": 0, "maxRetryDelayMs": ...}``)
 ignored and listed once (docs/policy.md §1). Never suggested for a misspelt key."""
 
 
+IGNORED_GROUPS_WARNING = "ignoring keys this project does not use: "
+"""The start of the warning that names a settings file's top-level groups of other programs
+(the commands print it after ``<prog>: settings <path>: ``)."""
+
+
+def _near_retry_group(key: Any) -> bool:
+    """Whether the top-level ``key`` is a misspelling of ``retry`` (``rety``, ``retries``,
+    ``Retry``, ``retrySettings``), not another program's group."""
+    if not isinstance(key, str) or key == "retry" or len(key) > 200:
+        return False
+    low = key.lower()
+    return (low.startswith("retry") or low in ("retries", "retrys")
+            or bool(difflib.get_close_matches(low, ["retry"], n=1, cutoff=0.75)))
+
+
 class SettingsError(ValueError):
     """A setting has a wrong type or an out-of-range value, or a key is unknown.
 
@@ -105,10 +120,11 @@ class SettingsError(ValueError):
     """
 
     def __init__(self, key: str, value: Any, expected: str, *, suggestion: str | None = None,
-                 unknown: bool = False) -> None:
-        name = f"retry.{key}" if key else "retry settings"
+                 unknown: bool = False, top_level: bool = False) -> None:
+        prefix = "" if top_level else "retry."
+        name = f"{prefix}{key}" if key else "retry settings"
         if unknown:
-            text = f"{_clip(name)}: unknown key; " + (f"did you mean retry.{suggestion}?" if suggestion
+            text = f"{_clip(name)}: unknown key; " + (f"did you mean {prefix}{suggestion}?" if suggestion
                                                       else expected)
         else:
             text = f"{name}: expected {expected}, got {_shown(value)}"
@@ -117,6 +133,11 @@ class SettingsError(ValueError):
         self.value = value
         self.suggestion = suggestion
         self.expected = expected
+        self.unknown = unknown
+        """True for an unknown key (``suggestion`` then names the nearest known one, or None)."""
+        self.top_level = top_level
+        """True when ``key`` is a top-level key of the file (a near-miss of the ``retry`` group,
+        ``rety: unknown key; did you mean retry?``), not one below ``retry``."""
 
     @classmethod
     def unknown_key(cls, key: str, known: "tuple[str, ...] | list[str]", where: str = "") -> "SettingsError":
@@ -592,28 +613,59 @@ class RetrySettings:
                 "providers": {key: dict(entry) for key, entry in self.providers}}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, base: "RetrySettings | None" = None) -> "RetrySettings":
+    def from_json(cls, data: Mapping[str, Any], *, base: "RetrySettings | None" = None,
+                  require_retry: bool = True) -> "RetrySettings":
         """Load from the settings-file shape ``{"retry": {...}}`` (camelCase keys).
 
         Missing keys keep the value of ``base`` (the defaults when ``base`` is None); the keys
-        given count as set (:meth:`is_set`). Other top-level groups are not read (the file is
-        shared with other programs), but a retry key written at the top level raises (it would
-        otherwise be silently ignored). Raises :class:`SettingsError` for a bad value or an
-        unknown key (naming the nearest known key); nothing is half-applied. The original's
-        own keys (:data:`ORIGINAL_RETRY_KEYS`) are ignored, listed in :attr:`ignored_keys` and
-        named once in a :class:`UserWarning`.
+        given count as set (:meth:`is_set`). Raises :class:`SettingsError` for a bad value or an
+        unknown key at any depth (naming the nearest known key: ``retry.maxRetires: unknown key;
+        did you mean retry.maxRetries?``, ``retry.providers["openai"].maxRetires: unknown key;
+        did you mean retry.providers["openai"].maxRetries?``); nothing is half-applied.
+
+        The top level (docs/policy.md §1):
+
+        - a near-miss of the ``retry`` group holding an object (``rety``, ``retries``,
+          ``Retry``…) raises (``rety: unknown key; did you mean retry?``), and so does a retry
+          key written at the top level;
+        - an object with no ``retry`` group raises, unless ``require_retry`` is False (the
+          commands read a settings file shared with other programs, where a missing group
+          means the defaults);
+        - other top-level groups belong to other programs: not read, and named once in a
+          :class:`UserWarning` (``ignoring keys this project does not use: theme``, the line
+          the commands print).
+
+        The original's own keys (:data:`ORIGINAL_RETRY_KEYS`) are ignored, listed in
+        :attr:`ignored_keys` and named once in a :class:`UserWarning`.
         """
+        return cls._from_file(data, base=base, require_retry=require_retry, stacklevel=4)
+
+    @classmethod
+    def _from_file(cls, data: Any, *, base: "RetrySettings | None", require_retry: bool,
+                   stacklevel: int) -> "RetrySettings":
+        """:meth:`from_json`, with the ``stacklevel`` of its warnings."""
         if not isinstance(data, Mapping):
             raise SettingsError("", data, "a JSON object at the top level")
-        if "retry" not in data:
-            flat = sorted(str(k) for k in data if k in _KEYS or k in ORIGINAL_RETRY_KEYS)
-            if flat:
-                raise SettingsError("", flat[0], 'the retry keys inside "retry" ({"retry": {"'
-                                    + _clip(flat[0], 40) + '": ...}}), not at the top level')
+        flat = sorted(str(k) for k in data if k in _KEYS or k in ORIGINAL_RETRY_KEYS)
+        if flat:
+            raise SettingsError("", flat[0], 'the retry keys inside "retry" ({"retry": {"'
+                                + _clip(flat[0], 40) + '": ...}}), not at the top level')
+        near = sorted(str(k) for k, v in data.items()
+                      if k != "retry" and _near_retry_group(k) and (v is None or isinstance(v, Mapping)))
+        if near:
+            raise SettingsError(near[0], None, "", suggestion="retry", unknown=True, top_level=True)
+        if "retry" not in data and require_retry:
+            raise SettingsError("", data, 'an object with a "retry" group ({"retry": {"maxRetries": '
+                                '5}}, or RetrySettings() for the defaults)')
         retry = data.get("retry", {})
         if retry is None:
             retry = {}
-        return cls._from_retry(retry, base=base, stacklevel=3)
+        result = cls._from_retry(retry, base=base, stacklevel=stacklevel)
+        unused = [str(k) for k in data if k != "retry"]
+        if unused:  # after the retry group is known good: nothing is said about a refused file
+            warnings.warn(IGNORED_GROUPS_WARNING + _clip(", ".join(_clip(k, 60) for k in sorted(unused)), 300),
+                          UserWarning, stacklevel=stacklevel - 1)
+        return result
 
     @classmethod
     def _from_retry(cls, retry: Any, *, base: "RetrySettings | None", stacklevel: int) -> "RetrySettings":
@@ -644,8 +696,9 @@ class RetrySettings:
         if settings is None or isinstance(settings, RetrySettings):
             return settings
         if isinstance(settings, Mapping):
-            if "retry" in settings:
-                return cls.from_json(settings)
+            if "retry" in settings or any(_near_retry_group(k) and (v is None or isinstance(v, Mapping))
+                                          for k, v in settings.items() if k not in _KEYS):
+                return cls._from_file(settings, base=None, require_retry=True, stacklevel=4)
             return cls._from_retry(settings, base=None, stacklevel=3)
         raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                         f"{{'maxRetries': 5}} (or {{'retry': {{...}}}}), got {type(settings).__name__}")
@@ -730,13 +783,15 @@ def _check_providers(value: Any) -> "tuple[tuple[str, Mapping[str, Any]], ...]":
             if k in _TOP_LEVEL_ONLY:
                 raise SettingsError(f"{where}.{k}", v, f"no {k} here: {k} is a top-level key only")
             if k not in _KEYS:
-                raise SettingsError(f"{where}.{k}", v, "a retry setting (camelCase, as at the top "
-                                                       "level)")
+                raise SettingsError.unknown_key(str(k), [key for key in _KEYS if key not in _TOP_LEVEL_ONLY],
+                                                where + ".")
             fields[_KEYS[k]] = v
         try:
             applied = RetrySettings(**fields)
         except SettingsError as exc:
-            raise SettingsError(f"{where}.{exc.key}", exc.value, exc.expected) from None
+            raise SettingsError(f"{where}.{exc.key}", exc.value, exc.expected, unknown=exc.unknown,
+                                suggestion=None if exc.suggestion is None else f"{where}.{exc.suggestion}"
+                                ) from None
         normal = {k: getattr(applied, _KEYS[k]) for k in entry}
         out.append((key, _FrozenEntry(normal)))
     return tuple(sorted(out))

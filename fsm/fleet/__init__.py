@@ -18,11 +18,12 @@ from fsm.fleet._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAU
 from fsm.fleet._local import (DEFAULT_BUCKET_IDLE_MS, FLOOR_HORIZON_MS, WAIT_RECHECK_MS, InProcessCoordinator,
                               default_coordinator)
 from fsm.fleet._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
-from fsm.fleet._types import (DEFAULT_CREDENTIAL, MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordinatorError, CoordinatorKeyError, CoordKey, PacingSettings, credential_id, wall_ms)
+from fsm.fleet._types import (DEFAULT_CREDENTIAL, MAX_LEFT_MS, Admission, BudgetSettings, Coordinator, CoordinatorError, CoordinatorKeyError, CoordKey, FleetCoordinator, PacingSettings,
+                              credential_id, wall_ms)
 
 __all__ = [
     "Admission", "CoordinatorKeyError", "MAX_LEFT_MS", "PacingSettings", "DEFAULT_BUCKET_IDLE_MS", "DEFAULT_CREDENTIAL", "DEFAULT_PREFIX", "DEFAULT_PROBE_INTERVAL_S",
-    "DEFAULT_TIMEOUT_S", "DEFAULT_WRITE_TIMEOUT_S", "FLOOR_HORIZON_MS", "WAIT_RECHECK_MS", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError",
+    "DEFAULT_TIMEOUT_S", "DEFAULT_WRITE_TIMEOUT_S", "FLOOR_HORIZON_MS", "WAIT_RECHECK_MS", "Breaker", "BudgetSettings", "Coordinator", "CoordinatorError", "FleetCoordinator",
     "CoordKey", "GuardedCoordinator", "InProcessCoordinator", "RedisCoordinator",
     "RedisCredentialStore", "coordinator_from_url", "credential_id", "default_coordinator",
     "load_credentials", "redact_url", "wall_ms",
@@ -32,14 +33,15 @@ __all__ = [
 def coordinator_from_url(url: str | None, *, prefix: str = DEFAULT_PREFIX,
                          timeout_s: float = DEFAULT_TIMEOUT_S, on_event=None,
                          probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
-                         guarded: bool = True) -> Coordinator:
+                         guarded: bool = True) -> FleetCoordinator:
     """The coordinator a command line's ``--redis URL`` (or the settings file) names.
 
     ``None``, ``""`` or ``"memory:"``: the process's :func:`default_coordinator`. A
     ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``) URL: a :class:`RedisCoordinator`
     wrapped in a :class:`GuardedCoordinator` (``timeout_s``, ``on_event``,
     ``probe_interval_s``), or bare with ``guarded=False``. ``ValueError`` naming the URL
-    (password hidden) for anything else.
+    (password hidden) for anything else. Each is a :class:`FleetCoordinator`: it has
+    ``warm_up()`` (call it when the host starts) and ``aclose()``.
     """
     if url is None or url in ("", "memory:"):
         return default_coordinator()

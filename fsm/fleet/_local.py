@@ -342,6 +342,10 @@ class InProcessCoordinator:
     async def fallback_left_ms(self, key: CoordKey) -> int:
         return self.fallback_left_at(key, self.now_ms())
 
+    async def warm_up(self) -> bool:
+        """Nothing to connect (kept for :class:`~fsm.fleet.FleetCoordinator`): True at once."""
+        return True
+
     async def aclose(self) -> None:
         """Nothing to release (kept for the protocol)."""
 

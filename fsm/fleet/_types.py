@@ -229,6 +229,23 @@ class Coordinator(Protocol):
         """Release connections; the coordinator is not used after this."""
 
 
+@runtime_checkable
+class FleetCoordinator(Coordinator, Protocol):
+    """A coordinator a host starts and stops: what :func:`fsm.fleet.coordinator_from_url`
+    returns (an :class:`~fsm.fleet.InProcessCoordinator`, a
+    :class:`~fsm.fleet.GuardedCoordinator` or a :class:`~fsm.fleet.RedisCoordinator`).
+
+    ``await coordinator.warm_up()`` when the host starts (docs/fleet.md "When Redis is down"),
+    ``await coordinator.aclose()`` when it stops, and the protocol v3 calls between.
+    """
+
+    async def warm_up(self) -> bool | None:
+        """Connect now, so that the first burst of failures does not pay for connecting. The
+        guarded and in-process coordinators answer whether the remote answered (never
+        raising); a bare :class:`~fsm.fleet.RedisCoordinator` returns None and raises
+        :class:`~fsm.fleet.CoordinatorError` when its server does not answer."""
+
+
 def check_duration(name: str, value: Any) -> int:
     """A duration given by the caller, as an int in 0..:data:`MAX_LEFT_MS` (negative -> 0,
     beyond the maximum -> the maximum); ``TypeError`` naming ``name`` for a non-number."""

@@ -25,10 +25,15 @@ from fsm.core.settings import RetrySettings, SettingsError
 __all__ = ["MAX_SETTINGS_BYTES", "load_settings", "read_settings_file"]
 
 
-def load_settings(path: str | Path, cls: type[RetrySettings] = RetrySettings) -> RetrySettings:
+def load_settings(path: str | Path, cls: type[RetrySettings] = RetrySettings, *,
+                  require_retry: bool = True) -> RetrySettings:
     """The :class:`RetrySettings` of the settings file at ``path`` (``cls`` for a subclass).
-    Raises :class:`SettingsError` as the module docstring says."""
-    return cls.from_json(read_settings_file(path))
+
+    Raises :class:`SettingsError` as the module docstring says, and as
+    :meth:`RetrySettings.from_json` does for the JSON: an unknown key at any depth, a near-miss
+    of the ``retry`` group, and (unless ``require_retry`` is False, as for the commands) a file
+    with no ``retry`` group. Other programs' groups are named in a :class:`UserWarning`."""
+    return cls.from_json(read_settings_file(path), require_retry=require_retry)
 
 
 def read_settings_file(path: str | Path) -> Any:

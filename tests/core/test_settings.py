@@ -76,7 +76,8 @@ def test_integral_float_is_accepted_as_int():
 
 
 def test_original_shape_with_the_originals_keys_warns_once_and_ignores():
-    """The original's retry.provider is accepted, ignored, listed once; other groups are not read."""
+    """The original's retry.provider is accepted, ignored, listed once; other groups are not
+    read and named once (docs/policy.md §1)."""
     data = {"retry": {"enabled": True, "maxRetries": 3, "baseDelayMs": 50, "provider": {"maxRetries": 0}},
             "theme": "dark"}
     with warnings.catch_warnings(record=True) as caught:
@@ -85,7 +86,8 @@ def test_original_shape_with_the_originals_keys_warns_once_and_ignores():
     assert s == RetrySettings(base_delay_ms=50)
     assert s.ignored_keys == ("retry.provider",)
     assert [str(w.message) for w in caught] == [
-        "retry settings: ignoring the original's own keys retry.provider (this project is the only retry layer)"]
+        "retry settings: ignoring the original's own keys retry.provider (this project is the only retry layer)",
+        "ignoring keys this project does not use: theme"]
 
 
 def test_nothing_half_applied_on_error():
@@ -96,9 +98,12 @@ def test_nothing_half_applied_on_error():
     assert base.max_retries == 5
 
 
-def test_missing_retry_section_gives_defaults():
-    """Missing retry section gives defaults."""
-    assert RetrySettings.from_json({}) == RetrySettings()
+def test_missing_retry_section_raises_from_python_and_gives_defaults_to_the_commands():
+    """docs/policy.md §1: from Python an object with no retry group raises; the commands'
+    shared settings file (require_retry=False) and `"retry": null` give the defaults."""
+    with pytest.raises(SettingsError, match=r'retry settings: expected an object with a "retry" group'):
+        RetrySettings.from_json({})
+    assert RetrySettings.from_json({}, require_retry=False) == RetrySettings()
     assert RetrySettings.from_json({"retry": None}) == RetrySettings()
 
 
@@ -173,7 +178,8 @@ def test_a_settings_file_over_one_megabyte_is_refused(tmp_path):
     p = tmp_path / "s.json"
     pad = MAX_SETTINGS_BYTES - len('{"retry": {"maxRetries": 2}, "pad": ""}')
     p.write_text('{"retry": {"maxRetries": 2}, "pad": "' + "x" * pad + '"}')
-    assert load_settings(p).max_retries == 2  # exactly at the cap
+    with pytest.warns(UserWarning, match="ignoring keys this project does not use: pad"):
+        assert load_settings(p).max_retries == 2  # exactly at the cap
     p.write_text('{"retry": {"maxRetries": 2}, "pad": "' + "x" * (pad + 1) + '"}')
     with pytest.raises(SettingsError, match="larger than 1048576 bytes"):
         load_settings(p)

@@ -9,6 +9,7 @@ import pytest
 
 import fsm
 from fsm.core.settings import ORIGINAL_RETRY_KEYS, RetrySettings, SettingsError, known_keys, nearest_key
+from fsm.host.settings_file import load_settings
 
 
 @pytest.mark.parametrize("key,near", [
@@ -50,7 +51,6 @@ def test_retry_keys_at_the_top_level_raise():
     with pytest.raises(SettingsError, match=r'inside "retry"') as info:
         RetrySettings.from_json({"maxRetries": 5})
     assert info.value.value == "maxRetries"
-    assert RetrySettings.from_json({"theme": "dark"}) == RetrySettings()  # other programs' groups
 
 
 def test_the_python_api_is_snake_case():
@@ -103,3 +103,86 @@ def test_the_runner_accepts_the_originals_keys_and_lists_them():
     assert len(caught) == 1
     assert runner.settings.max_retries == 1 and runner.settings.ignored_keys == ("retry.provider",)
 
+
+
+# ------------------------------------------------- from Python as strict as from a file (§1)
+@pytest.mark.parametrize("group", ["rety", "retries", "Retry", "retyr", "retrySettings", "rtry"])
+def test_a_near_miss_of_the_retry_group_raises_naming_retry(group):
+    """docs/policy.md §1: `{"rety": {...}}` from Python raises "did you mean retry?" instead
+    of giving the defaults, whether or not the group is required."""
+    for require in (True, False):
+        with pytest.raises(SettingsError) as info:
+            RetrySettings.from_json({group: {"maxRetries": 5}}, require_retry=require)
+        assert str(info.value) == f"{group}: unknown key; did you mean retry?"
+        assert info.value.top_level and info.value.unknown and info.value.suggestion == "retry"
+
+
+def test_the_mapping_a_host_takes_refuses_a_near_miss_of_the_group_too():
+    """docs/embedding.md "The API": `settings={"rety": {...}}` is no inner object with a key
+    `rety`: it raises naming the group."""
+    with pytest.raises(SettingsError, match=r"^rety: unknown key; did you mean retry\?$"):
+        RetrySettings.coerce({"rety": {"maxRetries": 5}})
+    with pytest.raises(SettingsError, match=r"^rety: unknown key; did you mean retry\?$"):
+        fsm.RetryRunner(settings={"rety": {"maxRetries": 5}})
+
+
+def test_load_refuses_a_near_miss_and_a_file_with_no_retry_group(tmp_path):
+    """docs/policy.md §1: fsm.load_settings is as strict as from_json."""
+    path = tmp_path / "settings.json"
+    path.write_text('{"rety": {"maxRetries": 5}}')
+    with pytest.raises(SettingsError, match=r"did you mean retry\?"):
+        load_settings(path)
+    path.write_text('{"theme": "dark"}')
+    with pytest.raises(SettingsError, match=r'"retry" group'):
+        load_settings(path)
+
+
+def test_other_programs_groups_are_ignored_with_the_commands_warning():
+    """docs/policy.md §1: groups of other programs beside `retry` are not read, and named in
+    one UserWarning worded as the commands' line."""
+    with pytest.warns(UserWarning) as caught:
+        s = RetrySettings.from_json({"retry": {"maxRetries": 1}, "theme": "dark", "compaction": {}})
+    assert s == RetrySettings(max_retries=1)
+    assert [str(w.message) for w in caught] == ["ignoring keys this project does not use: compaction, theme"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RetrySettings.from_json({"retry": {"maxRetries": 1}})  # nothing to say
+
+
+def test_a_refused_file_says_nothing_about_other_groups():
+    """A settings error is the one thing said: no warning about other groups before it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SettingsError):
+            RetrySettings.from_json({"retry": {"maxRetries": -1}, "theme": "dark"})
+
+
+@pytest.mark.parametrize("entry,key,near", [
+    ({"maxRetires": 2}, 'providers["openai"].maxRetires', 'providers["openai"].maxRetries'),
+    ({"budget": {"maxToken": 2}}, 'providers["openai"].budget.maxToken', 'providers["openai"].budget.maxTokens'),
+    ({"pacing": {"minrate": 2}}, 'providers["openai"].pacing.minrate', 'providers["openai"].pacing.minRate'),
+])
+def test_an_unknown_key_in_a_providers_entry_names_the_nearest_known_key(entry, key, near):
+    """docs/policy.md §13.4: a typo inside `providers[...]` gets the same "did you mean" as at
+    the top level, at every depth."""
+    with pytest.raises(SettingsError) as info:
+        RetrySettings.from_json({"retry": {"providers": {"openai": entry}}})
+    assert str(info.value) == f"retry.{key}: unknown key; did you mean retry.{near}?"
+    assert info.value.unknown and info.value.suggestion == near
+
+
+def test_the_commands_warn_and_refuse_in_the_same_words(tmp_path):
+    """docs/policy.md §1: the commands print the same warning line (prefixed) and refuse a
+    near-miss of the group; a file with no retry group gives them the defaults."""
+    from fsm.commands.common import load_settings
+
+    path = tmp_path / "settings.json"
+    lines: list[str] = []
+    path.write_text('{"retry": {"maxRetries": 1}, "theme": "dark"}')
+    assert load_settings(str(path), prog="fsm rpc", warn=lines.append).max_retries == 1
+    assert lines == [f"fsm rpc: settings {path}: ignoring keys this project does not use: theme"]
+    path.write_text('{"theme": "dark"}')
+    assert load_settings(str(path), prog="fsm rpc", warn=lines.append) == RetrySettings()
+    path.write_text('{"rety": {"maxRetries": 5}}')
+    with pytest.raises(SettingsError, match=r"^rety: unknown key; did you mean retry\?$"):
+        load_settings(str(path), prog="fsm rpc", warn=lines.append)

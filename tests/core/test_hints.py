@@ -285,8 +285,8 @@ def test_relative_beats_absolute():
 
 
 def test_an_unusable_candidate_falls_back_to_the_next():
-    """An unusable candidate falls back to the next."""
-    assert parse("retry-after: 999999999 ... please retry in 3s") == 3000
+    """An unusable candidate (a date in the past) falls back to the next (docs/policy.md §2)."""
+    assert parse("retry-after: Wed, 21 Oct 2015 07:28:00 GMT ... please retry in 3s") == 3000
 
 
 # --- ignored --------------------------------------------------------------------------------
@@ -299,8 +299,6 @@ def test_an_unusable_candidate_falls_back_to_the_next():
     "retry-after: -5",
     "retry-after: NaN",
     "retry-after: soon",
-    "try again in 401 days",  # absurd: more than 400 days
-    "retry-after-ms: 34560000001",
     "Retry your request with the ID or ARN of an inference profile",
     '"totalRetryDelay":274',  # the AWS SDK's own retries, not a hint
     "(reached max retries: 4)",
@@ -321,9 +319,58 @@ def test_four_hundred_days_is_the_limit():
     assert MAX_HINT_MS == 400 * DAY_MS
     assert parse("retry-after-ms: 34560000000") == MAX_HINT_MS
     assert parse("retry-after: 34560000") == MAX_HINT_MS
-    assert parse("retry-after: 34560001") is None
+    assert parse("retry-after: 34560001") == MAX_HINT_MS
     assert parse("try again in 8 days") == 8 * DAY_MS
     assert parse("Please try again in 3 weeks") == 21 * DAY_MS
+
+
+@pytest.mark.parametrize("text", [
+    "try again in 401 days", "retry-after-ms: 34560000001", "retry-after: 99999999999",
+    "retry-after: " + "9" * 400, "Please retry in 10000000000 years", "x-ratelimit-reset: 10000000000000000",
+    '"retryDelay": "99999999999s"', "retry_delay { seconds: 99999999999 }", '"resets_at": 99999999999999',
+    "usage limit reached|99999999999999", "try again at Jul 5th, 9999 8:19 PM",
+])
+def test_a_wait_beyond_four_hundred_days_is_too_long_not_absent(text):
+    """docs/policy.md §2 "Hints are monotonic": a wait beyond 400 days reads as 400 days."""
+    assert parse(text) == MAX_HINT_MS
+
+
+def _requests(retry_after_s: int, hints: str) -> int:
+    """Requests one ``fsm.retrying_sync`` chain sends to a server that always answers 429 with
+    ``retry-after: retry_after_s`` (maxRetries 3, maxHintWaitMs 60 s; no real waits)."""
+    import fsm
+
+    calls = 0
+
+    def call():
+        nonlocal calls
+        calls += 1
+        raise RuntimeError(f"429 Too Many Requests. retry-after: {retry_after_s}")
+
+    with pytest.raises((RuntimeError, fsm.RetryChainError)):
+        fsm.retrying_sync(call, sleep=lambda s: None,
+                          settings={"retryHints": hints, "maxRetries": 3})
+    return calls
+
+
+_WAITS = st.one_of(st.integers(0, 120), st.integers(0, 10**9), st.integers(0, 10**40))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_WAITS, _WAITS, st.sampled_from(["honor", "ignore"]))
+def test_a_longer_server_wait_never_gets_more_requests(a, b, hints):
+    """docs/policy.md §2 "Hints are monotonic": for retry-after a < b, requests(b) <= requests(a);
+    under "ignore" (the seed's) hints never change the main path."""
+    a, b = min(a, b), max(a, b)
+    assert _requests(b, hints) <= _requests(a, hints)
+    if hints == "ignore":
+        assert _requests(b, hints) == 4
+
+
+def test_a_wait_beyond_four_hundred_days_ends_the_chain_like_a_year():
+    """docs/policy.md §2: under honor a retry-after of 401 days ends the chain at once (one
+    request, hint_too_long), as a 365-day one does; it is never retried on plain backoff."""
+    assert _requests(365 * 86_400, "honor") == _requests(401 * 86_400, "honor") == 1
 
 
 def test_without_a_clock_absolute_hints_give_none():

@@ -30,7 +30,8 @@ message carries several:
    "reset at 3pm (America/Santiago)", "try again at Jul 5th, 2026 8:19 PM" (no zone: UTC, or
    the zone the host's resolver gives for ``""``), "regain access on 2026-06-01 at 00:00 UTC".
    A time of day already past today is the next one; on a daylight-saving fall-back night the
-   earliest of the two readings still ahead is taken (a 10-minute reset stays 10 minutes)
+   earliest of the two readings still ahead is taken (a 10-minute reset stays 10 minutes); a
+   time skipped by a spring-forward moves forward by the gap (02:30 in a 02:00→03:00 gap is 03:30)
 
 A value that is negative, not a plain ASCII decimal number (``1e3``, ``1e309``, Arabic-Indic or
 fullwidth digits) or in the past is ignored, and the next candidate is tried. A wait longer
@@ -498,19 +499,35 @@ def _absolute_ms(t: str, pos: int, when: _When) -> int | None:
             days.append(day.replace(year=day.year + 1))  # "Jul 5": this year's, else next year's
         except ValueError:
             pass
-    readings = []
+    readings: list[float] = []
     for d in days:
-        for fold in (0, 1):  # both readings of a wall time repeated by a fall-back
-            try:
-                readings.append(datetime(d.year, d.month, d.day, hour, minute, second,
-                                         tzinfo=zone, fold=fold).timestamp() * 1000)
-            except (ValueError, OverflowError):
-                continue
+        readings += _wall_instants(d, hour, minute, second, zone)
     ahead = [ms for ms in readings if ms >= now]
     if not ahead:
         return _round(min(readings) - now) if readings else None  # in the past: ignored
     return _round(min(ahead) - now)
 
+
+
+def _wall_instants(d: date, hour: int, minute: int, second: int, zone: tzinfo) -> list[float]:
+    """The instants (epoch ms) at which the wall clock of ``zone`` reads ``d hour:minute:second``
+    (docs/classification.md "Clock and time zones"): one on most days; two on a fall-back
+    night (the repeated hour: both readings, the caller takes the first still ahead); and for a
+    time skipped by a spring-forward, none exists, so the time moves forward by the gap (read
+    with the offset before it: 02:30 in a 02:00→03:00 gap is 03:30)."""
+    try:
+        wall = datetime(d.year, d.month, d.day, hour, minute, second)
+        instants = [wall.replace(tzinfo=zone, fold=fold).timestamp() for fold in (0, 1)]
+    except (ValueError, OverflowError):
+        return []
+    real = []
+    for ts in instants:
+        try:
+            if datetime.fromtimestamp(ts, zone).replace(tzinfo=None) == wall:
+                real.append(ts * 1000)
+        except (ValueError, OverflowError, OSError):
+            continue
+    return real or [max(instants) * 1000]  # in a gap: the later reading is the one moved forward
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import datetime, timedelta, timezone
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, available_timezones
 
 import pytest
 from hypothesis import given, settings
@@ -234,6 +235,85 @@ def test_daylight_saving_spring_forward_time_is_still_ahead():
     hint = parse_retry_hint_ms("resets 2:30am (America/New_York)", now_ms=now.timestamp() * 1000,
                                zone=ZONE)
     assert hint is not None and hint < 3_600_000
+
+
+def test_a_wall_time_skipped_by_a_spring_forward_moves_forward_never_back():
+    """docs/classification.md "Clock and time zones": at 01:10 before a 02:00→03:00 gap, "resets
+    2:20am" is 03:20 (70 min), not 01:20 (the wall time read with the offset after the gap)."""
+    new_york = ZoneInfo("America/New_York")
+    now = datetime(2026, 3, 8, 1, 10, tzinfo=new_york)
+    for text, zone in (("resets 2:20am (America/New_York)", ZONE), ("resets 2:20am", zone_resolver(new_york))):
+        assert parse_retry_hint_ms(text, now_ms=now.timestamp() * 1000, zone=zone) == 70 * 60_000
+
+
+def test_a_fall_back_night_gives_the_first_future_instance_at_01_20():
+    """docs/classification.md "Clock and time zones": "resets at 1:30am" read at either 01:20
+    of a fall-back night is 10 minutes, for a zone-named and a zone-less text."""
+    new_york = ZoneInfo("America/New_York")
+    for fold in (0, 1):
+        now_ms = datetime(2026, 11, 1, 1, 20, tzinfo=new_york, fold=fold).timestamp() * 1000
+        assert parse_retry_hint_ms("resets at 1:30am (America/New_York)", now_ms=now_ms, zone=ZONE) == 600_000
+        assert parse_retry_hint_ms("resets at 1:30am", now_ms=now_ms, zone=zone_resolver(new_york)) == 600_000
+
+
+@functools.lru_cache(maxsize=None)
+def _transitions(name: str, year: int) -> tuple[tuple[datetime, timedelta], ...]:
+    """``(instant, offset before)`` of each change of ``name``'s UTC offset in ``year``."""
+    z = ZoneInfo(name)
+    t, end = datetime(year, 1, 1, tzinfo=timezone.utc), datetime(year + 1, 1, 1, tzinfo=timezone.utc)
+    prev, out = t.astimezone(z).utcoffset(), []
+    while t < end:
+        step = t + timedelta(hours=6)
+        off = step.astimezone(z).utcoffset()
+        if off != prev:
+            lo, hi = t, step  # the offset changes in (lo, hi]: bisect to the minute
+            while hi - lo > timedelta(minutes=1):
+                mid = lo + timedelta(minutes=(hi - lo) // timedelta(minutes=1) // 2)
+                lo, hi = (mid, hi) if mid.astimezone(z).utcoffset() == prev else (lo, mid)
+            out.append((hi, prev))
+            prev = off
+        t = step
+    return tuple(out)
+
+
+def _first_future_instance(z: ZoneInfo, now: datetime, hour: int, minute: int) -> datetime:
+    """The oracle, by brute force over the zone's offsets near each day: every instant whose wall
+    time in ``z`` is hour:minute today or tomorrow; a wall time that no instant has (a gap) is
+    read with the smaller (earlier) offset, i.e. moved forward; the first at or after ``now``."""
+    found = []
+    day = now.astimezone(z).date()
+    for d in (day, day + timedelta(days=1)):
+        wall = datetime(d.year, d.month, d.day, hour, minute, tzinfo=timezone.utc)
+        offsets = {(wall + timedelta(hours=h)).astimezone(z).utcoffset() for h in (-30, -14, -6, -2, 0, 2, 6, 14, 30)}
+        real = [wall - o for o in offsets if (wall - o).astimezone(z).replace(tzinfo=None) == wall.replace(tzinfo=None)]
+        found += real or [wall - min(offsets)]
+    return min(t for t in found if t >= now)
+
+
+_ZONES = sorted(available_timezones())
+
+
+@pytest.mark.skipif(not _ZONES, reason="no zone database: tzdata (a test dependency) is missing")
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(_ZONES or ["UTC"]), st.integers(2024, 2030), st.integers(0, 3),
+       st.integers(-180, 180), st.integers(0, 59_999), st.integers(-120, 120), st.booleans(), st.booleans())
+def test_reset_times_across_zones_and_both_transitions_of_a_year(name, year, which, now_min, now_ms_jitter,
+                                                                 wall_min, named, twelve_hour):
+    """docs/classification.md "Clock and time zones", for every zone the resolver knows and each
+    offset change of a year: a repeated wall time resolves to its first future instance, a
+    skipped one moves forward; zone-named and zone-less texts agree with a brute-force oracle."""
+    z = ZoneInfo(name)
+    changes = _transitions(name, year) or ((datetime(year, 7, 1, tzinfo=timezone.utc), timedelta(0)),)
+    when, before = changes[which % len(changes)]
+    now = when + timedelta(minutes=now_min, milliseconds=now_ms_jitter)
+    wall = (when + before + timedelta(minutes=wall_min)).replace(tzinfo=None)  # near the change, local
+    hour, minute = wall.hour, wall.minute
+    clock = f"{(hour % 12) or 12}:{minute:02d}{'am' if hour < 12 else 'pm'}" if twelve_hour else f"{hour:02d}:{minute:02d}"
+    text, resolver = ((f"Your limit resets at {clock} ({name})", ZONE) if named
+                      else (f"Your limit resets at {clock}", zone_resolver(z)))
+    now_ms = round(now.timestamp() * 1000)
+    expected = round(_first_future_instance(z, now, hour, minute).timestamp() * 1000) - now_ms
+    assert parse_retry_hint_ms(text, now_ms=now_ms, zone=resolver) == expected
 
 
 def test_zone_names_in_any_case_and_offsets():

@@ -139,13 +139,17 @@ end
 # horizon_ms, forget_after_ms, memory_s, the pacer hash's TTL in ms (:func:`pacer_ttl_ms`).
 # The hash's fields are PacerState's: on (0/1), rate, tat, lcut (last_cut_ms), lgrow
 # (last_grow_ms), wmax, good, goodt (good_ms), oks (ok_sec), okn (ok_n), sents (sent_sec),
-# sentc (sent_cur), sentp (sent_prev); times in server ms, written with 17 digits.
+# sentc (sent_cur), sentp (sent_prev), seen (seen_ms); times in server ms, written with 17
+# digits. PNOW is the pacer's time: NOW clamped to the latest time seen (a server clock that
+# stepped back, e.g. a failover: no reset, no time passes; fsm.core.pacing "clock steps").
 _LUA_PACER = """
 local PFIELDS = {'on', 'rate', 'tat', 'lcut', 'lgrow', 'wmax', 'good', 'goodt', 'oks', 'okn',
-                 'sents', 'sentc', 'sentp'}
+                 'sents', 'sentc', 'sentp', 'seen'}
+local PNOW = NOW
 local function pfresh()
+  PNOW = NOW
   return {on=0, rate=0, tat=0, lcut=0, lgrow=0, wmax=0, good=0, goodt=0, oks=-1, okn=0,
-          sents=-1, sentc=0, sentp=0}
+          sents=-1, sentc=0, sentp=0, seen=-math.huge}
 end
 local function count_ok(x) return x >= 0 and x <= 1e9 end
 local function second_ok(x, hi) return x == math.floor(x) and x >= -1 and x * 1000 <= hi end
@@ -160,17 +164,21 @@ local function pacer_get(k)
     if n == nil then return pfresh() end
     s[f] = n
   end
-  -- times written as NOW (a cut, a growth step, a success) are not ahead of the server's
-  -- clock by more than a minute; slots (tat, the newest send's second) may be booked up to
-  -- a cooldown or backoff of 400 days ahead, plus the horizon
-  local soon, far = NOW + 60000, NOW + 2 * MAXLEFT
-  if (s.on ~= 0 and s.on ~= 1) or not count_ok(s.rate) or (s.on == 1 and s.rate <= 0)
+  -- the latest time seen: a server clock behind it by up to 400 days stepped back (clamped
+  -- to it); further is another clock (a peer writing microseconds, a corrupted key). Times
+  -- written as the pacer's time (a cut, a growth step, a success) are not after the latest
+  -- time seen; slots (tat, the newest send's second) may be booked up to a cooldown or
+  -- backoff of 400 days ahead, plus the horizon
+  local soon, far = s.seen, s.seen + 2 * MAXLEFT
+  if s.seen > NOW + MAXLEFT or (s.on ~= 0 and s.on ~= 1) or not count_ok(s.rate)
+     or (s.on == 1 and s.rate <= 0)
      or s.tat > far or s.lcut > soon or s.lgrow > soon or s.goodt > soon
      or not count_ok(s.wmax) or not count_ok(s.good) or not count_ok(s.okn)
      or not count_ok(s.sentc) or not count_ok(s.sentp)
      or not second_ok(s.oks, soon) or not second_ok(s.sents, far) then
     return pfresh()
   end
+  PNOW = math.max(NOW, s.seen)
   return s
 end
 local function pacer_set(k, s, ttl)
@@ -181,7 +189,7 @@ local function pacer_set(k, s, ttl)
   redis.call('PEXPIRE', k, ttl)
 end
 local function pacer_forget(s, p)
-  if s.on == 1 and NOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 s.tat = 0.0 end
+  if s.on == 1 and PNOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 s.tat = 0.0 end
 end
 local function count_send(s, at)
   local sec = math.floor(at / 1000.0)
@@ -191,16 +199,16 @@ local function count_send(s, at)
   s.sents = sec s.sentc = 1.0 s.sentp = prev
 end
 local function send_rate(s)
-  local sec = math.floor(NOW / 1000.0)
+  local sec = math.floor(PNOW / 1000.0)
   if sec > s.sents + 1.0 or s.sents < 0 then return 0.0 end
-  local frac = (NOW - sec * 1000.0) / 1000.0
+  local frac = (PNOW - sec * 1000.0) / 1000.0
   if sec == s.sents + 1.0 then return s.sentc * (1.0 - frac) end
   if sec == s.sents then return s.sentp * (1.0 - frac) + s.sentc end
   return s.sentp + s.sentc
 end
 local function best_rate(s, p)
   if s.good <= 0.0 then return 0.0 end
-  return s.good * 0.5 ^ (math.max(0.0, NOW - s.goodt) / 1000.0 / p.memory)
+  return s.good * 0.5 ^ (math.max(0.0, PNOW - s.goodt) / 1000.0 / p.memory)
 end
 local function pacer_cap(rate, p)
   if p.max ~= nil then rate = math.min(rate, p.max) end
@@ -212,7 +220,8 @@ end
 local function pacer_reserve(s, p, earliest)
   earliest = math.max(0.0, earliest)
   pacer_forget(s, p)
-  local want = NOW + earliest
+  s.seen = PNOW
+  local want = PNOW + earliest
   local at = want
   if s.on == 1 then
     at = math.max(want, s.tat)
@@ -221,13 +230,14 @@ local function pacer_reserve(s, p, earliest)
   end
   local booked = math.ceil(at)
   count_send(s, booked)
-  return math.floor(math.min(MAXLEFT, booked - NOW))
+  return math.floor(math.min(MAXLEFT, booked - PNOW))
 end
 -- outcome: 't' throttled, 's' a success, anything else an answer that teaches nothing.
 local function pacer_observe(s, outcome, p)
   pacer_forget(s, p)
+  s.seen = PNOW
   if outcome == 't' then
-    if s.on == 1 and NOW - s.lcut < p.cut then return s end
+    if s.on == 1 and PNOW - s.lcut < p.cut then return s end
     local measured = send_rate(s)
     local base = measured
     if s.on == 1 then
@@ -236,14 +246,14 @@ local function pacer_observe(s, outcome, p)
       base = math.min(s.rate, m)
     end
     s.on = 1 s.rate = pacer_cap(p.beta * base, p) s.wmax = base
-    s.lcut = NOW s.lgrow = NOW s.tat = math.max(s.tat, NOW)
+    s.lcut = PNOW s.lgrow = PNOW s.tat = math.max(s.tat, PNOW)
     return s
   end
   if outcome ~= 's' then return s end
-  local sec = math.floor(NOW / 1000.0)
+  local sec = math.floor(PNOW / 1000.0)
   local good, goodt, okn = s.good, s.goodt, s.okn
   if sec ~= s.oks then
-    if okn > best_rate(s, p) then good = okn goodt = NOW end
+    if okn > best_rate(s, p) then good = okn goodt = PNOW end
     okn = 0.0
   end
   s.good = good s.goodt = goodt s.oks = sec s.okn = okn + 1.0
@@ -254,13 +264,13 @@ local function pacer_observe(s, outcome, p)
     if rate <= 2.0 * p.min then wmax = math.max(wmax, best) end
     rate = best / 2.0
   end
-  local dt = NOW - s.lgrow
+  local dt = PNOW - s.lgrow
   if dt > 0 then
     local lg = p.lgslow
     if rate < 0.9 * wmax then lg = p.lgfast end
     rate = rate * math.exp(lg * math.min(dt, 1000.0) / 1000.0)
   end
-  s.rate = pacer_cap(rate, p) s.wmax = wmax s.lgrow = NOW
+  s.rate = pacer_cap(rate, p) s.wmax = wmax s.lgrow = PNOW
   return s
 end
 local function pacing_args(i)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import re
 import time
@@ -54,6 +55,11 @@ from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, Coo
                               check_ms, clamp_left, max_milli, ratio_milli)
 
 DEFAULT_PREFIX = "retry-fsm"
+
+#: At most this many cooldowns are kept per process (:meth:`RedisCoordinator.cooldown_left`).
+_MAX_KEPT_COOLDOWNS = 10_000
+
+log = logging.getLogger("fsm.fleet")
 
 #: A bucket nobody used for this long disappears from Redis (it is full again long before).
 BUCKET_TTL_MS = 7 * 86_400_000
@@ -288,7 +294,9 @@ end
 # ttl), [8] mode, [9] floor interval ms ('' none), [10..19] pacing, [20] earliest_ms,
 # [21] floor_slot_due (0/1), [22] max_wait_ms ('' none), [23] the re-check of a wait with no
 # floor slot booked (ms, WAIT_RECHECK_MS), [24] the floor's horizon in wait mode (ms,
-# FLOOR_HORIZON_MS: a slot starting later is not reserved).
+# FLOOR_HORIZON_MS: a slot starting later is not reserved), [25] the cooldown this process
+# knows is left (ms, 0 none): a cooldown key that is shorter or gone (evicted, flushed) is
+# written back with it, as a bucket this process saw is.
 # Returns {cooldown_ms, allowed (1/0/-1 none), token_taken, pacing_ms, budget_wait_ms,
 # milli-tokens (-1 none), budget_slot_booked (1/0)}; pacing_ms is -1 when the pacer has no
 # slot within its horizon (nothing taken, reserved or counted: the reply is
@@ -296,6 +304,8 @@ end
 # no floor slot (no floor, or none within the horizon: budget_wait_ms is then ARGV[23]).
 ADMIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
 local cooldown = left(KEYS[1])
+local known = tonumber(ARGV[25])
+if known > cooldown then cooldown = extend(KEYS[1], known) end
 if ARGV[22] ~= '' and cooldown > tonumber(ARGV[22]) then return {cooldown, -1, 0, 0, 0, -1, 1} end
 local p = pacing_args(10)
 local s, pacing = nil, 0
@@ -513,6 +523,12 @@ class RedisCoordinator:
         # fallback continues from when Redis stops answering.
         self.observed_milli: dict[CoordKey, int] = {}
         self._seen_at: dict[CoordKey, float] = {}  # key -> when this process last saw its bucket (monotonic ms)
+        # key -> the end (monotonic ms) of the longest cooldown this process learned or read
+        # for it: kept like a bucket it has seen, so an evicted or flushed cooldown key is not
+        # forgotten here, and the next admission writes it back (docs/fleet.md "Starting Redis").
+        self._cooldown_ends: dict[CoordKey, float] = {}
+        self._eviction_check = "todo"  # "todo" | "running" | "done" (see check_eviction)
+        self.eviction_warning: str | None = None
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
 
     @classmethod
@@ -575,6 +591,7 @@ class RedisCoordinator:
         await asyncio.gather(*(self._run(self.client.ping()) for _ in range(count)))
         for script in self._scripts.values():
             await self._run(self.client.script_load(script.script))
+        await self.check_eviction()
 
     # -- what is sent and what comes back -----------------------------------------------
     def _seen(self, key: CoordKey) -> str:
@@ -590,6 +607,31 @@ class RedisCoordinator:
             self._seen_at.clear()
         self.observed_milli[key] = int(milli)
         self._seen_at[key] = time.monotonic() * 1000
+
+    def _remember_cooldown(self, key: CoordKey, left_ms: Any, asked_ms: float) -> None:
+        """Keep ``key``'s cooldown, ``left_ms`` from ``asked_ms`` (monotonic ms: the time the
+        question was sent, so the end kept is never later than the server's)."""
+        if not isinstance(left_ms, int) or isinstance(left_ms, bool) or not 0 < left_ms <= MAX_LEFT_MS:
+            return
+        end = asked_ms + left_ms
+        if end > self._cooldown_ends.get(key, -math.inf):
+            if len(self._cooldown_ends) >= _MAX_KEPT_COOLDOWNS and key not in self._cooldown_ends:
+                now = time.monotonic() * 1000
+                self._cooldown_ends = {k: e for k, e in self._cooldown_ends.items() if e > now}
+                if len(self._cooldown_ends) >= _MAX_KEPT_COOLDOWNS:  # all alive: drop the soonest
+                    del self._cooldown_ends[min(self._cooldown_ends, key=self._cooldown_ends.__getitem__)]
+            self._cooldown_ends[key] = end
+
+    def _known_cooldown(self, key: CoordKey) -> int:
+        """The ms left of the cooldown this process keeps for ``key`` (0: none)."""
+        end = self._cooldown_ends.get(key)
+        if end is None:
+            return 0
+        left = math.ceil(end - time.monotonic() * 1000)
+        if left <= 0:
+            del self._cooldown_ends[key]
+            return 0
+        return min(left, MAX_LEFT_MS)
 
     def _budget_args(self, key: CoordKey, budget: BudgetSettings | None) -> list:
         if budget is None:
@@ -610,10 +652,50 @@ class RedisCoordinator:
                 str(pacing.horizon_ms), str(pacing.forget_after_ms), repr(float(pacing.memory_s)),
                 str(pacer_ttl_ms(pacing))]
 
+    async def check_eviction(self) -> str | None:
+        """Whether this Redis may evict the fleet's keys; once per coordinator, at its first
+        script (and in :meth:`warm_up`). Every key of the fleet has an expiry, so with a
+        ``maxmemory`` limit any ``maxmemory-policy`` but ``noeviction`` (``allkeys-*`` and
+        ``volatile-*`` alike) can drop a cooldown, a bucket or a pacer under memory pressure:
+        then the text of a warning (logged on ``fsm.fleet``) is returned. A server that refuses
+        ``CONFIG GET`` (a managed Redis, an ACL) gets a warning that it could not be checked.
+        None: nothing to say (``noeviction``, or no ``maxmemory``), or no answer (asked again
+        at the next script). Raises nothing but a cancellation; docs/fleet.md "Starting Redis"."""
+        if self._eviction_check != "todo":
+            return self.eviction_warning
+        self._eviction_check = "running"
+        import redis.exceptions
+        where = redact_url(self._url) if self._url else "this Redis"
+        refused = None
+        try:
+            config = await self._run(self.client.config_get("maxmemory*"),
+                                     keep=(redis.exceptions.ResponseError,))
+        except CoordinatorError:
+            self._eviction_check = "todo"  # no answer: asked again at the next script
+            return None
+        except Exception as exc:  # NOPERM, an unknown or renamed command, a client without it
+            refused = safe_reason(exc)
+        except BaseException:
+            self._eviction_check = "todo"  # cancelled mid-question
+            raise
+        if refused is not None:
+            self.eviction_warning = (
+                f"could not check whether {where} may evict the fleet's keys (CONFIG GET refused: "
+                f"{refused}); the fleet needs maxmemory-policy noeviction or no maxmemory "
+                "(docs/fleet.md \"Starting Redis\")")
+        else:
+            self.eviction_warning = _eviction_warning(config, where)
+        self._eviction_check = "done"
+        if self.eviction_warning:
+            log.warning("%s", self.eviction_warning)
+        return self.eviction_warning
+
     async def _script(self, name: str, keys: list[str], args: list, now: float | None = None) -> Any:
         """Run script ``name``; a script error on one key's data is a
         :class:`CoordinatorKeyError` (the server answered)."""
         import redis.exceptions
+        if self._eviction_check == "todo":
+            await self.check_eviction()
         try:
             return await self._run(self._scripts[name](
                 keys=keys, args=[MAX_LEFT_MS, "" if now is None else repr(float(now)), *args]),
@@ -645,7 +727,8 @@ class RedisCoordinator:
                 *self._pacing_args(pacing), check_duration("earliest_ms", earliest_ms),
                 "1" if floor_slot_due else "0",
                 "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms),
-                WAIT_RECHECK_MS, FLOOR_HORIZON_MS]
+                WAIT_RECHECK_MS, FLOOR_HORIZON_MS, self._known_cooldown(key)]
+        asked = time.monotonic() * 1000
         # The reply (ADMIT), seven ints: cooldown_ms, allowed (1/0/-1 no budget), token_taken,
         # pacing_ms (-1: no slot within the pacer's horizon -> pacing_booked=False, nothing
         # taken), budget_wait_ms, the bucket's milli-tokens (-1: not read), budget_slot_booked
@@ -654,6 +737,7 @@ class RedisCoordinator:
             "admit", [self.keys.cooldown(key), self.keys.bucket(key), self.keys.floor(key),
                       self.keys.pacer(key)], args, _now), 7)
         cooldown, allowed, taken, pacing_ms, wait, milli, booked = reply
+        self._remember_cooldown(key, cooldown, asked)
         if milli >= 0:
             self._observe(key, milli)
         if pacing_ms == -1:  # the pacer had no slot within its horizon: nothing taken
@@ -691,12 +775,18 @@ class RedisCoordinator:
                              now_ms: int | None = None) -> None:
         if now_ms is not None:  # before v3: (key, until_ms, now_ms)
             duration_ms = check_ms("until_ms", duration_ms) - check_ms("now_ms", now_ms)
-        await self._script("learn", [self.keys.cooldown(key)],
-                           [check_duration("duration_ms", duration_ms)])
+        asked = time.monotonic() * 1000
+        left = await self._script("learn", [self.keys.cooldown(key)],
+                                  [check_duration("duration_ms", duration_ms)])
+        if isinstance(left, int) and not isinstance(left, bool):
+            self._remember_cooldown(key, left, asked)
 
     async def cooldown_left(self, key: CoordKey) -> int:
-        """Time left of ``key``'s cooldown (validated; 0 = none)."""
-        return clamp_left(await self._script("left", [self.keys.cooldown(key)], []))
+        """Time left of ``key``'s cooldown (validated; 0 = none), or of the cooldown this
+        process learned or read for it, whichever is longer (a key evicted or flushed does not
+        make this process forget a cooldown)."""
+        known = self._known_cooldown(key)
+        return max(clamp_left(await self._script("left", [self.keys.cooldown(key)], [])), known)
 
     async def mark_fallback(self, key: CoordKey, duration_ms: int) -> None:
         await self._script("learn", [self.keys.fallback(key)],
@@ -748,6 +838,27 @@ class RedisCoordinator:
             await self.client.aclose()
         except Exception:  # closing a dead connection must not fail the caller's shutdown
             pass
+
+
+def _eviction_warning(config: Any, where: str) -> str | None:
+    """The warning for a ``CONFIG GET maxmemory*`` reply (a dict, bytes or str), or None when
+    no key of the fleet can be evicted (``noeviction``, or ``maxmemory`` 0: no limit)."""
+    def text(value: Any) -> str:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    values = {text(k): text(v) for k, v in dict(config or {}).items()}
+    policy, limit = values.get("maxmemory-policy", ""), values.get("maxmemory", "")
+    if policy == "noeviction" or limit == "0":
+        return None
+    if not policy or not limit:
+        return (f"could not check whether {where} may evict the fleet's keys (CONFIG GET "
+                f"maxmemory* answered {sorted(values)!r}); the fleet needs maxmemory-policy "
+                "noeviction or no maxmemory (docs/fleet.md \"Starting Redis\")")
+    return (f"{where} may evict the fleet's keys (maxmemory {limit} bytes, maxmemory-policy "
+            f"{policy}; every key of the fleet has an expiry, so volatile-* policies evict them "
+            "too): a process keeps the cooldowns and buckets it has seen, but a process that "
+            "has not may miss a cooldown; set maxmemory-policy noeviction or maxmemory 0 "
+            "(docs/fleet.md \"Starting Redis\")")
 
 
 def queue_limited_read(pipe: Any, name: str) -> None:

@@ -458,11 +458,37 @@ def redact_url(url: str) -> str:
 
 
 def check_url(url: Any) -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ``ValueError`` naming it."""
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ``ValueError`` naming it (password
+    hidden): another scheme, a port that is not 0..65535, or a database (the path of
+    ``redis://HOST:PORT/DB``, ``?db=N``) that is not a whole number — redis-py would quietly
+    use database 0 for ``redis://host/abc``."""
     if not isinstance(url, str) or not re.match(r"^(redis|rediss|unix)://", url):
         shown = redact_url(url) if isinstance(url, str) else repr(url)
         raise ValueError(f"Redis address must look like redis://HOST:PORT/DB, got {shown!r}")
+    problem = _url_problem(url)
+    if problem:
+        raise ValueError(f"Redis address {redact_url(url)[:200]!r}: {problem}")
     return url
+
+
+def _url_problem(url: str) -> str | None:
+    """What is wrong with the parts of a ``redis``/``rediss``/``unix`` URL, or None."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        return str(exc)
+    dbs = urllib.parse.parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix":
+        if not parts.hostname:
+            return "no host"
+        path = urllib.parse.unquote(parts.path)
+        if path not in ("", "/"):
+            dbs.append(path[1:])
+    for db in dbs:
+        if not (db.isascii() and db.isdigit()):
+            return f"the database must be a whole number (redis://HOST:PORT/0), got {db[:40]!r}"
+    return None
 
 
 def safe_reason(exc: BaseException, url: str | None = None) -> str:

@@ -1,6 +1,7 @@
 # retry-fsm: every target does its own set-up, and says what it installs and why before it
 # installs it: uv (in .uv/, with pip), the virtualenv .venv from uv.lock, and the system
-# programs the tests drive (Graphviz `dot`, `redis-server`, Node.js).
+# programs the tests drive (Graphviz `dot`, `redis-server`, Node.js, Chromium and the DejaVu
+# fonts).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,10 +10,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # uv: the one on PATH, else a private copy in .uv/ (installed with pip on first use).
 UV ?= $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.uv/bin/uv)
 
-.PHONY: setup .dot .redis .node demo test test-locked test-lowest typecheck dist diagrams \
+.PHONY: setup .dot .redis .node .browser demo test test-locked test-lowest typecheck dist diagrams \
 	diagrams-diff bench clean
 
-setup: $(STAMP) .dot .redis
+setup: $(STAMP) .dot .redis .browser
 
 # A system package through whatever package manager the machine has; $(1) apt name, $(2) dnf
 # name, $(3) Homebrew name. The caller has already said what it installs and why.
@@ -41,6 +42,16 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 	  echo "installing Graphviz (system package): its dot program draws the SVG diagrams and the transition-coverage picture"; \
 	  $(call system_install,graphviz,graphviz,graphviz); }
 	@command -v dot >/dev/null 2>&1
+
+# The browser test opens the HTML transition-coverage report in the distribution's Chromium
+# (/usr/bin/chromium, headless, background networking off; never a downloaded browser build)
+# and measures its diagram; the diagrams name the DejaVu Sans font, so Graphviz and the browser
+# measure the labels alike.
+.browser:
+	@{ [ -x /usr/bin/chromium ] && fc-list 2>/dev/null | grep -q "DejaVu Sans"; } || { \
+	  echo "installing chromium and fonts-dejavu-core (system packages): the browser test opens the HTML coverage report in Chromium, and the diagrams' labels are drawn and measured in DejaVu Sans"; \
+	  $(call system_install,chromium fonts-dejavu-core,chromium dejavu-sans-fonts,chromium font-dejavu); }
+	@[ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1
 
 # Node.js runs pi's own RPC client in tests/conformance (the client itself is installed from the
 # npm registry into ~/.cache/retry-fsm/npm by the test set-up, outside the checkout).
@@ -80,14 +91,16 @@ test: setup .node
 
 # COVERAGE_FILE is absolute so that the subprocesses the tests start (rpc, chat, demo, classify)
 # write their coverage data next to ours, whatever their working folder.
-# The transition coverage of the run is then drawn (build/transition-coverage.svg, per state:
-# -states.svg) and written as Markdown (build/transition-coverage.md), whatever the tests'
-# outcome; pytest's status wins.
+# The transition coverage of the run is written as the HTML report a reviewer opens
+# (build/transition-coverage-html/index.html: every row with the tests that took it), then
+# drawn (build/transition-coverage.svg, per state: -states/) and written as Markdown
+# (build/transition-coverage.md), whatever the tests' outcome; pytest's status wins.
 test-locked: setup .node
 	@mkdir -p build
 	@status=0; COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=94 \
 	  --transition-coverage --transition-coverage-fail-under=100 \
-	  --transition-coverage-report=build/transition-coverage.json || status=$$?; \
+	  --transition-coverage-report=build/transition-coverage.json \
+	  --transition-coverage-html=build/transition-coverage-html || status=$$?; \
 	$(PY) -m fsm audit build/transition-coverage.json --svg build/transition-coverage.svg \
 	  --svg-states build/transition-coverage-states --md build/transition-coverage.md \
 	  > build/transition-coverage.txt \

@@ -50,6 +50,7 @@ GROUPS: dict[str, dict] = {
     "runner": {"full": {}, "quick": {"number": 200, "repeat": 3, "warmup": 20}, "timeout": 180},
     "transport": {"full": {}, "quick": {"number": 30, "repeat": 3, "warmup": 5}, "timeout": 180},
     "pacing": {"full": {}, "quick": {"compare": False}, "timeout": 400},
+    "fleet10k": {"full": {}, "quick": {"calls": 2_000}, "timeout": 900},
     "audit": {"full": {"size_mb": 100}, "quick": {"size_mb": 5}, "timeout": 300},
 }
 
@@ -85,6 +86,10 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "pacing_peak_ratio": ("<=", 2.0, "4 rpc --redis processes, resilient + pacing, demand 1.5x "
                           "capacity: highest 1-s bin of requests sent / capacity"),
     "pacing_chain_ends_lost": ("<=", 0, "auto_retry_start chains without their auto_retry_end"),
+    "fleet_retries_10k": ("<=", 100, "10,000 concurrent runner calls, one healthy local Redis, "
+                          "budget of 100 tokens: at most twice its bound of 50 retries"),
+    "fleet_unavailable_10k": ("<=", 0, "coordinator_unavailable events of a healthy Redis "
+                              "under that load"),
     "audit_events_100mb_s": ("<=", 30, "audit --events reading and checking a generated 100 MB "
                              "log of 64 interleaved sessions (linear: extrapolated under --quick)"),
 }
@@ -143,6 +148,7 @@ ORDER = (
     "transport_us", "httpx2_transport_us", "transport_ratio_vs_httpx2",
     "pacing_peak_ratio", "pacing_peak_ratio_unpaced", "pacing_refused_per_call",
     "pacing_refused_per_call_unpaced", "pacing_chain_ends_lost",
+    "fleet_admit_p99_ms_10k", "fleet_unknown_share_10k", "fleet_retries_10k", "fleet_unavailable_10k",
     "audit_events_100mb_s", "audit_events_mib_per_sec", "audit_events_log_mb",
 )
 ORDER += tuple(name for name in TARGETS if name.startswith("sim_") and name not in ORDER)

@@ -8,10 +8,6 @@ The lifecycle is declared once (:mod:`fsm.core.lifecycle`), errors are classifie
 from typing import TYPE_CHECKING
 
 from fsm._lazy import lazy_exports
-from fsm._moved import install as _install_moved_paths
-
-_install_moved_paths()
-
 from fsm._version import __version__
 
 _EXPORTS = {
@@ -22,6 +18,7 @@ _EXPORTS = {
     "RetrySettings": "fsm.core.settings",
     "BudgetSettings": "fsm.core.settings",
     "SettingsError": "fsm.core.settings",
+    "load_settings": "fsm.host.settings_file",
     # An agent session with a provider.
     "AgentSession": "fsm.host.session",
     "SessionBusyError": "fsm.host.session",
@@ -45,34 +42,9 @@ _EXPORTS = {
 documented module: the brain's actions in :mod:`fsm.core.brain`, every event in
 :mod:`fsm.core.events`, the classifier in :mod:`fsm.core.classify`."""
 
-_FORMER = {
-    **{name: "fsm.core.brain" for name in (
-        "Action", "EmitTurnEnd", "Emit", "DropFailedMessage", "StartBackoff", "CancelBackoff",
-        "ContinueTurn", "CheckCompaction", "RecordCooldown", "ReturnRetryToken",
-        "CreditRetryBudget", "PromptMayReturn")},
-    **{name: "fsm.core.events" for name in (
-        "AgentStart", "TurnStart", "TurnEnd", "MessageStart", "MessageUpdate", "MessageEnd",
-        "AgentEnd", "QueueUpdate", "ExtensionError", "CoordinatorUnavailable",
-        "CoordinatorRestored")},
-    "classify": "fsm.core.classify",
-}
-"""Names that were top-level before the surface was made small: still resolved, with a
-``DeprecationWarning`` naming the module to import them from."""
-
 __all__ = sorted(_EXPORTS)
 
-_lazy_getattr, __dir__ = lazy_exports("fsm", _EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _FORMER.get(name)
-    if module is not None:
-        import importlib
-        import warnings
-        warnings.warn(f"fsm.{name} is no longer a top-level name: import it from {module}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(module), name)
-    return _lazy_getattr(name)
+__getattr__, __dir__ = lazy_exports("fsm", _EXPORTS)
 
 
 if TYPE_CHECKING:  # type checkers see the real names (py.typed); at run time: on first use
@@ -88,6 +60,7 @@ if TYPE_CHECKING:  # type checkers see the real names (py.typed); at run time: o
     from fsm.core.settings import (BudgetSettings as BudgetSettings, RetrySettings as RetrySettings,
                                    SettingsError as SettingsError)
     from fsm.host.kernel import (HostKernel as HostKernel)
+    from fsm.host.settings_file import load_settings as load_settings
     from fsm.host.runner import (ContextOverflowError as ContextOverflowError, retry as retry,
                                  RetryChainError as RetryChainError, retrying as retrying,
                                  retrying_sync as retrying_sync, RetryRunner as RetryRunner)

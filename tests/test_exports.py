@@ -29,13 +29,24 @@ def test_the_top_level_is_what_a_host_needs():
         assert name in brain.__all__ and name not in fsm.__all__, name
 
 
-def test_a_former_top_level_name_still_resolves_with_a_warning():
-    """Code written against the larger surface keeps working and is told where to import from."""
-    from fsm.core.brain import EmitTurnEnd
-    with pytest.warns(DeprecationWarning, match="fsm.core.brain"):
-        assert fsm.EmitTurnEnd is EmitTurnEnd
+def test_former_names_and_module_paths_are_gone():
+    """0.3 removed the deprecated top-level aliases and the module paths of 0.1 (CHANGELOG.md,
+    0.3.0): ``fsm.EmitTurnEnd`` and ``import fsm.brain`` fail, naming what is missing."""
+    with pytest.raises(AttributeError, match="no attribute 'EmitTurnEnd'"):
+        fsm.EmitTurnEnd  # noqa: B018
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
         fsm.NoSuchName  # noqa: B018
+    for old in ("fsm.brain", "fsm.session", "fsm.runner", "fsm.providers.fault_server"):
+        with pytest.raises(ModuleNotFoundError, match=old.replace(".", r"\.")):
+            importlib.import_module(old)
+
+
+def test_load_settings_is_top_level(tmp_path):
+    """``fsm.load_settings(path)`` reads a settings file (the core reads no file; README,
+    "Settings")."""
+    path = tmp_path / "settings.json"
+    path.write_text('{"retry": {"maxRetries": 2}}')
+    assert fsm.load_settings(path).max_retries == 2
 
 
 @pytest.mark.parametrize("module", CORE)

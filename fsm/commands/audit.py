@@ -17,6 +17,14 @@ rendered, a file given as the ``--svg-states`` folder).
 
 ``--svg-states DIR`` draws one small picture per state, ``DIR/<state>.svg`` (the rows into and
 out of it, as ``python -m fsm diagrams`` draws ``diagrams/states/``), coloured by coverage.
+
+``--html DIR`` writes the report a reviewer opens in a browser (:mod:`fsm.review.report`): the
+diagram, every row with the tests that exercised it, one page per state; ``--base FILE`` (a
+declaration's JSON, such as another commit's ``diagrams/retry_lifecycle.json``) adds the rows
+added, removed and changed since it, ``--trace FILE`` (repeatable) the story of a trace, and
+``--pr-summary FILE`` writes the changed rows and their coverage as Markdown for a pull
+request (it needs ``--base``). Without a TRACE these read the pytest plugin's
+``build/transition-coverage.json``.
 """
 
 from __future__ import annotations
@@ -62,6 +70,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the Markdown report into OUT")
     p.add_argument("--fail-under", type=_percent, default=None, metavar="PCT",
                    help="exit 1 when the coverage is under PCT percent")
+    p.add_argument("--html", metavar="DIR", default=None,
+                   help="also write the HTML report into the folder DIR (index.html, one page "
+                        "per state): the diagram coloured by coverage, every row with the tests "
+                        "that exercised it; without a TRACE it reads "
+                        "build/transition-coverage.json")
+    p.add_argument("--base", metavar="FILE", default=None,
+                   help="the declaration (JSON, e.g. another commit's "
+                        "diagrams/retry_lifecycle.json) to compare with: the report lists the "
+                        "rows added, removed and changed, marking the untested ones")
+    p.add_argument("--trace", action="append", default=[], metavar="FILE", dest="story",
+                   help="tell the path this trace took in the HTML report (repeatable; its "
+                        "records are not counted unless it is also a TRACE)")
+    p.add_argument("--pr-summary", metavar="FILE", default=None,
+                   help="write the changed rows (since --base) and their coverage as Markdown "
+                        "for a pull request's comment")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,9 +93,43 @@ def run(args: argparse.Namespace) -> int:
     from fsm.review import audit
     from fsm.review.diagrams import DiagramError, write_file
 
+    if not args.traces and (args.html or args.pr_summary) and not args.events:
+        from fsm.review.pytest_plugin import DEFAULT_REPORT
+
+        if not os.path.exists(DEFAULT_REPORT):
+            print(f"error: no TRACE given and no {DEFAULT_REPORT}: run the tests with "
+                  "--transition-coverage (make test) first, or give a TRACE", file=sys.stderr)
+            return 2
+        args.traces = [DEFAULT_REPORT]
     if not args.traces and not args.events:
         print("error: give a TRACE to audit or --events LOG to check (or both)", file=sys.stderr)
         return 2
+    if args.pr_summary and not args.base:
+        print("error: --pr-summary lists the rows changed since a base declaration: give "
+              "--base FILE (e.g. diagrams/retry_lifecycle.json of the target branch)",
+              file=sys.stderr)
+        return 2
+    if (args.base or args.story) and not args.html and not args.pr_summary:
+        print("error: --base and --trace shape the HTML report or the pull-request summary: "
+              "give --html DIR or --pr-summary FILE", file=sys.stderr)
+        return 2
+    if args.html and os.path.exists(args.html) and not os.path.isdir(args.html):
+        print(f"error: --html {args.html} is a file; give a folder to write index.html into",
+              file=sys.stderr)
+        return 2
+    base = None
+    if args.base:
+        from fsm.review.diagrams_diff import DiffError, load_file
+
+        try:
+            base = load_file(args.base)
+        except DiffError as exc:
+            print(f"error: --base: {exc}", file=sys.stderr)
+            return 2
+    for path in args.story:
+        if not os.path.isfile(path):
+            print(f"error: --trace {path}: no such file", file=sys.stderr)
+            return 2
     if args.svg_states and os.path.exists(args.svg_states) \
             and not os.path.isdir(args.svg_states):
         print(f"error: --svg-states {args.svg_states} is a file; give a folder to draw "
@@ -118,6 +175,16 @@ def run(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             for state, svg in pictures.items():
                 write_file(out / f"{state}.svg", svg)
+        if args.html:
+            from fsm.review import report as html_report
+
+            html_report.write(args.html, report, base=base, base_name=args.base or "base",
+                              traces=args.story)
+            print(f"HTML report: {Path(args.html) / 'index.html'}", file=sys.stderr)
+        if args.pr_summary:
+            from fsm.review.report import pr_summary
+
+            write_file(Path(args.pr_summary), pr_summary(report, base, args.base))
     except (DiagramError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,6 +26,8 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from fsm.host.session_files import SessionParts, file_kind as _kind, open_session
+
 __all__ = [
     "InputFileError", "MAX_INPUT_BYTES", "check_input_file", "open_input", "read_input",
     "StartupError", "configure_logging", "load_host_options", "register_configured_secrets",
@@ -47,14 +49,6 @@ bounded per line instead."""
 class InputFileError(ValueError):
     """An input file a command refuses: not a regular file (a FIFO, a device, a folder, a
     socket), or larger than the bound. ``str()`` names the file and the problem."""
-
-
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def open_input(path: str | os.PathLike, *, what: str = "input file") -> Any:
@@ -168,6 +162,7 @@ def load_settings(path: str | None, *, prog: str,
     import warnings
 
     from fsm.core.settings import RetrySettings, SettingsError
+    from fsm.host.settings_file import load_settings as load_file
 
     if path is None:
         return RetrySettings()
@@ -177,7 +172,7 @@ def load_settings(path: str | None, *, prog: str,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            settings = RetrySettings.load(path)
+            settings = load_file(path)
         except RecursionError:
             raise SettingsError("", path, "a settings file, not JSON nested this deeply") from None
     for w in caught:
@@ -347,93 +342,6 @@ def _without_userinfo(text: str, url: Any) -> str:
     if hidden != text or any(c in userinfo for c in "#?/"):
         hidden += " (a password with '#', '?' or '/' must be percent-encoded in the URL: %23, %3F, %2F)"
     return hidden
-
-
-@dataclass
-class SessionParts:
-    """A session with what was opened for it: ``log_path`` (None: no log) and ``trace`` (a
-    :class:`~fsm.review.audit.TraceWriter` or None). :meth:`aclose` closes all three."""
-
-    session: Any
-    log_path: Path | None
-    trace: Any
-
-    async def aclose(self) -> None:
-        try:
-            await self.session.close()
-        finally:
-            if self.trace is not None:
-                self.trace.close()
-
-
-def _check_output(path: Path, what: str) -> None:
-    """``OSError`` naming ``path`` when it exists and is not a regular file (a FIFO would
-    block the start, ``/dev/zero`` swallows a log, a folder cannot be one)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        raise OSError(f"{what} {path} is {_kind(mode)}, not a file")
-
-
-def _remove(made: list[Path]) -> None:
-    """Remove what a start that failed created: the file, then its new folders (when empty)."""
-    for p in reversed(made):
-        try:
-            p.rmdir() if p.is_dir() else p.unlink()
-        except OSError:
-            pass
-
-
-def open_session(provider: Any, *, settings: Any = None, context_window: int = 0,
-                 session_id: str | None = None, log_path: str | Path | None = None,
-                 trace_file: str | Path | None = None, credentials: Any = None,
-                 **session_kwargs: Any) -> SessionParts:
-    """Build an :class:`~fsm.host.session.AgentSession` with its log and its trace.
-
-    ``log_path`` may contain ``{id}`` (replaced by the session id, a new UUID hex when
-    ``session_id`` is None); None writes no log. ``trace_file`` None writes no trace. The other
-    keyword arguments go to the session. Raises ``OSError`` when the log or the trace cannot be
-    opened, or one of them exists and is not a regular file (nothing is left open then, and
-    the files and folders this call created are removed again).
-    """
-    from fsm.host.session import AgentSession
-    from fsm.host.session_log import SessionLog
-
-    session_id = session_id or uuid.uuid4().hex
-    path = None
-    session_log = None
-    made: list[Path] = []  # what this call created, removed again when it cannot start
-    if log_path is not None:
-        path = Path(str(log_path).replace("{id}", session_id))
-        _check_output(path, "session log")
-        made = [p for p in reversed(path.parents) if not p.exists()]
-        if not path.exists():
-            made.append(path)
-        secrets = [k for k in (getattr(provider, "api_key", None), getattr(provider, "_api_key", None))
-                   if isinstance(k, str) and k]
-        try:
-            session_log = SessionLog(path, session_id, secrets=secrets)
-        except OSError:
-            _remove(made)
-            raise
-    trace = None
-    try:
-        if trace_file is not None:
-            _check_output(Path(trace_file), "trace file")
-        session = AgentSession(provider, settings=settings, context_window=context_window,
-                               session_log=session_log, session_id=session_id,
-                               credentials=credentials, **session_kwargs)
-        if trace_file is not None:
-            from fsm.review.audit import TraceWriter
-            trace = TraceWriter(trace_file, model=session.brain, clock=session.clock)
-    except BaseException:
-        if session_log is not None:
-            session_log.close()
-        _remove(made)
-        raise
-    return SessionParts(session, path, trace)
 
 
 def check_configured_api_key(cli_value: str | None, *, flag: str = "--api-key",

@@ -126,6 +126,7 @@ def _output_problem(json_path: str | None, svg_dir: str | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from fsm.core.settings import RetrySettings, SettingsError
+    from fsm.host.settings_file import load_settings
     from fsm.sim import POLICIES, SCENARIOS
     from fsm.sim.svg import load_svg
     from fsm.sim.targets import check
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     settings = None
     if args.settings is not None:
         try:
-            settings = RetrySettings.load(args.settings)
+            settings = load_settings(args.settings)
         except SettingsError as exc:
             print(f"fsm simulate: {args.settings}: {exc}", file=sys.stderr)
             return 2

@@ -242,6 +242,9 @@ _TRIGGER_BY_KIND = {
     "none": L.TURN_SUCCEEDED,
 }
 _DEFAULT_SETTINGS = RetrySettings()
+_UNKNOWN_ONCE = Classification("retryable", "retry.unknown_once", family="unknown")
+"""What an ``unknown`` failure at rest is under ``retry.unknown: "once"``; its rule id is the
+``rule`` of the ``auto_retry_start`` that follows (docs/policy.md §1)."""
 
 
 # ---------------------------------------------------------------------------- words
@@ -292,7 +295,7 @@ class _Policy:
     __slots__ = ("owner", "state", "settings", "attempt", "chain_id", "max", "timer",
                  "fact_timer", "chain_start_ms", "actions", "message", "cls", "facts", "reason",
                  "random", "plan", "source", "recs", "model", "fallback_count", "last_error",
-                 "waiting_for", "refusal")
+                 "waiting_for", "refusal", "chain_ids")
 
     def __init__(self, owner: "RetryBrain", settings: RetrySettings,
                  random: Callable[[], float]) -> None:
@@ -452,8 +455,9 @@ class _Policy:
         self._schedule()
 
     def _begin(self) -> None:
-        """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §13.3)."""
-        self.chain_id += 1
+        """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §13.3); its id is
+        the next of ``chain_ids()`` when the host gave one (unique per process), else counted."""
+        self.chain_id = self.chain_ids() if self.chain_ids is not None else self.chain_id + 1
         self.attempt = 1
         self.model = self.facts.model
         self.max = self.settings.max_retries + len(self.settings.fallback_models)
@@ -771,10 +775,12 @@ class RetryBrain:
     __slots__ = ("_p",)
 
     def __init__(self, settings: RetrySettings | None = None, *,
-                 random: Callable[[], float] = _random.random) -> None:
+                 random: Callable[[], float] = _random.random,
+                 chain_ids: Callable[[], int] | None = None) -> None:
         if settings is not None and not isinstance(settings, RetrySettings):
             raise TypeError(f"settings must be RetrySettings, got {type(settings).__name__}")
         self._p = _Policy(self, settings or _DEFAULT_SETTINGS, random)
+        self._p.chain_ids = chain_ids
 
     @classmethod
     def in_state(cls, state: str, *, settings: RetrySettings | None = None, attempt: int = 1,
@@ -892,8 +898,13 @@ class RetryBrain:
         else:
             f = facts or _NO_FACTS
             cls = classify_message(message, context_window, now_ms=f.now_ms, zone=f.zone)
-        trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p = self._p
+        if (cls.family == "unknown" and cls.kind == "fatal" and p.settings.unknown == "once"
+                and p.state not in L.IN_CHAIN):
+            # retry.unknown "once": text no rule knows starts a chain of one retry at attempt 1's
+            # backoff; an unknown failure inside a chain stays fatal (docs/policy.md §1)
+            cls = _UNKNOWN_ONCE
+        trigger = L.TURN_ABORTED if message.stop_reason == "aborted" else _TRIGGER_BY_KIND[cls.kind]
         p.message, p.cls, p.facts = message, cls, facts or _NO_FACTS
         try:
             actions = self._fire(trigger)

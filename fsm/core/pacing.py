@@ -202,9 +202,10 @@ def _cap(rate: float, settings: PacingSettings) -> float:
 def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingSettings,
             *, success: bool = True) -> PacerState:
     """An answer came back at ``now_ms``. ``throttled``: it said the provider has no capacity
-    now (any retryable failure without progress: 429, 503, 529, a connection error, a stall
-    — docs/fleet.md "Pacing"); otherwise ``success`` tells a success (it grows the rate) from
-    any other answer (a fatal error, a usage limit, a random 500: nothing learned).
+    now (a capacity signal without progress: 429, 503, 529, a connection refused or reset —
+    :attr:`fsm.core.classify.Classification.capacity_signal`, docs/fleet.md "Pacing");
+    otherwise ``success`` tells a success (it grows the rate) from any other answer (a fatal
+    error, a usage limit, a random 500, a stall, a timeout: nothing learned).
     Returns the new state. A ``now_ms`` before the latest reading seen counts as that reading."""
     if not settings.enabled:
         return state

@@ -7,11 +7,13 @@ with these protocols; :mod:`fsm.providers` and :mod:`fsm.host.credentials` hold 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from fsm.core.messages import AssistantMessage
+from fsm.core.text import check_api_key
 
-__all__ = ["Provider", "CredentialStore", "TextCallback"]
+__all__ = ["Provider", "CredentialStore", "TextCallback", "DEFAULT_BLOCK_MS", "validate_credentials"]
 
 TextCallback = Callable[[str], None]
 """``on_text(delta)``: called with each streamed text delta, in order."""
@@ -57,3 +59,26 @@ class CredentialStore(Protocol):
 
     def mark_usage_limit_reached(self, provider: str, session_id: str,
                                  retry_after_ms: int | None) -> bool: ...
+
+
+DEFAULT_BLOCK_MS = 60_000
+"""How long a credential is blocked when the provider gave no hint (ms)."""
+
+
+def validate_credentials(credentials: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``{provider: [key, ...]}`` checked and copied (a key listed twice counts once). Raises
+    ``TypeError`` / ``ValueError`` naming the provider or the entry (never a key's text)."""
+    if not isinstance(credentials, Mapping):
+        raise TypeError(f"credentials must map provider -> list of keys, got {type(credentials).__name__}")
+    out: dict[str, list[str]] = {}
+    for provider, keys in credentials.items():
+        if not isinstance(provider, str) or not provider:
+            raise ValueError(f"provider name must be a non-empty string, got {provider!r:.60}")
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise ValueError(f"credentials[{provider!r}] must be a list of keys, got {type(keys).__name__}")
+        if not keys:
+            raise ValueError(f"credentials[{provider!r}] is empty")
+        for i, key in enumerate(keys):
+            check_api_key(key, f"credentials[{provider!r}][{i}]")
+        out[provider] = list(dict.fromkeys(keys))
+    return out

@@ -20,8 +20,8 @@ Keys (docs/policy.md §1):
 - a ``RetrySettings`` tells a key the user set from a default (:meth:`RetrySettings.is_set`),
   so that a layer of lower precedence (a profile) never overrides a value the user wrote.
 
-Reading the file is a shell's job (:mod:`fsm.host.settings_file`; :meth:`RetrySettings.load`
-delegates).
+Reading the file is a shell's job: :func:`fsm.host.settings_file.load_settings` (also the
+top-level ``fsm.load_settings``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,16 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 __all__ = ["RetrySettings", "BudgetSettings", "PacingSettings", "SettingsError", "BUDGET_MODES", "JITTER_MODES", "RETRY_HINT_MODES",
-           "AFTER_OUTPUT_MODES", "MAX_RETRIES_LIMIT", "MAX_DELAY_LIMIT_MS", "ORIGINAL_RETRY_KEYS",
+           "AFTER_OUTPUT_MODES", "UNKNOWN_MODES", "MAX_RETRIES_LIMIT", "MAX_DELAY_LIMIT_MS", "ORIGINAL_RETRY_KEYS",
            "known_keys", "nearest_key"]
 
 JITTER_MODES: tuple[str, ...] = ("none", "full", "equal")
 RETRY_HINT_MODES: tuple[str, ...] = ("ignore", "honor")
 AFTER_OUTPUT_MODES: tuple[str, ...] = ("retry", "stop")
+UNKNOWN_MODES: tuple[str, ...] = ("never", "once")
+"""``retry.unknown``: what an error of family ``unknown`` (text with no status, no typed code and
+no rule, docs/policy.md §2) gets: ``"never"`` a retry (fatal, the seed) or ``"once"`` one retry
+after the base delay (docs/policy.md §1)."""
 HINT_JITTER = 0.2
 """Positive-only jitter on a delay that comes from a hint or a cooldown: up to +20 % (§1)."""
 
@@ -59,6 +63,7 @@ _KEYS = {
     "maxHintWaitMs": "max_hint_wait_ms",
     "maxElapsedMs": "max_elapsed_ms",
     "afterOutput": "after_output",
+    "unknown": "unknown",
     "budget": "budget",
     "pacing": "pacing",  # the fleet's pacing group (PacingSettings, below)
     # docs/policy.md §13: the failures of 2026 (stall watchdog, attempt timeout, fallback,
@@ -379,6 +384,9 @@ class RetrySettings:
       ``None`` (default; D11).
     - ``after_output``: ``"retry"`` (default) or ``"stop"`` (D12: never replay a turn that
       streamed text).
+    - ``unknown``: ``"never"`` (default) or ``"once"``: an error whose text has no status, no
+      typed code and matches no rule (family ``unknown``) is fatal, or gets one retry after the
+      base delay (docs/policy.md §1; the ``resilient`` profile's value).
     - ``budget``: a :class:`BudgetSettings` (the shared retry budget, §9), or ``None`` (off).
     - ``pacing``: a :class:`PacingSettings` (the fleet's pacing, docs/fleet.md), or ``None``
       (off, the default).
@@ -396,6 +404,7 @@ class RetrySettings:
     max_hint_wait_ms: int = 60_000
     max_elapsed_ms: int | None = None
     after_output: str = "retry"
+    unknown: str = "never"
     budget: BudgetSettings | None = None
     pacing: PacingSettings | None = None
     profile: str = "seed"  # the profile these settings started from (``retry.profile``)
@@ -438,6 +447,8 @@ class RetrySettings:
                                _check_int("maxElapsedMs", self.max_elapsed_ms, 0, 7 * MAX_DELAY_LIMIT_MS))
         if self.after_output not in AFTER_OUTPUT_MODES:
             raise SettingsError("afterOutput", self.after_output, 'one of "retry", "stop"')
+        if not isinstance(self.unknown, str) or self.unknown not in UNKNOWN_MODES:
+            raise SettingsError("unknown", self.unknown, 'one of "never", "once"')
         object.__setattr__(self, "budget", BudgetSettings.from_json(
             self.budget.to_json() if isinstance(self.budget, BudgetSettings) else self.budget))
         if self.profile not in PROFILES:
@@ -566,6 +577,7 @@ class RetrySettings:
                 "jitter": self.jitter, "retryHints": self.retry_hints,
                 "maxHintWaitMs": self.max_hint_wait_ms, "maxElapsedMs": self.max_elapsed_ms,
                 "afterOutput": self.after_output,
+                "unknown": self.unknown,
                 "budget": self.budget.to_json() if self.budget is not None else None,
                 "pacing": self.pacing.to_json() if self.pacing is not None else None,
                 "profile": self.profile,
@@ -637,14 +649,6 @@ class RetrySettings:
             return cls._from_retry(settings, base=None, stacklevel=3)
         raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                         f"{{'maxRetries': 5}} (or {{'retry': {{...}}}}), got {type(settings).__name__}")
-
-    @classmethod
-    def load(cls, path: str | Path) -> "RetrySettings":
-        """Read a settings file: a shell's convenience, delegating to
-        :func:`fsm.host.settings_file.load_settings` (the core reads no file; see that function
-        for what is refused). Raises :class:`SettingsError` naming the path or the key."""
-        from fsm.host.settings_file import load_settings  # the shell's module: imported on use
-        return load_settings(path, cls)
 
 
 # ---------------------------------------------------------------------------- docs/policy.md §13
@@ -767,6 +771,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "maxElapsedMs": 600_000,
         "maxRetries": 100,
         "afterOutput": "retry",
+        # unknown text (no status, no typed code, no rule) gets one retry (docs/policy.md §1)
+        "unknown": "once",
         # the stall watchdog is on, a usage limit is not waited out (docs/policy.md §1)
         "idleTimeoutMs": 300_000,
         "waitForUsageReset": False,

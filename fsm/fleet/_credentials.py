@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from fsm._extras import require
-from fsm.host.credentials import DEFAULT_BLOCK_MS, validate_credentials
+from fsm.core.protocols import DEFAULT_BLOCK_MS, validate_credentials
 from fsm.fleet._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
 from fsm.fleet._redis import (DEFAULT_PREFIX, SCRIPTS, KeySpace, RedisCoordinator, check_url, client_options,
                               limited_from_replies, queue_limited_read, safe_reason)

@@ -66,6 +66,11 @@ class InProcessCoordinator:
     self_bounded = True
     """Every call answers at once (no I/O) and never raises for valid input."""
 
+    answers_at_once = True
+    """A capability the hosts read (docs/fleet.md): every call does no I/O and its coroutine
+    never suspends, so a host without an event loop (a sync caller, the simulation on virtual
+    time) may run it to its end at once."""
+
     def __init__(self, *, bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
                  clock: Callable[[], float] | None = None,
                  monotonic_ms: Callable[[], float] | None = None) -> None:
@@ -87,6 +92,7 @@ class InProcessCoordinator:
         self._pacers: dict[CoordKey, pacer.PacerState] = {}
         # provider -> credential id -> end (clock ms).
         self._limited: dict[str, dict[str, float]] = {}
+        self.budget_share = 1  # the bucket is maxTokens ÷ this (set_budget_share)
 
     def now_ms(self) -> float:
         """The clock this coordinator counts in (ms)."""
@@ -127,15 +133,37 @@ class InProcessCoordinator:
             self._extend(self._fallback, key, now + duration, now)
 
     # -- the retry budget -----------------------------------------------------------------
+    def set_budget_share(self, processes: int) -> None:
+        """Hold a share of the fleet's budget: every bucket is ``maxTokens ÷ processes`` (in
+        thousandths of a token, with the same rule: a retry only while the count after the
+        take is above half of it) and the floor ``minRetriesPerSecond ÷ processes``. A guard
+        sets it to the processes of the fleet it heard of (docs/fleet.md "When Redis is slow
+        or down"); 1 (the default) is the whole bucket. ``ValueError`` below 1."""
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+            raise ValueError(f"processes must be an integer >= 1, got {processes!r}")
+        self.budget_share = processes
+
+    def _cap(self, budget: BudgetSettings) -> int:
+        """The bucket's size in milli-tokens: the whole, or this process's share of it."""
+        return max_milli(budget) // self.budget_share
+
+    def lower_share_milli(self, key: CoordKey, budget: BudgetSettings, fleet_milli: int) -> None:
+        """The fleet's bucket holds ``fleet_milli`` (thousandths of a token): lower this
+        bucket to its share of that (``fleet_milli ÷ processes``) when it holds more; never
+        raise it."""
+        with self._lock:
+            bucket = self._bucket(key, budget, self.now_ms())
+            bucket[0] = max(0, min(bucket[0], int(fleet_milli) // self.budget_share))
+
     def _bucket(self, key: CoordKey, budget: BudgetSettings, now: float) -> list[float]:
         bucket = self._buckets.get(key)
         if bucket is None or now - bucket[1] >= self.bucket_idle_ms:
-            bucket = self._buckets[key] = [max_milli(budget), now]
+            bucket = self._buckets[key] = [self._cap(budget), now]
             if len(self._buckets) > _SWEEP_AT:
                 self._buckets = {k: b for k, b in self._buckets.items()
                                  if now - b[1] < self.bucket_idle_ms}
                 self._buckets[key] = bucket
-        bucket[0] = min(bucket[0], max_milli(budget))
+        bucket[0] = min(bucket[0], self._cap(budget))
         bucket[1] = now
         return bucket
 
@@ -149,19 +177,19 @@ class InProcessCoordinator:
         the fleet's count here so that its fallback continues from it."""
         with self._lock:
             bucket = self._bucket(key, budget, self.now_ms())
-            bucket[0] = max(0, min(max_milli(budget), int(milli)))
+            bucket[0] = max(0, min(self._cap(budget), int(milli)))
 
     def add_tokens_sync(self, key: CoordKey, budget: BudgetSettings, milli: int) -> None:
         with self._lock:
             bucket = self._bucket(key, budget, self.now_ms())
-            bucket[0] = min(max_milli(budget), bucket[0] + milli)
+            bucket[0] = min(self._cap(budget), bucket[0] + milli)
 
     def _floor_slot(self, key: CoordKey, budget: BudgetSettings, now: float,
                     horizon_ms: float) -> float | None:
         """Reserve the floor's next slot when it starts within ``horizon_ms`` of ``now``: its
         delay in ms from ``now`` (0 = now); None, with nothing reserved, when there is no floor
         or the slot starts later (refuse mode passes 0: only a slot free now)."""
-        interval = floor_interval_ms(budget)
+        interval = floor_interval_ms(budget) * self.budget_share
         if math.isinf(interval):
             return None
         start = max(now, self._floor.get(key, -math.inf))
@@ -176,7 +204,7 @@ class InProcessCoordinator:
         held); the last is False only in wait mode when no floor slot was reserved."""
         bucket = self._bucket(key, budget, now)
         after = max(0.0, bucket[0] - MILLI)
-        if after * 2 > max_milli(budget):
+        if after * 2 > self._cap(budget):
             bucket[0] = after
             return True, True, 0, True
         if floor_slot_due:
@@ -232,7 +260,7 @@ class InProcessCoordinator:
         with self._lock:
             if success and budget is not None:
                 bucket = self._bucket(key, budget, now)
-                bucket[0] = min(max_milli(budget), bucket[0] + ratio_milli(budget))
+                bucket[0] = min(self._cap(budget), bucket[0] + ratio_milli(budget))
             if pacing is not None and pacing.enabled:
                 state = self._pacers.get(key, pacer.fresh())
                 self._pacers[key] = pacer.observe(state, now, bool(throttled), pacing,

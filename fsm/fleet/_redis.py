@@ -45,14 +45,16 @@ import math
 import re
 import time
 import urllib.parse
+import uuid
 import weakref
 from typing import Any
 
 from fsm._extras import require
 from fsm.core.settings import PacingSettings
 from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, FLOOR_HORIZON_MS, WAIT_RECHECK_MS, floor_interval_ms
-from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, CoordinatorError, CoordinatorKeyError, CoordKey, check_duration,
-                              check_ms, clamp_left, max_milli, ratio_milli)
+from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, CoordinatorError, CoordinatorKeyError,
+                              CoordinatorSlowError, CoordKey, check_duration, check_ms, clamp_left, max_milli,
+                              ratio_milli)
 
 DEFAULT_PREFIX = "retry-fsm"
 
@@ -67,6 +69,14 @@ BUCKET_TTL_MS = 7 * 86_400_000
 #: The pacer hash outlives its last write by this many half-lives (``memoryS``) of the best
 #: throughput it remembers, beyond ``forgetAfterMs`` (:func:`pacer_ttl_ms`).
 PACER_MEMORY_HALF_LIVES = 4
+
+#: At most this many requests of one key go in one script call (:meth:`RedisCoordinator.admit`
+#: coalesces the calls of one event-loop iteration): a batch keeps Redis busy about a
+#: millisecond, so other keys' scripts and a probe are not held up behind it.
+BATCH_MAX = 256
+
+#: A process's heartbeat (:meth:`RedisCoordinator.processes`) counts for this long.
+PROCESS_TTL_MS = 30_000
 
 
 def pacer_ttl_ms(pacing: PacingSettings) -> int:
@@ -290,91 +300,116 @@ local function pacing_args(i)
 end
 """
 
-# KEYS cooldown, bucket, floor, pacer. ARGV[3] retry (0/1), [4..7] budget (max, seen, idle,
-# ttl), [8] mode, [9] floor interval ms ('' none), [10..19] pacing, [20] earliest_ms,
-# [21] floor_slot_due (0/1), [22] max_wait_ms ('' none), [23] the re-check of a wait with no
-# floor slot booked (ms, WAIT_RECHECK_MS), [24] the floor's horizon in wait mode (ms,
-# FLOOR_HORIZON_MS: a slot starting later is not reserved), [25] the cooldown this process
-# knows is left (ms, 0 none): a cooldown key that is shorter or gone (evicted, flushed) is
-# written back with it, as a bucket this process saw is.
-# Returns {cooldown_ms, allowed (1/0/-1 none), token_taken, pacing_ms, budget_wait_ms,
-# milli-tokens (-1 none), budget_slot_booked (1/0)}; pacing_ms is -1 when the pacer has no
-# slot within its horizon (nothing taken, reserved or counted: the reply is
-# {cooldown_ms, -1, 0, -1, 0, -1, 1}); budget_slot_booked is 0 only when wait mode reserved
-# no floor slot (no floor, or none within the horizon: budget_wait_ms is then ARGV[23]).
+# KEYS cooldown, bucket, floor, pacer (one key's: one slot). ARGV[3..6] budget (max milli or
+# '' none, seen, idle, ttl), [7] mode, [8] floor interval ms ('' none), [9..18] pacing, [19]
+# the re-check of a wait with no floor slot booked (ms, WAIT_RECHECK_MS), [20] the floor's
+# horizon in wait mode (ms, FLOOR_HORIZON_MS: a slot starting later is not reserved), [21] the
+# number n of requests, then n blocks of five from ARGV[22]: retry (0/1), earliest_ms,
+# floor_slot_due (0/1), max_wait_ms ('' none), the cooldown the caller's process knows is left
+# (ms, 0 none: a cooldown key that is shorter or gone — evicted, flushed — is written back
+# with it, as a bucket the process saw is). The n requests are admitted in order, each as
+# one atomic step would on its own at the same NOW (a batch of one is the single step; the
+# key's state is read once and written once). Returns n blocks of seven: {cooldown_ms, allowed
+# (1/0/-1 none), token_taken, pacing_ms, budget_wait_ms, milli-tokens (-1 none),
+# budget_slot_booked (1/0)}; pacing_ms is -1 when the pacer has no slot within its horizon
+# (nothing taken, reserved or counted: the block is {cooldown_ms, -1, 0, -1, 0, -1, 1});
+# budget_slot_booked is 0 only when wait mode reserved no floor slot (no floor, or none within
+# the horizon: budget_wait_ms is then ARGV[19]).
 ADMIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
 local cooldown = left(KEYS[1])
-local known = tonumber(ARGV[25])
-if known > cooldown then cooldown = extend(KEYS[1], known) end
-if ARGV[22] ~= '' and cooldown > tonumber(ARGV[22]) then return {cooldown, -1, 0, 0, 0, -1, 1} end
-local p = pacing_args(10)
-local s, pacing = nil, 0
-if p ~= nil then  -- the pacer first: no slot within the horizon, nothing is taken
-  s = pacer_get(KEYS[4])
-  pacing = pacer_reserve(s, p, math.max(tonumber(ARGV[20]), cooldown))
-  if pacing == nil then return {cooldown, -1, 0, -1, 0, -1, 1} end
-end
-local allowed, taken, wait, milli, booked = -1, 0, 0, -1, 1
-if ARGV[3] == '1' and ARGV[4] ~= '' then
-  local max = tonumber(ARGV[4])
-  local m = bucket_get(KEYS[2], max, ARGV[5], tonumber(ARGV[6]))
-  local after = m - 1000
-  if after < 0 then after = 0 end
-  local interval = num(ARGV[9])
-  -- reserves the floor's next slot when it starts within `limit` ms of NOW: its delay, or nil
-  local function floor_slot(limit)
-    if interval == nil then return nil end
-    local tat = nil
+local p = pacing_args(9)
+local max, interval = num(ARGV[3]), num(ARGV[8])
+local s, m, tat = nil, nil, nil  -- the pacer, the bucket, the floor: read at first use
+local pacer_dirty, floor_dirty = false, false
+local function pcopy(t) local c = {} for k, v in pairs(t) do c[k] = v end return c end
+-- reserves the floor's next slot when it starts within `limit` ms of NOW: its delay, or nil
+local function floor_slot(limit)
+  if interval == nil then return nil end
+  if not floor_dirty and tat == nil then
     local ty = ktype(KEYS[3])
     if ty == 'string' then tat = num(redis.call('GET', KEYS[3]))
     elseif ty ~= 'none' then redis.call('DEL', KEYS[3]) end
     if tat == nil or tat > NOW + MAXLEFT then tat = NOW end
-    local start = math.max(NOW, tat)
-    if start - NOW > limit then return nil end
-    local nt = start + interval
-    redis.call('SET', KEYS[3], fmt(nt), 'PX', string.format('%d', math.ceil(nt - NOW) + 60000))
-    return start - NOW
   end
-  if after * 2 > max then
-    m = after allowed = 1 taken = 1
-  elseif ARGV[21] == '1' then
-    allowed = 1
-  elseif ARGV[8] ~= 'wait' then
-    m = after
-    if floor_slot(0) ~= nil then allowed = 1 else allowed = 0 end
-  else
-    local w = floor_slot(tonumber(ARGV[24]))
-    if w == nil then allowed = 0 wait = tonumber(ARGV[23]) booked = 0
-    elseif w <= 0 then allowed = 1
-    else allowed = 0 wait = math.min(MAXLEFT, math.ceil(w)) end
-  end
-  bucket_set(KEYS[2], m, ARGV[7])
-  milli = m
+  local start = math.max(NOW, tat)
+  if start - NOW > limit then return nil end
+  tat = start + interval
+  floor_dirty = true
+  return start - NOW
 end
-if s ~= nil and allowed ~= 0 then pacer_set(KEYS[4], s, p.ttl) else pacing = 0 end
-return {cooldown, allowed, taken, pacing, wait, milli, booked}
+local function one(b)
+  local known = tonumber(ARGV[b + 4])
+  if known > cooldown then cooldown = extend(KEYS[1], known) end
+  if ARGV[b + 3] ~= '' and cooldown > tonumber(ARGV[b + 3]) then return {cooldown, -1, 0, 0, 0, -1, 1} end
+  local ns, pacing = nil, 0
+  if p ~= nil then  -- the pacer first: no slot within the horizon, nothing is taken
+    if s == nil then s = pacer_get(KEYS[4]) end
+    ns = pcopy(s)
+    pacing = pacer_reserve(ns, p, math.max(tonumber(ARGV[b + 1]), cooldown))
+    if pacing == nil then return {cooldown, -1, 0, -1, 0, -1, 1} end
+  end
+  local allowed, taken, wait, milli, booked = -1, 0, 0, -1, 1
+  if ARGV[b] == '1' and max ~= nil then
+    if m == nil then m = bucket_get(KEYS[2], max, ARGV[4], tonumber(ARGV[5])) end
+    local after = m - 1000
+    if after < 0 then after = 0 end
+    if after * 2 > max then
+      m = after allowed = 1 taken = 1
+    elseif ARGV[b + 2] == '1' then
+      allowed = 1
+    elseif ARGV[7] ~= 'wait' then
+      m = after
+      if floor_slot(0) ~= nil then allowed = 1 else allowed = 0 end
+    else
+      local w = floor_slot(tonumber(ARGV[20]))
+      if w == nil then allowed = 0 wait = tonumber(ARGV[19]) booked = 0
+      elseif w <= 0 then allowed = 1
+      else allowed = 0 wait = math.min(MAXLEFT, math.ceil(w)) end
+    end
+    milli = m
+  end
+  if ns ~= nil and allowed ~= 0 then s = ns pacer_dirty = true else pacing = 0 end
+  return {cooldown, allowed, taken, pacing, wait, milli, booked}
+end
+local out = {}
+for i = 0, tonumber(ARGV[21]) - 1 do
+  for _, v in ipairs(one(22 + 5 * i)) do out[#out + 1] = v end
+end
+if m ~= nil then bucket_set(KEYS[2], m, ARGV[6]) end
+if floor_dirty then
+  redis.call('SET', KEYS[3], fmt(tat), 'PX', string.format('%d', math.ceil(tat - NOW) + 60000))
+end
+if pacer_dirty then pacer_set(KEYS[4], s, p.ttl) end
+return out
 """
 
-# KEYS bucket, pacer. ARGV[3] add milli ('0': none), [4..7] budget (max or '', seen, idle,
-# ttl), [8] the answer for the pacer ('t' throttled, 's' a success, 'o' any other answer,
-# '' = no answer to count), [9..18] pacing. A success's credit or a returned token, capped at
-# the maximum (a full bucket stays); the answer observed by the pacer. Returns the
-# milli-tokens (-1 none).
+# KEYS bucket, pacer. ARGV[3..6] budget (max milli or '', seen, idle, ttl), [7..16] pacing,
+# [17] the number n of answers, then n blocks of two from ARGV[18]: milli-tokens to add ('0':
+# none), the answer for the pacer ('t' throttled, 's' a success, 'o' any other answer, '' =
+# no answer to count). Each in order, as one step each would at the same NOW: a success's
+# credit or a returned token, capped at the maximum (a full bucket stays); the answer
+# observed by the pacer. Returns n milli-token counts, one after each (-1 none).
 CREDIT = _LUA_COMMON + _LUA_BUCKET + _LUA_PACER + """
-local milli = -1
-if ARGV[4] ~= '' then
-  local max = tonumber(ARGV[4])
-  local m = bucket_get(KEYS[1], max, ARGV[5], tonumber(ARGV[6])) + tonumber(ARGV[3])
-  if m > max then m = max end
-  bucket_set(KEYS[1], m, ARGV[7])
-  milli = m
+local max = num(ARGV[3])
+local m, s = nil, nil
+if max ~= nil then m = bucket_get(KEYS[1], max, ARGV[4], tonumber(ARGV[5])) end
+local p = pacing_args(7)
+local out = {}
+for i = 0, tonumber(ARGV[17]) - 1 do
+  local b = 18 + 2 * i
+  if m ~= nil then
+    m = m + tonumber(ARGV[b])
+    if m > max then m = max end
+  end
+  if p ~= nil and ARGV[b + 1] ~= '' then
+    if s == nil then s = pacer_get(KEYS[2]) end
+    s = pacer_observe(s, ARGV[b + 1], p)
+  end
+  out[#out + 1] = m or -1
 end
-local p = pacing_args(9)
-if p ~= nil and ARGV[8] ~= '' then
-  local s = pacer_observe(pacer_get(KEYS[2]), ARGV[8], p)
-  pacer_set(KEYS[2], s, p.ttl)
-end
-return milli
+if m ~= nil then bucket_set(KEYS[1], m, ARGV[6]) end
+if s ~= nil then pacer_set(KEYS[2], s, p.ttl) end
+return out
 """
 
 # KEYS[1] a cooldown or fallback key; ARGV[3] duration ms. The later end wins. Returns the
@@ -408,7 +443,22 @@ end
 return redis.call('ZCARD', KEYS[1])
 """
 
-SCRIPTS = {"admit": ADMIT, "credit": CREDIT, "learn": LEARN, "left": LEFT, "mark": MARK_LIMITED}
+# KEYS[1] the fleet's process set (a sorted set: process id -> its last heartbeat, server ms);
+# ARGV[3] this process's id, [4] how long a heartbeat counts (ms). Drops the processes not
+# heard within it and returns how many are left (this one included).
+PROCESSES = _LUA_COMMON + """
+local ty = ktype(KEYS[1])
+if ty ~= 'none' and ty ~= 'zset' then redis.call('DEL', KEYS[1]) end
+local ttl = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], string.format('%d', NOW), ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', NOW - ttl))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', NOW + ttl), '+inf')
+redis.call('PEXPIRE', KEYS[1], ttl)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+SCRIPTS = {"admit": ADMIT, "credit": CREDIT, "learn": LEARN, "left": LEFT, "mark": MARK_LIMITED,
+           "processes": PROCESSES}
 
 
 def _part(text: str) -> str:
@@ -448,6 +498,10 @@ class KeySpace:
 
     def limited(self, provider: str) -> str:
         return f"{self.prefix}:limited:{_part(provider)}"
+
+    def processes(self) -> str:
+        """The fleet's process set (heartbeats: :meth:`RedisCoordinator.processes`)."""
+        return f"{self.prefix}:processes"
 
 
 def redact_url(url: str) -> str:
@@ -556,6 +610,14 @@ class RedisCoordinator:
         self._eviction_check = "todo"  # "todo" | "running" | "done" (see check_eviction)
         self.eviction_warning: str | None = None
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
+        # The calls of one event-loop iteration, per (script, key, shared arguments): sent
+        # together, one script call per BATCH_MAX of them, at the end of the iteration.
+        self._pending: dict[tuple, tuple[list[str], list, list]] = {}
+        self._flush_handle: asyncio.Handle | None = None
+        self._batches: set[asyncio.Task] = set()
+        # This process in the fleet's heartbeats (processes()): a random id, no host name.
+        self.process_id = uuid.uuid4().hex[:16]
+        self._probe_lock: asyncio.Lock | None = None  # the probe's own connection, one at a time
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX,
@@ -566,8 +628,10 @@ class RedisCoordinator:
         (and so connections) at once, more wait their turn, so that hundreds of sessions in a
         process do not open hundreds of connections. ``ValueError`` for a bad URL."""
         redis_asyncio = require("redis.asyncio", extra="redis", feature="the Redis coordinator (fsm.fleet)")
+        # one connection beyond max_connections is the probe's and the heartbeat's (probe()):
+        # a probe never waits behind this process's own load
         pool = redis_asyncio.ConnectionPool.from_url(
-            check_url(url), max_connections=max_connections, **client_options(socket_timeout_s))
+            check_url(url), max_connections=max_connections + 1, **client_options(socket_timeout_s))
         client = redis_asyncio.Redis.from_pool(pool)
         return cls(client, prefix=prefix, bucket_idle_ms=bucket_idle_ms, url=url,
                    max_connections=max_connections)
@@ -581,7 +645,12 @@ class RedisCoordinator:
         where = redact_url(self._url) if self._url else "client"
         return f"RedisCoordinator({where!r}, prefix={self.keys.prefix!r})"
 
-    async def _run(self, awaitable: Any, keep: tuple = ()) -> Any:
+    async def _run(self, awaitable: Any, keep: tuple = (), riders: Any = None) -> Any:
+        """Await ``awaitable`` (or ``awaitable()``, built once a connection is free) holding one
+        of the ``max_connections`` slots; redis-py's errors become
+        :class:`~fsm.fleet.CoordinatorError` (a timeout :class:`CoordinatorSlowError`), except
+        those in ``keep``. While it is sent, the current task and the tasks ``riders()`` gives
+        (the callers of a batch) are in :attr:`in_flight`."""
         import redis.exceptions
         try:
             await self._slots.acquire()
@@ -589,23 +658,148 @@ class RedisCoordinator:
             if inspect.iscoroutine(awaitable):
                 awaitable.close()  # never sent: nothing to clean up
             raise
-        task = asyncio.current_task()
-        if task is not None:
-            self.in_flight.add(task)
+        tasks = [asyncio.current_task()]
         try:
+            if riders is not None:
+                tasks += riders()
+            if callable(awaitable):
+                awaitable = awaitable()
+            if awaitable is None:
+                return None
+            for task in tasks:
+                if task is not None:
+                    self.in_flight.add(task)
             return await awaitable
         except keep:
             raise
+        except (redis.exceptions.TimeoutError, TimeoutError) as exc:
+            raise CoordinatorSlowError(safe_reason(exc, self._url)) from None
         except (redis.exceptions.RedisError, OSError) as exc:
             raise CoordinatorError(safe_reason(exc, self._url)) from None
         finally:
-            if task is not None:
-                self.in_flight.discard(task)
+            for task in tasks:
+                if task is not None:
+                    self.in_flight.discard(task)
             self._slots.release()
 
     async def ping(self) -> None:
         """One round trip (``PING``); raises :class:`~fsm.fleet.CoordinatorError` when none."""
         await self._run(self.client.ping())
+
+    async def _own(self, awaitable: Any) -> Any:
+        """Await ``awaitable`` on the connection kept for probes (one at a time, never
+        behind this process's own calls); errors as :meth:`_run`."""
+        import redis.exceptions
+        if self._probe_lock is None:
+            self._probe_lock = asyncio.Lock()
+        try:
+            async with self._probe_lock:
+                return await awaitable
+        except (redis.exceptions.TimeoutError, TimeoutError) as exc:
+            raise CoordinatorSlowError(safe_reason(exc, self._url)) from None
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise CoordinatorError(safe_reason(exc, self._url)) from None
+        finally:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # not awaited (cancelled while waiting its turn): never sent
+
+    async def probe(self) -> None:
+        """Whether the server answers at all, not how loaded this process is: one ``PING`` on
+        a connection of its own (not behind this process's queued calls). Raises
+        :class:`~fsm.fleet.CoordinatorError` when there is no answer (a guard bounds it)."""
+        await self._own(self.client.ping())
+
+    async def processes(self, ttl_ms: int = PROCESS_TTL_MS) -> int:
+        """Say this process is alive (a heartbeat in ``P:processes``, on the server's clock)
+        and return how many processes of the fleet were heard within ``ttl_ms``, this one
+        included (at least 1): what a guard divides the budget by for its local share."""
+        reply = await self._own(self._scripts["processes"](
+            keys=[self.keys.processes()], args=[MAX_LEFT_MS, "", self.process_id, int(ttl_ms)]))
+        return max(1, int(reply)) if isinstance(reply, int) and not isinstance(reply, bool) else 1
+
+    # -- the calls of one loop iteration, in one script call per key ----------------------
+    def _enqueue(self, name: str, keys: list[str], common: list, item: list,
+                 tag: Any) -> "asyncio.Future[list]":
+        """Queue one request for script ``name`` (its ``item`` arguments after ``common``):
+        a future of its reply block. The requests queued in one loop iteration with the same
+        script, keys and ``common`` go in one call (:meth:`_flush`); ``tag`` is kept with
+        the request for the reply's handling."""
+        loop = asyncio.get_running_loop()
+        group = (name, tuple(keys), tuple(common))
+        pending = self._pending.get(group)
+        if pending is None:
+            pending = self._pending[group] = (keys, common, [])
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self._flush)
+        future = loop.create_future()
+        pending[2].append((future, asyncio.current_task(), item, tag))
+        return future
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        pending, self._pending = self._pending, {}
+        loop = asyncio.get_running_loop()
+        for (name, _, _), (keys, common, items) in pending.items():
+            for start in range(0, len(items), BATCH_MAX):
+                task = loop.create_task(self._send(name, keys, common, items[start:start + BATCH_MAX]))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+
+    async def _send(self, name: str, keys: list[str], common: list, items: list) -> None:
+        """One script call for ``items``; each caller's future gets its block of the reply
+        (or the error). A caller that stopped waiting before the call was sent is left out;
+        one that stopped after has its answer handled by :meth:`_orphan`."""
+        import redis.exceptions
+        width = 7 if name == "admit" else 1
+        sent: list = []
+        if self._eviction_check == "todo":
+            await self.check_eviction()
+
+        def make() -> Any:
+            sent.extend(it for it in items if not it[0].done())
+            if not sent:
+                return None
+            args = [*common, len(sent)]
+            for it in sent:
+                args.extend(it[2])
+            return self._scripts[name](keys=keys, args=args)
+
+        try:
+            reply = await self._run(make, keep=(redis.exceptions.ResponseError,),
+                                    riders=lambda: [it[1] for it in items if not it[0].done()])
+            if not sent:
+                return
+            if (not isinstance(reply, list) or len(reply) != width * len(sent)
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in reply)):
+                raise CoordinatorKeyError(f"unexpected reply {str(reply)[:80]!r}")
+        except BaseException as exc:
+            if isinstance(exc, redis.exceptions.ResponseError):
+                text = str(exc)
+                keyed = text.startswith("WRONGTYPE") or "script" in text.lower()
+                exc = (CoordinatorKeyError if keyed else CoordinatorError)(safe_reason(exc, self._url))
+            elif not isinstance(exc, Exception):
+                exc = CoordinatorError("the coordinator's batch was cancelled")
+            for it in sent or items:
+                if not it[0].done():
+                    it[0].set_exception(exc)
+                    it[0].exception()  # retrieved here too: a caller that is gone logs nothing
+            return
+        for n, it in enumerate(sent):
+            block = reply[n * width:(n + 1) * width]
+            if it[0].done():
+                self._orphan(name, block, it[3])
+            else:
+                it[0].set_result(block)
+
+    def _orphan(self, name: str, block: list, tag: Any) -> None:
+        """The answer of a call whose caller stopped waiting after it was sent: a budget token
+        it took goes back (its retry will not be sent)."""
+        if name == "admit" and tag is not None and block[2] == 1:
+            key, budget = tag
+            task = asyncio.get_running_loop().create_task(self._credit(key, budget, MILLI, "", None))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def warm_up(self, connections: int | None = None) -> None:
         """Open ``connections`` pooled connections (default: ``max_connections``) and load the
@@ -745,23 +939,30 @@ class RedisCoordinator:
                     pacing: PacingSettings | None, earliest_ms: int = 0,
                     floor_slot_due: bool = False, max_wait_ms: int | None = None,
                     _now: float | None = None) -> Admission:
-        use_budget = budget if retry else None
+        """Protocol v3's ``admit``. The calls of one event-loop iteration for one key (and the
+        same settings) go to Redis together, in one call of the ADMIT script, which admits
+        them in order as separate steps would (:data:`BATCH_MAX` at most per call): ten
+        thousand callers cost Redis a few dozen round trips, not ten thousand. A caller that
+        stops waiting (cancelled) before its batch is sent is left out; after, a token its
+        answer took is given back."""
         interval = floor_interval_ms(budget) if budget is not None else math.inf
-        args = ["1" if retry else "0", *self._budget_args(key, use_budget),
-                budget.mode if budget is not None else "refuse",
-                "" if math.isinf(interval) else repr(interval),
-                *self._pacing_args(pacing), check_duration("earliest_ms", earliest_ms),
-                "1" if floor_slot_due else "0",
+        common = [MAX_LEFT_MS, "" if _now is None else repr(float(_now)),
+                  *self._budget_args(key, budget), budget.mode if budget is not None else "refuse",
+                  "" if math.isinf(interval) else repr(interval),
+                  *self._pacing_args(pacing), WAIT_RECHECK_MS, FLOOR_HORIZON_MS]
+        item = ["1" if retry and budget is not None else "0",
+                check_duration("earliest_ms", earliest_ms), "1" if floor_slot_due else "0",
                 "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms),
-                WAIT_RECHECK_MS, FLOOR_HORIZON_MS, self._known_cooldown(key)]
+                self._known_cooldown(key)]
         asked = time.monotonic() * 1000
         # The reply (ADMIT), seven ints: cooldown_ms, allowed (1/0/-1 no budget), token_taken,
         # pacing_ms (-1: no slot within the pacer's horizon -> pacing_booked=False, nothing
         # taken), budget_wait_ms, the bucket's milli-tokens (-1: not read), budget_slot_booked
         # (0: wait mode reserved no floor slot -> budget_slot_booked=False; 1 otherwise).
-        reply = self._ints(await self._script(
-            "admit", [self.keys.cooldown(key), self.keys.bucket(key), self.keys.floor(key),
-                      self.keys.pacer(key)], args, _now), 7)
+        keys = [self.keys.cooldown(key), self.keys.bucket(key), self.keys.floor(key),
+                self.keys.pacer(key)]
+        reply = await self._enqueue("admit", keys, common, item,
+                                    (key, budget) if retry and budget is not None else None)
         cooldown, allowed, taken, pacing_ms, wait, milli, booked = reply
         self._remember_cooldown(key, cooldown, asked)
         if milli >= 0:
@@ -775,14 +976,17 @@ class RedisCoordinator:
 
     async def _credit(self, key: CoordKey, budget: BudgetSettings | None, add_milli: int,
                       outcome: str, pacing: PacingSettings | None,
-                      _now: float | None = None) -> None:
+                      _now: float | None = None) -> int:
         """The CREDIT script: ``add_milli`` to the bucket (with ``budget``), and ``outcome``
         (``'t'`` throttled, ``'s'`` a success, ``'o'`` any other answer, ``''`` none) to the
         pacer (with ``pacing``)."""
-        args = [add_milli, *self._budget_args(key, budget), outcome, *self._pacing_args(pacing)]
-        reply = await self._script("credit", [self.keys.bucket(key), self.keys.pacer(key)], args, _now)
-        if isinstance(reply, int) and not isinstance(reply, bool) and reply >= 0 and budget is not None:
+        common = [MAX_LEFT_MS, "" if _now is None else repr(float(_now)),
+                  *self._budget_args(key, budget), *self._pacing_args(pacing)]
+        (reply,) = await self._enqueue("credit", [self.keys.bucket(key), self.keys.pacer(key)],
+                                       common, [int(add_milli), outcome], None)
+        if reply >= 0 and budget is not None:
             self._observe(key, min(reply, max_milli(budget)))
+        return reply
 
     async def record_outcome(self, key: CoordKey, *, success: bool, throttled: bool,
                              budget: BudgetSettings | None, pacing: PacingSettings | None,
@@ -839,8 +1043,7 @@ class RedisCoordinator:
     async def tokens(self, key: CoordKey, budget: BudgetSettings) -> float:
         """The bucket's count now, in tokens, as the next step would see it (for tests and
         diagnostics; takes nothing)."""
-        reply = await self._script("credit", [self.keys.bucket(key), self.keys.pacer(key)],
-                                   [0, *self._budget_args(key, budget), "", *self._pacing_args(None)])
+        reply = await self._credit(key, budget, 0, "", None)
         return min(int(reply), max_milli(budget)) / MILLI
 
     # -- before v3 (thin wrappers while the session and runner call them) ------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from fsm.core.settings import BudgetSettings, PacingSettings
@@ -88,6 +88,11 @@ class CoordinatorError(Exception):
     """
 
 
+class CoordinatorSlowError(CoordinatorError):
+    """The coordinator did not answer within a socket's timeout: slow, not known to be down
+    (a guard answers locally, "unknown", and a probe decides whether it is down)."""
+
+
 class CoordinatorKeyError(CoordinatorError):
     """The server answered, but not with what one key's step should give (a reply of the
     wrong shape, a script error on one key's data): that key is answered locally; the
@@ -124,6 +129,10 @@ class Admission:
       asks again with ``floor_slot_due=False`` (the bucket is asked afresh: a token if it
       has one, else a floor slot or another wait). ``True`` in every other answer
       (docs/fleet.md "Budget in wait mode").
+    - ``token``: with ``token_taken``, an id of that token a coordinator that tracks tokens
+      gives (the guard: :class:`~fsm.fleet.GuardedCoordinator`), to pass back as
+      ``return_retry_token(key, budget, token=...)``: that token is given back once, to
+      where it was taken, however often it is passed. None otherwise (not compared).
 
     :attr:`delay_ms` is the largest of the three waits.
     """
@@ -135,6 +144,7 @@ class Admission:
     budget_wait_ms: int = 0
     pacing_booked: bool = True
     budget_slot_booked: bool = True
+    token: int | None = field(default=None, compare=False)
 
     @property
     def delay_ms(self) -> int:

@@ -1,63 +1,52 @@
 """One call's retry chain, stepped by a host that runs the attempts itself.
 
-The runner (:mod:`fsm.host.runner`) owns its loop: it calls the callable, waits and calls
-again. Other hosts already have a loop of their own — tenacity's ``Retrying``, an httpx2
-transport's ``handle_request``, a LangChain middleware's ``handler`` — and only need the brain's
-answer at each step. :class:`Chain` is that answer, thin on the
-:class:`~fsm.host.kernel.HostKernel` (the facts, the brain call and the actions are the
-kernel's; docs/architecture.md, "The host kernel")::
+The runner (:mod:`fsm.host.runner`) drives the one loop (:mod:`fsm.host.loop`) itself: it
+calls the callable, waits and calls again. Other hosts already have a loop of their own —
+tenacity's ``Retrying``, an httpx2 transport's ``handle_request``, a LangChain middleware's
+``handler`` — and only need the loop's answer at each step. :class:`Chain` is the same loop
+stepped from outside (docs/architecture.md, "The loop")::
 
     chain = Chain(settings, on_event=print)
+    await chain.pause(await chain.start(), wait)    # the gate before the first request
     while True:
         try:
-            result = await attempt()
+            result = await attempt(model=chain.switched_model)
         except Exception as exc:
             delay_ms = await chain.failed(exc)
             if delay_ms is None:            # the chain is over: raise what the caller sees
                 raise chain.error() from exc
-            await asyncio.sleep(delay_ms / 1000)
-            chain.backoff_elapsed()
+            await chain.pause(delay_ms, wait)   # backoff, budget re-check, gate
         else:
             chain.succeeded()
             return result
 
-The exceptions a caller sees are the runner's (docs/policy.md §10): :meth:`Chain.error`.
-
-A chain has no pacing gate (the session and the runner take each request's pacing slot right
-before it goes, :meth:`fsm.host.kernel.HostKernel.gate`): with ``retry.pacing`` on, a retry's
-slot is reserved at its decision, part of the delay :meth:`Chain.failed` answers
-(``delaySource: "pacing"`` when it is the longest wait; docs/fleet.md, "The gate").
+``wait(ms)`` is the host's wait. The exceptions a caller sees are the runner's
+(docs/policy.md §10): :meth:`Chain.error`. Every retry passes the same gate as the runner's
+(cooldown, pacing: ``request_delayed``), and a budget in wait mode is asked again when its
+wait ends.
 """
 
 from __future__ import annotations
 
 import random as _random
-from contextvars import ContextVar
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-from fsm.core import brain as B
-from fsm.core.brain import RetryBrain, TurnFacts
+from fsm.core.brain import RetryBrain
 from fsm.core.classify import Classification
 from fsm.core.events import AutoRetryEnd, Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
-from fsm.host.kernel import HostKernel, ZoneResolver, default_zone
+from fsm.host.errors import RETRY_OWNER, ContextOverflowError, RetryChainError
+from fsm.host.kernel import ZoneResolver, coordinator_loop, default_zone
+from fsm.host.loop import (Attempt, RetryLoop, Send, Wait, answer_async, answer_sync,
+                           tell_sync)
 
-__all__ = ["Chain", "RETRY_OWNER", "http_error_message", "refuse_unsupported"]
-
-RETRY_OWNER: ContextVar[object | None] = ContextVar("fsm_retry_owner", default=None)
-"""Set while an fsm host (the runner, a transport) owns a call: one retry owner per call — a
-transport under it passes requests through instead of retrying them again (docs/integrations.md)."""
+__all__ = ["Chain", "RETRY_OWNER", "RetryChainError", "ContextOverflowError", "http_error_message",
+           "refuse_unsupported", "coordinator_loop"]
 
 _OK = AssistantMessage("stop", timestamp_ms=0)
 
-#: Exception classes that mean a bug in the caller's code: fatal whatever their text.
-PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
-    LookupError, AttributeError, TypeError, NameError, AssertionError, ArithmeticError,
-    NotImplementedError, ImportError, SyntaxError)
-
-_SDK_MODULES = ("openai", "anthropic", "httpx", "httpx2", "httpcore")
 
 
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings:
@@ -115,24 +104,9 @@ def http_error_message(exc: BaseException) -> AssistantMessage:
     return sdk_errors.error_message(exc)
 
 
-_LOOP: Any = None
-
-
-def coordinator_loop() -> Any:
-    """The process's background event loop on which synchronous hosts talk to a coordinator
-    (one daemon thread, started on first use)."""
-    global _LOOP
-    if _LOOP is None:
-        import asyncio
-        import threading
-        loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="fsm-coordinator", daemon=True).start()
-        _LOOP = loop
-    return _LOOP
-
-
 class Chain:
-    """The brain's answers for one call whose attempts the host runs.
+    """The brain's answers for one call whose attempts the host runs: the one loop
+    (:class:`~fsm.host.loop.RetryLoop`) stepped from outside (see the module docstring).
 
     Args:
         settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping
@@ -140,7 +114,9 @@ class Chain:
         on_event: called with each :mod:`fsm.core.events` event, in the brain's order; an
             exception it raises is swallowed (a broken listener never breaks the chain).
         coordinator: the fleet's coordinator (``docs/fleet.md``); None = the in-process one of
-            the event loop, used only with hints honoured or a budget. Async steps only.
+            the event loop (async steps), used only with hints honoured, a budget or pacing.
+            A sync chain asks a given coordinator at once (in-process) or on the process's
+            background coordinator loop.
         key: the :class:`~fsm.fleet.CoordKey` of the provider account the call goes to; None =
             ``CoordKey(provider, model)`` from ``provider``/``model``.
         provider, model: names for the default key (``"openai"``, ``"gpt-5"``).
@@ -148,14 +124,13 @@ class Chain:
         random: floats in [0, 1) for jitter.
         context_window: the model's context window in tokens (the silent-overflow rule).
         to_message: ``to_message(exc) -> AssistantMessage``: how an exception reads (default:
-            :func:`fsm.providers.sdk_errors.error_message`).
+            :func:`http_error_message`).
         zone: the time-zone resolver for reset times named in a zone.
-        sync: True for a host without an event loop: no coordinator is read or written.
+        sync: True for a host without an event loop: no coordinator unless one is given.
     """
 
-    __slots__ = ("settings", "on_event", "brain", "kernel", "calls", "exc", "message", "cls",
-                 "end", "delay_ms", "_timer", "_key", "_loop", "switched_model", "provider", "model", "to_message",
-                 "context_window")
+    __slots__ = ("settings", "on_event", "loop", "provider", "model", "_key", "_sync", "_steps",
+                 "_at", "_error", "_done", "delay_ms")
 
     def __init__(self, settings: RetrySettings | Mapping[str, Any] | None = None, *,
                  on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
@@ -171,124 +146,54 @@ class Chain:
         self.provider = provider or "default"
         self.model = model or "default"
         self._key = key
-        self.to_message = to_message or http_error_message
-        self.context_window = context_window
-        self.brain = RetryBrain(self.settings, random=random)
-        # A synchronous host with a coordinator speaks to it through a background event loop
-        # (the coordinators are asyncio objects): the sync coordinator facade.
-        self._loop = coordinator_loop() if sync and coordinator is not None else None
-        self.kernel = HostKernel(self.brain, emit=self._emit, clock=clock,
-                                 coordinator=coordinator, key=self.coord_key, zone=zone,
-                                 use_coordinator=not sync or self._loop is not None,
-                                 random=random)
-        self.calls = 0
-        self.exc: BaseException | None = None
-        self.message: AssistantMessage | None = None
-        self.cls: Classification | None = None
-        self.end: AutoRetryEnd | None = None
+        self._sync = sync
+        self.loop = RetryLoop(self.settings, emit=self._emit, clock=clock, coordinator=coordinator,
+                              key=self.coord_key, to_message=to_message or http_error_message,
+                              zone=zone, random=random, context_window=context_window,
+                              use_coordinator=not sync or coordinator is not None,
+                              tell=tell_sync if sync else None, gate_first=False)
+        self._steps: Any = None
+        self._at: Any = None  # the command the steps wait at: a Send or a Wait
+        self._error: BaseException | None = None
+        self._done = False
         self.delay_ms: int | None = None
-        self._timer = 0
-        # the model the next attempt should use: None until retry.fallbackModels switches it
-        self.switched_model: str | None = None
 
-    # ------------------------------------------------------------------ steps
-    def judge(self, exc: BaseException | None = None, *,
-              message: AssistantMessage | None = None,
-              secrets: tuple[str, ...] = ()) -> tuple[AssistantMessage, Classification]:
-        """Classify the end of an attempt: ``exc`` (what it raised) or ``message`` (a failed
-        assistant message); neither = a success. Counts the attempt. ``secrets``: credentials
-        the failed request carried (an error body may echo them), scrubbed from the message
-        as those read from ``exc``'s request."""
-        self.calls += 1
-        if exc is not None:
-            self.exc = exc
-            message = self.to_message(exc)
-        elif message is None:
-            message = _OK
-        if exc is not None and isinstance(exc, PROGRAMMING_ERRORS) and \
-                (type(exc).__module__ or "").split(".", 1)[0] not in _SDK_MODULES:
-            cls = Classification("fatal", "runner.programming_error")
-        else:
-            cls = self.kernel.classify(message, self.context_window)
-        if cls.kind != "none":
-            # As the runner: events and errors show the failure scrubbed (the credentials the
-            # request carried, of any shape) and clipped (fsm.core.redact).
-            from fsm.core.redact import request_secrets
-            from fsm.core.text import safe_message
-            message = safe_message(message, request_secrets(exc) + tuple(secrets))
-            self.message, self.cls = message, cls
-        return message, cls
+    # ------------------------------------------------------------------ the loop's state
+    @property
+    def brain(self) -> RetryBrain:
+        return self.loop.brain
 
-    async def failed(self, exc: BaseException | None = None, *,
-                     message: AssistantMessage | None = None,
-                     secrets: tuple[str, ...] = ()) -> int | None:
-        """An attempt failed (``exc`` raised, or ``message`` is a failed assistant message):
-        the backoff in ms before the next attempt, or None when no retry follows (the chain
-        ended, or none started: :meth:`error` is what the caller should see). ``secrets`` as
-        :meth:`judge`."""
-        msg, cls = self.judge(exc, message=message, secrets=secrets)
-        now = self.kernel.now_ms()
-        if self.kernel.needs_world(cls):
-            facts = await self.kernel.gather(cls, now_ms=now)
-        else:
-            facts = self.kernel.local_facts(now_ms=now)
-        return self._decide(msg, cls, facts)
+    @property
+    def kernel(self) -> RetryLoop:
+        """The loop (the host kernel of this chain)."""
+        return self.loop
 
-    def failed_sync(self, exc: BaseException | None = None, *,
-                    message: AssistantMessage | None = None,
-                    secrets: tuple[str, ...] = ()) -> int | None:
-        """:meth:`failed` for a host without an event loop. With a coordinator the facts are
-        gathered on the coordinator's background loop (bounded as for every host); without
-        one, no coordinator is asked."""
-        if self._loop is not None:
-            return self._on_loop(self.failed(exc, message=message, secrets=secrets))
-        msg, cls = self.judge(exc, message=message, secrets=secrets)
-        return self._decide(msg, cls, self.kernel.local_facts())
+    @property
+    def calls(self) -> int:
+        """Attempts sent so far."""
+        return self.loop.calls
 
-    def succeeded(self) -> None:
-        """The attempt succeeded: a running chain ends ``success: true`` (the budget is
-        credited, the end event emitted)."""
-        self.calls += 1
-        self._step(lambda: self._decide(_OK, Classification("none", "ok"), self.kernel.local_facts()))
+    @property
+    def end(self) -> AutoRetryEnd | None:
+        return self.loop.end
 
-    def backoff_elapsed(self) -> None:
-        """The backoff the last :meth:`failed` asked for is over; the next attempt goes out."""
-        self._step(lambda: self._perform(self.brain.backoff_elapsed(self._timer)))
+    @property
+    def exc(self) -> BaseException | None:
+        return self.loop.exc
 
-    def cancel(self) -> None:
-        """The caller gave up (a cancelled task, ``KeyboardInterrupt``): a running chain ends
-        ``cancelled`` and its end event is emitted; nothing happens at rest."""
-        self._step(lambda: self._perform(self.brain.prompt_cancelled()))
+    @property
+    def message(self) -> AssistantMessage | None:
+        return self.loop.message
 
-    def _step(self, fn: Callable[[], Any]) -> Any:
-        if self._loop is None:
-            return fn()
+    @property
+    def cls(self) -> Classification | None:
+        return self.loop.cls
 
-        async def run() -> Any:
-            return fn()
-        return self._on_loop(run())
-
-    def _on_loop(self, coro: Any) -> Any:
-        import asyncio
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def error(self) -> BaseException:
-        """What the caller should see after :meth:`failed` answered None (docs/policy.md §10):
-        :class:`~fsm.host.runner.ContextOverflowError` for an overflow,
-        :class:`~fsm.host.runner.RetryChainError` for a chain that ended without success (or a
-        refusal at rest), else the attempt's own exception (a fatal first failure)."""
-        from fsm.host.runner import ContextOverflowError, RetryChainError
-        end, cls = self.end, self.cls
-        if cls is not None and cls.kind == "context_overflow":
-            return ContextOverflowError(end.end_reason if end else None,
-                                        end.attempt if end else 0, self.calls, cls,
-                                        self.message or _OK)
-        if end is not None and not end.success:
-            return RetryChainError(end.end_reason, end.attempt, self.calls, cls, end.final_error,
-                                   self.message)
-        if self.exc is not None:
-            return self.exc
-        return RuntimeError(f"the call failed: {(self.message or _OK).error_message or 'no message'}")
+    @property
+    def switched_model(self) -> str | None:
+        """The model the next attempt should use: None until ``retry.fallbackModels``
+        switches it (docs/policy.md §13.3)."""
+        return self.loop.model if self.loop.switched else None
 
     @property
     def running(self) -> bool:
@@ -300,42 +205,202 @@ class Chain:
         """The brain's attempt counter (0 at rest; 1 during the first retry, ...)."""
         return self.brain.attempt
 
+    # ------------------------------------------------------------------ stepping
+    def _advance(self, value: Any, *, throw: bool = False) -> Any:
+        """Run the steps without an event loop until they wait at a Send or a Wait (returned)
+        or end (None)."""
+        steps = self._steps
+        while True:
+            try:
+                command = steps.throw(value) if throw else steps.send(value)
+            except StopIteration:
+                return self._ended(None)
+            except BaseException as exc:  # noqa: BLE001 - the outcome: error() gives it
+                return self._ended(exc)
+            throw = False
+            if type(command) in (Send, Wait):
+                self._at = command
+                return command
+            try:
+                value = answer_sync(command)
+            except BaseException as exc:  # noqa: BLE001 - thrown into the steps
+                value, throw = exc, True
+
+    async def _aadvance(self, value: Any) -> Any:
+        """:meth:`_advance` on asyncio: coordinator commands bounded by the one rule."""
+        steps, throw = self._steps, False
+        while True:
+            try:
+                command = steps.throw(value) if throw else steps.send(value)
+            except StopIteration:
+                return self._ended(None)
+            except BaseException as exc:  # noqa: BLE001 - the outcome: error() gives it
+                return self._ended(exc)
+            throw = False
+            if type(command) in (Send, Wait):
+                self._at = command
+                return command
+            try:
+                value = await answer_async(command)
+            except BaseException as exc:  # noqa: BLE001 - thrown into the steps
+                value, throw = exc, True
+
+    def _ended(self, error: BaseException | None) -> None:
+        self._done, self._at, self._error = True, None, error
+        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise error
+        return None
+
+    def _prime(self, gate: bool) -> bool:
+        """Start the steps (the first request passes the gate when ``gate``); False when they
+        were already started."""
+        if self._steps is not None:
+            return False
+        self.loop.gate_first = gate
+        self._steps = self.loop.steps()
+        return True
+
+    def _delay(self, command: Any) -> int | None:
+        self.delay_ms = command.delay_ms if type(command) is Wait else None
+        return self.delay_ms
+
+    # ------------------------------------------------------------------ the host's steps
+    async def start(self) -> int | None:
+        """Before the first request: the gate (first-request admission under the resilient
+        profile, pacing; docs/fleet.md "First requests"). None: send now; else wait that many
+        ms and call :meth:`resume`. A refused first request ends the steps: :meth:`error`."""
+        if not self._prime(True):
+            return None
+        return self._delay(await self._aadvance(None))
+
+    def start_sync(self) -> int | None:
+        """:meth:`start` for a host without an event loop."""
+        if not self._prime(True):
+            return None
+        return self._delay(self._advance(None))
+
+    async def resume(self) -> int | None:
+        """The wait :meth:`failed` (or :meth:`start`, or :meth:`resume`) asked for is over: the
+        budget re-check (wait mode) and the gate (cooldown, pacing) run. None: send the next
+        attempt now (or the chain ended: :attr:`done`); else wait that many ms more and call
+        again."""
+        if type(self._at) is not Wait:
+            return None
+        return self._delay(await self._aadvance(True))
+
+    def resume_sync(self) -> int | None:
+        """:meth:`resume` for a host without an event loop."""
+        if type(self._at) is not Wait:
+            return None
+        return self._delay(self._advance(True))
+
+    backoff_elapsed = resume_sync
+
+    async def pause(self, delay_ms: int | None, wait: Callable[[int], Awaitable[Any]]) -> None:
+        """Wait ``delay_ms`` with ``wait(ms)``, then :meth:`resume`, until the next attempt may
+        go. Raises :meth:`error` when the chain ended meanwhile (its deadline, the budget)."""
+        while delay_ms is not None:
+            await wait(delay_ms)
+            delay_ms = await self.resume() if type(self._at) is Wait else None
+        if self._done:
+            raise self.error()
+
+    def pause_sync(self, delay_ms: int | None, sleep: Callable[[int], Any]) -> None:
+        """:meth:`pause` for a host without an event loop (``sleep(ms)``)."""
+        while delay_ms is not None:
+            sleep(delay_ms)
+            delay_ms = self.resume_sync() if type(self._at) is Wait else None
+        if self._done:
+            raise self.error()
+
+    @property
+    def done(self) -> bool:
+        """True once the steps ended (:meth:`error` says how, when not a success)."""
+        return self._done
+
+    def _outcome(self, exc: BaseException | None, message: AssistantMessage | None,
+                 secrets: tuple[str, ...]) -> Any:
+        return Attempt(exc=exc, message=message, secrets=tuple(secrets))
+
+    async def failed(self, exc: BaseException | None = None, *,
+                     message: AssistantMessage | None = None,
+                     secrets: tuple[str, ...] = ()) -> int | None:
+        """An attempt failed (``exc`` raised, or ``message`` is a failed assistant message):
+        the wait in ms before the next attempt (then :meth:`pause`), or None when no retry
+        follows (:meth:`error` is what the caller should see). ``secrets``: credentials the
+        failed request carried, scrubbed from what events and errors show."""
+        if self._prime(False):
+            await self._aadvance(None)
+        if type(self._at) is not Send:  # not at an attempt (it failed during a wait)
+            self.cancel()
+            return None
+        return self._delay(await self._aadvance(self._outcome(exc, message, secrets)))
+
+    def failed_sync(self, exc: BaseException | None = None, *,
+                    message: AssistantMessage | None = None,
+                    secrets: tuple[str, ...] = ()) -> int | None:
+        """:meth:`failed` for a host without an event loop."""
+        if self._prime(False):
+            self._advance(None)
+        if type(self._at) is not Send:
+            self.cancel()
+            return None
+        return self._delay(self._advance(self._outcome(exc, message, secrets)))
+
+    def succeeded(self) -> None:
+        """The attempt succeeded: a running chain ends ``success: true`` (the budget is
+        credited, the end event emitted)."""
+        if self._prime(False):
+            self._advance(None)
+        if type(self._at) is Send:
+            self._advance(Attempt(result=None))
+
+    def cancel(self) -> None:
+        """The caller gave up (a cancelled task, ``KeyboardInterrupt``): a running chain ends
+        ``cancelled``, a token held for its retry goes back, its end event is emitted; nothing
+        happens at rest."""
+        if self._steps is not None and not self._done:
+            self._steps.close()
+            self._done, self._at = True, None
+        elif self._steps is None:
+            self.loop.carry_out(self.brain.prompt_cancelled())
+
+    def error(self) -> BaseException:
+        """What the caller should see after :meth:`failed` answered None (docs/policy.md §10,
+        as the runner): :class:`~fsm.host.errors.ContextOverflowError` for an overflow,
+        :class:`~fsm.host.errors.RetryChainError` for a chain that started and ended without
+        success (its ``__cause__`` the last exception), the attempt's own exception for a
+        first failure that starts no chain (a refusal at rest carries its ``endReason`` in a
+        ``__notes__`` line)."""
+        if self._error is not None:
+            return self._error
+        end, cls = self.end, self.cls
+        if end is not None and not end.success:
+            return RetryChainError(end.end_reason, end.attempt, self.calls, cls, end.final_error,
+                                   self.message)
+        if self.exc is not None:
+            return self.exc
+        return RuntimeError(f"the call failed: {(self.message or _OK).error_message or 'no message'}")
+
     # ------------------------------------------------------------------ plumbing
     def coord_key(self) -> Any:
         """The coordinator's key for this call (built on first use)."""
         if self._key is None:
-            from fsm.fleet import CoordKey
+            from fsm.fleet import CoordKey  # the fleet sits below the host
             self._key = CoordKey(self.provider, self.model)
         return self._key
 
-    def _decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts) -> int | None:
-        self.delay_ms = None
-        self.kernel.turn_ended(message, self.context_window, cls, facts, self._host)
-        return self.delay_ms
-
-    def _perform(self, actions: list[B.Action]) -> None:
-        self.delay_ms = None
-        self.kernel.perform(actions, self._host)
-
     def _emit(self, event: Event) -> None:
-        if type(event) is AutoRetryEnd:
-            self.end = event
         if self.on_event is not None:
             try:
                 self.on_event(event)
             except Exception:  # a broken listener must not break the chain
                 pass
 
-    def _host(self, action: B.Action) -> None:
-        if type(action) is B.StartBackoff:
-            self.delay_ms, self._timer = action.delay_ms, action.timer_id
-        elif type(action) is B.SwitchModel:  # retry.fallbackModels (docs/policy.md §13.3)
-            self.switched_model = action.to_model
-
     def close(self) -> None:
         """Stop forwarding the coordinator's events."""
-        self.kernel.close()
+        self.loop.close()
 
     async def aclose(self) -> None:
         """Finish the coordinator's writes in flight, then :meth:`close`."""
-        await self.kernel.aclose()
+        await self.loop.aclose()

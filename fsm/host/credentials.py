@@ -36,15 +36,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from fsm.core.protocols import CredentialStore  # the protocol lives there; re-exported here
+# the protocol, its default block and the validation of a credentials mapping live in the core;
+# re-exported here
+from fsm.core.protocols import DEFAULT_BLOCK_MS, CredentialStore, validate_credentials
 from fsm.core.text import ApiKeyError, check_api_key
 
 __all__ = ["DEFAULT_BLOCK_MS", "DEFAULT_TIMEOUT_S", "IDLE_GRACE_MS", "KEY_TIMEOUT_S", "CredentialFileError",
            "CredentialLockTimeout", "CredentialStore", "CredentialStoreError",
            "InMemoryCredentialStore", "JsonFileCredentialStore", "validate_credentials"]
-
-DEFAULT_BLOCK_MS = 60_000
-"""How long a credential is blocked when the provider gave no hint (ms)."""
 
 MAX_BLOCK_MS = 366 * 86_400_000
 """The longest block recorded (ms); a longer hint (``1e18``) is cut to a year."""
@@ -158,25 +157,6 @@ def _current(state: dict[str, Any], keys: list[str], session_id: str, now_ms: in
 
 def _limited(state: Mapping[str, Any], now_ms: int) -> int:
     return sum(1 for until in state.get("blockedUntil", {}).values() if until > now_ms)
-
-
-def validate_credentials(credentials: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """``{provider: [key, ...]}`` checked and copied (a key listed twice counts once). Raises
-    ``TypeError`` / ``ValueError`` naming the provider or the entry (never a key's text)."""
-    if not isinstance(credentials, Mapping):
-        raise TypeError(f"credentials must map provider -> list of keys, got {type(credentials).__name__}")
-    out: dict[str, list[str]] = {}
-    for provider, keys in credentials.items():
-        if not isinstance(provider, str) or not provider:
-            raise ValueError(f"provider name must be a non-empty string, got {provider!r:.60}")
-        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
-            raise ValueError(f"credentials[{provider!r}] must be a list of keys, got {type(keys).__name__}")
-        if not keys:
-            raise ValueError(f"credentials[{provider!r}] is empty")
-        for i, key in enumerate(keys):
-            check_api_key(key, f"credentials[{provider!r}][{i}]")
-        out[provider] = list(dict.fromkeys(keys))
-    return out
 
 
 def _wall_ms() -> float:

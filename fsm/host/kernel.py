@@ -2,7 +2,7 @@
 
 Every host of the retry brain (:class:`~fsm.host.session.AgentSession`, the runner of
 :mod:`fsm.host.runner`, the integrations) does the same three things around a
-:class:`~fsm.core.brain.RetryBrain` (``docs/architecture.md``, "The host kernel"):
+:class:`~fsm.core.brain.RetryBrain` (``docs/architecture.md``, "The loop"):
 
 1. **Gather the facts** before the brain decides (``docs/policy.md`` §8b.2): the host's clock
    (:meth:`HostKernel.now_ms`), the credential store's answer on a usage limit, the
@@ -38,10 +38,11 @@ import dataclasses
 import functools
 import logging
 import random as _random
+import threading
 import time
 import weakref
 from datetime import tzinfo
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Generator, TypeVar
 
 from fsm.core import brain as B
 from fsm.core import events as E
@@ -56,6 +57,8 @@ __all__ = ["HostKernel", "COORDINATOR_TIMEOUT_S", "WRITE_TIMEOUT_S", "STORE_TIME
            "loop_coordinator", "describe_error", "provider_id", "KNOWN_HOSTS"]
 
 log = logging.getLogger("fsm.host.kernel")
+
+_R = TypeVar("_R")
 
 ZoneResolver = Callable[[str], "tzinfo | None"]
 """``zone(name) -> tzinfo | None``: an IANA zone (``"America/Santiago"``) by name; None when
@@ -156,7 +159,7 @@ class HostKernel:
     """
 
     __slots__ = ("brain", "emit", "clock", "_coordinator", "credentials", "key", "zone",
-                 "scrub", "use_coordinator", "random", "paces_at_send", "_unsubscribe",
+                 "scrub", "use_coordinator", "random", "paces_at_send", "_unsubscribe", "tell",
                  "_writes", "_token_from", "_floor_booked", "__weakref__")
 
     def __init__(self, brain: RetryBrain, *, emit: Callable[[E.Event], Any],
@@ -180,6 +183,7 @@ class HostKernel:
         self._unsubscribe: Callable[[], None] | None = None
         self._writes: set[asyncio.Task] | None = None  # created with the first write
         self._token_from: Any = None  # the coordinator that gave this decision's budget token
+        self.tell: Callable[[Tell], None] = self._spawn_tell  # where coordinator writes go
         if coordinator is not None:
             self._subscribe()
 
@@ -233,14 +237,21 @@ class HostKernel:
         return TurnFacts(now_ms=self.now_ms() if now_ms is None else now_ms,
                          output_streamed=output_streamed, zone=self.zone)
 
-    async def gather(self, cls: Classification, *, now_ms: int | None = None,
+    # ------------------------------------------------------------------ 1. the facts, sans-IO
+    # Every step that asks the world is a generator of commands (:class:`Admit`, :class:`Tell`,
+    # :class:`AskStore`) answered by a driver: :func:`drive_async` on asyncio (bounded by
+    # COORDINATOR_TIMEOUT_S), :func:`answer_sync` off it (the coordinator's background loop, or
+    # at once for a coordinator that does no I/O). The async methods below are those steps
+    # driven on asyncio, for the agent session.
+    def gather_steps(self, cls: Classification, *, now_ms: int | None = None,
                      output_streamed: bool = False, provider: str = "",
-                     session_id: str = "") -> TurnFacts:
+                     session_id: str = "") -> Steps[TurnFacts]:
         """The facts the brain needs for a turn that ended as ``cls`` (docs/policy.md §8b.2):
         the time, the credential store's answer on a usage limit (``provider`` and
-        ``session_id`` name the store's entry), the coordinator's cooldown and budget. Never
-        raises for a slow or failing store or coordinator: it decides on local state, says so
-        in a log line (and, for the store, in the ``auto_retry_start`` note)."""
+        ``session_id`` name the store's entry), the pacer told ``throttled`` when the failure
+        is a capacity signal, the coordinator's cooldown and budget. Never fails for a slow or
+        failing store or coordinator: it decides on local state, says so in a log line (and,
+        for the store, in the ``auto_retry_start`` note)."""
         now = self.now_ms() if now_ms is None else now_ms
         self._token_from = None
         if not self.needs_world(cls):
@@ -248,8 +259,9 @@ class HostKernel:
         switched, count, note = False, 1, None
         if cls.usage_limit and self.credentials is not None:
             try:
-                switched = bool(await self.ask_store("mark_usage_limit_reached", provider, session_id,
-                                                     cls.retry_hint_ms, timeout=STORE_TIMEOUT_S))
+                switched = bool((yield AskStore("mark_usage_limit_reached",
+                                                (provider, session_id, cls.retry_hint_ms),
+                                                STORE_TIMEOUT_S)))
                 counter = getattr(self.credentials, "credential_count", None)
                 if counter is not None:
                     count = max(1, int(counter(provider)))
@@ -259,33 +271,33 @@ class HostKernel:
         facts = TurnFacts(now_ms=now, output_streamed=output_streamed, credential_switched=switched,
                           credential_count=count, note=note, zone=self.zone)
         if self.uses_coordinator():
-            await self._record_throttle(cls, output_streamed)
-            facts = await self._admission_facts(facts, now, floor_slot_due=False)
+            yield from self._throttle_steps(cls, output_streamed)
+            facts = yield from self._admission_steps(facts, now, floor_slot_due=False)
         return facts
 
-    async def _record_throttle(self, cls: Classification, output_streamed: bool) -> None:
-        """Tell the pacer a retryable failure (docs/fleet.md "Pacing"): without progress
-        (nothing streamed: a 429, 503, 529, a connection error, a stall) it is a capacity
-        signal (``throttled``); with output streamed it is another answer (neither a success
-        nor a throttle). The write is awaited, bounded by :data:`COORDINATOR_TIMEOUT_S`, so
-        that it lands before the retry's slot is taken (at the gate, or at the decision for a
-        host that does not pace at send), however short the backoff: the retry is paced by
-        what its own failure taught. A late or failing write only costs sharing."""
+    def _throttle_steps(self, cls: Classification, output_streamed: bool) -> Steps[None]:
+        """Tell the pacer a retryable failure (docs/fleet.md "Pacing"): a capacity signal
+        (:attr:`~fsm.core.classify.Classification.capacity_signal`: 429, 529, 503, a refused
+        connection) with nothing streamed is ``throttled``; any other retryable failure (a
+        random 500, a stall, a timeout, output streamed) is neither a success nor a throttle.
+        The write lands before the retry's slot is taken (bounded by
+        :data:`COORDINATOR_TIMEOUT_S`). A late or failing write only costs sharing."""
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled:
             return
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             return
-        write = self._spawn(_coord_record(coordinator, self.key(), success=False,
-                                          throttled=not output_streamed, budget=None,
-                                          pacing=pacing))
-        await asyncio.wait((write,), timeout=COORDINATOR_TIMEOUT_S)
+        throttled = cls.capacity_signal and not output_streamed
+        # only a throttle changes the retry's slot: another answer is told, not waited for
+        yield Tell(coordinator, "record_outcome", self.key(), {
+            "success": False, "throttled": throttled, "budget": None, "pacing": pacing},
+            settle=throttled)
 
-    async def recheck_budget(self, *, now_ms: int | None = None) -> TurnFacts:
+    def recheck_steps(self, *, now_ms: int | None = None) -> Steps[TurnFacts]:
         """The facts for a retry that waited for the retry budget's floor slot (budget in
         wait mode, docs/policy.md §13.7): the coordinator is asked again with the slot due.
-        Never raises for a slow or failing coordinator (local state, as :meth:`gather`)."""
+        Never fails for a slow or failing coordinator (local state, as :meth:`gather_steps`)."""
         now = self.now_ms() if now_ms is None else now_ms
         self._token_from = None
         facts = TurnFacts(now_ms=now, zone=self.zone)
@@ -294,50 +306,61 @@ class HostKernel:
         # only a floor slot reserved for this retry is due now; an answer that reserved none
         # (beyond the floor's horizon, or no floor) is asked afresh (docs/fleet.md "Budget in
         # wait mode")
-        return await self._admission_facts(facts, now, floor_slot_due=self._floor_booked)
+        return (yield from self._admission_steps(facts, now, floor_slot_due=self._floor_booked))
 
-    async def _admission_facts(self, facts: TurnFacts, now: int | None, *,
-                               floor_slot_due: bool) -> TurnFacts:
+    def _admission_steps(self, facts: TurnFacts, now: int | None, *,
+                         floor_slot_due: bool) -> Steps[TurnFacts]:
         """``facts`` with the coordinator's answer for a retry: the cooldown (hints honoured),
         the budget's answer, the token taken and the budget's floor slot, in one atomic step
         (cooldown and budget together). A host that paces at send (:attr:`paces_at_send`)
         reserves no pacing slot here (``pacing_ms`` 0): the retry takes its slot at the gate
-        after its backoff (:meth:`gate`); a slot reserved now for a retry that goes after a
-        jittered backoff of up to ``maxDelayMs`` would be wasted, and booked beyond the
-        pacer's horizon. Otherwise the slot is reserved here (``pacing_ms``)."""
+        after its backoff (:meth:`gate_steps`). Otherwise the slot is reserved here."""
         settings = self.brain.settings
-        cooldown, ok, taken, pacing_ms, budget_wait, paced, floor_booked = await self._admit(
-            now, retry=True, floor_slot_due=floor_slot_due, pacing=not self.paces_at_send,
-            max_wait=True)
-        if not paced:
-            # a host that reserves the slot here (a stepwise Chain, no gate) and the pacer had
-            # none within its horizon: nothing was taken (the budget was not even asked). The
-            # budget and the cooldown are asked again without pacing — so the retry is still
-            # bounded by the budget — and the retry waits at least the pacer's re-check
-            # (jittered); it then goes unpaced (a Chain has no gate to ask again at)
-            cooldown, ok, taken, _, budget_wait, _, floor_booked = await self._admit(
-                now, retry=True, floor_slot_due=floor_slot_due, pacing=False, max_wait=True)
+        a = yield from self._admit_steps(retry=True, floor_slot_due=floor_slot_due,
+                                         pacing=not self.paces_at_send, max_wait=True)
+        pacing_ms = a.pacing_ms
+        if not a.pacing_booked:
+            # a host that reserves the slot here and the pacer had none within its horizon:
+            # nothing was taken (the budget was not even asked). The budget and the cooldown are
+            # asked again without pacing — so the retry is still bounded by the budget — and
+            # the retry waits at least the pacer's re-check (jittered)
+            a = yield from self._admit_steps(retry=True, floor_slot_due=floor_slot_due,
+                                             pacing=False, max_wait=True)
             pacing = settings.pacing
             pacing_ms = max(1, round((pacing.recheck_ms if pacing is not None else 1000)
                                      * (0.5 + self.random())))
         budget = settings.budget
-        waits = (ok is False and budget is not None
+        waits = (a.budget is False and budget is not None
                  and getattr(budget, "mode", "refuse") == "wait")
+        floor_booked = bool(getattr(a, "budget_slot_booked", True))
         self._floor_booked = waits and floor_booked
+        budget_wait = int(a.budget_wait_ms or 0)
         if waits and not floor_booked:  # a re-check, not a slot: jittered ×U(0.5, 1.5)
             budget_wait = max(1, round(budget_wait * (0.5 + self.random())))
         return dataclasses.replace(
-            facts, cooldown_ms=cooldown if settings.honors_hints else 0,
-            budget_allows=ok is not False, budget_taken=taken,
-            budget_slot_ms=budget_wait if waits else None, pacing_ms=pacing_ms)
+            facts, cooldown_ms=int(a.cooldown_ms or 0) if settings.honors_hints else 0,
+            budget_allows=a.budget is not False, budget_taken=bool(a.token_taken),
+            budget_slot_ms=budget_wait if waits else None, pacing_ms=int(pacing_ms or 0))
+
+    def _admit_steps(self, *, retry: bool, floor_slot_due: bool, pacing: bool,
+                     max_wait: bool) -> Steps[Any]:
+        """One coordinator admission (v3 ``admit``; a coordinator before v3 answers through
+        ``before_decision``): the :class:`~fsm.fleet.Admission` read by name. The driver bounds
+        it; late or failing → the local state; a token a late answer took is given back."""
+        args = _coord_admit_args(self.brain.settings, retry=retry, floor_slot_due=floor_slot_due,
+                                 pacing=pacing, max_wait=max_wait)
+        answer: Admitted = yield Admit(self.coordinator(), self.key(), args, self.now_ms(),
+                                       self._local_coordinator)
+        self._token_from = answer.source
+        return answer.admission
 
     # ------------------------------------------------------------------ the gate
     def gates(self, *, first: bool = False) -> bool:
-        """True when the request about to go passes the gate (:meth:`gate`): a chain's
+        """True when the request about to go passes the gate (:meth:`gate_steps`): a chain's
         ``first`` request under a profile that admits first requests (the resilient profile,
         docs/fleet.md "First requests"), and any request — first or retry — with pacing on,
         on a host that paces at send (:attr:`paces_at_send`). False under the seed profile
-        without pacing: no gate call, no ``request_delayed``."""
+        without pacing: no gate call, no ``request_delayed``, no await."""
         if not self.uses_coordinator():
             return False
         settings = self.brain.settings
@@ -346,7 +369,8 @@ class HostKernel:
             return settings.enabled and (settings.admits_first_requests or paced)
         return paced
 
-    async def pace(self, *, first: bool = False, now_ms: int | None = None) -> tuple[int, int, bool]:
+    def pace_steps(self, *, first: bool = False, now_ms: int | None = None
+                   ) -> Steps[tuple[int, int, bool]]:
         """Ask the gate once for the request about to go (docs/fleet.md "Pacing", "First
         requests"): one bounded coordinator ``admit`` (no budget token: a retry's was taken at
         its decision) that reads the key's cooldown and reserves the pacer's slot.
@@ -354,147 +378,113 @@ class HostKernel:
         Returns ``(cooldown_ms, delay_ms, booked)``:
 
         - ``cooldown_ms``: the shared cooldown left (0 when hints are ignored);
-        - ``booked`` True: a slot is reserved (or there is nothing to reserve: pacing off, or
-          the pacer not pacing) and the request goes ``delay_ms`` from now,
-          ``max(cooldown, pacing slot)``, 0 = at once;
+        - ``booked`` True: a slot is reserved (or there is nothing to reserve) and the request
+          goes ``delay_ms`` from now, ``max(cooldown, pacing slot)``, 0 = at once;
         - ``booked`` False: the pacer had no slot within its horizon (``horizonMs``); nothing
           is reserved and the host asks again ``delay_ms`` from now: ``recheckMs`` jittered
           ×U(0.5, 1.5) with :attr:`random` (or the cooldown left, when longer).
 
         A ``first`` request whose cooldown is beyond ``maxHintWaitMs`` (hints honoured) gets
-        ``(cooldown, cooldown, True)`` with nothing reserved: the host refuses it. A retry
-        waits out any cooldown learned since its decision (no row of the brain refuses a
-        retry once it continues; the chain's deadline, ``maxElapsedMs``, bounds the wait, and
-        ``abort_retry()`` ends it). Never raises
-        for a slow or failing coordinator: a late one is answered from local state (as
-        :meth:`gather`); a failing local state lets the request go at once (logged)."""
+        ``(cooldown, cooldown, True)`` with nothing reserved: the host refuses it. A failing
+        local state lets the request go at once (logged)."""
         if not self.uses_coordinator():
             return 0, 0, True
         settings = self.brain.settings
         pacing = settings.pacing if settings.pacing is not None and settings.pacing.enabled else None
-        now = self.now_ms() if now_ms is None else now_ms
         try:
-            cooldown, _, _, pacing_ms, _, booked, _ = await self._admit(
-                now, retry=False, floor_slot_due=False, pacing=pacing is not None,
-                max_wait=first and settings.admits_first_requests)
+            a = yield from self._admit_steps(retry=False, floor_slot_due=False,
+                                             pacing=pacing is not None,
+                                             max_wait=first and settings.admits_first_requests)
         except Exception as exc:  # the local state failed too: the request is not held up
             log.warning("pacing gate: coordinator failed: %s; sending now", describe_error(exc))
             return 0, 0, True
+        cooldown, pacing_ms = int(a.cooldown_ms or 0), int(a.pacing_ms or 0)
         if not settings.honors_hints or (first and not settings.admits_first_requests):
             cooldown = 0  # under the seed profile a cooldown never touches a first request
         elif first and cooldown > settings.max_hint_wait_ms:
             return cooldown, cooldown, True  # nothing reserved: the request is refused
-        if booked or pacing is None:
+        if bool(getattr(a, "pacing_booked", True)) or pacing is None:
             return cooldown, max(cooldown, pacing_ms), True
         recheck = max(1, round(pacing.recheck_ms * (0.5 + self.random())))
         return cooldown, max(cooldown, recheck), False
 
-    async def gate(self, wait: Callable[[int], Awaitable[bool]], *,
-                   first: bool = False) -> tuple[int, int | None] | None:
-        """Pass the request about to go through the gate (:meth:`pace`), waiting as long as
-        it says: each wait is told in a ``request_delayed {delayMs, retryAt, delaySource:
-        "pacing" | "cooldown"}`` event (``emit``), then waited with the host's ``wait(delay_ms)
-        -> bool``; booked, the request goes once the delay has passed; not booked, the gate is
-        asked again.
+    def gate_steps(self, *, first: bool = False,
+                   deadline_ms: Callable[[], int | None] | None = None
+                   ) -> Steps[tuple[int, int | None] | None]:
+        """Pass the request about to go through the gate (:meth:`pace_steps`), waiting as long
+        as it says: each wait is told in a ``request_delayed {attempt, delayMs, retryAt,
+        delaySource}`` event, then yielded as a :class:`Wait` (the driver answers False when
+        the host ended it early: the gate stops). Booked, the request goes once the delay has
+        passed; not booked, the gate is asked again.
 
-        ``wait`` is the host's cancellable wait: it answers False when the host ended it early
-        (an abort, the chain's deadline, ``retry_now``) — the gate stops and the host decides
-        from its own state (an abort sends nothing). Returns None when the request may go (or
-        the wait was ended), or ``(cooldown_ms, now_ms)`` when a ``first`` request must be
-        refused (a cooldown beyond ``maxHintWaitMs``: the host calls the brain's
-        ``request_refused``). Raises what ``wait`` raises (a cancellation)."""
+        ``deadline_ms()``: the time left (ms) before the chain's deadline, or None; a wait that
+        would outlast it waits what is left and returns ``(-1, None)`` (the host ends the
+        chain ``deadline``). Returns None when the request may go (or the wait was ended), or
+        ``(cooldown_ms, now_ms)`` when a ``first`` request must be refused (a cooldown beyond
+        ``maxHintWaitMs``: the host calls the brain's ``request_refused``)."""
         settings = self.brain.settings
         while True:
             now = self.now_ms()
-            cooldown, delay, booked = await self.pace(first=first, now_ms=now)
+            cooldown, delay, booked = yield from self.pace_steps(first=first, now_ms=now)
             if (first and settings.honors_hints and settings.admits_first_requests
                     and cooldown > settings.max_hint_wait_ms):
                 return cooldown, now
             if booked and delay <= 0:
                 return None
             source = "cooldown" if cooldown >= delay else "pacing"
+            left = deadline_ms() if deadline_ms is not None else None
             self.emit(E.RequestDelayed(delay, None if now is None else now + delay, source))
-            if not await wait(delay) or booked:
+            if left is not None and left < delay:
+                yield Wait(left, "deadline")
+                return -1, None
+            if not (yield Wait(delay, source)) or booked:
                 return None
 
     def record_outcome(self, cls: Classification, *, output_streamed: bool = False) -> None:
         """An answer came back: tell the coordinator's pacer, off the critical path
-        (docs/fleet.md "Pacing"): ``success`` for a success (the rate may grow),
-        ``throttled`` for any retryable failure without progress (nothing streamed: a 429, 503,
-        529, a connection error, a stall: a capacity signal), neither for any other answer (a
-        fatal error, a context overflow, a failure after output was streamed: nothing
-        learned). An aborted turn tells nothing. The budget's credit stays the brain's
-        ``CreditRetryBudget``."""
+        (docs/fleet.md "Pacing"): ``success`` for a success (the rate may grow), ``throttled``
+        for a capacity signal without progress (:attr:`~fsm.core.classify.Classification.
+        capacity_signal`), neither for any other answer (a random 500, a fatal error, a
+        context overflow, a failure after output was streamed: nothing learned). An aborted
+        turn tells nothing. A retryable failure whose facts are gathered is told there
+        (:meth:`gather_steps`). The budget's credit stays the brain's ``CreditRetryBudget``."""
         pacing = self.brain.settings.pacing
         if pacing is None or not pacing.enabled or not self.use_coordinator:
             return
         if cls.kind == "aborted" or (cls.kind == "retryable" and self.needs_world(cls)):
-            return  # a retryable failure is told in gather() (_record_throttle)
+            return
         coordinator = self.coordinator()
         if not _coord_v3(coordinator):
             return
-        throttled = cls.kind == "retryable" and not output_streamed
-        self._spawn(_coord_record(coordinator, self.key(), success=cls.kind == "none",
-                                  throttled=throttled, budget=None, pacing=pacing))
+        self.tell(Tell(coordinator, "record_outcome", self.key(), {
+            "success": cls.kind == "none", "throttled": cls.capacity_signal and not output_streamed,
+            "budget": None, "pacing": pacing}))
 
-    async def _admit(self, now: int | None, *, retry: bool, floor_slot_due: bool,
-                     pacing: bool, max_wait: bool
-                     ) -> tuple[int, bool | None, bool, int, int, bool, bool]:
-        """``(cooldown_ms, budget answer or None, token taken, pacing_ms, budget_wait_ms,
-        pacing booked, floor slot booked)`` from one bounded coordinator call (v3 ``admit``; a coordinator before
-        v3 answers the first two through ``before_decision``). ``pacing``: reserve the pacer's
-        slot (pacing on); ``max_wait``: pass ``maxHintWaitMs`` (hints honoured), beyond which
-        nothing is taken or reserved. Late or failing → the local state; a token a late answer
-        took is given back."""
-        coordinator = self.coordinator()
-        if not _coord_v3(coordinator):
-            if not retry:
-                return 0, None, False, 0, 0, True, True
-            left, ok = await self._read(now)
-            return left, ok, ok is not None, 0, 0, True, True
-        settings = self.brain.settings
-        key = self.key()
-        args = _coord_admit_args(settings, retry=retry, floor_slot_due=floor_slot_due,
-                                 pacing=pacing, max_wait=max_wait)
-        if _coord_at_once(coordinator) is not None or getattr(coordinator, "self_bounded", False):
-            # no I/O, or a coordinator that bounds itself and answers locally when late (the
-            # guarded one): an extra timeout would only turn its local answer into a default
-            # under load (docs/fleet.md "How a session uses it")
-            self._token_from = coordinator
-            return _coord_admission(await coordinator.admit(key, **args))
-        task = asyncio.ensure_future(coordinator.admit(key, **args))
-        budget = args["budget"] if retry else None
-        try:
-            done, _ = await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
-        except BaseException:  # cancelled while waiting: the late answer's token goes back
-            task.add_done_callback(functools.partial(_give_back_late_admission, coordinator, key, budget))
-            raise
-        if done and not task.cancelled() and task.exception() is None:
-            self._token_from = coordinator
-            return _coord_admission(task.result())
-        if done:
-            exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
-            log.warning("coordinator failed: %s; deciding on local state", describe_error(exc))
-        else:
-            log.warning("coordinator did not answer within %g ms: deciding on local state",
-                        COORDINATOR_TIMEOUT_S * 1000)
-            task.add_done_callback(functools.partial(_give_back_late_admission, coordinator, key, budget))
-        local = getattr(coordinator, "fallback", None)
-        if local is None or not _coord_v3(local):
-            local = self._local_coordinator()
-        self._token_from = local
-        return _coord_admission(await local.admit(key, **args))
+    # ------------------------------------------------------------------ driven on asyncio
+    async def gather(self, cls: Classification, *, now_ms: int | None = None,
+                     output_streamed: bool = False, provider: str = "",
+                     session_id: str = "") -> TurnFacts:
+        """:meth:`gather_steps` driven on asyncio (the agent session)."""
+        return await drive_async(self.gather_steps(cls, now_ms=now_ms,
+                                                   output_streamed=output_streamed,
+                                                   provider=provider, session_id=session_id),
+                                 store=self)
 
-    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task:
-        """Run a coordinator write in the background, bounded; kept alive until it ends."""
-        task = asyncio.get_running_loop().create_task(_bounded_write(coro))
-        if self._writes is None:
-            self._writes = set()
-        self._writes.add(task)
-        _IN_FLIGHT.add(task)  # kept alive after the host that asked for it is gone
-        task.add_done_callback(self._writes.discard)
-        task.add_done_callback(_IN_FLIGHT.discard)
-        return task
+    async def recheck_budget(self, *, now_ms: int | None = None) -> TurnFacts:
+        """:meth:`recheck_steps` driven on asyncio."""
+        return await drive_async(self.recheck_steps(now_ms=now_ms), store=self)
+
+    async def pace(self, *, first: bool = False, now_ms: int | None = None) -> tuple[int, int, bool]:
+        """:meth:`pace_steps` driven on asyncio."""
+        return await drive_async(self.pace_steps(first=first, now_ms=now_ms), store=self)
+
+    async def gate(self, wait: Callable[[int], Awaitable[bool]], *,
+                   first: bool = False) -> tuple[int, int | None] | None:
+        """:meth:`gate_steps` driven on asyncio, waiting with the host's cancellable
+        ``wait(delay_ms) -> bool`` (False: ended early). Raises what ``wait`` raises."""
+        async def on_wait(command: Wait) -> bool:
+            return await wait(command.delay_ms)
+        return await drive_async(self.gate_steps(first=first), wait=on_wait, store=self)
 
     async def ask_store(self, name: str, *args: Any, timeout: float) -> Any:
         """Call the credential store's ``name`` (its async ``a<name>`` when it has one; a
@@ -507,39 +497,6 @@ class HostKernel:
         if not getattr(store, "blocking", False):  # a store that does no I/O answers at once
             return getattr(store, name)(*args)
         return await asyncio.wait_for(asyncio.to_thread(getattr(store, name), *args), timeout)
-
-    async def _read(self, now: int | None) -> tuple[int, bool | None]:
-        """``(cooldown left ms, budget answer or None)`` from the coordinator, bounded by
-        :data:`COORDINATOR_TIMEOUT_S`; unknown (late or failing) → the local state."""
-        coordinator = self.coordinator()
-        key = self.key()
-        budget = self.brain.settings.budget
-        when = now if now is not None else time.time_ns() // 1_000_000
-        local = _coord_at_once(coordinator)
-        if local is not None:  # no I/O: it answers at once, never late
-            self._token_from = coordinator
-            return _coord_read_local(local, key, when, budget)
-        task = asyncio.ensure_future(_coord_read(coordinator, key, when, budget))
-        try:
-            done, _ = await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
-        except BaseException:  # the host was cancelled while waiting: the late answer's token
-            task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
-            raise
-        if done and not task.cancelled() and task.exception() is None:
-            self._token_from = coordinator
-            return task.result()
-        if done:
-            exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
-            log.warning("coordinator failed: %s; deciding on local state", describe_error(exc))
-        else:
-            log.warning("coordinator did not answer within %g ms: deciding on local state",
-                        COORDINATOR_TIMEOUT_S * 1000)
-            task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
-        local = _coord_local(coordinator, self._local_coordinator)
-        if local is None:  # pragma: no cover - the in-process coordinator always answers
-            return 0, None
-        self._token_from = local
-        return _coord_read_local(local, key, when, budget)
 
     # ------------------------------------------------------------------ the coordinator
     def coordinator(self) -> Any:
@@ -599,7 +556,9 @@ class HostKernel:
                 host(action)
 
     def _write(self, action: B.Action) -> None:
-        """The coordinator's write a decision asked for, off the critical path (§8b.2)."""
+        """The coordinator's write a decision asked for, off the critical path (§8b.2): a
+        :class:`Tell` handed to :attr:`tell` (a background task on asyncio; the one loop queues
+        it for its driver)."""
         settings = self.brain.settings
         coordinator = self._coordinator
         if coordinator is None:
@@ -610,21 +569,36 @@ class HostKernel:
         v3 = _coord_v3(coordinator)
         if kind is B.RecordCooldown:
             if v3:  # v3: a duration, counted on the coordinator's clock
-                coro = coordinator.learn_cooldown(self.key(), action.wait_ms)
-            elif action.until_ms is None:
-                return
-            else:
-                coro = _coord_learn_cooldown(coordinator, self.key(), action.wait_ms, action.until_ms)
+                self.tell(Tell(coordinator, "learn_cooldown", self.key(), {}, (action.wait_ms,)))
+            elif action.until_ms is not None:
+                self.tell(Tell(coordinator, "learn_cooldown", self.key(), {},
+                               (action.until_ms, action.until_ms - action.wait_ms)))
         elif settings.budget is None:
             return
         elif kind is B.ReturnRetryToken:
-            coro = _coord_return_token(self._token_from or coordinator, self.key(), settings.budget)
+            self.give_back(self._token_from or coordinator)
         elif v3:
-            coro = _coord_record(coordinator, self.key(), success=True, throttled=False,
-                                 budget=settings.budget, pacing=None)
+            self.tell(Tell(coordinator, "record_outcome", self.key(), {
+                "success": True, "throttled": False, "budget": settings.budget, "pacing": None}))
         else:
-            coro = _coord_credit(coordinator, self.key(), settings.budget)
-        self._spawn(coro)
+            self.tell(Tell(coordinator, "credit_success", self.key(), {}, (settings.budget,)))
+
+    def give_back(self, coordinator: Any = None) -> None:
+        """Give the retry budget's token back (a retry that does not go after all), to the
+        coordinator that gave it (``coordinator``; default the one of the last decision)."""
+        budget = self.brain.settings.budget
+        source = coordinator or self._token_from or self._coordinator
+        if budget is not None and source is not None:
+            self.tell(Tell(source, "return_retry_token", self.key(), {}, (budget,)))
+
+    def _spawn_tell(self, command: Tell) -> None:
+        """The default :attr:`tell`: the write as a background task on the running loop,
+        bounded by :data:`WRITE_TIMEOUT_S`, kept alive until it ends."""
+        task = _spawn_write(_tell_coro(command))
+        if self._writes is None:
+            self._writes = set()
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     async def aclose(self) -> None:
         """Finish the coordinator's writes in flight and stop forwarding its events."""
@@ -643,6 +617,266 @@ def _ignore(event: Any) -> None:
     """A coordinator event for a kernel that is gone."""
 
 
+# ---------------------------------------------------------------------------- the commands
+# What a step asks of its driver (sans-IO, docs/architecture.md "The loop"). A step is a
+# generator: it yields a command and receives the driver's answer (``Steps[R]`` returns R).
+
+Steps = Generator[Any, Any, _R]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Send:
+    """Send attempt ``attempt`` (0 = the first request) with ``model`` (None = the caller's);
+    the driver answers an :class:`Attempt`. ``timeout_ms``: abort it after this long
+    (``retry.attemptTimeoutMs``; answer ``Attempt(stopped="timeout")``); ``deadline_ms``: the
+    chain's deadline is this far away (``retry.maxElapsedMs``; answer
+    ``Attempt(stopped="deadline")`` when it is reached first). None = no bound."""
+    attempt: int
+    model: str | None = None
+    timeout_ms: int | None = None
+    deadline_ms: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    """How an attempt ended (the driver's answer to :class:`Send`): ``result`` (it returned),
+    ``exc`` (it raised), ``message`` (a returned assistant message: judged by its stop
+    reason), ``classification`` (a host that classified it already: the simulation),
+    ``output_streamed`` (output reached the caller before it failed), ``stopped``
+    (``"timeout"`` / ``"deadline"``: the driver aborted it at its bound), ``secrets``
+    (credentials the failed request carried: scrubbed from what events and errors show)."""
+    result: Any = None
+    exc: BaseException | None = None
+    message: AssistantMessage | None = None
+    classification: Classification | None = None
+    output_streamed: bool = False
+    stopped: str | None = None
+    secrets: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait ``delay_ms`` (cancellable); the driver answers True (it elapsed) or False (the
+    host ended it early). ``source``: ``"backoff"`` (the brain's), ``"budget"`` (a re-check of
+    the budget in wait mode), ``"cooldown"`` / ``"pacing"`` (the gate), ``"deadline"`` (the
+    time left before the chain's deadline)."""
+    delay_ms: int
+    source: str = "backoff"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Admit:
+    """Ask ``coordinator.admit(key, **args)`` (docs/fleet.md; a coordinator before v3 is asked
+    ``before_decision``), bounded by the one rule (:data:`COORDINATOR_TIMEOUT_S`; late or
+    failing = unknown → the local state from ``local()``; a token a late answer took is given
+    back). ``now_ms``: the host's time (for a coordinator before v3). The driver answers an
+    :class:`Admitted`."""
+    coordinator: Any
+    key: Any
+    args: dict[str, Any]
+    now_ms: int | None
+    local: Callable[[], Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Admitted:
+    """The answer to :class:`Admit`: the :class:`~fsm.fleet.Admission` (read by name) and the
+    coordinator that gave it (a budget token goes back there)."""
+    admission: Any
+    source: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tell:
+    """A coordinator write: ``coordinator.<op>(key, *args, **kwargs)`` (``record_outcome``,
+    ``learn_cooldown``, ``return_retry_token``, ``credit_success``), bounded by
+    :data:`WRITE_TIMEOUT_S`; ``settle`` True: the step waits for it (at most
+    :data:`COORDINATOR_TIMEOUT_S`), else it goes in the background. Answered None."""
+    coordinator: Any
+    op: str
+    key: Any
+    kwargs: dict[str, Any]
+    args: tuple[Any, ...] = ()
+    settle: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AskStore:
+    """Ask the credential store ``name(*args)`` within ``timeout`` seconds (answered with its
+    value; its failure is thrown into the step)."""
+    name: str
+    args: tuple[Any, ...]
+    timeout: float
+
+
+_NO_ADMISSION = None  # set below: Admission() once fsm.fleet is importable
+
+
+async def drive_async(steps: Steps[_R], *, send: Callable[[Send], Awaitable[Attempt]] | None = None,
+                      wait: Callable[[Wait], Awaitable[bool]] | None = None,
+                      store: "HostKernel | None" = None) -> _R:
+    """Run ``steps`` on asyncio: :class:`Send` → ``await send(command)``, :class:`Wait` →
+    ``await wait(command)`` (default: ``asyncio.sleep``), coordinator commands bounded by the
+    one rule (:func:`answer_async`), :class:`AskStore` → ``store.ask_store``. An exception a
+    command raises (a cancellation) is thrown into the steps, which end the chain and let it
+    go on. Returns what ``steps`` return; raises what they raise."""
+    step: Callable[[Any], Any] = steps.send
+    value: Any = None
+    while True:
+        try:
+            command = step(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            kind = type(command)
+            if kind is Wait:
+                value = await (wait(command) if wait is not None else _sleep(command))
+            elif kind is Send:
+                assert send is not None, "these steps send no request"
+                value = await send(command)
+            elif kind is AskStore:
+                assert store is not None, "these steps ask no credential store"
+                value = await store.ask_store(command.name, *command.args, timeout=command.timeout)
+            else:
+                value = await answer_async(command)
+            step = steps.send
+        except BaseException as exc:  # noqa: BLE001 - thrown into the steps, which re-raise
+            value, step = exc, steps.throw
+
+
+async def _sleep(command: Wait) -> bool:
+    await asyncio.sleep(command.delay_ms / 1000)
+    return True
+
+
+async def answer_async(command: Any) -> Any:
+    """The answer to a coordinator command (:class:`Admit`, :class:`Tell`) on asyncio."""
+    if type(command) is Tell:
+        if command.settle:
+            task = _spawn_write(_tell_coro(command))
+            await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
+        else:
+            _spawn_write(_tell_coro(command))
+        return None
+    if type(command) is Admit:
+        return await _admit_bounded(command)
+    raise TypeError(f"not a coordinator command: {command!r}")
+
+
+def answer_at_once(command: Any) -> Any:
+    """The answer to a coordinator command from a coordinator that does no I/O
+    (``answers_at_once``: the in-process one), called synchronously: no event loop needed
+    (a sync host, the simulation on virtual time)."""
+    if type(command) is Tell:
+        try:
+            _run_now(_tell_coro(command))
+        except Exception as exc:  # a lost write only costs sharing, never the host
+            log.warning("coordinator write failed: %s", describe_error(exc))
+        return None
+    return _run_now(_admit_bounded(command))
+
+
+def answer_sync(command: Any) -> Any:
+    """The answer to a coordinator command for a host without an event loop: at once for a
+    coordinator that does no I/O, else on the process's background coordinator loop
+    (:func:`coordinator_loop`), bounded as on asyncio."""
+    if _coord_at_once(command.coordinator) is not None:
+        return answer_at_once(command)
+    future = asyncio.run_coroutine_threadsafe(answer_async(command), coordinator_loop())
+    return future.result()
+
+
+def _run_now(coro: Any) -> Any:
+    """Run a coroutine that never suspends (an ``answers_at_once`` coordinator's) to its end."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a coordinator that answers at once suspended")
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def coordinator_loop() -> asyncio.AbstractEventLoop:
+    """The process's background event loop on which synchronous hosts talk to a coordinator
+    that does I/O (one daemon thread, started on first use)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="fsm-coordinator", daemon=True).start()
+            _LOOP = loop
+    return _LOOP
+
+
+async def _admit_bounded(command: Admit) -> Admitted:
+    """One admission bounded by :data:`COORDINATOR_TIMEOUT_S` (docs/policy.md §8b.2)."""
+    coordinator, key, args = command.coordinator, command.key, command.args
+    retry = bool(args.get("retry"))
+    budget = args.get("budget") if retry else None
+    if not _coord_v3(coordinator):
+        if not retry:
+            return Admitted(_admission(), coordinator)
+        return await _read_bounded(command, budget)
+    if _coord_at_once(coordinator) is not None or getattr(coordinator, "self_bounded", False):
+        # no I/O, or a coordinator that bounds itself and answers locally when late (the
+        # guarded one): an extra timeout would only turn its local answer into a default
+        # under load (docs/fleet.md "How a session uses it")
+        return Admitted(await coordinator.admit(key, **args), coordinator)
+    task = asyncio.ensure_future(coordinator.admit(key, **args))
+    if await _bounded(task, coordinator, key, budget):
+        return Admitted(task.result(), coordinator)
+    local = getattr(coordinator, "fallback", None)
+    if local is None or not _coord_v3(local):
+        local = command.local()
+    return Admitted(await local.admit(key, **args), local)
+
+
+async def _read_bounded(command: Admit, budget: Any) -> Admitted:
+    """A coordinator before v3: ``before_decision`` bounded, read as an admission."""
+    coordinator, key = command.coordinator, command.key
+    when = command.now_ms if command.now_ms is not None else time.time_ns() // 1_000_000
+    task = asyncio.ensure_future(_coord_read(coordinator, key, when, budget))
+    if await _bounded(task, coordinator, key, budget):
+        left, ok = task.result()
+        return Admitted(_admission(left, ok), coordinator)
+    local = _coord_local(coordinator, command.local)
+    if local is None:  # pragma: no cover - the in-process coordinator always answers
+        return Admitted(_admission(), coordinator)
+    left, ok = _coord_read_local(local, key, when, budget)
+    return Admitted(_admission(left, ok), local)
+
+
+async def _bounded(task: asyncio.Future, coordinator: Any, key: Any, budget: Any) -> bool:
+    """Wait for a coordinator read at most :data:`COORDINATOR_TIMEOUT_S`: True when it
+    answered; else (late or failing: logged) False, and a token a late answer takes is given
+    back, as it is when the host is cancelled while waiting."""
+    try:
+        done, _ = await asyncio.wait((task,), timeout=COORDINATOR_TIMEOUT_S)
+    except BaseException:  # the host was cancelled while waiting: the late answer's token
+        task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
+        raise
+    if done and not task.cancelled() and task.exception() is None:
+        return True
+    if done:
+        exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+        log.warning("coordinator failed: %s; deciding on local state", describe_error(exc))
+    else:
+        log.warning("coordinator did not answer within %g ms: deciding on local state",
+                    COORDINATOR_TIMEOUT_S * 1000)
+        task.add_done_callback(functools.partial(_give_back_late, coordinator, key, budget))
+    return False
+
+
+def _admission(cooldown_ms: int = 0, allowed: bool | None = None) -> Any:
+    """An :class:`~fsm.fleet.Admission` for a coordinator before v3 (cooldown, budget)."""
+    from fsm.fleet import Admission  # the fleet layer sits below the host; deferred for import order
+    return Admission(cooldown_ms=cooldown_ms, budget=allowed, token_taken=allowed is not None)
+
+
 async def _bounded_write(coro: Awaitable[Any]) -> None:
     try:
         await asyncio.wait_for(coro, WRITE_TIMEOUT_S)
@@ -650,35 +884,30 @@ async def _bounded_write(coro: Awaitable[Any]) -> None:
         log.warning("coordinator write failed: %s", describe_error(exc))
 
 
+def _spawn_write(coro: Awaitable[Any]) -> asyncio.Task:
+    """A coordinator write as a bounded background task on the running loop, kept alive."""
+    task = asyncio.get_running_loop().create_task(_bounded_write(coro))
+    _IN_FLIGHT.add(task)  # kept alive after the host that asked for it is gone
+    task.add_done_callback(_IN_FLIGHT.discard)
+    return task
+
+
+def _tell_coro(command: Tell) -> Awaitable[Any]:
+    return getattr(command.coordinator, command.op)(command.key, *command.args, **command.kwargs)
+
+
 def _give_back_late(coordinator: Any, key: Any, budget: Any, task: asyncio.Future) -> None:
-    """A read answered after the host stopped waiting: a budget token it took is given back."""
+    """An answer that came after the host stopped waiting (``admit`` or, before v3,
+    ``before_decision``): a budget token it took is given back."""
     if budget is None or task.cancelled() or task.exception() is not None:
         return
-    _, allowed = task.result()
-    if allowed is True:
-        _return_token_in_background(coordinator, key, budget)
-
-
-def _return_token_in_background(coordinator: Any, key: Any, budget: Any) -> None:
-    """Give a budget token back through a bounded background write, kept alive until it ends."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # pragma: no cover - a done callback runs on the loop
-        return
-    write = loop.create_task(_bounded_write(_coord_return_token(coordinator, key, budget)))
-    _IN_FLIGHT.add(write)
-    write.add_done_callback(_IN_FLIGHT.discard)
+    answer = task.result()
+    taken = answer[1] is True if isinstance(answer, tuple) else bool(getattr(answer, "token_taken", False))
+    if taken:
+        _spawn_write(_coord_return_token(coordinator, key, budget))
 
 
 _IN_FLIGHT: set[asyncio.Task] = set()  # the coordinator's writes in flight (kept alive)
-
-
-def _give_back_late_admission(coordinator: Any, key: Any, budget: Any, task: asyncio.Future) -> None:
-    """An ``admit`` answered after the host stopped waiting: a token it took is given back."""
-    if budget is None or task.cancelled() or task.exception() is not None:
-        return
-    if getattr(task.result(), "token_taken", False):
-        _return_token_in_background(coordinator, key, budget)
 
 
 # ---------------------------------------------------------------------------- the loop's coordinator
@@ -727,20 +956,7 @@ def _coord_admit_args(settings: Any, *, retry: bool, floor_slot_due: bool, pacin
             "max_wait_ms": settings.max_hint_wait_ms if max_wait and settings.honors_hints else None}
 
 
-def _coord_admission(answer: Any) -> tuple[int, bool | None, bool, int, int, bool, bool]:
-    # ``pacing_booked`` (False: no slot within the pacer's horizon, nothing reserved) and
-    # ``budget_slot_booked`` (False: no floor slot reserved, the wait is a re-check) are read
-    # with a default so that a coordinator that does not tell them counts as booked
-    return (int(answer.cooldown_ms or 0), answer.budget, bool(answer.token_taken),
-            int(answer.pacing_ms or 0), int(answer.budget_wait_ms or 0),
-            bool(getattr(answer, "pacing_booked", True)),
-            bool(getattr(answer, "budget_slot_booked", True)))
 
-
-def _coord_record(coordinator: Any, key: Any, *, success: bool, throttled: bool, budget: Any,
-                  pacing: Any) -> Awaitable[Any]:
-    return coordinator.record_outcome(key, success=success, throttled=throttled, budget=budget,
-                                      pacing=pacing)
 
 def _coord_in_process(clock: Any) -> Any:
     """A new in-process coordinator reading ``clock`` (None = the machine's monotonic clock)."""
@@ -757,9 +973,9 @@ async def _coord_read(coordinator: Any, key: Any, now_ms: int,
 
 
 def _coord_at_once(coordinator: Any) -> Any:
-    """``coordinator`` itself when it answers without I/O (the in-process one), else None."""
-    from fsm.fleet import InProcessCoordinator
-    return coordinator if type(coordinator) is InProcessCoordinator else None
+    """``coordinator`` itself when it answers without I/O (its ``answers_at_once`` capability
+    is True: the in-process one), else None."""
+    return coordinator if getattr(coordinator, "answers_at_once", False) is True else None
 
 
 def _coord_local(coordinator: Any, default: Callable[[], Any]) -> Any:

@@ -1,11 +1,10 @@
 """Run anyone's model call under the retry brain (docs/policy.md §10; docs/embedding.md).
 
-The runner is one more host of the declared machine, thin on the
-:class:`~fsm.host.kernel.HostKernel`: each call of :meth:`RetryRunner.run` gets its own
-:class:`~fsm.core.brain.RetryBrain` and kernel, which gathers the facts of every end of an
-attempt, hands it to the brain and carries out the actions it returns (events to
-``on_event``, the coordinator's writes); the runner runs the backoff. Decisions, events and their order are the brain's; its transitions are
-recorded and audited like the session's (a recorder receives the brain).
+The runner is one more host of the declared machine: each call of :meth:`RetryRunner.run` (or
+:meth:`RetryRunner.run_sync`) gets its own :class:`~fsm.host.loop.RetryLoop` — the one loop
+every host drives (the brain, the facts, the gate, the actions) — and drives it: the runner
+calls the callable and waits. Decisions, events and their order are the brain's; its
+transitions are recorded and audited like the session's.
 
 Shorthands::
 
@@ -41,7 +40,11 @@ Exceptions, in this order (docs/policy.md §10):
   exception propagates;
 - a callable that returns no awaitable (:meth:`run`: a generator, None) or an awaitable
   (:meth:`run_sync`): a ``TypeError`` saying so, raised as it is on the first call and as
-  the ``__cause__`` of a ``RetryChainError`` (``fatal``) when a chain runs.
+  the ``__cause__`` of a ``RetryChainError`` (``fatal``) when a chain runs;
+- :meth:`run` (``fsm.retrying``) refuses a known synchronous SDK resource (a method of an
+  ``openai.OpenAI`` / ``anthropic.Anthropic`` client) before calling it, and a synchronous
+  function that raises on its first call (it is not retried 4 times on the event loop): a
+  ``TypeError`` naming ``fsm.retrying_sync``.
 """
 
 from __future__ import annotations
@@ -55,40 +58,31 @@ import random as _random
 import time
 import types
 from collections.abc import Mapping
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, ParamSpec, TypeVar, overload
 
 from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
-from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
-from fsm.core.classify import Classification, classify_message
-from fsm.core.events import AutoRetryEnd, Event
+from fsm.core.events import Event
 from fsm.core.messages import AssistantMessage
-from fsm.core.redact import register_secret, request_secrets, scrub_exception
-from fsm.core.text import safe_message
+from fsm.core.redact import register_secret, request_secrets
 from fsm.core.settings import RetrySettings, SettingsError
-from fsm.host.chain import RETRY_OWNER
 from fsm.host.clock import wait_ms
-from fsm.host.kernel import COORDINATOR_TIMEOUT_S, HostKernel, ZoneResolver, default_zone
+from fsm.host.errors import (PROGRAMMING_ERRORS, RETRY_OWNER, AttemptTimedOut,
+                             ContextOverflowError, DeadlinePassed, RetryChainError)
+from fsm.host.kernel import COORDINATOR_TIMEOUT_S, ZoneResolver, default_zone
+from fsm.host.loop import Attempt, RetryLoop, Send, Wait, drive_sync, run_async, tell_sync
 
-__all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut", "retrying", "retrying_sync",
-           "retry", "COORDINATOR_TIMEOUT_S"]
+__all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut",
+           "DeadlinePassed", "PROGRAMMING_ERRORS", "retrying", "retrying_sync", "retry",
+           "COORDINATOR_TIMEOUT_S"]
 
 log = logging.getLogger("fsm.host.runner")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 EventListener = Callable[[Event], Any]
 
-_OK = AssistantMessage("stop", timestamp_ms=0)
-_OK_CLS = classify_message(_OK)  # what a returned value classifies as, once
-_BACKOFF = (B.StartBackoff, B.SwitchModel, B.ArmDeadline)  # the host-loop actions the runner carries out
-_RAISED = object()  # the callable raised before returning an awaitable
 _COROUTINE = types.CoroutineType
-
-
-PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
-    LookupError, AttributeError, TypeError, NameError, AssertionError, ArithmeticError,
-    NotImplementedError, ImportError, SyntaxError)
-"""Exception classes that mean a bug in the caller's code: fatal whatever their text."""
 
 
 def _client_secrets(fn: Any) -> tuple[str, ...]:
@@ -101,68 +95,6 @@ def _client_secrets(fn: Any) -> tuple[str, ...]:
     except Exception:
         return ()
     return (key,) if isinstance(key, str) and key else ()
-
-
-def _is_sdk_error(exc: BaseException) -> bool:
-    module = type(exc).__module__ or ""
-    return module.split(".", 1)[0] in ("openai", "anthropic", "httpx", "httpx2", "httpcore")
-
-
-class RetryChainError(Exception):
-    """A retry chain that started (attempt ≥ 1) ended without success. A refusal at rest
-    (attempt 0) re-raises the caller's own exception instead (see the module docstring).
-
-    Attributes: ``end_reason`` (the ``auto_retry_end`` ``endReason``: ``exhausted``,
-    ``fatal``, ``disabled``, ``hint_too_long``, ``deadline``, ``budget``, ``output_streamed``,
-    ``cancelled``…), ``attempts`` (the end event's ``attempt``: retries made in the chain, 0 for
-    a refusal at rest), ``calls`` (times the callable was called), ``classification`` (the
-    :class:`~fsm.core.classify.Classification` of the last failure), ``final_error`` (the end
-    event's ``finalError``), ``message`` (the last failure as an assistant message). The last
-    exception is ``__cause__``.
-    """
-
-    def __init__(self, end_reason: str, attempts: int, calls: int,
-                 classification: Classification | None, final_error: str | None,
-                 message: AssistantMessage | None) -> None:
-        plural = "attempt" if attempts == 1 else "attempts"
-        super().__init__(f"retry chain ended ({end_reason}) after {attempts} {plural}, "
-                         f"{calls} calls: {final_error or ''}".rstrip(": "))
-        self.end_reason = end_reason
-        self.attempts = attempts
-        self.calls = calls
-        self.classification = classification
-        self.final_error = final_error
-        self.message = message
-
-
-class DeadlinePassed(Exception):
-    """The chain's deadline (``retry.maxElapsedMs``) passed while an attempt was running (or
-    while the retry waited at the pacing gate, before it was sent): the attempt was aborted and
-    the chain ended ``deadline`` (docs/policy.md §13.2). Private to the run loop, which raises
-    :class:`RetryChainError` from it."""
-
-
-class AttemptTimedOut(TimeoutError):
-    """An attempt ran longer than ``retry.attemptTimeoutMs`` (docs/policy.md §13.2): a
-    retryable failure (family ``timeout``), the ``__cause__`` of a chain that ends on it."""
-
-
-class ContextOverflowError(Exception):
-    """The request is larger than the model's context: compact and call again (never retried).
-
-    Attributes as :class:`RetryChainError` (``end_reason`` is ``"overflow"`` inside a chain,
-    None when the first call overflowed); the SDK's exception is ``__cause__``.
-    """
-
-    def __init__(self, end_reason: str | None, attempts: int, calls: int,
-                 classification: Classification, message: AssistantMessage) -> None:
-        super().__init__(f"context overflow ({classification.rule}): {message.error_message or ''}")
-        self.end_reason = end_reason
-        self.attempts = attempts
-        self.calls = calls
-        self.classification = classification
-        self.final_error = message.error_message
-        self.message = message
 
 
 def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettings | None:
@@ -198,154 +130,6 @@ def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str
     return module.split(".")[0] or "runner", model if isinstance(model, str) and model else "default"
 
 
-class _Call(HostKernel):
-    """One run: its brain and the host kernel around it (the call *is* the kernel: one object
-    per call), the last failure, the pending end. Private."""
-
-    __slots__ = ("runner", "calls", "exc", "message", "cls", "end", "delay", "timer",
-                 "cached_key", "fn", "kwargs", "model", "deadline")
-
-    def __init__(self, runner: "RetryRunner", fn: Callable[..., Any], kwargs: Mapping[str, Any],
-                 sync: bool = False) -> None:
-        # a sync run has no loop: no coordinator (docs/embedding.md)
-        HostKernel.__init__(self, RetryBrain(runner.settings, random=runner.random),
-                            emit=self.on_event, clock=runner.clock,
-                            coordinator=None if sync else runner.coordinator,
-                            key=self.coord_key, zone=runner.zone, use_coordinator=not sync,
-                            random=runner.random, paces_at_send=True)
-        self.runner = runner
-        self.calls = 0
-        self.exc: BaseException | None = None
-        self.message: AssistantMessage | None = None
-        self.cls: Classification | None = None
-        self.end: AutoRetryEnd | None = None
-        self.delay: int | None = None
-        self.timer = 0
-        self.cached_key: Any = None
-        self.fn = fn
-        self.kwargs = kwargs
-        model = kwargs.get("model")
-        self.model: str | None = model if isinstance(model, str) else None  # the model in use
-        # (chain id, host time in ms) of the chain's deadline (retry.maxElapsedMs), once armed
-        self.deadline: tuple[int, int] | None = None
-
-    # -------------------------------------------------------------- an attempt ended
-    def judge(self, result: Any, exc: BaseException | None
-              ) -> tuple[AssistantMessage, Classification, int | None]:
-        """The attempt's message, its classification and the host's time (None for a plain
-        success, which needs no time)."""
-        runner = self.runner
-        if exc is not None:
-            self.exc = exc
-            message = runner.to_message(exc)
-        elif isinstance(result, AssistantMessage):
-            message = result
-        else:
-            return _OK, _OK_CLS, None  # a returned value: a success, whatever it is
-        now = self.now_ms()
-        if exc is not None and isinstance(exc, PROGRAMMING_ERRORS) and not _is_sdk_error(exc):
-            # A bug in the caller's code is never transient, whatever its text says
-            # (KeyError("overloaded") is not an overload).
-            cls = Classification("fatal", "runner.programming_error")
-        else:
-            cls = self.classify(message, runner.context_window, now)
-        if cls.kind != "none":
-            # What events, RetryChainError and logs may show: credentials of any shape the
-            # call was made with scrubbed, the text clipped as the session clips it.
-            message = safe_message(message, self.secrets(exc))
-            self.message, self.cls = message, cls
-        return message, cls, now
-
-    def secrets(self, exc: BaseException | None) -> tuple[str, ...]:
-        """The runner's ``secrets``, the key of the callable's SDK client and the
-        credentials the failed request carried (its headers and URL), all registered with
-        the process's scrubbing layer (:mod:`fsm.core.redact`)."""
-        found = request_secrets(exc) + _client_secrets(self.fn)
-        if found:
-            register_secret(*found)
-        return self.runner.secrets + found
-
-    def decide(self, message: AssistantMessage, cls: Classification, facts: TurnFacts | None) -> None:
-        self.delay = None
-        if facts is not None and self.model is not None:
-            facts = dataclasses.replace(facts, model=self.model)
-        self.perform(self.brain.turn_ended(message, self.runner.context_window,
-                                           classification=cls, facts=facts),
-                     self.host, _BACKOFF)
-
-    def carry_out(self, actions: list[B.Action]) -> None:
-        self.delay = None
-        self.perform(actions, self.host, _BACKOFF)
-
-    def on_event(self, event: Event) -> None:
-        if type(event) is AutoRetryEnd:
-            self.end = event
-        self.runner._emit(event)
-
-    def host(self, action: B.Action) -> None:
-        if type(action) is B.StartBackoff:
-            self.delay, self.timer = action.delay_ms, action.timer_id
-        elif type(action) is B.ArmDeadline:
-            # docs/policy.md §13.2: an attempt still running at the chain's deadline is aborted
-            self.deadline = (action.chain_id, (self.now_ms() or 0) + action.delay_ms)
-        elif type(action) is B.SwitchModel:
-            # docs/policy.md §13.3: the next attempts call with model=<the fallback>; leaving
-            # the primary writes its (runner-wide) fallback mark
-            runner = self.runner
-            if runner._fallback is None or runner._fallback[0] is None:
-                now = self.now_ms() or 0
-                runner._fallback = (None, now + action.revert_ms)
-            self.model = action.to_model
-            self.kwargs = {**self.kwargs, "model": action.to_model}
-            runner._fallback = (action.to_model, runner._fallback[1])
-        # EmitTurnEnd, DropFailedMessage, CheckCompaction, CancelBackoff, ContinueTurn,
-        # PromptMayReturn: the runner has no turn events, no context and one loop.
-
-    # -------------------------------------------------------------- the end
-    def outcome(self, result: Any, cls: Classification) -> Any:
-        end = self.end
-        settled = (end is None and cls.kind == "none") or (end is not None and end.success)
-        if self.exc is not None and not settled:
-            # the caller's exception is re-raised or chained below: its text (and its causes')
-            # is scrubbed in place of the credentials the call carried (fsm.core.redact); a
-            # call that succeeded raises nothing, and pays nothing for it
-            scrub_exception(self.exc, self.secrets(self.exc))
-        if end is None:  # no chain: the brain settled the turn
-            if cls.kind == "none":
-                return result
-            if cls.kind == "context_overflow":
-                raise ContextOverflowError(None, 0, self.calls, cls, self.message) from self.exc
-            if self.exc is not None:
-                if cls.kind == "retryable" and not self.brain.settings.enabled:
-                    self.exc.add_note("retry-fsm: not retried (retry.enabled is false)")
-                raise self.exc
-            return result
-        if end.success:
-            return result
-        if end.attempt == 0 and end.end_reason != "overflow":
-            # A refusal at rest (maxRetries 0, a guard refused on the first failure): no chain
-            # started, so the caller's own exception, as for retry disabled, with the end
-            # event's reason in its notes (docs/policy.md §10).
-            if self.exc is not None:
-                self.exc.add_note(f"retry-fsm: not retried (endReason: {end.end_reason}, attempt 0)")
-                raise self.exc
-            return result
-        if end.end_reason == "overflow":
-            raise ContextOverflowError("overflow", end.attempt, self.calls, self.cls,
-                                       self.message) from self.exc
-        raise RetryChainError(end.end_reason, end.attempt, self.calls, self.cls, end.final_error,
-                              self.message) from self.exc
-
-    def coord_key(self) -> Any:
-        if self.cached_key is None:
-            key = self.runner.key
-            if key is None:
-                from fsm.fleet import CoordKey
-                key = CoordKey(*_default_key(self.fn, self.kwargs))
-            self.cached_key = key
-        return self.cached_key
-
-
 class RetryRunner:
     """Runs callables under the retry brain; reusable and safe to share between tasks (each
     call has its own brain).
@@ -357,14 +141,14 @@ class RetryRunner:
         on_event: called with each :mod:`fsm.core.events` event (``auto_retry_start`` /
             ``auto_retry_end``), synchronously and in the brain's order; an exception it raises
             is logged, never breaks the chain.
-        coordinator: the shared coordinator of docs/policy.md §9 (``before_decision``,
-            ``learn_cooldown``, ``return_retry_token``, ``credit_success``), read before each
-            decision within :data:`COORDINATOR_TIMEOUT_S` (late = decided on local state, as
-            every host does: :mod:`fsm.host.kernel`), written after it; None =
-            the in-process one every session and runner on the event loop shares, used only
-            with ``retryHints: "honor"`` or a ``budget``. Its ``coordinator_unavailable`` /
-            ``coordinator_restored`` events go to ``on_event`` while a call runs. Async runs
-            only: :meth:`run_sync` refuses one and shares nothing.
+        coordinator: the shared coordinator (docs/fleet.md), read before each decision within
+            :data:`COORDINATOR_TIMEOUT_S` (late = decided on local state, as every host does:
+            :mod:`fsm.host.loop`), written after it; None = the in-process one every session
+            and runner on the event loop shares, used only with ``retryHints: "honor"``, a
+            ``budget`` or pacing. Its ``coordinator_unavailable`` / ``coordinator_restored``
+            events go to ``on_event`` while a call runs. :meth:`run_sync` asks a given
+            coordinator at once (in-process) or on the process's background coordinator loop;
+            without one it shares nothing.
         key: the coordinator's key for this call's provider account; None = the callable's
             top-level module (``openai``, ``anthropic``) and its ``model=`` argument.
         clock: a :class:`~fsm.host.clock.Clock` (``call_later`` for the backoff, ``time_ms`` for
@@ -418,133 +202,84 @@ class RetryRunner:
             except Exception:  # a broken listener must not break the chain
                 log.exception("on_event failed on %s", event.type)
 
+    def _loop(self, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, sync: bool) -> RetryLoop:
+        """The one loop of this call (:class:`~fsm.host.loop.RetryLoop`)."""
+        cached: list[Any] = []
+
+        def key() -> Any:
+            if not cached:
+                key = self.key
+                if key is None:
+                    from fsm.fleet import CoordKey  # the fleet sits below the host
+                    key = CoordKey(*_default_key(fn, kwargs))
+                cached.append(key)
+            return cached[0]
+
+        def secrets(exc: BaseException | None) -> tuple[str, ...]:
+            # the runner's, the key of the callable's SDK client and the credentials the failed
+            # request carried, registered with the process's scrubbing layer
+            found = request_secrets(exc) + _client_secrets(fn)
+            if found:
+                register_secret(*found)
+            return self.secrets + found
+
+        model = kwargs.get("model")
+        settings = self.settings or RetrySettings()
+        return RetryLoop(settings, emit=self._emit, clock=self.clock,
+                         coordinator=self.coordinator, key=key, to_message=self.to_message,
+                         secrets=secrets, model=model if isinstance(model, str) else None,
+                         on_switch=self._switched, zone=self.zone, random=self.random,
+                         context_window=self.context_window,
+                         use_coordinator=not sync or self.coordinator is not None,
+                         tell=tell_sync if sync else None)
+
+    def _switched(self, action: B.SwitchModel, now_ms: int) -> None:
+        """docs/policy.md §13.3: leaving the primary writes the runner-wide fallback mark (new
+        calls start on the fallback until it expires, ``fallbackRevertMs``)."""
+        if self._fallback is None or self._fallback[0] is None:
+            self._fallback = (None, now_ms + action.revert_ms)
+        self._fallback = (action.to_model, self._fallback[1])
+
     # -------------------------------------------------------------- async
-    async def run(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def run(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``await fn(*args, **kwargs)`` under the brain; returns its result or raises as the
-        module docstring says."""
-        kwargs = self._model_for_new_call(kwargs)
-        call = _Call(self, fn, kwargs)
-        owner = RETRY_OWNER.set(call)  # a retrying transport under this call passes through
+        module docstring says. A known synchronous SDK resource (``openai.OpenAI().chat.
+        completions.create``) is refused before it is called (``TypeError`` naming
+        :func:`retrying_sync`)."""
+        _refuse_sync_resource(fn)
+        kwargs = self._model_for_new_call(kwargs)  # type: ignore[assignment]
+        loop = self._loop(fn, kwargs, sync=False)
+        owner = RETRY_OWNER.set(loop)  # a retrying transport under this call passes through
+
+        async def send(command: Send) -> Attempt:
+            call = kwargs if command.model is None else {**kwargs, "model": command.model}
+            try:
+                pending = fn(*args, **call)  # type: ignore[arg-type]
+            except Exception as failure:
+                if loop.calls == 1 and not _is_async_callable(fn):
+                    # a synchronous function that raised: it is not retried on the event loop
+                    raise TypeError(f"{_name(fn)} raised before returning an awaitable (it is "
+                                    "synchronous): use fsm.retrying_sync (RetryRunner.run_sync) "
+                                    "for a synchronous callable") from failure
+                return Attempt(exc=failure)
+            if type(pending) is not _COROUTINE and not inspect.isawaitable(pending):
+                _close(pending)
+                # The caller's mistake: a fatal failure of this attempt, so that a chain already
+                # running ends (RetryChainError from this TypeError); a first call raises it.
+                return Attempt(exc=TypeError(
+                    f"{_name(fn)} returned {type(pending).__name__}, not an awaitable: use "
+                    "fsm.retrying_sync (RetryRunner.run_sync) for a synchronous callable"))
+            return await self._bounded(pending, command)
+
+        async def wait(command: Wait) -> bool:
+            await self._wait(command.delay_ms)
+            return True
+
         try:
-            if call.gates(first=True):
-                await self._admit_first(call)
-            while True:
-                if call.brain.is_retrying:  # a retry whose backoff is over: the gate first
-                    await self._pace_retry(call)
-                call.calls += 1
-                kwargs = call.kwargs  # a fallback model replaces model= (docs/policy.md §13.3)
-                try:
-                    pending = fn(*args, **kwargs)
-                except Exception as failure:
-                    pending, result, exc = _RAISED, None, failure
-                if pending is not _RAISED:
-                    if type(pending) is not _COROUTINE and not inspect.isawaitable(pending):
-                        _close(pending)
-                        # The caller's mistake: a fatal failure of this attempt, so that a
-                        # chain already running ends (RetryChainError from this TypeError); a
-                        # first call raises it as it is.
-                        result, exc = None, TypeError(
-                            f"{_name(fn)} returned {type(pending).__name__}, not an awaitable: use "
-                            "fsm.retrying_sync (RetryRunner.run_sync) for a synchronous callable")
-                    else:
-                        try:
-                            result, exc = await self._bounded(pending, call), None
-                        except DeadlinePassed as passed:
-                            # the chain already ended ``deadline``: what the caller sees
-                            end = call.end
-                            assert end is not None
-                            raise RetryChainError(end.end_reason, end.attempt, call.calls, call.cls,
-                                                  end.final_error, call.message) from passed
-                        except Exception as failure:
-                            result, exc = None, failure
-                message, cls, now = call.judge(result, exc)
-                if call.uses_coordinator():
-                    call.record_outcome(cls)  # the pacer's signal (docs/fleet.md "Pacing")
-                if cls.kind == "none":  # a success: the brain needs no fact of the world
-                    facts = None
-                else:  # nothing to ask the coordinator: no await on the common path
-                    facts = call.quick_facts(cls, now_ms=now) or await call.gather(cls, now_ms=now)
-                call.decide(message, cls, facts)
-                if call.delay is None:
-                    return call.outcome(result, cls)
-                await self._wait(call.delay)
-                if not call.brain.waits_for_budget:
-                    call.carry_out(call.brain.backoff_elapsed(call.timer))
-                elif not await self._recheck_budget(call):
-                    return call.outcome(result, cls)
-        except BaseException:
-            # Cancellation, KeyboardInterrupt, SystemExit, GeneratorExit (the awaiting
-            # coroutine closed) or any BaseException at any await: the chain that runs ends
-            # ``cancelled`` (its auto_retry_end is emitted, synchronously: no await here), then
-            # the exception goes on. Ignored by the brain when no chain runs.
-            _end_chain(call)
-            raise
+            return await run_async(loop.steps(), send, wait)  # type: ignore[no-any-return]
         finally:
             RETRY_OWNER.reset(owner)
-            call.close()
-
-    async def _admit_first(self, call: _Call) -> None:
-        """Admit the call's first attempt through the gate (the resilient profile,
-        docs/fleet.md "First requests"; :meth:`~fsm.host.kernel.HostKernel.gate`): a known
-        cooldown or the pacer's slot is waited out (a ``request_delayed`` event first); a
-        cooldown beyond ``maxHintWaitMs`` refuses it: one ``auto_retry_end {attempt: 0,
-        endReason: "hint_too_long"}`` and :class:`RetryChainError` (``calls`` 0, no
-        ``__cause__``), the callable never called."""
-        refused = await call.gate(self._gate_wait(call), first=True)
-        if refused is not None:
-            call.carry_out(call.brain.request_refused(refused[0], now_ms=refused[1]))
-            end = call.end
-            raise RetryChainError(end.end_reason if end else "hint_too_long", 0, 0, None,
-                                  end.final_error if end else None, None)
-
-    async def _pace_retry(self, call: _Call) -> None:
-        """A retry whose backoff is over passes the gate right before it goes (docs/fleet.md
-        "Pacing"): it waits for the key's cooldown and the fleet pacer's slot (each wait a
-        ``request_delayed`` event; with no slot within the pacer's horizon it asks again after
-        the jittered re-check). The chain's deadline (``maxElapsedMs``) reached while it waits
-        ends the chain ``deadline`` as during an attempt: :class:`RetryChainError`, the
-        callable not called again."""
-        if not call.gates():
-            return
-        try:
-            await call.gate(self._gate_wait(call))
-        except DeadlinePassed as passed:
-            end = call.end
-            assert end is not None
-            raise RetryChainError(end.end_reason, end.attempt, call.calls, call.cls,
-                                  end.final_error, call.message) from passed
-
-    def _gate_wait(self, call: _Call) -> Callable[[int], Awaitable[bool]]:
-        """The runner's wait at the gate: ``delay_ms`` on its clock (or ``sleep``), cut short
-        by the chain's deadline, which ends the chain (:class:`DeadlinePassed` raised)."""
-        async def wait(delay_ms: int) -> bool:
-            deadline = call.deadline if call.brain.is_retrying else None
-            if deadline is not None:
-                left = max(0, deadline[1] - (call.now_ms() or 0))
-                if left < delay_ms:
-                    await self._wait(left)
-                    call.carry_out(call.brain.deadline_passed(deadline[0]))
-                    raise DeadlinePassed(
-                        f"the chain's deadline of retry.maxElapsedMs = "
-                        f"{seconds_text(call.brain.settings.max_elapsed_ms or 0)} passed while "
-                        "the retry waited for the fleet's pacing")
-            await self._wait(delay_ms)
-            return True
-        return wait
-
-    async def _recheck_budget(self, call: _Call) -> bool:
-        """A retry waited for the budget's floor slot (wait mode, docs/policy.md §13.7): ask
-        again, and wait again while it refuses. True: the retry goes; False: the chain ended."""
-        while True:
-            facts = await call.recheck_budget()
-            actions = call.brain.backoff_elapsed(call.timer, facts)
-            if facts.budget_taken and not any(isinstance(a, B.ContinueTurn) for a in actions):
-                actions.append(B.ReturnRetryToken())  # the retry does not go after all
-            call.carry_out(actions)
-            if call.brain.waits_for_budget and call.delay is not None:
-                await self._wait(call.delay)
-                continue
-            return call.brain.is_retrying
+            loop.close()
 
     def _model_for_new_call(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A new call starts on the fallback in use until the primary's mark expires
@@ -560,14 +295,16 @@ class RetryRunner:
             return kwargs
         return {**kwargs, "model": entry}
 
-    async def _bounded(self, pending: Awaitable[Any], call: _Call) -> Any:
-        """Await one attempt, bounded by ``attemptTimeoutMs`` (docs/policy.md §13.2): a timed
-        out attempt raises :class:`AttemptTimedOut`, a retryable failure."""
-        limit = call.brain.settings.attempt_timeout_ms
-        deadline = call.deadline if call.brain.attempt >= 1 else None
-        left = None if deadline is None else max(0, deadline[1] - (call.now_ms() or 0))
+    async def _bounded(self, pending: Awaitable[Any], command: Send) -> Attempt:
+        """Await one attempt, bounded by ``attemptTimeoutMs`` and the chain's deadline
+        (docs/policy.md §13.2): the attempt is aborted at the first bound and the loop is told
+        which (``Attempt(stopped=...)``)."""
+        limit, left = command.timeout_ms, command.deadline_ms
         if limit is None and left is None:
-            return await pending
+            try:
+                return Attempt(result=await pending)
+            except Exception as failure:
+                return Attempt(exc=failure)
         task = asyncio.ensure_future(pending)
         fired: list[str] = []
 
@@ -579,20 +316,14 @@ class RetryRunner:
         handles = [clock.call_later(ms / 1000, expire, why)
                    for ms, why in ((limit, "timeout"), (left, "deadline")) if ms is not None]
         try:
-            return await task
+            return Attempt(result=await task)
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
-                if fired[0] == "deadline" and deadline is not None:
-                    # the chain's deadline reached the attempt in flight: the chain ends
-                    # ``deadline`` (the attempt is already aborted); the caller gets
-                    # RetryChainError from the run loop
-                    call.carry_out(call.brain.deadline_passed(deadline[0]))
-                    raise DeadlinePassed(f"the chain's deadline of retry.maxElapsedMs = "
-                                         f"{seconds_text(call.brain.settings.max_elapsed_ms or 0)} "
-                                         "passed during the attempt") from None
-                raise AttemptTimedOut(f"attempt timed out after {seconds_text(limit or 0)}") from None
+                return Attempt(stopped=fired[0])
             raise
+        except Exception as failure:
+            return Attempt(exc=failure)
         finally:
             for handle in handles:
                 handle.cancel()
@@ -606,63 +337,89 @@ class RetryRunner:
             await wait_ms(self.clock, delay_ms)
 
     # -------------------------------------------------------------- sync
-    def run_sync(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def run_sync(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` under the brain, waiting with ``sleep`` (default
-        ``time.sleep``); the same results and exceptions as :meth:`run`. A
+        ``time.sleep``); the same loop, results and exceptions as :meth:`run`. A
         ``KeyboardInterrupt`` during a chain ends it ``cancelled`` and propagates."""
-        if self.coordinator is not None:
-            raise TypeError("a coordinator is async: use RetryRunner.run (or fsm.retrying) for it")
         if self.settings is not None and self.settings.attempt_timeout_ms is not None:
             raise TypeError("retry.attemptTimeoutMs needs an async call (a sync call cannot be "
                             "stopped): use RetryRunner.run (or fsm.retrying)")
         sleep = self.sleep or time.sleep
-        kwargs = self._model_for_new_call(kwargs)
-        call = _Call(self, fn, kwargs, sync=True)
+        kwargs = self._model_for_new_call(kwargs)  # type: ignore[assignment]
+        loop = self._loop(fn, kwargs, sync=True)
+
+        def send(command: Send) -> Attempt:
+            call = kwargs if command.model is None else {**kwargs, "model": command.model}
+            try:
+                result = fn(*args, **call)  # type: ignore[arg-type]
+            except Exception as failure:
+                return Attempt(exc=failure)
+            if inspect.isawaitable(result):
+                _close(result)  # never awaited: no "was never awaited" warning
+                return Attempt(exc=TypeError(f"{_name(fn)} returned an awaitable: use "
+                                             "fsm.retrying (RetryRunner.run) for an async callable"))
+            return Attempt(result=result)
+
+        def wait(command: Wait) -> bool:
+            sleep(command.delay_ms / 1000)
+            return True
+
         try:
-            while True:
-                call.calls += 1
-                kwargs = call.kwargs
-                try:
-                    result, exc = fn(*args, **kwargs), None
-                except Exception as failure:
-                    result, exc = None, failure
-                if inspect.isawaitable(result):
-                    _close(result)  # never awaited: no "was never awaited" warning
-                    result, exc = None, TypeError(f"{_name(fn)} returned an awaitable: use "
-                                                  "fsm.retrying (RetryRunner.run) for an async callable")
-                message, cls, now = call.judge(result, exc)
-                call.decide(message, cls, None if cls.kind == "none"
-                            else call.local_facts(now_ms=now))
-                if call.delay is None:
-                    return call.outcome(result, cls)
-                sleep(call.delay / 1000)
-                call.carry_out(call.brain.backoff_elapsed(call.timer))
-        except BaseException:  # KeyboardInterrupt, SystemExit, ...: the chain ends first
-            _end_chain(call)
-            raise
+            return drive_sync(loop.steps(), send=send, wait=wait)  # type: ignore[no-any-return]
+        finally:
+            loop.close()
 
     # -------------------------------------------------------------- decorator
-    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorate ``fn`` (async or sync) so every call runs under this runner."""
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Decorate ``fn`` so every call runs under this runner: :meth:`run` for a coroutine
+        function (``inspect.iscoroutinefunction``), :meth:`run_sync` for any other."""
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
+            async def run_async_(*args: P.args, **kwargs: P.kwargs) -> Any:
                 return await self.run(fn, *args, **kwargs)
-            return run_async
+            return run_async_
 
         @functools.wraps(fn)
-        def run_blocking(*args: Any, **kwargs: Any) -> Any:
+        def run_blocking(*args: P.args, **kwargs: P.kwargs) -> Any:
             return self.run_sync(fn, *args, **kwargs)
         return run_blocking
 
 
-def _end_chain(call: _Call) -> None:
-    """End the running chain (``cancelled``), if any, whatever stops the run; an exception
-    raised while its end is emitted (a listener's BaseException) does not hide the first."""
+_SYNC_CLIENTS = ("SyncAPIClient",)
+"""The base class of the ``openai`` and ``anthropic`` SDKs' synchronous clients."""
+
+
+def _refuse_sync_resource(fn: Any) -> None:
+    """Raise ``TypeError`` for a known synchronous SDK resource (a bound method of a resource
+    whose ``_client`` is an ``openai.OpenAI`` / ``anthropic.Anthropic``) before it is called:
+    its call would block the event loop (SPEC §15.13, "Sync and async")."""
     try:
-        call.carry_out(call.brain.prompt_cancelled())  # ignored when no chain runs
-    except BaseException:  # noqa: BLE001 - the exception that stopped the run goes on
-        log.exception("ending the retry chain failed")
+        owner = getattr(fn, "__self__", None)
+        client = getattr(owner, "_client", None) or owner
+        mro = type(client).__mro__ if client is not None else ()
+    except Exception:
+        return
+    for cls in mro:
+        if cls.__name__ in _SYNC_CLIENTS and (cls.__module__ or "").split(".", 1)[0] in ("openai", "anthropic"):
+            raise TypeError(f"{_name(fn)} belongs to a synchronous {type(client).__name__} client: "
+                            "use fsm.retrying_sync (RetryRunner.run_sync) for it, or its async "
+                            "client with fsm.retrying")
+
+
+def _is_async_callable(fn: Any) -> bool:
+    """True when ``fn`` is known to give an awaitable: a coroutine function (through
+    ``functools.partial`` and ``__call__`` too) or a bound method of an async SDK resource."""
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None)):
+        return True
+    return not inspect.isfunction(target) and not inspect.ismethod(target)
 
 
 def _close(value: Any) -> None:
@@ -676,7 +433,6 @@ def _close(value: Any) -> None:
 
 def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
-
 
 
 RUNNER_OPTIONS: tuple[str, ...] = ("settings", "on_event", "coordinator", "key", "clock", "sleep",
@@ -699,6 +455,7 @@ async def retrying(fn: Callable[..., Awaitable[T]], /, *args: Any,
     runner's, as :class:`RetryRunner` takes them, and never reach ``fn``; every other keyword
     goes to ``fn``. For a callable that itself takes one of those names, build a
     :class:`RetryRunner` and call :meth:`RetryRunner.run` (or pass a ``functools.partial``).
+    The result's type is ``fn``'s (a type checker sees ``await retrying(f, ...)`` as ``f``'s).
     """
     return await RetryRunner(settings, on_event=on_event, coordinator=coordinator, key=key,
                              clock=clock, sleep=sleep, random=random, context_window=context_window,
@@ -707,23 +464,36 @@ async def retrying(fn: Callable[..., Awaitable[T]], /, *args: Any,
 
 def retrying_sync(fn: Callable[..., T], /, *args: Any,
                   settings: RetrySettings | Mapping[str, Any] | None = None,
-                  on_event: EventListener | None = None, key: Any = None, clock: Any = None,
+                  on_event: EventListener | None = None, coordinator: Any = None,
+                  key: Any = None, clock: Any = None,
                   sleep: Callable[[float], Any] | None = None,
                   random: Callable[[], float] = _random.random, context_window: int = 0,
                   to_message: Callable[[BaseException], AssistantMessage] | None = None,
                   **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` under the retry brain, for synchronous callables; backoffs
-    wait with ``sleep`` (default ``time.sleep``). The runner's keywords never reach ``fn``, as
-    for :func:`retrying` (a sync run takes no ``coordinator``)."""
-    return RetryRunner(settings, on_event=on_event, key=key, clock=clock, sleep=sleep,
-                       random=random, context_window=context_window,
+    """``fn(*args, **kwargs)`` under the retry brain, for synchronous callables (a sync SDK
+    client: ``openai.OpenAI().chat.completions.create``); backoffs wait with ``sleep``
+    (default ``time.sleep``). The runner's keywords never reach ``fn``, as for
+    :func:`retrying`; a ``coordinator`` is asked at once (in-process) or on the process's
+    background coordinator loop."""
+    return RetryRunner(settings, on_event=on_event, coordinator=coordinator, key=key,
+                       clock=clock, sleep=sleep, random=random, context_window=context_window,
                        to_message=to_message).run_sync(fn, *args, **kwargs)
+
+
+@overload
+def retry(fn: Callable[P, Awaitable[T]], /) -> Callable[P, Awaitable[T]]: ...
+@overload
+def retry(fn: Callable[P, T], /) -> Callable[P, T]: ...
+@overload
+def retry(fn: None = None, /, *, settings: RetrySettings | Mapping[str, Any] | None = None,
+          **options: Any) -> RetryRunner: ...
 
 
 def retry(fn: Callable[..., Any] | None = None, /, *,
           settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:
     """Decorator: ``@fsm.retry`` or ``@fsm.retry(settings=..., on_event=..., ...)`` over an
-    async or a sync function (the options of :class:`RetryRunner`). Each call of the
-    decorated function runs its own chain."""
+    async or a sync function (the options of :class:`RetryRunner`): a coroutine function runs
+    on :meth:`RetryRunner.run`, any other on :meth:`RetryRunner.run_sync`. Each call of the
+    decorated function runs its own chain; its signature is kept for type checkers."""
     runner = RetryRunner(settings, **options)
     return runner if fn is None else runner(fn)

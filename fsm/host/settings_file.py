@@ -1,8 +1,8 @@
 """Reading a settings file: the shell's side of :class:`~fsm.core.settings.RetrySettings`.
 
 The core reads no file (``docs/architecture.md``); :func:`load_settings` reads and parses one
-and hands the JSON to :meth:`RetrySettings.from_json`. ``RetrySettings.load(path)`` is a
-convenience that delegates here.
+and hands the JSON to :meth:`RetrySettings.from_json`; it is also the top-level
+``fsm.load_settings(path)``.
 
 Refused (``docs/policy.md`` §8b.10), each with a :class:`~fsm.core.settings.SettingsError`
 naming the path or the key: a path that is not a regular file (a FIFO, a device such as

@@ -36,6 +36,7 @@ transport warns once.
 from __future__ import annotations
 
 import json
+import functools
 import logging
 import time
 import warnings
@@ -176,7 +177,9 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
         replayable = _replayable(request)  # before sending: reading a stream makes it bytes
         chain = self._chain(request, sync=False)
         token = OWNER.set(chain)
+        pause = functools.partial(wait_ms, self.clock)
         try:
+            await chain.pause(await chain.start(), pause)  # the gate of the first request
             while True:
                 try:
                     response = await self.wrapped.handle_async_request(request)
@@ -201,8 +204,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     if delay is None:
                         return response
                     await response.aclose()
-                await wait_ms(self.clock, delay)
-                chain.backoff_elapsed()
+                await chain.pause(delay, pause)  # the backoff, the budget re-check, the gate
         except BaseException as exc:  # a started chain always ends, exactly once
             _scrub(exc, request)
             if chain.running:
@@ -239,6 +241,9 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                          provider, clock, random)
         self.sleep = sleep or getattr(clock, "sleep", None) or time.sleep
 
+    def _sleep_ms(self, delay_ms: int) -> None:
+        self.sleep(delay_ms / 1000)
+
     def handle_request(self, request: Any) -> Any:
         """Send ``request``, retrying as the brain decides (see the module docstring)."""
         self._check_sdk_retries(request)
@@ -247,7 +252,9 @@ class RetryTransport(_Base, httpx2.BaseTransport):
         replayable = _replayable(request)  # before sending: reading a stream makes it bytes
         chain = self._chain(request, sync=True)
         token = OWNER.set(chain)
+        sleep = self._sleep_ms
         try:
+            chain.pause_sync(chain.start_sync(), sleep)  # the gate of the first request
             while True:
                 try:
                     response = self.wrapped.handle_request(request)
@@ -272,8 +279,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     if delay is None:
                         return response
                     response.close()
-                self.sleep(delay / 1000)
-                chain.backoff_elapsed()
+                chain.pause_sync(delay, sleep)  # the backoff, the budget re-check, the gate
         except BaseException as exc:  # a started chain always ends, exactly once
             _scrub(exc, request)
             if chain.running:
@@ -368,5 +374,5 @@ def _read(response: Any, request: Any) -> Any:
 
 def _note_end(exc: BaseException, chain: Chain) -> None:
     end = chain.end
-    if end is not None:
+    if end is not None and end.attempt >= 1:  # at rest the loop noted it (docs/policy.md §10)
         exc.add_note(f"retry-fsm: endReason {end.end_reason} after {end.attempt} retries")

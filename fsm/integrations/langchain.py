@@ -26,6 +26,8 @@ starts no chain is the model's own exception. LangGraph's control-flow exception
 
 from __future__ import annotations
 
+import functools
+
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -106,11 +108,15 @@ class RetryBrainMiddleware(AgentMiddleware):
         return Chain(self.settings, sync=sync, coordinator=None if sync else self.coordinator,
                      **options)
 
+    def _sleep_ms(self, delay_ms: int) -> None:
+        self.sleep(delay_ms / 1000)
+
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Call ``handler(request)`` until it succeeds or the brain ends the chain."""
         chain = self._chain(request, sync=True)
         owner = RETRY_OWNER.set(chain)
         try:
+            chain.pause_sync(chain.start_sync(), self._sleep_ms)  # the first request's gate
             while True:
                 try:
                     response = handler(_switched(request, chain.switched_model))
@@ -120,8 +126,7 @@ class RetryBrainMiddleware(AgentMiddleware):
                     delay = chain.failed_sync(exc)
                     if delay is None:
                         _raise_end(chain, exc)
-                    self.sleep(delay / 1000)
-                    chain.backoff_elapsed()
+                    chain.pause_sync(delay, self._sleep_ms)
                 else:
                     chain.succeeded()
                     return response
@@ -139,7 +144,9 @@ class RetryBrainMiddleware(AgentMiddleware):
         cancellation ends the chain ``cancelled``."""
         chain = self._chain(request, sync=False)
         owner = RETRY_OWNER.set(chain)
+        pause = functools.partial(wait_ms, self.clock)
         try:
+            await chain.pause(await chain.start(), pause)  # the first request's gate
             while True:
                 try:
                     response = await handler(_switched(request, chain.switched_model))
@@ -149,8 +156,7 @@ class RetryBrainMiddleware(AgentMiddleware):
                     delay = await chain.failed(exc)
                     if delay is None:
                         _raise_end(chain, exc)
-                    await wait_ms(self.clock, delay)
-                    chain.backoff_elapsed()
+                    await chain.pause(delay, pause)
                 else:
                     chain.succeeded()
                     return response
@@ -169,9 +175,6 @@ def _raise_end(chain: Chain, exc: Exception) -> None:
     from fsm.core.redact import request_secrets, scrub_exception
     scrub_exception(exc, request_secrets(exc))
     error = chain.error()
-    if error is exc:
-        end = chain.end
-        if end is not None:
-            exc.add_note(f"retry-fsm: endReason {end.end_reason}")
+    if error is exc:  # a first failure that starts no chain: the loop noted why
         raise exc
     raise error from exc

@@ -103,13 +103,10 @@ class RetryBrainCapability(AbstractCapability):
             from fsm.core.redact import request_secrets, scrub_exception
             scrub_exception(error, request_secrets(error))
             failure = chain.error()
-            if failure is error:
-                if chain.end is not None:
-                    error.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
+            if failure is error:  # a first failure that starts no chain: the loop noted why
                 raise error
             raise failure from error
-        await wait_ms(self.clock, delay)
-        chain.backoff_elapsed()
+        await chain.pause(delay, lambda ms: wait_ms(self.clock, ms))
         raise RetryModelRequest()
 
 

@@ -166,8 +166,7 @@ class BrainStrategy:
         end = chain.end
         if end is not None and not end.success and end.attempt >= 1:
             return True  # stop ends it; retry_error_callback raises RetryChainError
-        if end is not None:  # an end at rest: the caller's own exception, the reason noted
-            exc.add_note(f"retry-fsm: endReason {end.end_reason}")
+        # an end at rest: the caller's own exception, the reason noted by the loop
         _scrub(exc)  # tenacity re-raises it to the caller
         return False
 
@@ -197,15 +196,15 @@ class BrainStrategy:
         """tenacity ``sleep`` for ``Retrying``: ``time.sleep`` (or the clock's ``sleep``),
         then the brain hears the backoff is over. ``KeyboardInterrupt`` ends the chain."""
         chain = _current.get()
+        clock_sleep = getattr(self.clock, "sleep", None) or time.sleep
         try:
-            clock_sleep = getattr(self.clock, "sleep", None)
-            (clock_sleep or time.sleep)(seconds)
-        except BaseException:
-            if chain is not None:
+            clock_sleep(seconds)
+            if chain is not None:  # the budget re-check and the gate, then more waits
+                chain.pause_sync(chain.resume_sync(), lambda ms: clock_sleep(ms / 1000))
+        except BaseException as exc:
+            if chain is not None and not isinstance(exc, Exception):
                 chain.cancel()
             raise
-        if chain is not None:
-            chain.backoff_elapsed()
 
     async def asleep(self, seconds: float) -> None:
         """tenacity ``sleep`` for ``AsyncRetrying``: waits on the clock (or the event loop),
@@ -213,12 +212,12 @@ class BrainStrategy:
         chain = _current.get()
         try:
             await wait_ms(self.clock, seconds * 1000)
-        except BaseException:
-            if chain is not None:
+            if chain is not None:  # the budget re-check and the gate, then more waits
+                await chain.pause(await chain.resume(), lambda ms: wait_ms(self.clock, ms))
+        except BaseException as exc:
+            if chain is not None and not isinstance(exc, Exception):
                 chain.cancel()
             raise
-        if chain is not None:
-            chain.backoff_elapsed()
 
     # ---------------------------------------------------------------- all hooks
     def error_callback(self, state: Any) -> Any:

@@ -5,8 +5,10 @@ as a :class:`fsm.core.lifecycle.TransitionRecord`, either of every brain firing 
 context (:func:`fsm.core.lifecycle.recording` / :func:`~fsm.core.lifecycle.add_recorder`; the
 asyncio tasks started inside inherit it) or of one brain (``RetryBrain.add_recorder``):
 
-- :class:`Collector` counts records in memory per (row id, outcome); the pytest plugin
-  (:mod:`fsm.review.pytest_plugin`) uses it;
+- :class:`Collector` counts records in memory per (row id, outcome) and, asked to, keeps their
+  *contexts* (:class:`Context`: the first :data:`CONTEXT_LIMIT` test ids per row, outcome and
+  failing guard, and their count); the pytest plugin (:mod:`fsm.review.pytest_plugin`) uses
+  it, and :mod:`fsm.review.report` shows them;
 - :class:`TraceWriter` writes them to a JSON-lines trace file, for ``--trace FILE`` of the
   ``demo``, ``rpc`` and ``chat`` commands.
 
@@ -64,6 +66,101 @@ DEFINITION = (
 Counts = dict[tuple[str, str], int]
 """``{(row id, outcome): number of records}``."""
 
+CONTEXT_LIMIT = 10
+"""How many test ids (contexts) a report keeps per (row, outcome, failing guard); the rest are
+only counted (:attr:`Context.total`)."""
+
+ContextKey = tuple[str, str, str]
+"""``(row id, outcome, guard)``: ``guard`` is the guard whose failure rejected the row (the
+last one evaluated, ``!name`` as declared) for ``"rejected"``, else ``""``."""
+
+
+@dataclass(slots=True)
+class Context:
+    """Who exercised one (row, outcome, failing guard): ``records`` (how many times), ``tests``
+    (the first :data:`CONTEXT_LIMIT` contexts, in the order seen: pytest node ids, or the path
+    of a trace file) and ``total`` (how many distinct contexts, listed or not)."""
+
+    records: int = 0
+    tests: list[str] = field(default_factory=list)
+    total: int = 0
+    last: str | None = field(default=None, repr=False, compare=False)
+
+    def hear(self, context: str | None, n: int = 1) -> None:
+        """``n`` more records in ``context`` (None: outside any test; counted, not listed).
+        Records of one context arrive together (a test runs to its end before the next
+        starts), so a change of context is a new one."""
+        self.records += n
+        if context is None or context == self.last:
+            return
+        self.last = context
+        self.total += 1
+        if len(self.tests) < CONTEXT_LIMIT:
+            self.tests.append(context)
+
+    def merge(self, other: "Context") -> None:
+        """Add ``other``'s records and contexts (another xdist worker's: its tests are others)."""
+        self.records += other.records
+        self.total += other.total
+        for t in other.tests:
+            if len(self.tests) >= CONTEXT_LIMIT:
+                break
+            if t not in self.tests:
+                self.tests.append(t)
+
+    @property
+    def more(self) -> int:
+        """Contexts counted but not listed."""
+        return max(0, self.total - len(self.tests))
+
+
+Contexts = dict[ContextKey, Context]
+
+
+def failing_guard(guards) -> str:
+    """The guard that rejected a row: the last ``(guard, passed)`` pair, when it failed
+    (evaluation stops at the first failing guard); ``""`` if none failed. ``guards`` is a
+    record's pairs or its JSON mapping ``{guard: passed}``."""
+    pairs = list(guards.items()) if isinstance(guards, Mapping) else list(guards)
+    return next((str(g) for g, ok in pairs if not ok), "")
+
+
+def contexts_to_json(contexts: Mapping[ContextKey, Context]) -> list[dict]:
+    """``[{"row", "outcome", "guard", "records", "tests", "total"}, ...]`` sorted by key."""
+    return [{"row": row, "outcome": outcome, "guard": guard, "records": c.records,
+             "tests": list(c.tests), "total": c.total}
+            for (row, outcome, guard), c in sorted(contexts.items())]
+
+
+def contexts_from_json(data: object) -> Contexts:
+    """The contexts of :func:`contexts_to_json`; ``ValueError`` naming the entry if malformed."""
+    out: Contexts = {}
+    if not isinstance(data, list):
+        raise ValueError(f"contexts must be a list, got {type(data).__name__}")
+    for entry in data:
+        try:
+            key = (str(entry["row"]), str(entry["outcome"]), str(entry.get("guard", "")))
+            tests = [str(t) for t in entry["tests"]]
+            c = Context(int(entry["records"]), tests[:CONTEXT_LIMIT],
+                        max(int(entry["total"]), len(tests)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"a context must be {{row, outcome, guard, records, tests, total}}; "
+                             f"got {entry!r:.160}") from exc
+        if key in out:
+            out[key].merge(c)
+        else:
+            out[key] = c
+    return out
+
+
+def merge_contexts(into: Contexts, other: Mapping[ContextKey, Context]) -> None:
+    """Merge ``other`` into ``into`` (see :meth:`Context.merge`)."""
+    for key, c in other.items():
+        if key in into:
+            into[key].merge(c)
+        else:
+            into[key] = Context(c.records, list(c.tests), c.total)
+
 
 # ----------------------------------------------------------------------------- recording
 
@@ -73,19 +170,38 @@ class Collector:
     A recorder of the current context (:func:`fsm.core.lifecycle.add_recorder`); ``model``
     restricts it to one brain. Use :meth:`install` / :meth:`uninstall` or ``with Collector() as
     c:``.
+
+    With ``contexts=True`` it also keeps, per (row, outcome, failing guard), who exercised it
+    (:class:`Context`): whatever :attr:`context` names when the record arrives (the pytest
+    plugin sets it to the running test's node id; None: outside any test).
     """
 
-    __slots__ = ("counts", "model")
+    __slots__ = ("counts", "model", "contexts", "context")
 
-    def __init__(self, model: object | None = None) -> None:
+    def __init__(self, model: object | None = None, *, contexts: bool = False) -> None:
         self.counts: Counts = {}
         self.model = model
+        self.contexts: Contexts | None = {} if contexts else None
+        self.context: str | None = None
 
     def __call__(self, model: object, record: L.TransitionRecord) -> None:
         if self.model is not None and model is not self.model:
             return
         key = (record.row, record.outcome)
         self.counts[key] = self.counts.get(key, 0) + 1
+        contexts = self.contexts
+        if contexts is not None:
+            guard = ""
+            if record.outcome == "rejected":  # the last guard evaluated is the one that failed
+                guard = next((g for g, ok in record.guards if not ok), "")
+            ckey = (record.row, record.outcome, guard)
+            c = contexts.get(ckey)
+            if c is None:
+                c = contexts[ckey] = Context()
+            if self.context is None or self.context == c.last:
+                c.records += 1  # the common case, without a call: the same test again
+            else:
+                c.hear(self.context)
 
     def install(self) -> "Collector":
         L.add_recorder(self)
@@ -100,15 +216,23 @@ class Collector:
     def __exit__(self, *exc) -> None:
         self.uninstall()
 
-    def add(self, counts: Mapping[tuple[str, str], int]) -> None:
-        """Add other counts (for example a pytest-xdist worker's) to these."""
+    def add(self, counts: Mapping[tuple[str, str], int],
+            contexts: Mapping[ContextKey, Context] | None = None) -> None:
+        """Add other counts and contexts (for example a pytest-xdist worker's) to these."""
         for key, n in counts.items():
             self.counts[key] = self.counts.get(key, 0) + n
+        if contexts and self.contexts is not None:
+            merge_contexts(self.contexts, contexts)
 
     def to_json(self) -> dict:
-        """``{"version": VERSION, "counts": [[row, outcome, n], ...]}`` (sorted)."""
-        return {"version": L.VERSION,
-                "counts": [[row, outcome, n] for (row, outcome), n in sorted(self.counts.items())]}
+        """``{"version": VERSION, "counts": [[row, outcome, n], ...]}`` (sorted), plus
+        ``"contexts"`` (:func:`contexts_to_json`) when it keeps them."""
+        out: dict[str, Any] = {
+            "version": L.VERSION,
+            "counts": [[row, outcome, n] for (row, outcome), n in sorted(self.counts.items())]}
+        if self.contexts is not None:
+            out["contexts"] = contexts_to_json(self.contexts)
+        return out
 
     @staticmethod
     def counts_from_json(data: Mapping) -> Counts:
@@ -224,12 +348,15 @@ class TraceError(ValueError):
 
 @dataclass
 class Trace:
-    """One trace file read: its declaration ``version``, ``records`` and their ``counts``."""
+    """One trace file read: its declaration ``version``, ``records``, their ``counts`` and
+    ``contexts`` (a trace's records are all of one context, its path; a counts file carries
+    the contexts it was written with, the pytest plugin's test ids)."""
 
     path: str
     version: str
     records: int = 0
     counts: Counts = field(default_factory=dict)
+    contexts: Contexts = field(default_factory=dict)
 
     @property
     def foreign(self) -> bool:
@@ -315,7 +442,16 @@ def _counts_object(path, obj: dict, kinds: Mapping[str, tuple[str, ...]]) -> Tra
                 or isinstance(entry[2], bool) or entry[2] < 0):
             raise TraceError(path, 1, f"a count must be [row, outcome, n >= 0]; got {entry!r:.160}")
         row, outcome, n = entry
-        _count(trace, kinds, path, 1, {"row": row, "outcome": outcome}, n)
+        _count(trace, kinds, path, 1, {"row": row, "outcome": outcome}, n, context=False)
+    try:
+        trace.contexts = contexts_from_json(obj.get("contexts", []))
+    except ValueError as exc:
+        raise TraceError(path, 1, str(exc)) from None
+    if not trace.foreign:
+        for row, outcome, _ in trace.contexts:
+            if outcome not in kinds.get(row, ()):
+                raise TraceError(path, 1, f"a context names row {row!r} as {outcome}, which "
+                                          f"the declaration (version {trace.version}) does not have")
     return trace
 
 
@@ -329,7 +465,7 @@ def _header(path, number: int, obj: dict) -> Trace:
 
 
 def _count(trace: Trace, kinds: Mapping[str, tuple[str, ...]], path, number: int,
-           obj: dict, n: int = 1) -> None:
+           obj: dict, n: int = 1, *, context: bool = True) -> None:
     row, outcome = obj.get("row"), obj.get("outcome")
     if not isinstance(row, str) or outcome not in OUTCOMES:
         raise TraceError(path, number, "a record needs a string 'row' and an 'outcome' in "
@@ -347,6 +483,10 @@ def _count(trace: Trace, kinds: Mapping[str, tuple[str, ...]], path, number: int
     key = (row, outcome)
     trace.counts[key] = trace.counts.get(key, 0) + n
     trace.records += n
+    if context:  # a trace's record: the trace file is its context
+        guards = obj.get("guards") if isinstance(obj.get("guards"), (dict, list)) else {}
+        ckey = (row, outcome, failing_guard(guards) if outcome == "rejected" else "")
+        trace.contexts.setdefault(ckey, Context()).hear(str(path), n)
 
 
 # ----------------------------------------------------------------------------- report
@@ -445,6 +585,12 @@ class Report:
     traces: list[Trace] = field(default_factory=list)
     foreign: list[Trace] = field(default_factory=list)
     counts: Counts = field(default_factory=dict)
+    contexts: Contexts = field(default_factory=dict)
+
+    def context(self, row: str, outcome: str) -> list[tuple[str, Context]]:
+        """``[(failing guard, Context)]`` of a transition or ignored cell ``row`` seen with
+        ``outcome`` (one entry, guard ``""``, unless rejected), in guard order of the keys."""
+        return [(g, c) for (r, o, g), c in sorted(self.contexts.items()) if (r, o) == (row, outcome)]
 
     @property
     def items(self) -> list[Item]:
@@ -505,12 +651,16 @@ class Report:
             "foreign": [{"path": t.path, "version": t.version, "records": t.records}
                         for t in self.foreign],
             "counts": [[row, outcome, n] for (row, outcome), n in sorted(self.counts.items())],
+            "context_limit": CONTEXT_LIMIT,
+            "contexts": contexts_to_json(self.contexts),
         }
 
 
-def coverage(counts: Mapping[tuple[str, str], int], diagram: Diagram | None = None) -> Report:
-    """The :class:`Report` of ``counts`` (``{(row id, outcome): n}``) for ``diagram``
-    (default: the current declaration). Counts of rows it does not declare are ignored."""
+def coverage(counts: Mapping[tuple[str, str], int], diagram: Diagram | None = None,
+             contexts: Mapping[ContextKey, Context] | None = None) -> Report:
+    """The :class:`Report` of ``counts`` (``{(row id, outcome): n}``) and their ``contexts``
+    (who exercised each row, optional) for ``diagram`` (default: the current declaration).
+    Counts and contexts of rows it does not declare are ignored."""
     diagram = extract() if diagram is None else diagram
     get = counts.get
     rows = []
@@ -530,7 +680,9 @@ def coverage(counts: Mapping[tuple[str, str], int], diagram: Diagram | None = No
     unrejectable = tuple(e.id for e in diagram.edges if e.guards and not e.rejectable)
     known = {r.id for r in rows} | {r.id for r in ignored}
     kept = {key: n for key, n in counts.items() if key[0] in known and n}
-    return Report(L.VERSION, tuple(rows), tuple(ignored), unrejectable, counts=kept)
+    kept_contexts = {key: c for key, c in (contexts or {}).items() if key[0] in known}
+    return Report(L.VERSION, tuple(rows), tuple(ignored), unrejectable, counts=kept,
+                  contexts=kept_contexts)
 
 
 class AllForeignError(ValueError):
@@ -554,10 +706,12 @@ def audit_files(paths: Iterable[str | Path]) -> Report:
             f"every trace was recorded with another declaration of the lifecycle (version "
             f"{versions}; this one is {L.VERSION}): record the traces again with this version")
     counts: Counts = {}
+    contexts: Contexts = {}
     for t in ours:
         for key, n in t.counts.items():
             counts[key] = counts.get(key, 0) + n
-    report = coverage(counts, diagram)
+        merge_contexts(contexts, t.contexts)
+    report = coverage(counts, diagram, contexts)
     report.traces, report.foreign = ours, foreign
     return report
 
@@ -696,11 +850,12 @@ def _summary_lines(report: Report) -> str:
     return "; ".join([f"transition coverage {report.summary()}"] + report.breakdown())
 
 
-def coverage_svg(report: Report) -> bytes:
+def coverage_svg(report: Report, links: Mapping[str, str] | None = None) -> bytes:
     """The review diagram coloured by coverage: each declared row covered, partly covered
     (taken somewhere, but a state or a rejection is missing) or not covered (red, dashed),
     with its counts, and a legend. A row drawn from a group is as covered as its member
-    states' transitions together.
+    states' transitions together. ``links`` (declared row id or state → URL) links the
+    picture's rows and states (the HTML report, :mod:`fsm.review.report`).
 
     Raises :class:`fsm.review.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
@@ -710,13 +865,15 @@ def coverage_svg(report: Report) -> bytes:
     marks = declared_marks(report, diagram)
     drawn = [DrawnRow(r, was=marks[r.id].note, coverage=marks[r.id].status) for r in diagram.rows]
     return svg_of(build_review_digraph(diagram, drawn, summary=_summary_lines(report),
-                                       title=f"{diagram.name}: transition coverage"))
+                                       title=f"{diagram.name}: transition coverage",
+                                       links=links))
 
 
-def coverage_states_svgs(report: Report) -> dict[str, bytes]:
+def coverage_states_svgs(report: Report, links=None) -> dict[str, bytes]:
     """One small SVG per state (``{state: svg}``, the pictures ``python -m fsm diagrams``
     writes into ``diagrams/states/``), each edge coloured by the coverage of its declared rows:
     covered, partly covered, not covered (red, dashed), as :func:`coverage_svg` colours them.
+    ``links(state)`` (optional) gives the row id / state → URL mapping of each state's picture.
 
     Raises :class:`fsm.review.diagrams.DiagramError` when Graphviz's ``dot`` is missing.
     """
@@ -727,7 +884,8 @@ def coverage_states_svgs(report: Report) -> dict[str, bytes]:
     marks = declared_marks(report, diagram)
     drawn = {r.id: DrawnRow(r, was=marks[r.id].note, coverage=marks[r.id].status)
              for r in diagram.rows}
-    return {s.name: render_state_svg(diagram, s.name, drawn) for s in diagram.states}
+    return {s.name: render_state_svg(diagram, s.name, drawn, links(s.name) if links else None)
+            for s in diagram.states}
 
 
 def coverage_states_svg(report: Report) -> bytes:

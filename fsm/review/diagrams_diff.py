@@ -86,6 +86,16 @@ class MachineDiff:
         return not self.rows and not any(
             a or r for a, r in (self.states, self.triggers, self.guards, self.ignored))
 
+    def other_changes(self) -> list[tuple[str, list[str]]]:
+        """The changes besides rows, each ``(what, names)``: ``("states added", [...])``,
+        ``("ignored cells removed", [...])``; only the non-empty ones."""
+        out = []
+        for label, (added, removed) in (("states", self.states), ("triggers", self.triggers),
+                                        ("guards", self.guards), ("ignored cells", self.ignored)):
+            out += [(f"{label} {change}", names)
+                    for change, names in (("added", added), ("removed", removed)) if names]
+        return out
+
     def summary(self) -> str:
         """``1 row removed, 1 row changed (guards)`` or ``no change to the rows``."""
         parts = []
@@ -237,13 +247,8 @@ def render_markdown(result: MachineDiff, diagram: D.Diagram) -> str:
             out.append(f"| {change} | `{row.source}` | `{row.trigger}` | {D.md_cell(guards)} | "
                        f"`{row.dest}` | {D.md_cell(effect)} |")
         out.append("")
-    other = []
-    for label, (added, removed) in (("states", result.states), ("triggers", result.triggers),
-                                    ("guards", result.guards), ("ignored cells", result.ignored)):
-        if added:
-            other.append(f"- {label} added: " + ", ".join(f"`{x}`" for x in added))
-        if removed:
-            other.append(f"- {label} removed: " + ", ".join(f"`{x}`" for x in removed))
+    other = [f"- {what}: " + ", ".join(f"`{x}`" for x in names)
+             for what, names in result.other_changes()]
     other += [f"- effect `{e}` now reads “{new}” (was “{old}”)" for e, old, new in result.effect_words]
     if other:
         out += ["Also changed in the declaration:", ""] + other + [""]

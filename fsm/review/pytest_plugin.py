@@ -10,8 +10,17 @@ Registered through the ``pytest11`` entry point and off unless asked for:
     where to write the JSON report (default ``build/transition-coverage.json``, relative to
     the directory pytest was started in): ``{"declared", "covered", "percent", "uncovered",
     ...}`` plus per-row counts (see :meth:`fsm.review.audit.Report.to_json`) and the run's
-    ``partial`` reasons. It is also a counts file: ``python -m fsm audit PATH --svg OUT``
-    draws it (``make test`` writes ``build/transition-coverage.svg`` and ``.md`` that way);
+    ``partial`` reasons, and ``contexts``: for every row and outcome (taken, rejected by which
+    guard, ignored) the node ids of the tests that exercised it, the first
+    :data:`fsm.review.audit.CONTEXT_LIMIT` of them and how many there were (from a test's
+    set-up to its tear-down; with xdist, every worker's). It is also a counts file:
+    ``python -m fsm audit PATH --svg OUT`` draws it (``make test`` writes
+    ``build/transition-coverage.svg`` and ``.md`` that way);
+``--transition-coverage-html=DIR``
+    (implies ``--transition-coverage``) also write the HTML report into the folder ``DIR``
+    (:mod:`fsm.review.report`; ``make test`` writes ``build/transition-coverage-html/``),
+    whatever the tests' outcome; a report that cannot be drawn (no Graphviz) is said in the
+    summary and does not change the exit status;
 ``--transition-coverage-fail-under=PCT``
     (implies ``--transition-coverage``) fail the run when the coverage is under PCT percent, but only when the whole suite ran:
     a run narrowed by ``-k``, ``-m``, ``--lf``, ``--sw``, ``--deselect``, ``--ignore``, any
@@ -55,11 +64,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(implies --transition-coverage)")
     group.addoption("--transition-coverage-report", default=DEFAULT_REPORT, metavar="PATH",
                     help=f"JSON report path (default: {DEFAULT_REPORT})")
+    group.addoption("--transition-coverage-html", default=None, metavar="DIR",
+                    help="also write the HTML report (the diagram, every row with the tests "
+                         "that took it, a page per state) into DIR (implies "
+                         "--transition-coverage)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # A threshold alone turns recording on: a CI line that sets one expects it enforced.
     if (config.getoption("transition_coverage")
+            or config.getoption("transition_coverage_html")
             or config.getoption("transition_coverage_fail_under") is not None):
         config.pluginmanager.register(TransitionCoverage(config), "transition-coverage-collector")
 
@@ -105,23 +119,34 @@ class TransitionCoverage:
 
         self.config = config
         self.worker = hasattr(config, "workerinput")
-        self.collector = Collector().install()
+        self.collector = Collector(contexts=True).install()
         self.deselected = 0
         self.report = None
         self.reasons: list[str] = []
         self.failed = False
         self.path: Path | None = None
+        self.html: str = ""
 
     def pytest_deselected(self, items) -> None:
         self.deselected += len(items)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        # Every transition heard from the test's set-up to its tear-down is the test's.
+        self.collector.context = item.nodeid
+        try:
+            return (yield)
+        finally:
+            self.collector.context = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         data = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
         if data is not None:
-            from fsm.review.audit import Collector
+            from fsm.review.audit import Collector, contexts_from_json
 
-            self.collector.add(Collector.counts_from_json(data))
+            self.collector.add(Collector.counts_from_json(data),
+                               contexts_from_json(data.get("contexts", [])))
             self.deselected = max(self.deselected, data.get("deselected", 0))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
@@ -133,7 +158,7 @@ class TransitionCoverage:
             return
         from fsm.review.audit import coverage
 
-        report = self.report = coverage(self.collector.counts)
+        report = self.report = coverage(self.collector.counts, None, self.collector.contexts)
         fail_under = self.config.getoption("transition_coverage_fail_under")
         self.reasons = partial_reasons(self.config, self.deselected)
         self.failed = (fail_under is not None and not self.reasons and report.below(fail_under))
@@ -144,8 +169,24 @@ class TransitionCoverage:
         self.path = path if path.is_absolute() else self.config.invocation_params.dir / path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        self._write_html(report)
         if self.failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_html(self, report) -> None:
+        folder = self.config.getoption("transition_coverage_html")
+        if not folder:
+            return
+        from fsm.review.diagrams import DiagramError
+        from fsm.review import report as html_report
+
+        out = Path(folder)
+        out = out if out.is_absolute() else self.config.invocation_params.dir / out
+        try:
+            html_report.write(out, report)
+            self.html = f"HTML report {out / 'index.html'}"
+        except (DiagramError, OSError) as exc:
+            self.html = f"no HTML report: {exc}"
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.report is None:
@@ -157,6 +198,8 @@ class TransitionCoverage:
         elif self.failed:
             line += f"; FAIL: under --transition-coverage-fail-under={fail_under:g}"
         terminalreporter.write_line(line, red=self.failed, bold=self.failed)
+        if self.html:
+            terminalreporter.write_line(f"transition coverage: {self.html}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.collector.uninstall()

@@ -25,11 +25,17 @@ from pathlib import Path
 
 from fsm.review.diagrams import Diagram, extract
 
-__all__ = ["Step", "read_steps", "format_story", "ITEM"]
+__all__ = ["Step", "read_steps", "format_story", "guards_text", "events_text", "ITEM",
+           "GUARDS"]
 
 ITEM = ("an item is one thing a trace can show: a transition taken, a guarded transition "
         "seen rejected, or an ignored (state, trigger) cell seen ignored")
 """What the audit counts, in one phrase (its ``items``)."""
+
+GUARDS = ("guards: the values that took the row, '6 ✓' = six guards were true (two or fewer are "
+          "named), 'name ✗' = name was false (so a row needing ¬name held)")
+"""The guards column's shorthand in one line (the CLI prints it under a path, the HTML report's
+legend says the same)."""
 
 MAX_STEPS = 30
 """Steps shown before the middle of a long path is elided (a screenful with the summary)."""
@@ -103,7 +109,7 @@ def read_steps(path: str | Path, diagram: Diagram | None = None) -> list[Step]:
     return steps
 
 
-def _guards_text(step: Step) -> str:
+def guards_text(step: Step) -> str:
     """The guards' values that took the row: ``6 ✓``, ``retry_enabled ✓, has_retries_left ✗``
     or ``3 ✓, hint_within_wait ✗`` (a ``!name`` guard that held means ``name`` was false)."""
     if not step.guards:
@@ -118,7 +124,8 @@ def _guards_text(step: Step) -> str:
     return lead + ", ".join(f"{g} ✗" for g in failed)
 
 
-def _events(diagram: Diagram, effect: str | None) -> str:
+def events_text(diagram: Diagram, effect: str | None) -> str:
+    """The events a row with ``effect`` emits: ``auto_retry_start``, ``auto_retry_end (reason)``."""
     words = diagram.effect_text(effect)
     # the event phrases of fsm.core.lifecycle.EFFECT_WORDS; auto_retry_end's note is its endReason
     found = re.findall(r"\b(auto_retry_start|auto_retry_end)(?: \((\w+)\))?", words)
@@ -154,10 +161,10 @@ def format_story(path: str | Path, steps: list[Step], diagram: Diagram | None = 
     header = ("time" if timed else "step", "from", "→ to", "trigger", "guards", "events")
     rows = [(f"{s.time_ms / 1000:.3f}s" if s.time_ms is not None else f"{s.number}.",
              s.source, "ignores" if s.dest is None else f"→ {s.dest}", s.trigger,
-             _guards_text(s)
+             guards_text(s)
              + (f" ({s.rejected} row{'s' if s.rejected > 1 else ''} rejected)" if s.rejected
                 else ""),
-             _events(diagram, s.effect)) for s in steps]
+             events_text(diagram, s.effect)) for s in steps]
     shown = rows if len(rows) <= limit else rows[:limit // 2] + [None] + rows[-(limit // 2):]
     widths = [max(_width(r[i]) for r in [header] + [r for r in shown if r is not None])
               for i in range(len(header))]
@@ -185,10 +192,12 @@ def format_report(report, *, limit: int = MAX_STEPS) -> str:
 
     diagram = extract()
     out: list[str] = []
+    told = False
     for t in report.traces:
         steps = read_steps(t.path, diagram)
         if steps:
             out += format_story(t.path, steps, diagram, limit=limit)
+            told = told or any(s.guards for s in steps)
         else:
             out.append(f"{t.path}: a counts file ({t.records} records), no path to tell")
     for t in report.foreign:
@@ -199,4 +208,6 @@ def format_report(report, *, limit: int = MAX_STEPS) -> str:
                f"covered, {st['partly covered']} partly, {st['not covered']} not; "
                "--table lists every item")
     out.append(f"  ({ITEM})")
+    if told:
+        out.append(f"  ({GUARDS})")
     return "\n".join(out) + "\n"

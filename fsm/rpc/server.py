@@ -59,7 +59,7 @@ async def serve(config: ServeConfig) -> int:
     import asyncio
     import signal
 
-    from fsm.commands.common import open_session
+    from fsm.host.session_files import open_session
 
     loop = asyncio.get_running_loop()
     gate = ProviderGate(config.provider)

@@ -31,9 +31,6 @@ from fsm.sim.world import Answer, Provider
 
 __all__ = ["ResilientRetrier", "make_resilient_factory"]
 
-_CAPACITY_SIGNALS = frozenset(("overloaded", "rate_limited", "window", "unavailable"))
-"""Answers that say "no capacity now" (429, 503, 529): a random 500 and a usage limit do not."""
-
 _ADMIT = -1  # the timer token of a first request that waits for its admission
 _PACE = -2   # the timer token of a request that asks the pacer again
 
@@ -97,9 +94,11 @@ class ResilientRetrier(BrainRetrier):
 
     def answered(self, t: int, answer: Answer) -> tuple[int, int, int]:
         if self.pacing is not None:  # the pacer's signal (the budget's credit is the brain's)
+            # what a real host sees: the classification of the message it received, not the
+            # world's own label (docs/classification.md "Capacity signal")
+            throttled = not answer.ok and self.policy.messages.classification(answer).capacity_signal
             self.coord.record_outcome_at(self.policy.key, EPOCH_MS + t, success=answer.ok,
-                                         throttled=answer.kind in _CAPACITY_SIGNALS,
-                                         budget=None, pacing=self.pacing)
+                                         throttled=throttled, budget=None, pacing=self.pacing)
         return super().answered(t, answer)
 
     def timer(self, t: int, token: int) -> tuple[int, int, int]:

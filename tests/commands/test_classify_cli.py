@@ -149,7 +149,7 @@ def test_jsonl_bad_lines_are_reported_and_the_rest_processed(line, problem):
     data = b'{"message": "503"}\n' + line + b'\n{"message": "timed out"}\n'
     proc = fsm("--jsonl", "-", stdin=data)
     assert proc.returncode == 1
-    assert [o["rule"] for o in lines(proc.stdout)] == ["retryable.status_5xx", "retryable.timeout"]
+    assert [o["rule"] for o in lines(proc.stdout)] == ["retryable.status_503", "retryable.timeout"]
     stderr = proc.stderr.decode()
     assert stderr.startswith("fsm classify: line 2: ") and problem in stderr, stderr
     assert "Traceback" not in stderr
@@ -181,7 +181,7 @@ def test_jsonl_keeps_unicode_and_lone_surrogates():
     first, second = proc.stdout.splitlines()
     assert json.loads(first)["message"] == "请求过于频繁"
     assert "请求过于频繁".encode() in first  # written as UTF-8, not escaped
-    assert json.loads(second)["rule"] == "retryable.status_5xx"
+    assert json.loads(second)["rule"] == "retryable.status_503"
 
 
 def test_jsonl_missing_file():

@@ -242,7 +242,7 @@ OVERFLOW_EXAMPLES = [
     "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 32769.",  # TGI
     "Input tokens exceed the configured limit of 272000 tokens.",  # Codex
     "Request payload size exceeds the limit: 20971520 bytes.",  # Gemini
-    "413 Request Entity Too Large",
+    "Maximum request body size 1048576 exceeded, actual body size 1056562",
     '{"error":{"code":"model_context_window_exceeded"}}',
     "Range of input length should be [1, 30720]",  # Qwen
     "too many tokens: total number of tokens in the prompt cannot exceed 4081 - received 5000",
@@ -252,6 +252,7 @@ OVERFLOW_EXAMPLES = [
 ]
 
 PERMANENT_EXAMPLES = [
+    "413 Request Entity Too Large",  # a proxy's page: a request-size refusal (docs/policy.md §2)
     "Your credit balance is too low to access the Anthropic API.",
     "Error code: 429 - {'error': {'message': 'quota', 'type': 'insufficient_quota'}}",
     "402 Payment Required",
@@ -523,6 +524,8 @@ RULE_EXAMPLES = {
     "retryable.status_5xx": "ChatGPT error 500",
     "retryable.status_408": "HTTP 408",
     "retryable.service_unavailable": "Service Unavailable",
+    "retryable.status_503": "upstream answered 503",
+    "retryable.bad_gateway": "Bad Gateway",
     "retryable.server_error": "The server had an error while processing your request.",
     "retryable.connection": "Connection error.",
     "retryable.errno": "read ECONNRESET",
@@ -571,6 +574,15 @@ RULE_EXAMPLES = {
     "retryable.typed_transient": '{"type":"overloaded_error","message":"Overloaded"}',
     "fatal.model_load_failed": "Failed to load the model. Try a different model and/or config.",
     "retryable.inword_quota_window": "QuotaFailure: GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+    # round 4 (docs/classification.md "Round 4")
+    "overflow.context_wording": "The agent ran out of room in the model's context window.",
+    "fatal.entitlement": "429 rate_limit_error: Long context is not enabled for your plan.",
+    "fatal.trial_allowance": "Your free trial request limit has been reached.",
+    "fatal.request_entity_too_large": "<html><head><title>413 Request Entity Too Large</title></head>",
+    "fatal.permission_denied": "PERMISSION_DENIED: the caller does not have permission",
+    "retryable.model_output": "The model failed to generate valid JSON for the tool call.",
+    "retryable.concurrency": "Too much concurrency on this key; reduce concurrency and retry.",
+    "retryable.request_rate": "Your request rate increased too fast. Scale up gradually.",
 }
 
 
@@ -670,6 +682,9 @@ def _reference_verdict(stop_reason, message, usage=None, window=0, now_ms=None):
             if last is None or m.start() > last[0]:
                 last = (m.start(), rule)
     if last is not None and last[1].id.startswith("fatal."):
+        # the model's own invalid output outranks a 4xx (docs/policy.md §2)
+        if re.search(next(r for r in RETRYABLE_RULES if r.family == "model_output").pattern, t):
+            return Classification("retryable", "retryable.model_output")
         return Classification("fatal", last[1].id)
     yielding = _leftmost(_REF_PERMANENT, t)
     retryable = _leftmost(_REF_RETRYABLE_WORD_START, t)
@@ -895,7 +910,9 @@ def test_classification_reads_the_whole_text_before_any_clipping():
     (lambda: classify("error", "Your credit balance is too low"), "billing"),
     (lambda: classify("error", "401 invalid x-api-key"), "auth"),
     (lambda: classify("error", "400 Bad Request: messages.0.content is required"), "invalid_request"),
-    (lambda: classify("error", "something odd happened"), "other"),
+    (lambda: classify("error", "something odd happened"), "unknown"),
+    (lambda: C.classify_facts("error", "something odd happened", error_type="odd"), "other"),
+    (lambda: C.classify_facts("error", "something odd happened", status=409), "invalid_request"),
     (lambda: classify("stop", None), "none"),
 ])
 def test_family_of_a_verdict(result, family):
@@ -923,7 +940,7 @@ def test_corpus_row_family_is_in_the_closed_set(row):
         assert result.family == "usage_limit"
     if result.kind == "retryable":
         assert result.family in ("overloaded", "rate_limit", "usage_limit", "server_error", "network",
-                                 "stalled", "timeout", "retry_later")
+                                 "stalled", "timeout", "retry_later", "model_output")
 
 
 def test_a_free_window_with_a_stated_reset_is_a_usage_limit_even_without_a_clock():
@@ -937,3 +954,82 @@ def test_a_free_window_with_a_stated_reset_is_a_usage_limit_even_without_a_clock
     assert classify("error", message, now_ms=_ms(datetime(2026, 6, 6, 8, 0))).retry_hint_ms == 7_200_000
     assert classify("error", '402 {"type":"insufficient_quota"} please retry in 5s').kind == "fatal"
     assert C.classify_facts("error", "usage limit reached", status=402).kind == "fatal"
+
+
+# --- round 4: general wordings of the families (docs/classification.md "Round 4") --------------
+
+ROUND4_CASES = [
+    # (message, kind, family)
+    ("relay error (channel #7): Your authentication token has expired, please log in again", "fatal", "auth"),
+    ("Upstream error from Provider: Request rate increased too quickly", "retryable", "rate_limit"),
+    ("upstream error: the assistant could not finish", "fatal", "unknown"),
+    ("Upstream request failed:", "retryable", "server_error"),
+    ("400 Bad Request: tool_use_failed, the model produced an invalid tool call", "retryable", "model_output"),
+    ("429 Usage credits are required for this model", "fatal", "billing"),
+    ("403 Forbidden: this model requires a paid plan", "fatal", "billing"),
+    ("You have exhausted your trial credits", "fatal", "billing"),
+    ("Your monthly spending limit has been reached", "fatal", "billing"),
+    ("Workspace budget exceeded", "fatal", "billing"),
+    ("The engine is temporarily overloaded", "retryable", "overloaded"),
+    ("429 The engine is currently overloaded", "retryable", "overloaded"),
+    ("The system is too busy right now", "retryable", "overloaded"),
+    ("Model foo/bar is currently loading", "retryable", "overloaded"),
+    ("Cluster busy, retry later", "retryable", "overloaded"),
+    ("Please wait ~45s before retrying", "retryable", "retry_later"),
+    ("Input length 9000 exceeds the maximum length 8192", "context_overflow", "overflow"),
+    ("prompt tokens (130000) exceeded max_prompt_tokens (128000)", "context_overflow", "overflow"),
+    ("connection error to the local server, please retry", "retryable", "network"),
+    ("Error: could not connect to the model server", "retryable", "network"),
+    # other languages: synonyms, variants and word orders
+    ("Demasiadas llamadas. Prueba de nuevo más tarde.", "retryable", "rate_limit"),
+    ("Límite de concurrencia alcanzado", "retryable", "rate_limit"),
+    ("Trop de requêtes simultanées, réessayez ultérieurement", "retryable", "rate_limit"),
+    ("Zu viele gleichzeitige Anfragen. Bitte später erneut versuchen.", "retryable", "rate_limit"),
+    ("Probieren Sie es später noch einmal", "retryable", "retry_later"),
+    ("Muitas chamadas simultâneas. Tente novamente mais tarde.", "retryable", "rate_limit"),
+    ("同時リクエスト数の上限に達しました。時間を置いて再度お試しください。", "retryable", "rate_limit"),
+    ("リクエスト過多です。後ほどお試しください。", "retryable", "rate_limit"),
+    ("并发数过高，请稍候再试", "retryable", "rate_limit"),
+    ("請求過於頻繁，請稍後重試", "retryable", "rate_limit"),
+    ("동시 요청 한도를 초과했습니다. 나중에 다시 시도하세요.", "retryable", "rate_limit"),
+    ("서버 트래픽이 많습니다. 잠시 뒤 다시 시도해 주세요.", "retryable", "overloaded"),
+    ("El servidor está saturado", "retryable", "overloaded"),
+    ("Reintenta más tarde", "retryable", "retry_later"),
+    ("Der Server ist ausgelastet", "retryable", "overloaded"),
+]
+
+
+@pytest.mark.parametrize(("message", "kind", "family"), ROUND4_CASES)
+def test_round4_family_wordings(message, kind, family):
+    """docs/classification.md "Round 4": gateway prefixes decide nothing, model_output is
+    retryable, entitlements and spend caps are fatal, approximate hints, every wording of an
+    overloaded engine is ``overloaded``, and the other languages' variants."""
+    result = classify("error", message)
+    assert (result.kind, result.family) == (kind, family), result
+
+
+def test_approximate_hints_are_hints():
+    """docs/policy.md §2: 'wait ~30s' and 'try again in about 30 seconds' are 30,000 ms hints."""
+    assert classify("error", "Wait ~30s before retrying.").retry_hint_ms == 30_000
+    assert classify("error", "Busy; try again in about 30 seconds").retry_hint_ms == 30_000
+
+
+def test_model_output_outranks_a_4xx_in_the_facts():
+    """docs/policy.md §2: a 400 whose code or text is the model's invalid output is retryable."""
+    assert C.classify_facts("error", "x", status=400, error_code="tool_use_failed").family == "model_output"
+    verdict = C.classify_facts("error", '{"message":"Failed to call a function.","status_code":400}', status=400)
+    assert (verdict.kind, verdict.family) == ("retryable", "model_output")
+
+
+def test_a_proxy_413_page_is_fatal_but_a_provider_size_error_is_overflow():
+    """docs/policy.md §2: the 413 reason phrase alone is a size refusal; request_too_large is overflow."""
+    assert C.classify_facts("error", "<title>413 Request Entity Too Large</title>", status=413).kind == "fatal"
+    assert C.classify_facts("error", "413 Request Entity Too Large", status=413,
+                            error_type="request_too_large").kind == "context_overflow"
+
+
+def test_a_permission_refusal_with_a_reset_stands_down():
+    """docs/classification.md "Round 4": 'Permission denied:' with a rate limit and a reset is retried."""
+    result = classify("error", "Permission denied: Reached message rate limit. Resets in: 2m0s")
+    assert (result.kind, result.retry_hint_ms) == ("retryable", 120_000)
+    assert classify("error", "Permission denied: an internal error occurred").kind == "fatal"

@@ -173,7 +173,7 @@ def test_the_outer_status_beats_the_text_families():
     assert classify_facts("error", "something odd", status=504).rule == "structured.status_504"
     # a status that says nothing by itself leaves the decision to the text
     assert classify_facts("error", "upstream connect error", status=409).rule == "retryable.socket_closed"
-    assert classify_facts("error", "conflict", status=409).rule == "fatal.unmatched"
+    assert classify_facts("error", "conflict", status=409).rule == "structured.status_409"
 
 
 def test_generic_types_decide_nothing():

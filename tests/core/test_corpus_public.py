@@ -1,5 +1,5 @@
-"""Schema of the later provider-error corpora, ``tests/data/provider-errors-v2.jsonl`` and
-``tests/data/provider-errors-v3.jsonl``.
+"""Schema of the later provider-error corpora, ``tests/data/provider-errors-v2.jsonl``,
+``tests/data/provider-errors-v3.jsonl`` and ``tests/data/provider-errors-v4.jsonl``.
 
 Every row is a real error message copied from a public report, with the class and retry hint
 the classification rules of ``docs/policy.md §2`` give it (``docs/corpus.md`` explains the
@@ -23,13 +23,14 @@ import pytest
 DATA = Path(__file__).parents[1] / "data"
 V2_PATH = DATA / "provider-errors-v2.jsonl"
 V3_PATH = DATA / "provider-errors-v3.jsonl"
+V4_PATH = DATA / "provider-errors-v4.jsonl"
 V1_PATH = DATA / "provider-errors.jsonl"
 
 CLASSES = {"retryable", "context_overflow", "fatal"}
 FAMILIES = {
     "overloaded_5xx", "rate_limit", "rate_limit_hint", "usage_limit", "quota_zero", "billing",
     "context_overflow", "network", "websocket", "gateway_relay", "wrapped", "auth",
-    "fatal_request", "model_not_found", "content_filter", "local_runtime",
+    "fatal_request", "model_not_found", "content_filter", "local_runtime", "model_output",
 }
 REQUIRED = {"id": str, "family": str, "provider": str, "message": str, "expected": str,
             "usage_limit": bool, "notes": str, "source": str}
@@ -115,12 +116,13 @@ def row_problems(row: Any) -> list[str]:
 
 V2 = _load(V2_PATH)
 V3 = _load(V3_PATH)
+V4 = _load(V4_PATH)
 V1 = _load(V1_PATH)
-LATER = {"v2": (V2_PATH, V2, V1), "v3": (V3_PATH, V3, V1 + V2)}
+LATER = {"v2": (V2_PATH, V2, V1), "v3": (V3_PATH, V3, V1 + V2), "v4": (V4_PATH, V4, V1 + V2 + V3)}
 """Each later file, its rows, and the rows of the files before it."""
 
 
-@pytest.mark.parametrize("row", V2 + V3, ids=[str(row.get("id")) for row in V2 + V3])
+@pytest.mark.parametrize("row", V2 + V3 + V4, ids=[str(row.get("id")) for row in V2 + V3 + V4])
 def test_row_is_well_formed(row):
     """Each row has the documented fields, a known class, a public source and no secret."""
     assert row_problems(row) == []
@@ -168,11 +170,29 @@ def test_third_corpus_is_large_dated_and_covers_the_round_families():
     assert all(row["source"].startswith("https://github.com/") for row in V3)
 
 
+def test_fourth_corpus_is_large_and_spread_over_the_providers_of_round_four():
+    """docs/corpus.md "The fourth file": at least 100 rows from public GitHub threads, every class,
+    the round's families (model_output, entitlements, concurrency, local servers) and the
+    providers the earlier files had few of (Chinese clouds, inference hosts, IDE assistants,
+    local servers)."""
+    assert len(V4) >= 100
+    assert {row["expected"] for row in V4} == CLASSES
+    assert {"model_output", "billing", "rate_limit", "context_overflow", "local_runtime",
+            "network"} <= {row["family"] for row in V4}
+    providers = " ".join(row["provider"].lower() for row in V4)
+    for name in ("dashscope", "zhipu", "moonshot", "volcengine", "siliconflow", "minimax", "qianfan",
+                 "groq", "cerebras", "together", "deepinfra", "sambanova", "nvidia",
+                 "cursor", "copilot", "windsurf", "kilo code", "continue",
+                 "ollama", "lm studio", "vllm"):
+        assert name in providers, name
+    assert all(row["source"].startswith("https://github.com/") for row in V4)
+
+
 def test_corpus_is_large_and_balanced():
     """At least 150 rows; every class appears; no family is a token one (three rows or more)."""
     assert len(V2) >= 150
     assert {row["expected"] for row in V2} == CLASSES
-    per_family = {family: sum(row["family"] == family for row in V2) for family in FAMILIES}
+    per_family = {family: sum(row["family"] == family for row in V2) for family in FAMILIES - {"model_output"}}
     assert min(per_family.values()) >= 3, per_family
 
 

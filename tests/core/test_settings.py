@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from fsm.core.settings import RetrySettings, SettingsError
+from fsm.host.settings_file import load_settings
 
 
 def test_defaults_are_the_seeds():
@@ -112,12 +113,12 @@ def test_load_file(tmp_path):
     """Load file."""
     p = tmp_path / "settings.json"
     p.write_text(json.dumps({"retry": {"maxRetries": 1, "jitter": "full"}}))
-    assert RetrySettings.load(p) == RetrySettings(max_retries=1, jitter="full")
+    assert load_settings(p) == RetrySettings(max_retries=1, jitter="full")
     p.write_text("{not json")
     with pytest.raises(SettingsError, match="valid JSON"):
-        RetrySettings.load(p)
+        load_settings(p)
     with pytest.raises(SettingsError, match="readable"):
-        RetrySettings.load(tmp_path / "missing.json")
+        load_settings(tmp_path / "missing.json")
 
 
 def test_round_trip_and_with_enabled():
@@ -143,13 +144,13 @@ def test_duplicate_keys_are_refused_naming_the_key(tmp_path):
     p = tmp_path / "s.json"
     p.write_text('{"retry": {"baseDelayMs": 10, "maxRetries": -5, "maxRetries": 1}}')
     with pytest.raises(SettingsError, match=r"'retry\.maxRetries' is given more than once"):
-        RetrySettings.load(p)
+        load_settings(p)
     p.write_text('{"retry": {}, "other": [{"a": 1, "a": 2}], "retry": {}}')
     with pytest.raises(SettingsError, match=r"'retry' is given more than once"):
-        RetrySettings.load(p)
+        load_settings(p)
     p.write_text('{"x": [{"a": 1, "a": 2}]}')
     with pytest.raises(SettingsError, match=r"'x\.a' is given more than once"):
-        RetrySettings.load(p)
+        load_settings(p)
 
 
 @pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo", "folder"])
@@ -163,7 +164,7 @@ def test_only_regular_files_are_read(tmp_path, special):
     elif special == "folder":
         path = tmp_path
     with pytest.raises(SettingsError, match="not a regular file"):
-        RetrySettings.load(path)
+        load_settings(path)
 
 
 def test_a_settings_file_over_one_megabyte_is_refused(tmp_path):
@@ -172,10 +173,10 @@ def test_a_settings_file_over_one_megabyte_is_refused(tmp_path):
     p = tmp_path / "s.json"
     pad = MAX_SETTINGS_BYTES - len('{"retry": {"maxRetries": 2}, "pad": ""}')
     p.write_text('{"retry": {"maxRetries": 2}, "pad": "' + "x" * pad + '"}')
-    assert RetrySettings.load(p).max_retries == 2  # exactly at the cap
+    assert load_settings(p).max_retries == 2  # exactly at the cap
     p.write_text('{"retry": {"maxRetries": 2}, "pad": "' + "x" * (pad + 1) + '"}')
     with pytest.raises(SettingsError, match="larger than 1048576 bytes"):
-        RetrySettings.load(p)
+        load_settings(p)
 
 
 def test_a_4301_digit_integer_names_its_key(tmp_path):
@@ -183,10 +184,10 @@ def test_a_4301_digit_integer_names_its_key(tmp_path):
     p = tmp_path / "s.json"
     p.write_text('{"retry": {"maxRetries": ' + "9" * 4301 + "}}")
     with pytest.raises(SettingsError, match=r"retry\.maxRetries: .*<an integer of 4301 digits>"):
-        RetrySettings.load(p)
+        load_settings(p)
     p.write_text('{"unused": ' + "9" * 4301 + ', "retry": {"maxRetries": ' + "9" * 4300 + "}}")
     with pytest.raises(SettingsError, match=r"retry\.maxRetries: expected an integer from 0 to 100"):
-        RetrySettings.load(p)
+        load_settings(p)
     with pytest.raises(SettingsError, match=r"retry\.maxRetries: .*an integer of about 5000 digits"):
         RetrySettings.from_json({"retry": {"maxRetries": 10 ** 4999}})
 
@@ -196,10 +197,10 @@ def test_load_refuses_bad_utf8_and_deep_nesting(tmp_path):
     p = tmp_path / "s.json"
     p.write_bytes(b'{"retry": {"jitter": "\xff"}}')
     with pytest.raises(SettingsError, match="UTF-8"):
-        RetrySettings.load(p)
+        load_settings(p)
     p.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(SettingsError, match="nested too deeply"):
-        RetrySettings.load(p)
+        load_settings(p)
 
 
 def test_rpc_refuses_an_oversized_or_special_settings_file(tmp_path):
@@ -227,6 +228,9 @@ def test_rpc_refuses_an_oversized_or_special_settings_file(tmp_path):
     ({"maxHintWaitMs": float("nan")}, "retry.maxHintWaitMs"),
     ({"maxElapsedMs": "10s"}, "retry.maxElapsedMs"),
     ({"afterOutput": "never"}, "retry.afterOutput"),
+    ({"unknown": "twice"}, "retry.unknown"),
+    ({"unknown": True}, "retry.unknown"),
+    ({"unknown": ["once"]}, "retry.unknown"),
     ({"budget": 5}, "retry.budget"),
     ({"budget": {"maxTokens": 0}}, "retry.budget.maxTokens"),
     ({"budget": {"maxTokens": 1001}}, "retry.budget.maxTokens"),
@@ -245,8 +249,10 @@ def test_v2_defaults_keep_the_reference_behaviour_and_round_trip():
     s = RetrySettings()
     assert (s.retry_hints, s.max_hint_wait_ms, s.max_elapsed_ms, s.after_output, s.budget) == \
         ("ignore", 60_000, None, "retry", None)
+    assert s.unknown == "never"  # docs/policy.md §1: unknown text stays fatal under the seed
     full = RetrySettings.from_json({"retry": {"retryHints": "honor", "maxElapsedMs": 900_000,
-                                              "afterOutput": "stop", "budget": {"maxTokens": 10}}})
+                                              "afterOutput": "stop", "unknown": "once",
+                                              "budget": {"maxTokens": 10}}})
     assert RetrySettings.from_json({"retry": full.to_json()}) == full
     assert full.budget.threshold == 5 and full.budget.token_ratio == 0.1
 

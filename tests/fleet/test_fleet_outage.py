@@ -31,6 +31,12 @@ async def timed(awaitable):
     return value, time.monotonic() - t0
 
 
+async def settled(g: GuardedCoordinator) -> None:
+    """Let the guard's background work (probes, heartbeats, give-backs) finish."""
+    while g._background:
+        await asyncio.gather(*tuple(g._background), return_exceptions=True)
+
+
 async def until_restored(g: GuardedCoordinator, events: list) -> None:
     """Call the coordinator as a session would until the restored event (at most 5 s)."""
     deadline = time.monotonic() + 5
@@ -93,22 +99,25 @@ async def test_redis_killed_mid_use_answers_locally_then_shares_again(own_redis,
 
 
 async def test_redis_paused_answers_within_the_timeout_then_resumes(own_redis, prefix):  # noqa: F811
-    """Redis paused answers within the timeout then resumes."""
+    """A paused Redis: the slow answer is unknown (local, no event), the probe that finds no
+    answer declares it down once, and it is restored once (docs/fleet.md "When Redis is slow
+    or down")."""
     events: list = []
     g = guarded(own_redis.url, prefix, events)
     assert await g.take_retry_token(KEY, BUDGET) is True  # connected, 9 left
     own_redis.pause()
     try:
-        allowed, took = await timed(g.take_retry_token(KEY, BUDGET))
-        assert took < TIMEOUT_S + 0.1
-        assert allowed is True, "the local bucket (full) decides"
-        assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 50 ms"}]
-        # While paused: instant local answers, except one probe per interval (each bounded).
-        t0 = time.monotonic()
+        allowed = await g.take_retry_token(KEY, BUDGET)
+        assert allowed is True, "the local share (9 of 10, after the mirror) decides"
+        assert events == [], "slow is not down"
+        while not events:  # the probe started by the slow answer finds no answer
+            await asyncio.sleep(PROBE_S)
+        assert events == [{"type": "coordinator_unavailable",
+                           "reason": "no answer to a probe within 500 ms"}]
+        # While down: local answers at once; probes run in the background, and fail.
         for _ in range(50):
-            _, took = await timed(g.cooldown_left_ms(KEY, wall_ms()))
-            assert took < TIMEOUT_S + 0.1
-        assert time.monotonic() - t0 < 2
+            await g.cooldown_left_ms(KEY, wall_ms())
+            await asyncio.sleep(0.01)
         assert len(events) == 1
     finally:
         own_redis.resume()
@@ -193,8 +202,11 @@ async def test_guard_never_raises_whatever_the_inner_raises():
     assert events == [{"type": "coordinator_unavailable", "reason": "ValueError"}]
     inner.fail = None
     assert await g.cooldown_left_ms(KEY, 0) == 0 and len(events) == 1, "no probe before the interval"
+    await settled(g)
+    assert len(events) == 1
     clock[0] = 1.0
-    await g.cooldown_left_ms(KEY, 0)
+    await g.cooldown_left_ms(KEY, 0)  # answered locally; the probe due now runs beside it
+    await settled(g)
     assert events[-1] == {"type": "coordinator_restored"}
     inner.fail = CoordinatorError("refused by 127.0.0.1:1")
     await g.cooldown_left_ms(KEY, 0)
@@ -270,21 +282,25 @@ async def test_an_answer_that_arrived_while_the_loop_was_busy_is_taken():
 
 
 async def test_a_late_answer_after_the_extension_is_given_up():
-    """A late answer after the extension is given up."""
+    """An answer later than the bound (and its extension) is unknown: answered locally, and
+    the remote, which a probe finds answering, is not declared down (docs/fleet.md)."""
     inner = Hanging()
     events: list = []
     g = GuardedCoordinator(inner, timeout_s=0.05, on_event=events.append)
-    left, took = await timed(g.cooldown_left_ms(KEY, 0))
-    assert left == 0 and took < 0.15
-    assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 50 ms"}]
+    assert await g.cooldown_left_ms(KEY, 0) == 0
+    await settled(g)
+    assert events == [] and g.available
     inner.release.set()
 
 
 async def test_the_fallback_bucket_continues_from_the_fleets_count(own_redis, prefix):  # noqa: F811
     """Redis said the fleet's bucket is drained; when Redis goes away, this process does not
-    start again from a full bucket of retries."""
+    start again from a full bucket of retries (docs/fleet.md "When Redis is slow or down")."""
     events: list = []
-    g = guarded(own_redis.url, prefix, events)
+    # a bound long enough that no answer is "unknown" on a busy machine: the local share is
+    # lowered to what Redis told, and nothing else takes from it
+    g = GuardedCoordinator(RedisCoordinator.from_url(own_redis.url, prefix=prefix), timeout_s=5,
+                           on_event=events.append, probe_interval_s=PROBE_S)
     budget = BudgetSettings(max_tokens=10)
     answers = [await g.take_retry_token(KEY, budget) for _ in range(8)]
     assert answers == [True] * 4 + [False] * 4  # 2 tokens left in Redis

@@ -303,19 +303,23 @@ async def test_the_seed_runner_asks_no_gate():
     assert not [e for e in events if e["type"] == "request_delayed"]
 
 
-async def test_a_chain_host_reserves_its_retry_slot_at_the_decision():
-    """Chain (no gate): the retry's decision asks admit with pacing and its slot is part of the delay."""
+async def test_a_chain_host_passes_the_gate_after_its_backoff_as_the_runner_does():
+    """Chain (docs/fleet.md "The gate"): the decision reserves no slot; once the backoff is
+    over, resume() asks the gate, tells request_delayed and answers the slot's wait."""
     from fsm.host.chain import Chain
 
     clock = FakeClock()
-    coordinator = GateCoordinator(clock)
-    coordinator.decision_slot_ms = 9_000
+    coordinator = GateCoordinator(clock, [Answer(pacing_ms=9_000)])
     events = []
-    chain = Chain(resilient(), coordinator=coordinator, clock=clock, random=lambda: 0.5,
-                  on_event=events.append)
-    assert await chain.failed(RuntimeError(OVERLOADED)) == 9_000
-    assert [(retry, paced) for _, retry, paced in coordinator.calls] == [(True, True)]
-    assert [e["delaySource"] for e in events if e["type"] == "auto_retry_start"] == ["pacing"]
+    chain = Chain(resilient(baseDelayMs=100), coordinator=coordinator, clock=clock,
+                  random=lambda: 0.5, on_event=events.append)
+    backoff = await chain.failed(RuntimeError(OVERLOADED))
+    assert backoff is not None and backoff < 9_000
+    assert [(retry, paced) for _, retry, paced in coordinator.calls] == [(True, False)]
+    assert await chain.resume() == 9_000
+    assert [(retry, paced) for _, retry, paced in coordinator.calls][1:] == [(False, True)]
+    assert [e["delayMs"] for e in events if e["type"] == "request_delayed"] == [9_000]
+    assert await chain.resume() is None  # booked: the retry goes once the slot's wait is over
     await chain.aclose()
 
 
@@ -398,36 +402,3 @@ async def test_abort_retry_or_retry_now_while_the_gate_asks_the_coordinator_is_n
     assert len(sent) == requests and of(events, "auto_retry_end")[-1]["success"] is success
     if how == "retry_now":
         assert sent[-1] == pytest.approx(asked, abs=0.2)  # not 2 s later at the slot
-
-
-async def test_a_chain_host_whose_pacer_has_no_slot_still_takes_the_budget_and_waits_the_recheck():
-    """Chain (no gate), the pacer with no slot within its horizon (nothing taken): the budget
-    is asked again without pacing (a refusal still ends the chain) and the retry waits at
-    least the pacer's re-check, not its bare backoff."""
-    from fsm.host.chain import Chain
-
-    class NoSlot(GateCoordinator):
-        async def admit(self, key, *, retry, budget, pacing, **kwargs):
-            if retry and pacing is not None:
-                self.calls.append((self.clock.now, retry, True))
-                return Answer(pacing_booked=False)
-            return await super().admit(key, retry=retry, budget=budget, pacing=pacing, **kwargs)
-
-    clock = FakeClock()
-    events = []
-    settings = resilient(pacing={"recheckMs": 4_000}, baseDelayMs=100,
-                         budget={"maxTokens": 10, "mode": "refuse"})
-    chain = Chain(settings, coordinator=NoSlot(clock), clock=clock, random=lambda: 0.5,
-                  on_event=events.append)
-    assert await chain.failed(RuntimeError(OVERLOADED)) == 4_000
-    assert [e["delaySource"] for e in events if e["type"] == "auto_retry_start"] == ["pacing"]
-    await chain.aclose()
-    spent = NoSlot(clock)
-    budget = settings.budget
-    for _ in range(6):  # the bucket below half: the next retry is refused
-        spent.take_retry_token_sync(CoordKey("p", "m"), budget)
-    refused = Chain(settings, coordinator=spent, clock=clock, random=lambda: 0.5)
-    refused._key = CoordKey("p", "m")
-    assert await refused.failed(RuntimeError(OVERLOADED)) is None
-    assert refused.end.end_reason == "budget"
-    await refused.aclose()

@@ -63,7 +63,7 @@ async def test_a_retryable_failure_then_success_returns_the_result_with_the_brai
     assert events[0]["attempt"] == 1 and events[0]["delayMs"] == 10
     assert events[0]["errorMessage"] == "ConnectionResetError: Connection reset by peer"
     assert events[1] == {"type": "auto_retry_end", "success": True, "attempt": 1,
-                         "endReason": "succeeded", "chainId": 1}
+                         "endReason": "succeeded", "chainId": events[0]["chainId"]}
 
 
 async def test_a_fatal_first_failure_is_re_raised_unchanged_and_starts_no_chain():
@@ -177,7 +177,8 @@ async def test_cancelling_the_awaiting_task_during_a_backoff_ends_the_chain_canc
         await task
     assert fn.calls == 1 and clock.pending == []
     assert events[-1] == {"type": "auto_retry_end", "success": False, "attempt": 1,
-                          "finalError": fsm.CANCELLED_TEXT, "endReason": "cancelled", "chainId": 1}
+                          "finalError": fsm.CANCELLED_TEXT, "endReason": "cancelled",
+                          "chainId": events[0]["chainId"]}
 
 
 async def test_cancelling_during_a_retried_call_ends_the_chain_cancelled():
@@ -326,8 +327,7 @@ def test_bad_options_are_refused_with_the_value_named():
         RetryRunner(on_event=3)
     with pytest.raises(ValueError, match="context_window"):
         RetryRunner(context_window=-5)
-    with pytest.raises(TypeError, match="coordinator is async"):
-        RetryRunner(coordinator=object()).run_sync(lambda: 1)
+    assert RetryRunner(coordinator=__import__('fsm.fleet').fleet.InProcessCoordinator()).run_sync(lambda: 1) == 1
 
 
 async def test_the_runners_transitions_are_recorded_with_the_brain_as_owner():
@@ -578,3 +578,43 @@ async def test_an_exception_whose_str_raises_is_re_raised_as_it_came():
         raise Weird()
     with pytest.raises(Weird):
         await fsm.retrying(call)
+
+
+def test_two_runner_chains_never_share_a_chain_id():
+    """Every chain gets a chain id unique in the process, whatever its host (SPEC §15.1):
+    OpenTelemetry spans keyed by chainId never merge two calls (docs/integrations.md)."""
+    ids = []
+    for _ in range(2):
+        events = []
+        answers = [ConnectionResetError("reset"), "ok"]
+
+        def fn() -> str:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        RetryRunner(on_event=events.append, sleep=lambda s: None).run_sync(fn)
+        ids.append(events[0]["chainId"])
+    assert ids[0] != ids[1] and all(isinstance(i, int) and i >= 1 for i in ids)
+
+
+async def test_the_async_entry_refuses_a_sync_sdk_resource_before_calling_it():
+    """fsm.retrying refuses a known sync SDK resource before any call, naming retrying_sync
+    (SPEC §15.13 "Sync and async"; docs/embedding.md)."""
+    import openai
+    client = openai.OpenAI(api_key="sk-test", base_url="http://127.0.0.1:9")
+    with pytest.raises(TypeError, match="retrying_sync"):
+        await fsm.retrying(client.chat.completions.create, model="m", messages=[])
+
+
+async def test_a_sync_function_that_raises_is_called_once_on_the_async_entry():
+    """A synchronous function that raises is not retried on the event loop: one call, then
+    TypeError naming retrying_sync from its exception (SPEC §15.13; docs/policy.md §10)."""
+    calls = []
+
+    def sync_fn() -> None:
+        calls.append(1)
+        raise ConnectionResetError("reset")
+    with pytest.raises(TypeError, match="retrying_sync") as info:
+        await fsm.retrying(sync_fn, sleep=no_sleep)
+    assert len(calls) == 1 and isinstance(info.value.__cause__, ConnectionResetError)

@@ -193,9 +193,11 @@ async def test_a_call_already_owned_by_an_fsm_host_passes_through():
 
 def test_sync_transports_share_a_cooldown_through_the_coordinator_facade():
     """Two sync transports on one coordinator: a retry hint one learned delays the other's retry
-    (the coordinator is asynchronous; the sync facade speaks to it on a background loop)."""
+    (the coordinator is asynchronous; the sync facade speaks to it on a background loop). The
+    coordinator's clock stands still, so that a loaded machine cannot let the cooldown run out
+    between the two calls (docs/integrations.md)."""
     from fsm.fleet import InProcessCoordinator
-    coordinator = InProcessCoordinator()
+    coordinator = InProcessCoordinator(clock=lambda: 1_000_000)
     hinted = {"status": 429, "headers": {"retry-after-ms": "400"},
               "json": {"error": {"type": "rate_limit_error", "message": "Rate limit reached"}}}
     settings = {**FAST, "retryHints": "honor", "maxHintWaitMs": 5000}

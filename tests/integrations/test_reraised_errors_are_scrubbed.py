@@ -123,13 +123,14 @@ def test_the_langchain_middleware_re_raises_the_model_s_error_scrubbed():
 
 
 async def test_the_pydantic_ai_capability_re_raises_the_model_s_error_scrubbed():
-    """RetryBrainCapability: the chain's end raises from the model's own error, both scrubbed."""
+    """RetryBrainCapability: a refusal at rest (maxRetries 0) re-raises the model's own error,
+    scrubbed, its end reason noted, as the runner does (docs/policy.md §10)."""
     url, password, key = secret_url("Pyd")
     capability = RetryBrainCapability({**FAST, "maxRetries": 0})
     context = SimpleNamespace(model=None)
     token = RETRY_OWNER.set(capability._chain(context))
     try:
-        with pytest.raises(fsm.RetryChainError) as caught:
+        with pytest.raises(httpx2.ConnectError) as caught:
             try:
                 failing_call(url)()
             except httpx2.ConnectError as error:
@@ -137,8 +138,8 @@ async def test_the_pydantic_ai_capability_re_raises_the_model_s_error_scrubbed()
     finally:
         RETRY_OWNER.reset(token)
     text = shown(caught.value)
-    assert isinstance(caught.value.__cause__, httpx2.ConnectError)
-    assert "api_key=[redacted]" in str(caught.value.__cause__)
+    assert "api_key=[redacted]" in str(caught.value)
+    assert caught.value.__notes__ == ["retry-fsm: not retried (endReason: exhausted, attempt 0)"]
     assert password not in text and key not in text
 
 

@@ -324,3 +324,80 @@ def test_xdist_worker_deselection_reaches_the_controller(suite):
                                         "--transition-coverage-fail-under=50")
     assert result.ret == 0
     assert report(suite)["partial_reasons"] == ["1 tests deselected"]
+
+
+# ----------------------------------------------------------------------------- test contexts
+
+def contexts_of(data: dict) -> dict[tuple[str, str, str], dict]:
+    return {(c["row"], c["outcome"], c["guard"]): c for c in data["contexts"]}
+
+
+CHAIN_ID = "tests/test_chain.py::test_chain"
+CANCEL_ID = "tests/test_cancel.py::test_cancel"
+
+
+def test_each_row_names_the_tests_that_exercised_it(suite):
+    """The report names, per row and outcome, the node ids of the tests that took it (docs/diagrams.md "The report")."""
+    run(suite, "--transition-coverage")
+    data = report(suite)
+    ctx = contexts_of(data)
+    assert sorted(ctx[(FIRST, "taken", "")]["tests"]) == [CANCEL_ID, CHAIN_ID]
+    assert ctx[(FIRST, "taken", "")]["total"] == 2
+    assert ctx[("cancelled--retry_cancelled->(ignored)", "ignored", "")]["tests"] == [CANCEL_ID]
+    assert data["context_limit"] == A.CONTEXT_LIMIT
+    assert all(c["tests"] for c in data["contexts"])  # nothing ran outside a test here
+
+
+@pytest.mark.subprocess
+def test_xdist_workers_send_their_test_contexts(suite):
+    """With -n 2 each worker's test ids reach the controller's report (docs/diagrams.md "The report")."""
+    run_subprocess(suite, "-n", "2", "--transition-coverage")
+    ctx = contexts_of(report(suite))
+    assert sorted(ctx[(FIRST, "taken", "")]["tests"]) == [CANCEL_ID, CHAIN_ID]
+    assert ctx[(FIRST, "taken", "")]["total"] == 2
+
+
+def test_a_rejection_names_the_guard_that_failed():
+    """A rejected row's context is kept per failing guard (docs/diagrams.md "The report")."""
+    from fsm.core.brain import RetryBrain
+    from fsm.core.classify import Classification
+    from fsm.core.messages import AssistantMessage
+    from fsm.core.settings import RetrySettings
+
+    with A.Collector(contexts=True) as c:
+        c.context = "t::no_retries"
+        b = RetryBrain(RetrySettings(max_retries=0))
+        b.turn_ended(AssistantMessage("error", error_message="503"),
+                     classification=Classification("retryable", "test.retryable"))
+    rejected = {key: ctx for key, ctx in c.contexts.items() if key[1] == "rejected"}
+    assert rejected and all(key[2] for key in rejected)
+    assert any(key[2] == "has_retries_left" and ctx.tests == ["t::no_retries"]
+               for key, ctx in rejected.items())
+
+
+def test_contexts_are_bounded_and_counted():
+    """A row keeps the first CONTEXT_LIMIT test ids and counts the rest (docs/diagrams.md "The report")."""
+    ctx = A.Context()
+    for n in range(A.CONTEXT_LIMIT + 5):
+        ctx.hear(f"t{n}")
+        ctx.hear(f"t{n}")  # the same test again: one context
+    ctx.hear(None)  # outside any test: a record, no context
+    assert ctx.tests == [f"t{n}" for n in range(A.CONTEXT_LIMIT)]
+    assert (ctx.total, ctx.more, ctx.records) == (A.CONTEXT_LIMIT + 5, 5, 2 * A.CONTEXT_LIMIT + 11)
+    other = A.Context(1, ["u"], 1)
+    ctx.merge(other)
+    assert ctx.total == A.CONTEXT_LIMIT + 6 and len(ctx.tests) == A.CONTEXT_LIMIT
+    again = A.contexts_from_json(A.contexts_to_json({("r", "taken", ""): ctx}))
+    assert again[("r", "taken", "")].tests == ctx.tests and again[("r", "taken", "")].total == ctx.total
+
+
+def test_the_html_option_writes_the_report_naming_the_tests(suite):
+    """--transition-coverage-html DIR writes the browser report (implies recording), its rows
+    naming the tests that took them (docs/diagrams.md "The report")."""
+    result = run(suite, "--transition-coverage-html", "build/transition-coverage-html")
+    result.assert_outcomes(passed=2)
+    index = suite.path / "build" / "transition-coverage-html" / "index.html"
+    text = index.read_text(encoding="utf-8")
+    assert CHAIN_ID in text and CANCEL_ID in text
+    assert (index.parent / "states" / "idle.html").is_file()
+    assert any(l == f"transition coverage: HTML report {index}" for l in result.outlines)

@@ -61,6 +61,7 @@ def test_the_path_comes_first_and_fits_a_screen(tmp_path, capsys):
     assert "auto_retry_end (exhausted)" in lines[7]
     assert lines[8].startswith("coverage of retry_lifecycle: ") and "--table" in lines[8]
     assert lines[9].strip() == f"({S.ITEM})"
+    assert lines[10].strip() == f"({S.GUARDS})"  # the "6 ✓" shorthand, explained
     assert all(len(l) <= 160 for l in lines)
 
 
@@ -73,7 +74,7 @@ def test_a_long_path_is_cut_in_the_middle(tmp_path, capsys):
     assert len(lines) <= 40
     assert any("steps not shown" in l for l in lines)
     assert lines[0].startswith(f"the path taken in {path}: 51 steps")
-    assert lines[-3].split()[1:4] == ["succeeded", "→", "exhausted"]
+    assert lines[-4].split()[1:4] == ["succeeded", "→", "exhausted"]
 
 
 def test_times_are_shown_when_records_carry_them(tmp_path):
@@ -129,7 +130,7 @@ def test_the_demo_s_trace_tells_its_story_in_a_screen(tmp_path, capsys):
     assert lines[0].startswith(f"the path taken in {trace}: ")
     path = [l.split()[1:4] for l in lines[2:] if l.strip()[:1].isdigit()]
     assert path[0] == ["idle", "→", "backing_off"] and path[-1] == ["continuing", "→", "succeeded"]
-    assert [l for l in lines if l.startswith("coverage of ")] == [lines[-2]]
+    assert [l for l in lines if l.startswith("coverage of ")] == [lines[-3]]
 
 
 def test_a_trace_written_with_the_host_clock_tells_when_each_step_happened(tmp_path):

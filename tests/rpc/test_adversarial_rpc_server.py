@@ -386,12 +386,13 @@ def test_read_trace_reports_deep_nesting_as_a_trace_error(tmp_path):
 
 
 def test_settings_load_reports_deep_nesting_as_a_settings_error(tmp_path):
-    """Settings load reports deep nesting as a settings error."""
-    from fsm.core.settings import RetrySettings, SettingsError
+    """A settings file nested too deeply is refused with a SettingsError (docs/policy.md §8b.10)."""
+    from fsm.core.settings import SettingsError
+    from fsm.host.settings_file import load_settings
     path = tmp_path / "settings.json"
     path.write_text('{"retry":' + "[" * 100000)
     with pytest.raises(SettingsError):
-        RetrySettings.load(path)
+        load_settings(path)
 
 
 def test_unknown_settings_key_error_is_bounded():

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from fsm.core.classify.rules import (
@@ -67,8 +67,8 @@ from fsm.core.hints import (
 )
 from fsm.core.messages import AssistantMessage, Usage
 
-__all__ = ["FAMILIES", "KINDS", "Classification", "Kind", "classify", "classify_facts", "classify_message",
-           "family_of"]
+__all__ = ["FAMILIES", "KINDS", "Classification", "Kind", "capacity_signal_of", "classify", "classify_facts",
+           "classify_message", "family_of"]
 
 Kind = Literal["retryable", "context_overflow", "fatal", "none"]
 KINDS: tuple[str, ...] = ("retryable", "context_overflow", "fatal", "none")
@@ -85,7 +85,8 @@ class Classification:
     (``"structured.status_529"``, ``"structured.code_insufficient_quota"``,
     ``"structured.type_overloaded_error"``, ``"structured.x_should_retry_false"``…, see
     :func:`classify_facts`), or one of the fixed steps ``"stop_reason.not_error"``,
-    ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"``.
+    ``"error.no_message"``, ``"overflow.silent_usage"``, ``"fatal.unmatched"`` (family
+    ``unknown``: no status, no typed code, no rule).
     ``usage_limit``: the message is a usage-limit error (docs/policy.md §2 "Usage limits";
     only ever true for ``retryable``). ``retry_hint_ms``: the provider's retry hint in
     milliseconds (0 … 400 days, :data:`fsm.core.hints.MAX_HINT_MS`), only for ``retryable``;
@@ -93,6 +94,16 @@ class Classification:
     (``"overloaded"``, ``"rate_limit"``, ``"usage_limit"``, ``"server_error"``…); left out, it
     is derived from ``rule``, ``kind`` and ``usage_limit``. Raises ``ValueError`` naming a
     family outside the set.
+    ``capacity_signal``: the failure says the provider has no capacity now — what teaches the
+    pacer (docs/classification.md "Capacity signal", docs/fleet.md "Pacing"): a 429 rate limit,
+    a 529 or overloaded, a 503 or unavailable, a connection refused or reset. False for a 500,
+    a 502/504, a stall, a timeout, a connection dropped any other way, a usage-limit window and
+    every verdict that is not ``retryable``. Left out (None), it is derived by
+    :func:`capacity_signal_of` from ``kind``, ``rule``, ``family`` and ``usage_limit``; the
+    classifier passes it when the text decides (a ``network`` verdict whose text names a
+    refused or reset connection). Always a ``bool`` once built; never true for a verdict that
+    is not retryable or for a usage limit; not part of equality. The host adds what the text
+    cannot say: nothing had been streamed (a reset mid-stream teaches nothing).
     """
 
     kind: Kind
@@ -100,6 +111,7 @@ class Classification:
     usage_limit: bool = False
     retry_hint_ms: int | None = None
     family: str = ""
+    capacity_signal: bool | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -107,6 +119,32 @@ class Classification:
         elif self.family not in FAMILIES:
             raise ValueError(f"Classification.family: unknown family {self.family!r}; "
                              f"expected one of {', '.join(FAMILIES)}")
+        derived = capacity_signal_of(self.kind, self.rule, self.family, self.usage_limit)
+        if self.capacity_signal is not None:  # the classifier's word, within the same bounds
+            derived = bool(self.capacity_signal) and self.kind == "retryable" and not (
+                self.usage_limit or self.family == "usage_limit")
+        object.__setattr__(self, "capacity_signal", derived)
+
+
+_CAPACITY_FAMILIES = frozenset({"overloaded", "rate_limit"})
+_UNAVAILABLE_RULES = frozenset({
+    "retryable.status_503", "retryable.service_unavailable", "structured.status_503",
+    "structured.inner_status_503",
+    *(f"structured.{source}_{code}" for source in ("code", "type")
+      for code in ("unavailable", "service_unavailable", "serviceunavailableexception")),
+})
+"""The rules of a retryable ``server_error`` that mean 503 / unavailable (a capacity signal)."""
+
+
+def capacity_signal_of(kind: str, rule: str, family: str, usage_limit: bool = False) -> bool:
+    """Whether a verdict is a capacity signal by its rule alone (docs/classification.md
+    "Capacity signal"): a retryable ``overloaded`` or ``rate_limit`` verdict (529, 429,
+    ``overloaded_error``, "too many requests"…), or a ``server_error`` whose rule means 503 /
+    unavailable (:data:`_UNAVAILABLE_RULES`). False for a usage limit and for anything not
+    ``retryable``. A refused or reset connection is told by the text (:func:`_refine`)."""
+    if kind != "retryable" or usage_limit or family == "usage_limit":
+        return False
+    return family in _CAPACITY_FAMILIES or rule in _UNAVAILABLE_RULES
 
 
 def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
@@ -119,6 +157,8 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
         return "overflow"
     if usage_limit:
         return "usage_limit"
+    if rule == _UNMATCHED_ID:
+        return "unknown"
     family = family_of_rule(rule)
     if family is not None:
         return family
@@ -139,6 +179,13 @@ def family_of(kind: str, rule: str, usage_limit: bool = False) -> str:
     return "server_error" if kind == "retryable" else "other"
 
 
+_UNMATCHED_ID = "fatal.unmatched"
+"""The one rule id of family ``unknown``: text with no status, no typed code and no rule
+(docs/policy.md §2 step 6; fatal, one retry under ``retry.unknown: "once"``). With a status or a
+typed code that decides nothing, :func:`classify_facts` names the fact instead (family of the
+status, or ``other``)."""
+
+
 _USAGE_WINDOW_ONLY = frozenset({"fatal.payment_required", "fatal.insufficient_quota"})
 """Permanent rules that stand down only for a usage window with a stated reset (a 402 or an
 insufficient_quota type whose text is a free or periodic quota that resets at a given time),
@@ -157,16 +204,42 @@ def _states_a_reset(t: str) -> bool:
 _WINDOW_CODES = frozenset({"insufficient_quota", "payment_required"})
 """Typed permanent codes that stand down for a usage window with a stated reset."""
 
-_REFINABLE = frozenset({"server_error", "retry_later", "network", "timeout"})
+_REFINABLE = frozenset({"server_error", "retry_later", "network", "timeout", "rate_limit"})
+_OVERLOADED_WORDS = re.compile(
+    r"overload|over capacity|no capacity|at capacity|capacity exhausted|high demand|high traffic"
+    r"|heavy (?:load|traffic)|under (?:high|heavy) load|too busy|server busy"
+    r"|(?:model|service|server|system|engine|cluster)s? (?:is |are )?(?:currently |temporarily )?busy"
+    r"|(?:model|engine) is (?:currently )?loading|surcharg|sobrecarg|überlastet|ausgelastet"
+    r"|繁忙|过载|過負荷|混雑|과부하")
+"""The overloaded family's words (docs/classification.md "Families"): any retryable 5xx, gateway,
+"retry later" or rate-limit verdict whose text says so is ``overloaded``, so that
+``retry.fallbackOn: ["overloaded"]`` fires for every wording of an engine at capacity."""
+
+
+_REFUSED_OR_RESET_RE = re.compile(
+    r"refused|conn(?:ection)?[ _-]?reset|connection (?:was |has been )?reset|reset by peer"
+    r"|reset before headers|errno (?:104|111|54|61)\b|winerror 100(?:54|61)\b", re.ASCII)
+"""A connection refused or reset, in lower-case text (``ECONNREFUSED``, ``[Errno 111]
+Connection refused``, ``ConnectionResetError``, "reset by peer", WinError 10054/10061)."""
 
 
 def _refine(result: Classification, text: str | None) -> Classification:
-    """A retryable 5xx, gateway or "retry later" whose text says the provider is overloaded is
-    ``overloaded`` (OpenAI's "503 … The engine is currently overloaded"; docs/classification.md)."""
-    if (result.kind == "retryable" and result.family in _REFINABLE and text
-            and "overload" in text.lower()):
+    """A retryable 5xx, gateway, "retry later" or rate limit whose text says the provider is
+    overloaded is ``overloaded`` (OpenAI's "503 … The engine is currently overloaded", Moonshot's
+    429 "The engine is currently overloaded", "high traffic"; docs/classification.md); a
+    ``network`` failure whose text names a refused or reset connection is a capacity signal
+    (``Connection error. (ConnectError: [Errno 111] Connection refused)``; docs/classification.md
+    "Capacity signal")."""
+    if result.kind != "retryable" or not text:
+        return result
+    if (result.family in _REFINABLE and not result.usage_limit
+            and _OVERLOADED_WORDS.search(text.lower()) is not None):
         return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
                               "overloaded")
+    if (result.family == "network" and not result.capacity_signal
+            and _REFUSED_OR_RESET_RE.search(text.lower()) is not None):
+        return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
+                              "network", True)
     return result
 
 
@@ -253,7 +326,14 @@ _Clock = tuple["float | None", "ZoneResolver | None"]
 _NOT_ERROR = Classification("none", "stop_reason.not_error")
 _NO_MESSAGE = Classification("fatal", "error.no_message")
 _SILENT_OVERFLOW = Classification("context_overflow", "overflow.silent_usage")
-_UNMATCHED = Classification("fatal", "fatal.unmatched")
+_UNMATCHED = Classification("fatal", _UNMATCHED_ID)
+_MODEL_OUTPUT_RULE = next(r for r in RETRYABLE_RULES if r.family == "model_output")
+_MODEL_OUTPUT_RE = re.compile(_MODEL_OUTPUT_RULE.pattern)
+_MODEL_OUTPUT = Classification("retryable", _MODEL_OUTPUT_RULE.id)
+"""docs/policy.md §2: the provider's own model failed to produce valid output (a tool call, JSON):
+retryable, family ``model_output``, even inside a 4xx (Groq's 400 ``tool_use_failed``)."""
+_UNMATCHED_FACTS = Classification("fatal", "structured.unmatched")
+"""A typed code or type that no table knows, with no status and no rule: family ``other``."""
 _RESULT: dict[tuple[str, bool], Classification] = {}
 for _tag, _rule in _TAGGED[:-1] + [(RETRYABLE, r) for r in INWORD_RULES]:
     _RESULT[_rule.id, False] = Classification(
@@ -448,6 +528,8 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
     if permanent is not None and permanent.id not in YIELDS_TO_HINT:
         return _RESULT[permanent.id, False]
     if status is not None and status.id[0] == "f":
+        if _MODEL_OUTPUT_RE.search(t) is not None:  # the model's own invalid output outranks a 4xx
+            return _MODEL_OUTPUT
         return _RESULT[status.id, False]
     if retryable is None:
         retryable = _ANYWHERE_RETRYABLE.search(t)
@@ -481,6 +563,10 @@ def _decide(t: str, permanent: Rule | None, retryable: Rule | None, usage_limit:
 _STATUS_VERDICT = {**{n: "retryable" for n in RETRYABLE_STATUSES}, **{n: "fatal" for n in FATAL_STATUSES},
                    402: "permanent", 413: "context_overflow"}
 _RATE_FAMILIES = frozenset({"rate_limit", "usage_limit"})
+_SIZE_REFUSALS = frozenset({"fatal.request_entity_too_large"})
+"""Text rules that make an HTTP 413 a fatal request-size refusal rather than an overflow."""
+_CAPACITY_STATUSES = frozenset({429, 503, 529})
+"""Statuses that are a capacity signal by themselves (docs/classification.md "Capacity signal")."""
 _STATUS_DIGITS = re.compile(r"[1-5][0-9][0-9]")
 
 
@@ -570,6 +656,8 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
         if verdict is not None and verdict[0] == "context_overflow":
             return Classification("context_overflow", f"structured.{name}")
     if outer == "context_overflow":
+        if tr.rule in _SIZE_REFUSALS:  # a proxy's 413 page: a request-size refusal, not an overflow
+            return tr
         return Classification("context_overflow", f"structured.status_{status}")
     if tr.kind == "context_overflow":
         if status != 429 or tr.rule in _BEATS_429:
@@ -590,9 +678,17 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
         return Classification("fatal", "structured.x_should_retry_false")
     if tr.kind == "fatal" and tr.rule in _CONDITION_IDS:
         return tr
+    if tr.kind == "retryable" and tr.family == "model_output":  # outranks any status (§2)
+        return _retryable(tr.rule, False, tr, text, headers, clock)
     # 3. the server's own verdict: worth retrying
     if verdict_header is True:
-        return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, clock)
+        # the header names no condition: the status, the typed code or the text still say
+        # whether the provider is out of capacity (a 529 with x-should-retry: true is one)
+        capacity = (status in _CAPACITY_STATUSES or bool(tr.capacity_signal)
+                    or any(v is not None and capacity_signal_of(v[0], f"structured.{n}", v[1])
+                           for n, v, _ in typed))
+        return _retryable(f"structured.x_should_retry_true", status == 429, tr, text, headers, clock,
+                          capacity=capacity)
     # 4. the body's typed code/type (a numeric code is an inner status)
     for name, verdict, value in typed:
         if verdict is None and name.startswith("code_") and _STATUS_DIGITS.fullmatch(value):
@@ -628,14 +724,20 @@ def _classify_facts(stop_reason: str, error_message: str | None, usage: Usage | 
     # 7. the text families
     if tr.kind == "retryable":
         return _retryable(tr.rule, _family(tr.rule) in _RATE_FAMILIES, tr, text, headers, clock)
+    if tr.rule == _UNMATCHED_ID:  # a fact was there: not unknown, the fact names the verdict
+        if status is not None:
+            return Classification("fatal", f"structured.status_{status}")
+        if typed:
+            return _UNMATCHED_FACTS
     return tr
 
 
 def _retryable(rule_id: str, rate_limited: bool, tr: Classification, text: str,
                headers: Mapping[str, str] | None, clock: _Clock, *,
-               usage_limit: bool = False) -> Classification:
+               usage_limit: bool = False, capacity: bool | None = None) -> Classification:
     """A retryable verdict with the usage-limit flag of the facts or the text, and the hint of
-    the headers, else of the text."""
+    the headers, else of the text; ``capacity``: its capacity signal when the rule id alone
+    does not say it (None: derived from the rule)."""
     usage_limit = usage_limit or (tr.kind == "retryable" and tr.usage_limit)
     rate_limited = rate_limited or usage_limit or (tr.kind == "retryable" and _family(tr.rule) in _RATE_FAMILIES)
     found = header_hint(headers, rate_limited=rate_limited, now_ms=clock[0], zone=clock[1])
@@ -645,7 +747,7 @@ def _retryable(rule_id: str, rate_limited: bool, tr: Classification, text: str,
         hint = tr.retry_hint_ms
     else:
         hint = parse_retry_hint_ms(text, now_ms=clock[0], zone=clock[1]) if text else None
-    return Classification("retryable", rule_id, usage_limit, hint)
+    return Classification("retryable", rule_id, usage_limit, hint, "", capacity)
 
 
 def classify_message(message: AssistantMessage, context_window: int = 0, *,

@@ -53,7 +53,7 @@ __all__ = [
 FAMILIES: tuple[str, ...] = (
     "overloaded", "rate_limit", "usage_limit", "server_error", "network", "stalled", "timeout",
     "retry_later", "overflow", "billing", "auth", "invalid_request", "not_found", "content_policy",
-    "region", "configuration", "resources", "other", "none",
+    "region", "configuration", "resources", "model_output", "unknown", "other", "none",
 )
 """The closed set of failure families (:attr:`fsm.core.classify.Classification.family`, the
 ``family`` of every :class:`Rule`; docs/classification.md "Families" says what each covers).
@@ -64,7 +64,11 @@ Retryable: ``overloaded`` (the provider is at capacity: 529, ``overloaded_error`
 ``retry_later`` (the provider only says to retry). Overflow: ``overflow``. Fatal:
 ``billing``, ``auth``, ``invalid_request``, ``not_found``, ``content_policy``, ``region``,
 ``configuration`` (TLS trust, a host name that was never set), ``resources`` (a local runtime
-cannot hold the model), ``other`` (nothing more specific: no rule matched). ``none``: the turn did not fail."""
+cannot hold the model), ``unknown`` (text with no status, no typed code and no rule: the rule
+``fatal.unmatched``; one retry under ``retry.unknown: "once"``), ``other`` (a status or typed
+code that names nothing more specific). Retryable too: ``model_output`` (the provider's own model
+failed to produce valid output: ``tool_use_failed``, "failed to generate valid JSON"; docs/policy.md
+§2). ``none``: the turn did not fail."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,11 @@ def _status(numbers: str) -> str:
 # 4xx statuses that are never worth retrying as such (408 timeout, 409, 413 size, 425, 429
 # and 499 are left out on purpose).
 _CLIENT_4XX = r"4(?:0[013-7]|1[0-2]|1[4-8]|2[1-46-8]|31|51)(?![0-9])"
+
+# A gateway's label used as a prefix ("relay error (channel #3): …", "Upstream error from X: …",
+# "Upstream request failed: …"): followed by a colon and more text, it decides nothing; the text
+# after it does (docs/policy.md §2). With nothing after the colon the label is all there is.
+_NOT_A_PREFIX = r"(?! ?(?:\([^()]{0,40}\) ?)?: ?[^ ])(?! from [a-z0-9 ._()-]{1,40}: ?[^ ])"
 
 # --------------------------------------------------------------------------------------------
 # Step 3: context overflow (handed to compaction, never retried)
@@ -201,7 +210,8 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          "as it is, even inside a 429 (OpenAI/Groq 'Request too large for <model> … on tokens per "
          "min (TPM): Limit N, Requested M … must be reduced in order to run successfully')"),
     Rule("overflow.request_too_large", "overflow",
-         r"request_too_large|request (?:entity |body |payload )?too large|payload too large"
+         r"request_too_large|request (?:body |payload )?too large|payload too large"
+         r"|max(?:imum)? request body size (?:of )?[0-9,]{1,15} (?:bytes )?exceeded"
          r"|request (?:size )?exceeds the maximum (?:allowed )?size|payload size exceeds the limit"
          r"|string_above_max_length",
          "Anthropic 413 request_too_large (32 MB); Groq 413 'Request too large for model'; "
@@ -247,6 +257,18 @@ OVERFLOW_RULES: tuple[Rule, ...] = (
          "server, LM Studio; even inside an HTTP 500: an overflow marker outranks the status, "
          "docs/policy.md §8b.8); SGLang 'longer than the model\\'s context length' with the quote "
          "escaped in JSON (https://github.com/QwenLM/Qwen3/issues/1321)"),
+    Rule("overflow.context_wording", "overflow",
+         r"(?:ran|run|running|runs) out of (?:room|space) in (?:the |its |your )?(?:model'?s? )?context"
+         r"|no (?:room|space) left in (?:the |its |your )?(?:model'?s? )?context|context window (?:is )?full"
+         r"|(?:input|prompt|sequence) length (?:of )?\(?[0-9,]{1,12}\)? (?:tokens )?exceeds? (?:the )?max(?:imum)?"
+         r" (?:allowed |supported |input |prompt )?(?:length|tokens)"
+         r"|(?:input|prompt) tokens (?:\(?[0-9,]{1,12}\)? )?(?:has |have )?exceed(?:ed|s)? (?:the )?"
+         r"max_?(?:prompt|input)_?tokens",
+         "context overflow in the words of agents and servers the older rules did not know, as a family: "
+         "the model's context window 'ran out of room' (an agent's own report), 'Input length N exceeds the "
+         "maximum length M' (embedding and inference servers), 'number of input tokens (N) has exceeded "
+         "max_prompt_tokens (M)' (a proxy's per-model prompt cap); shrinking the history is the fix "
+         "(docs/policy.md §2)"),
     Rule("overflow.status_no_body", "overflow",
          r"^4(?:00|13) ?(?:status code)? ?\(no body\)",
          "Cerebras/Mistral bare '400 status code (no body)' / '413 (no body)' at the start of "
@@ -286,10 +308,32 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "recharge; docs/policy.md §2", anywhere=True),
     Rule("fatal.spending_limit", "billing",
          r"spending (?:limit|cap)|billing[_ ]hard[_ ]limit|billing_not_active|account is not active"
-         r"|premium request allowance|you have no (?:remaining )?quota|trial (?:has )?(?:expired|ended)",
+         r"|premium request allowance|you have no (?:remaining )?quota|trial (?:has )?(?:expired|ended)"
+         r"|(?:monthly|daily|weekly|account|organi[sz]ation|workspace) (?:spend(?:ing)?|budget|cost) (?:limit|cap)"
+         r"|budget (?:has been |was )?(?:exceeded|reached|exhausted)|reached the set (?:inference |usage )?limit"
+         r"|service has been paused|safe experience mode",
+         "spend caps stay billing (docs/policy.md §2): monthly and other budgets set on the account, "
+         "Volcengine Ark's 'reached the set inference limit … the model service has been paused' (Safe "
+         "Experience Mode, https://github.com/volcengine/MineContext/issues/328); "
          "xAI 'reached its monthly spending limit' (corpus xai-*); OpenAI "
          "billing_hard_limit_reached / billing_not_active; Copilot 'exceeded your premium "
          "request allowance', 402 'You have no quota'"),
+    Rule("fatal.entitlement", "billing",
+         r"(?:extra usage|usage credits?|additional credits|a paid plan|a paid account|a subscription) (?:is|are) required"
+         r"|requires? (?:a |an )?(?:paid|pro|higher|upgraded|premium|team|enterprise|business) (?:plan|tier|subscription|account)"
+         r"|not (?:enabled|available|included|supported) (?:for|on|in|with) (?:your|this|the current) (?:plan|tier"
+         r"|subscription|account type)|out of extra usage|(?:enable|turn on) extra usage",
+         "docs/policy.md §2 (SPEC §15.11): a 429 or 403 whose text states an entitlement or plan "
+         "requirement (Anthropic 429 'Extra usage is required for long context requests', 'Usage credits "
+         "are required', 'not enabled for your plan') can never succeed until the plan changes: fatal, "
+         "even typed rate_limit_error (https://github.com/anthropics/claude-code/issues/42616)"),
+    Rule("fatal.trial_allowance", "billing",
+         r"(?:reached|exhausted|used up|hit|exceeded|used all) (?:of )?(?:your |the )?(?:free )?trial"
+         r"(?: (?:request|message|usage|api))? (?:limit|quota|allowance|credits?|requests)"
+         r"|trial(?: (?:request|message|usage|api))? (?:limit|quota|allowance|credits?) (?:has been |is |was )?"
+         r"(?:reached|exceeded|exhausted|used up|depleted)",
+         "docs/policy.md §2: a trial or free request allowance used up is not a rate limit: no window "
+         "refills it, only an upgrade (a trial request limit of an editor's hosted models)"),
     Rule("fatal.should_not_retry", "invalid_request",
          r"x-should-retry: ?false",
          "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
@@ -325,10 +369,17 @@ PERMANENT_RULES: tuple[Rule, ...] = (
          "a local runtime that cannot load the model (LM Studio 'Failed to load the model … Try a "
          "different model and/or config', llama.cpp 'error loading model'): not the transient "
          "'Loading model' of a server still starting"),
+    Rule("fatal.request_entity_too_large", "invalid_request",
+         r"request entity too large(?![^.]{0,80}(?:context|token))",
+         "docs/policy.md §2: the HTTP 413 reason phrase as a proxy's page (nginx client_max_body_size) is "
+         "a request-size refusal: fatal, not a context overflow; a provider's own size error "
+         "(request_too_large, 'Maximum request body size N exceeded') is still overflow "
+         "(https://github.com/langgenius/dify/issues/20869)"),
     Rule("fatal.out_of_memory", "resources",
          r"(?:cannot|can't|could not|couldn't|unable to|failed to) allocate(?: [a-z_]{1,20}){0,3} "
          r"(?:memory|buffer)|out of memory|(?:requires|needs) more (?:system |gpu |video )?memory"
-         r"|(?:insufficient|not enough) (?:system |gpu |video |available )?memory",
+         r"|(?:insufficient|not enough) (?:system |gpu |video |available )?memory"
+         r"|(?:projected|required|estimated) memory|memory [^.;]{0,60}would exceed",
          "a local runtime that cannot allocate memory for the model (Ollama 'model requires "
          "more system memory', llama.cpp 'failed to allocate buffer', CUDA 'out of memory'): "
          "the same request fails the same way until the setup changes"),
@@ -344,14 +395,19 @@ PERMANENT_RULES: tuple[Rule, ...] = (
     Rule("fatal.authentication", "auth",
          r"authentication[_ ]?(?:error|failed|failure)|invalid[_ ](?:authentication|auth\b|bearer"
          r"|access token|token)"
-         r"|unauthori[sz]ed|unauthenticated|permission[_ -]?denied|permission_error"
+         r"|unauthori[sz]ed|unauthenticated|permission_error"
          r"|access (?:is )?denied"
          r"|request_forbidden|no cookie auth credentials"
          r"|(?:account|organization|organisation) (?:has been |is |was )?(?:deactivated|disabled"
          r"|suspended|banned)"
-         r"|(?:oauth|access|auth) token (?:has )?expired",
+         r"|(?:oauth|access|auth|authentication|api|bearer|session) token (?:has |is )?(?:expired|revoked|invalid)",
          "Anthropic authentication_error / permission_error; OpenAI 403 request_forbidden; "
          "Vertex PERMISSION_DENIED; OpenRouter 401 'No cookie auth credentials found'"),
+    Rule("fatal.permission_denied", "auth",
+         r"permission[_ -]?denied",
+         "Vertex PERMISSION_DENIED, Connect/gRPC 'Permission denied:'; stands down when the message "
+         "also states when to come back ('Permission denied: Reached message rate limit … Resets in: "
+         "30m0s', https://github.com/dwgx/WindsurfAPI/issues/11): a refusal with a reset is not permanent"),
     Rule("fatal.region_unsupported", "region",
          r"unsupported_country|country, region,? or territory not supported|user location is not supported"
          r"|not available in your (?:country|region)|unsupported[_ ]region"
@@ -378,7 +434,8 @@ PERMANENT_RULES: tuple[Rule, ...] = (
     Rule("fatal.model_not_found", "not_found",
          r"model_not_found|not_found_error|does not exist or you do not have access"
          r"|model [\"'`][^\"'`]{1,100}[\"'`] (?:not found|does not exist|is not supported)"
-         r"|try pulling it first|model (?:has been )?decommissioned|model_decommissioned|unknown model",
+         r"|try pulling it first|model (?:has been )?decommissioned|model_decommissioned|unknown model"
+         r"|requested model [^.]{0,100}? is not available (?:on|in|for|via) (?!your )",
          "OpenAI/Groq 404 model_not_found; Anthropic not_found_error; Ollama 'model \"x\" not "
          "found, try pulling it first'"),
 )
@@ -448,9 +505,13 @@ STATUS_RULES: tuple[Rule, ...] = (
     Rule("retryable.status_429", "rate_limit",
          _status("429"),
          "HTTP 429 Too Many Requests (RFC 6585); base families (docs/policy.md §2); D3"),
+    Rule("retryable.status_503", "server_error",
+         _status("503"),
+         "HTTP 503 Service Unavailable (RFC 9110 §15.6.4): a capacity signal "
+         "(docs/classification.md \"Capacity signal\"); D3 standalone numbers"),
     Rule("retryable.status_5xx", "server_error",
-         _status("5(?:0[0234]|2[0-4])"),
-         "the base 500/502/503/504 and Cloudflare 520-524; D3 standalone numbers"),
+         _status("5(?:0[024]|2[0-4])"),
+         "the base 500/502/504 and Cloudflare 520-524; D3 standalone numbers"),
     Rule("retryable.status_408", "timeout",
          _status("408"),
          "HTTP 408 Request Timeout"),
@@ -463,7 +524,7 @@ STATUS_RULES: tuple[Rule, ...] = (
          "rate_limit_error, OpenAI rate_limit_exceeded): like a status, the innermost decides, "
          "so a 400 event-stream frame whose exception type is transient is retried"),
     Rule("retryable.should_retry", "server_error",
-         r"x-should-retry: ?true",
+         r"x-should-retry: ?true|is_?retryable\\?[\"']?: ?true",
          "the server's own verdict in the x-should-retry response header (OpenAI and Anthropic "
          "APIs), as fsm.providers.sdk_errors appends it to an error text"),
 )
@@ -471,7 +532,7 @@ STATUS_RULES: tuple[Rule, ...] = (
 # Rules that stand down when the message also carries a retry hint (or names a quota window)
 # and no other permanent rule matches. (A 402 or insufficient_quota stands down only for a usage
 # window with a stated reset: decide.py, USAGE_WINDOW_ONLY.)
-YIELDS_TO_HINT: frozenset[str] = frozenset({"fatal.exceeded_current_quota"})
+YIELDS_TO_HINT: frozenset[str] = frozenset({"fatal.exceeded_current_quota", "fatal.permission_denied"})
 
 # --------------------------------------------------------------------------------------------
 # Step 5: retryable families
@@ -493,7 +554,7 @@ USAGE_LIMIT_RULES: tuple[Rule, ...] = (
          "Claude Code / Codex \"You've hit your limit · resets 3pm (Europe/Berlin)\", \"You've "
          "hit your usage limit\": a subscription window; the hint comes from the reset time"),
     Rule("retryable.free_quota_window", "usage_limit",
-         r"(?:free|daily|weekly|monthly|hourly|trial|plan) (?:tier )?(?:quota|usage|allowance|request quota"
+         r"(?:free|daily|weekly|monthly|hourly|plan) (?:tier )?(?:quota|usage|allowance|request quota"
          r"|message limit|messages) (?:has been |have been |is |was |are )?(?:used up|used|exhausted"
          r"|exceeded|reached|depleted|consumed)"
          r"|come back (?:in|at|after|on|tomorrow)"
@@ -526,12 +587,43 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"|high demand|server (?:is )?(?:too )?busy"
          r"|too busy|maximum pending requests|(?:model|engine) is (?:currently )?(?:loading"
          r"|warming up|not ready)"
-         r"|is currently loading|loading model|model_not_ready|modelnotready",
+         r"|is currently loading|loading model|model_not_ready|modelnotready"
+         r"|high traffic|heavy (?:load|traffic)|under (?:high|heavy) load|temporarily overloaded"
+         r"|(?:model|service|server|system|engine|cluster|gpus?)s? (?:is |are )?(?:currently |temporarily )?"
+         r"(?:busy|saturated|at capacity)",
          "Google MODEL_CAPACITY_EXHAUSTED 'No capacity available'; Mistral 'Service tier "
          "capacity exceeded'; Gemini 'high demand'; Ollama 'server busy … maximum pending "
          "requests'; Hugging Face 503 'Model … is currently loading'; Bedrock "
          "ModelNotReadyException; llama.cpp 503 'Loading model'"),
+    # the provider's own model failed to produce valid output (docs/policy.md §2, SPEC §15.11)
+    Rule("retryable.model_output", "model_output",
+         r"tool[_ ]use[_ ]failed|json_validate_failed|failed_generation|failed to call a function"
+         r"|failed to generate (?:a )?(?:valid )?(?:json|tool calls?|function calls?|structured output|output)"
+         r"|(?:did not|didn't|failed to) (?:provide|produce|generate) (?:any |a |an )?(?:assistant messages?"
+         r"|valid output|usable output|output)"
+         r"|tried to use \S{1,60} without (?:a )?value for (?:the )?required parameter"
+         r"|(?:model|llm) (?:returned|produced|generated) (?:an? )?(?:invalid|malformed|empty) (?:json|output"
+         r"|response|tool calls?)"
+         r"|ended the response before returning usable output",
+         "docs/policy.md §2 (SPEC §15.11): a provider's failure to produce valid output of its own model "
+         "is retryable, at most maxRetries: Groq 400 tool_use_failed 'Failed to call a function. Please "
+         "adjust your prompt. See failed_generation' (https://github.com/anomalyco/opencode/issues/1018), "
+         "'Failed to generate JSON' (json_validate_failed), an agent's 'the language model did not provide "
+         "any assistant messages' or a tool call without a required argument; it outranks a 4xx status"),
     # rate limits
+    Rule("retryable.concurrency", "rate_limit",
+         r"concurren(?:cy|t requests?) (?:limit|quota)|(?:high|too much|excessive) concurrency"
+         r"|(?:reduce|lower|decrease) (?:your |the )?concurrency|max(?:imum)? (?:organi[sz]ation |account |user )?"
+         r"concurrency|too many concurrent|concurrency (?:exceeded|too high)",
+         "concurrency limits in their wordings: Zhipu 1302 'High concurrency usage of this API, please "
+         "reduce concurrency' (https://github.com/anomalyco/opencode/issues/9559), relays' 'Concurrency "
+         "limit exceeded for user, please retry later', Moonshot 'request reached max organization "
+         "concurrency: 1'"),
+    Rule("retryable.request_rate", "rate_limit",
+         r"rate (?:increased|increasing|grew|rose|rising) too (?:quickly|fast)"
+         r"|(?:sent|sending requests) too (?:quickly|fast|frequently)",
+         "a burst above a provider's smoothing limit: Alibaba Model Studio 'Request rate increased too "
+         "quickly … scale requests more smoothly' (https://github.com/paperclipai/paperclip/issues/2885)"),
     Rule("retryable.rate_limit", "rate_limit",
          r"rate[ _-]?limit|ratelimit|speed[ _-]?limit|slow[ _]down|reduce your rate of requests",
          "base families (docs/policy.md §2); OpenAI/Anthropic rate_limit_error, Azure 'Rate limit is exceeded', "
@@ -553,7 +645,9 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          "Gemini/Vertex 429 RESOURCE_EXHAUSTED 'Quota exceeded for quota metric … per minute'; "
          "Cerebras 'Tokens per minute limit exceeded'; Bedrock 'Too many tokens per day'"),
     Rule("retryable.cn_rate_limit", "rate_limit",
-         r"请求过于频繁|请求太频繁|速率限制|频率限制|限流|服务繁忙|负载已?饱和|稍后再试|稍后重试",
+         r"请求过于频繁|请求太频繁|速率限制|频率限制|限流|服务繁忙|负载已?饱和|稍后再试|稍后重试"
+         r"|并发数?(?:过高|过大|超过|超出|超限|已达上限)|降低并发|请求速度过快|访问频率|访问过于频繁|频率超限"
+         r"|請求過於頻繁|並發數?過高",
          "Chinese gateways (one-api/new-api, Copilot zh-CN): 'requests too frequent', 'rate "
          "limit', 'busy', 'load saturated', 'try again later'"),
     # HTTP-like server classes and their names
@@ -562,22 +656,30 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r" (?:the |your |this )?(?:request |message |call )?(?:to )?(?:the )?(?:upstream|backend"
          r"|origin|provider|model server)"
          r"|error (?:while )?(?:relaying|forwarding|proxying)|(?:relay|forward|proxy)(?:ing)? "
-         r"(?:error|failed|failure)"
+         r"(?:error|failed|failure)" + _NOT_A_PREFIX +
          r"|upstream (?:request |call |connection )?(?:error|failure|failed|unavailable|returned an? "
-         r"error|service unavailable|provider (?:error|failed))|error from (?:the )?upstream"
+         r"error|service unavailable|provider (?:error|failed))" + _NOT_A_PREFIX +
+         r"|error from (?:the )?upstream" + _NOT_A_PREFIX +
          r"|provider returned error|failed to get (?:a )?response from",
          "a gateway or router that could not relay the request upstream (LiteLLM/one-api/new-api "
          "'failed to forward request', OpenRouter 'Provider returned error', envoy/nginx "
-         "'upstream error'); a permanent condition or a 4xx inside still decides"),
+         "'upstream error'); a permanent condition or a 4xx inside still decides. Written as a prefix "
+         "('relay error (channel #3):', 'Upstream error from Alibaba:', 'upstream_error') the gateway's "
+         "label decides nothing: the text after it does (docs/policy.md §2, SPEC §15.11)"),
     Rule("retryable.service_unavailable", "server_error",
          r"service[ _]?(?:is )?(?:temporarily )?unavailable|temporarily unavailable"
          r"|temporarily unable to process|(?:is|are) (?:currently )?unable to (?:process|handle|serve)"
          r" (?:your|the|this) request"
-         r"|status\\?[\"']?:? ?\\?[\"']?unavailable\b|statuscode\.unavailable|bad ?gateway"
-         r"|gateway ?time-?out"
-         r"|origin (?:is )?unreachable|no healthy upstream",
-         "base families (docs/policy.md §2); Bedrock ServiceUnavailableException; Google status UNAVAILABLE; gRPC "
-         "StatusCode.UNAVAILABLE; nginx/Cloudflare 502/504 pages; envoy"),
+         r"|status\\?[\"']?:? ?\\?[\"']?unavailable\b|statuscode\.unavailable|no healthy upstream"
+         r"|(?:under|undergoing) (?:scheduled |planned )?maintenance|maintenance mode|be back shortly",
+         "base families (docs/policy.md §2); the reason phrase of 503; Bedrock "
+         "ServiceUnavailableException; Google status UNAVAILABLE; gRPC StatusCode.UNAVAILABLE; "
+         "envoy 503 'no healthy upstream'; a maintenance page: a capacity signal "
+         "(docs/classification.md \"Capacity signal\")"),
+    Rule("retryable.bad_gateway", "server_error",
+         r"bad ?gateway|gateway ?time-?out|origin (?:is )?unreachable",
+         "nginx/Cloudflare 502/504 pages named without their number: a gateway that could not "
+         "get an answer, not a capacity signal (docs/classification.md \"Capacity signal\")"),
     Rule("retryable.server_error", "server_error",
          r"server[ _]?error|internal[ _]?(?:server[ _]?)?(?:error|exception)|server had an error"
          r"|status\\?[\"']?:? ?\\?[\"']?internal\b",
@@ -607,7 +709,9 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          r"(?:unable|cannot|can't|could not|couldn't|failed) to connect|cannot connect"
          r"|no connection could be made"
          r"|failed to establish a new connection|no such host|name or service not known"
-         r"|temporary failure in name resolution|getaddrinfo",
+         r"|temporary failure in name resolution|getaddrinfo|(?:could not|couldn't|can't|unable to) connect"
+         r"|trouble connecting|(?:issue|problem) connecting to"
+         r"|(?:do|send|sending) request failed|error sending request|failed to send (?:the )?request",
          "urllib3 'Failed to establish a new connection'; aiohttp 'Cannot connect to host'; "
          "Windows 'No connection could be made'; Claude Code 'Unable to connect to API'; DNS"),
     Rule("retryable.fetch_failed", "network",
@@ -653,7 +757,8 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
     Rule("retryable.no_response", "network",
          r"ended without (?:a |an )?(?:finish|response|message_stop|\[done\]|stop)"
          r"|did not get a response|no response (?:was )?(?:received|from (?:the )?(?:server|upstream))"
-         r"|empty reply from server|stream ended before",
+         r"|empty reply from server|stream ended before|(?:did not|didn't) return (?:a |any )?response"
+         r"|not responding",
          "a stream or request that ended without an answer: HTTP/2 'request did not get a "
          "response', curl 'Empty reply from server', 'stream ended before message_stop'"),
     Rule("retryable.stream_stalled", "stalled",
@@ -690,45 +795,55 @@ RETRYABLE_RULES: tuple[Rule, ...] = (
          # Spanish
          r"(?:vuelve|vuelva|volver) a intentar(?:lo)?|int[ée]nt(?:alo|elo|a|e) (?:de nuevo|nuevamente"
          r"|m[áa]s tarde|otra vez)|intente (?:de nuevo|nuevamente|m[áa]s tarde|otra vez)"
-         r"|reint[ée]nt(?:alo|elo|ar|e)"
+         r"|reint[ée]nt(?:alo|elo|ar|a|e)|(?:prueba|pruebe|vuelve a probar) (?:de nuevo|otra vez|m[áa]s tarde)"
          # French
-         r"|r[ée]essay(?:ez|er|e)|essayez (?:de nouveau|plus tard|à nouveau)"
+         r"|r[ée]essay(?:ez|er|e)|essayez (?:de nouveau|plus tard|à nouveau|ultérieurement)|retentez"
          # German
          r"|versuchen sie es [^.;!?]{0,40}?erneut|(?:sp[äa]ter |bitte |es )erneut (?:versuchen|probieren)"
          r"|versuche es [^.;!?]{0,30}?(?:erneut|nochmal|noch einmal)|erneut versuchen"
+         r"|(?:noch einmal|nochmal) versuchen|probieren sie es [^.;!?]{0,30}?(?:später|erneut|nochmal|noch einmal)"
          # Portuguese
-         r"|tente (?:novamente|de novo|mais tarde|outra vez)|tentar novamente"
+         r"|tente (?:novamente|de novo|mais tarde|outra vez)|tentar novamente|tentar de novo"
          # Japanese, Chinese, Korean (looked for anywhere)
-         r"|再試行|もう一度お試し|再度お試し|後でお試し|しばらくしてから|時間をおいて"
-         r"|重试|重新尝试|再试一次|请稍后|稍後再試|稍后再试"
-         r"|다시 시도|재시도|잠시 후",
+         r"|再試行|もう一度お試し|再度お試し|後でお試し|しばらくしてから|時間をおいて|時間を置いて|後ほど"
+         r"|しばらく待って|少し待って|やり直してください"
+         r"|重试|重新尝试|再试一次|请稍后|请稍候|稍候再试|稍後再試|稍后再试|稍後重試|过会儿再试|請稍後"
+         r"|다시 시도|재시도|잠시 후|잠시 뒤|나중에 다시",
          "docs/policy.md §13.6: 'try again' / 'retry' is retryable in any language the providers "
          "write it in: Spanish 'inténtalo de nuevo', French 'réessayez', German 'versuchen Sie es "
          "später erneut', Portuguese 'tente novamente', Japanese '再試行' / 'もう一度お試しください', "
          "Chinese '请重试' / '稍后再试', Korean '다시 시도해 주세요' (localized gateways and "
          "console front ends)"),
     Rule("retryable.rate_limit_i18n", "rate_limit",
-         r"demasiadas (?:solicitudes|peticiones|consultas)|l[íi]mite de (?:velocidad|tasa|solicitudes"
-         r"|peticiones|frecuencia)"
-         r"|trop de (?:requêtes|requetes|demandes)|limite de (?:débit|debit|taux|requêtes|requetes|fréquence)"
-         r"|zu viele (?:anfragen|anforderungen|requests)|ratenlimit|anfragelimit"
-         r"|muitas (?:solicitações|solicitacoes|requisições|requisicoes|requests)|limite de (?:taxa"
-         r"|requisições|requisicoes|solicitações)"
-         r"|レート制限|リクエストが多すぎ|リクエスト数(?:の)?上限|リクエスト制限"
-         r"|요청이 너무 많|속도 제한|요청 한도|사용량 한도",
+         r"demasiadas (?:solicitudes|peticiones|consultas|llamadas)|(?:límite|limite) de (?:velocidad|tasa|solicitudes"
+         r"|peticiones|frecuencia|concurrencia)|(?:solicitudes|peticiones) (?:simult[áa]neas|concurrentes)"
+         r"|trop de (?:requêtes|requetes|demandes|appels)|limite de (?:débit|debit|taux|requêtes|requetes|fréquence"
+         r"|concurrence)|requêtes simultanées"
+         r"|zu viele (?:anfragen|anforderungen|requests|aufrufe|gleichzeitige)|ratenlimit|anfragelimit"
+         r"|ratenbegrenzung|gleichzeitige(?:n)? (?:anfragen|anforderungen)"
+         r"|muitas (?:solicitações|solicitacoes|requisições|requisicoes|requests|chamadas|pedidos)|limite de (?:taxa"
+         r"|requisições|requisicoes|solicitações|concorrência)|(?:requisições|solicitações) simultâneas"
+         r"|レート制限|リクエストが多すぎ|リクエスト数(?:の)?上限|リクエスト制限|リクエスト過多|アクセス過多"
+         r"|同時(?:実行|接続|リクエスト)数|同時リクエスト"
+         r"|요청이 너무 많|요청 수가 너무 많|요청 과다|속도 제한|요청 한도|호출 한도|사용량 한도"
+         r"|동시 (?:요청|실행|접속)",
          "rate-limit wording in the providers' and gateways' other languages (Spanish, French, "
          "German, Portuguese, Japanese, Korean; Chinese in retryable.cn_rate_limit): 'too many "
          "requests', 'rate limit'"),
     Rule("retryable.overloaded_i18n", "overloaded",
          r"sobrecargad[oa]|surcharg[ée]e?|überlastet|uberlastet|ueberlastet|sobrecarregad[oa]"
-         r"|過負荷|混雑|混み合|サーバーが(?:ビジー|混雑)|服务器繁忙|系统繁忙|负载过高|服務繁忙|访问量过大|訪問量過大"
-         r"|과부하|혼잡|서버가 바쁩",
+         r"|servidor (?:está )?(?:ocupado|saturado)|serveur (?:est )?(?:occupé|saturé)|(?:server|dienst) (?:ist )?ausgelastet"
+         r"|過負荷|混雑|混み合|サーバーが(?:ビジー|混雑)|アクセスが集中|高負荷|服务器繁忙|系统繁忙|负载过高|服務繁忙|访问量过大|訪問量過大"
+         r"|系统(?:太|过于)忙|算力不足|模型(?:正在)?加载中"
+         r"|과부하|혼잡|서버가 바쁩|트래픽이 많",
          "'overloaded' / 'busy' in Spanish, French, German, Portuguese, Japanese, Chinese, Korean"),
     Rule("retryable.retry_delay", "retry_later",
          r"retry[ _-]?delay|retry[ _-]?after(?:[ _-]?ms)?\\?[\"']?\s?[:=]|retry (?:in|after) \d"
-         r"|try again (?:in|after) \d|please wait \d|try again later|retry later",
+         r"|try again (?:in|after) \d|please wait \d|try again later|retry later"
+         r"|(?:try again|retry|wait) (?:in |after |for )?(?:about|approximately|around|roughly|~) ?\d",
          "the base family 'retry delay' phrasing; Google RetryInfo retryDelay; retry-after headers; "
-         "Azure 'Please retry after N seconds'; Copilot 'Please wait N seconds'"),
+         "Azure 'Please retry after N seconds'; Copilot 'Please wait N seconds'; approximate waits "
+         "('Wait ~30s before retrying', 'try again in about 30 seconds': a hint of 30 s, docs/policy.md §2)"),
 )
 
 
@@ -769,6 +884,8 @@ _ERROR_CODE_RULES: tuple[tuple[str, str, str, str], ...] = (
     ("modeltimeoutexception", "retryable", "timeout", "Bedrock ModelTimeoutException"),
     ("modelstreamerrorexception", "retryable", "network", "Bedrock ModelStreamErrorException"),
     ("accessdeniedexception", "fatal", "auth", "Bedrock AccessDeniedException"),
+    ("tool_use_failed", "retryable", "model_output", "Groq 400 code tool_use_failed (docs/policy.md §2)"),
+    ("json_validate_failed", "retryable", "model_output", "Groq 400 code json_validate_failed"),
     ("usage_limit_reached", "usage_limit", "usage_limit", "Codex/ChatGPT plans"),
     ("usage_limit_exceeded", "usage_limit", "usage_limit", "subscription plans"),
     ("limit_reached", "usage_limit", "usage_limit", "subscription plans"),

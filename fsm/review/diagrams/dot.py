@@ -12,9 +12,10 @@ from fsm.review.diagrams.model import (ADDED, AND, CHANGED, NOT, REMOVED, REVIEW
                                        DiagramError, DrawnRow, EdgeMark, ReviewEdge, State,
                                        cascades, review_edges)
 from fsm.review.diagrams.style import (CHANGE_STYLE, GROUP_LABELS, STATUS_STYLE, Line,
-                                       group_words, label_lines, twins_text, wrap)
+                                       group_words, label_lines, linked_label_runs, twins_text,
+                                       wrap)
 from fsm.review.diagrams.policy import PolicyCard, policy_card
-from fsm.review.diagrams.style import CLUSTERS, FILLS, PALETTE, REVIEW_EDGE
+from fsm.review.diagrams.style import CLUSTERS, FILLS, FONT, PALETTE, REVIEW_EDGE
 
 def dot_text(text: str) -> str:
     # Free text (docs, specs) must not be read as a DOT escape or an HTML label.
@@ -71,11 +72,11 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     colours = {t: PALETTE[i % len(PALETTE)] for i, (t, _) in enumerate(diagram.triggers)}
     g = graphviz.Digraph(diagram.name)
     g.attr("graph", rankdir="LR", newrank="true", nodesep="0.35", ranksep="1.1",
-           fontname="Helvetica", fontsize="11", labelloc="t",
+           fontname=FONT, fontsize="11", labelloc="t",
            label=dot_text(f"{diagram.name}: generated from fsm/core/lifecycle.py"))
-    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+    g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="12",
            fillcolor="#FFFFFF")
-    g.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7")
+    g.attr("edge", fontname=FONT, fontsize="9", arrowsize="0.7")
     initial = [s for s in diagram.states if s.initial]
     if initial:
         g.node("__initial", label="", shape="point", width="0.15", style="filled",
@@ -111,9 +112,10 @@ def build_digraph(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
     return g
 
 
-def _state_node(graph, s: State) -> None:
+def _state_node(graph, s: State, href: str | None = None) -> None:
+    extra = {"href": href} if href else {}
     graph.node(s.name, label=s.name, fillcolor=FILLS.get(s.group, "#FFFFFF"), tooltip=dot_text(s.doc or s.name),
-               penwidth="2" if s.initial else "1")
+               penwidth="2" if s.initial else "1", **extra)
 
 
 def render_dot(diagram: Diagram, marks: Mapping[str, EdgeMark] | None = None,
@@ -176,6 +178,25 @@ def review_label(diagram: Diagram, edge: ReviewEdge) -> str:
     br = '<br align="left"/>'
     text = br.join(_line_html(line) for line in label_lines(diagram, edge, LABEL_WIDTH))
     return f"<{text}{br}>"
+
+
+def linked_review_label(diagram: Diagram, edge: ReviewEdge, links: Mapping[str, str]) -> str:
+    """The edge's label (as :func:`review_label`) as a table whose cells link each row to
+    ``links[row id]`` (a refusal cascade's cell to its first row; its title names them all):
+    the HTML report's diagram, where every row of an edge leads to its line of the table."""
+    cells = []
+    for rows, effect in linked_label_runs(diagram, edge, LABEL_WIDTH):
+        for lines, ids in rows:
+            body = _BR.join(_line_html(line) for line in lines)
+            href = links.get(ids[0])
+            attrs = (f' href="{html_text(href)}" title="{html_text("; ".join(ids))}"'
+                     if href else "")
+            cells.append(f'<tr><td align="left" balign="left"{attrs}>{body}</td></tr>')
+        if effect:
+            cells.append('<tr><td align="left" balign="left">'
+                         + _BR.join(_line_html(line) for line in effect) + "</td></tr>")
+    return ('<<table border="0" cellborder="0" cellspacing="0" cellpadding="0">'
+            + "".join(cells) + "</table>>")
 
 
 def _row(cells: str) -> str:
@@ -321,7 +342,8 @@ def _review_legend(diagram: Diagram, diff: str | None, summary: str | None = Non
 
 def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = None,
                          diff: str | None = None, title: str | None = None,
-                         summary: str | None = None, policy: PolicyCard | None = None):
+                         summary: str | None = None, policy: PolicyCard | None = None,
+                         links: Mapping[str, str] | None = None):
     """The review :class:`graphviz.Digraph`: the declared rows, not one edge per state.
 
     A group of states (``at_rest``) is a cluster; its rows are drawn once, from its first
@@ -341,6 +363,10 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
     with a ``coverage`` status draw the coverage view (:func:`fsm.review.audit.coverage_svg`):
     each row in its status colour with its counts, each edge as its rows' status, ``summary``
     (lines joined by ``"; "``) heading a legend of the three statuses.
+
+    ``links`` (row id or state name → URL) makes the SVG a map (the HTML report): each state
+    links to its URL, each edge to its first row's, and each row of a label to its own
+    (:func:`linked_review_label`).
     """
     graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
@@ -352,11 +378,11 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
                       f"state: {diagram.name}.md)")
     # The legend card is the graph's label, under the machine: no edge can run through it.
     g.attr("graph", rankdir="BT", compound="true", nodesep="0.3",
-           ranksep="0.3", fontname="Helvetica", fontsize="9", labelloc="b", labeljust="l",
+           ranksep="0.3", fontname=FONT, fontsize="9", labelloc="b", labeljust="l",
            pad="0.1", label=_review_legend(diagram, diff, summary, policy, title))
-    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="12",
+    g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="12",
            fillcolor="#FFFFFF")
-    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
+    g.attr("edge", fontname=FONT, fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
     names = {s.name for s in diagram.states}
     groups = {group: members for group, members in diagram.groups if members}
     grouped = {m: group for group, members in groups.items() for m in members}
@@ -372,10 +398,10 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
                    fontcolor="#2B4A6F", fontsize="10")
             for s in diagram.states:
                 if s.name in members:
-                    _state_node(c, s)
+                    _state_node(c, s, (links or {}).get(s.name))
     for s in diagram.states:
         if s.name not in grouped:
-            _state_node(g, s)
+            _state_node(g, s, (links or {}).get(s.name))
     known = names | set(groups)
     ghosts = []
     for d in drawn:
@@ -400,8 +426,11 @@ def build_review_digraph(diagram: Diagram, drawn: Sequence[DrawnRow] | None = No
         first = dict(attrs, id=f"{e.id}#from", arrowhead="none")
         if e.source in groups and e.dest not in groups[e.source]:
             first["ltail"] = f"cluster_{e.source}"
+        if links and links.get(e.rows[0].row.id):
+            attrs["href"] = links[e.rows[0].row.id]
         label = f"__label {e.id}"
-        g.node(label, label=review_label(diagram, e), shape="box", style="", color="transparent", id=e.id,
+        text = linked_review_label(diagram, e, links) if links else review_label(diagram, e)
+        g.node(label, label=text, shape="box", style="", color="transparent", id=e.id,
                margin="0.08,0.04",
                tooltip=attrs["tooltip"], fontsize="8", **node)
         g.edge(tail, label, **first)

@@ -13,9 +13,10 @@ are listed under it. Written by :func:`fsm.review.diagrams.files.write_all` as
 from __future__ import annotations
 
 from fsm._extras import require
-from fsm.review.diagrams.dot import dot_text, html_text, review_label, svg_of
+from fsm.review.diagrams.dot import (dot_text, html_text, linked_review_label, review_label,
+                                     svg_of)
 from fsm.review.diagrams.model import Diagram, DrawnRow, ReviewEdge
-from fsm.review.diagrams.style import FILLS, REVIEW_EDGE, STATUS_STYLE, group_words, wrap
+from fsm.review.diagrams.style import FILLS, FONT, REVIEW_EDGE, STATUS_STYLE, group_words, wrap
 
 __all__ = ["state_rows", "build_state_digraph", "render_state_dot", "render_state_svg"]
 
@@ -42,13 +43,16 @@ def _from_words(diagram: Diagram, source: str, state: str) -> tuple[str, str]:
     return source, source
 
 
-def build_state_digraph(diagram: Diagram, state: str, drawn=None):
+def build_state_digraph(diagram: Diagram, state: str, drawn=None, links=None):
     """The small :class:`graphviz.Digraph` of ``state``; ``KeyError`` if there is no such state.
 
     ``drawn`` (row id → :class:`DrawnRow`, optional) draws the coverage view: each edge
     coloured by its rows' ``coverage`` status as the review diagram's coverage view colours it
-    (:func:`fsm.review.audit.coverage_states_svgs`)."""
+    (:func:`fsm.review.audit.coverage_states_svgs`). ``links`` (row id or state name → URL)
+    links the rows and the other states, as
+    :func:`~fsm.review.diagrams.dot.build_review_digraph` does, for the HTML report."""
     drawn = drawn or {}
+    links = links or {}
     graphviz = require("graphviz", extra="diagrams", feature="drawing the diagrams")
 
     s = diagram.state(state)
@@ -63,11 +67,11 @@ def build_state_digraph(diagram: Diagram, state: str, drawn=None):
     notes.append(f"rows into {html_text(state)} on the left, rows out of it on the right; "
                  f"every cell: {diagram.name}.md")
     g.attr("graph", rankdir="LR", newrank="true", nodesep="0.25", ranksep="0.35",
-           fontname="Helvetica", fontsize="10", labelloc="t", labeljust="l", pad="0.1",
+           fontname=FONT, fontsize="10", labelloc="t", labeljust="l", pad="0.1",
            label="<" + '<br align="left"/>'.join(notes) + '<br align="left"/>>')
-    g.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="11",
+    g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="11",
            fillcolor="#FFFFFF")
-    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
+    g.attr("edge", fontname=FONT, fontsize="8", arrowsize="0.7", color=REVIEW_EDGE)
     g.node(state, label=state, fillcolor=FILLS.get(s.group, "#FFFFFF"), penwidth="2.2",
            tooltip=dot_text(s.doc or state))
     fill = {t.name: FILLS.get(t.group, "#FFFFFF") for t in diagram.states}
@@ -79,9 +83,9 @@ def build_state_digraph(diagram: Diagram, state: str, drawn=None):
         node = f"in {source}"
         g.node(node, label=dot_text(label), tooltip=dot_text(tip),
                fillcolor=fill.get(source, "#F3F6FA"), style="rounded,filled,dashed"
-               if source not in fill else "rounded,filled")
+               if source not in fill else "rounded,filled", **_href(links, source))
         edge = ReviewEdge(source, state, tuple(drawn.get(r.id) or DrawnRow(r) for r in rows))
-        _labelled_edge(g, diagram, node, state, edge, f"in{n}")
+        _labelled_edge(g, diagram, node, state, edge, f"in{n}", links)
     merged_out: dict[str, list] = {}
     for r in outgoing:
         merged_out.setdefault(r.dest, []).append(r)
@@ -90,19 +94,28 @@ def build_state_digraph(diagram: Diagram, state: str, drawn=None):
         target = state if dest == state else f"out {dest}"
         if dest != state:
             g.node(target, label=dest, fillcolor=fill.get(dest, "#FFFFFF"),
-                   tooltip=dot_text(dest))
-        _labelled_edge(g, diagram, state, target, edge, f"out{n}")
+                   tooltip=dot_text(dest), **_href(links, dest))
+        _labelled_edge(g, diagram, state, target, edge, f"out{n}", links)
     return g
 
 
-def _labelled_edge(g, diagram: Diagram, tail: str, head: str, edge: ReviewEdge, key: str) -> None:
+def _href(links, name: str) -> dict[str, str]:
+    return {"href": links[name]} if links.get(name) else {}
+
+
+def _labelled_edge(g, diagram: Diagram, tail: str, head: str, edge: ReviewEdge, key: str,
+                   links=None) -> None:
     label = f"__label {key}"
     tip = dot_text("; ".join(d.row.id for d in edge.rows))
     attrs = {}
     if edge.coverage:
         colour, style, width, _ = STATUS_STYLE[edge.coverage]
         attrs = {"color": colour, "style": style, "penwidth": width}
-    g.node(label, label=review_label(diagram, edge), shape="box", style="", color="transparent",
+    text = review_label(diagram, edge)
+    if links:
+        attrs.update(_href(links, edge.rows[0].row.id))
+        text = linked_review_label(diagram, edge, links)
+    g.node(label, label=text, shape="box", style="", color="transparent",
            margin="0.08,0.04", fontsize="8", id=key, tooltip=tip)
     g.edge(tail, label, arrowhead="none", id=f"{key}#from", tooltip=tip, **attrs)
     g.edge(label, head, id=f"{key}#to", tooltip=tip, **attrs)
@@ -113,8 +126,8 @@ def render_state_dot(diagram: Diagram, state: str) -> str:
     return build_state_digraph(diagram, state).source
 
 
-def render_state_svg(diagram: Diagram, state: str, drawn=None) -> bytes:
+def render_state_svg(diagram: Diagram, state: str, drawn=None, links=None) -> bytes:
     """SVG of the small diagram of ``state`` (``drawn``: the coverage view, see
     :func:`build_state_digraph`); raises :class:`~fsm.review.diagrams.model.DiagramError`
     without Graphviz's ``dot``."""
-    return svg_of(build_state_digraph(diagram, state, drawn))
+    return svg_of(build_state_digraph(diagram, state, drawn, links))

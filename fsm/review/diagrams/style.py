@@ -33,6 +33,10 @@ CHANGE_STYLE = {  # diff view: colour, line style, marker; Okabe–Ito, with a m
     CHANGED: ("#0072B2", "solid", "~"),
 }
 REVIEW_EDGE = "#444444"
+FONT = "DejaVu Sans"
+"""The font every DOT names (Debian's ``fonts-dejavu-core``, which ``make setup`` installs):
+Graphviz measures the labels with it and a browser draws them with it, so a label's box fits
+its text and stays next to its edge (docs/diagrams.md "The report")."""
 GROUP_WORDS = {"at_rest": "at rest"}
 
 
@@ -99,8 +103,17 @@ def _collapse(diagram: Diagram, edge: ReviewEdge) -> list[list[DrawnRow]]:
 
 def label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
                ) -> list[tuple[list[list[Line]], list[Line]]]:
+    """The label of an edge as runs of rows sharing one effect; see :func:`linked_label_runs`,
+    which also names each row's ids."""
+    return [([lines for lines, _ in rows], effect)
+            for rows, effect in linked_label_runs(diagram, edge, width)]
+
+
+def linked_label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
+                      ) -> list[tuple[list[tuple[list[Line], tuple[str, ...]]], list[Line]]]:
     """The label of an edge as runs of rows that share one effect: ``[(rows, effect lines)]``,
-    each row a list of lines ``(kind, bold, text, change)``; ``kind`` is ``row`` (a row's first
+    each row ``(lines, row ids)`` — the declared rows it stands for (several for a refusal
+    cascade) and its lines ``(kind, bold, text, change)``; ``kind`` is ``row`` (a row's first
     line), ``more`` (its wrapped guards), ``was`` (what a changed row was) or ``effect``. A
     trigger repeated by the next rows is written once, their guards follow as ``or [guards]``;
     the effect is in the declaration's words. Two or more rows of a refusal cascade
@@ -119,13 +132,14 @@ def label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
             runs.append([item])
     n = width or 0
     previous = None
-    out: list[tuple[list[list[Line]], list[Line]]] = []
+    out: list[tuple[list[tuple[list[Line], tuple[str, ...]]], list[Line]]] = []
     for run in runs:
-        rows: list[list[Line]] = []
+        rows: list[tuple[list[Line], tuple[str, ...]]] = []
         if len(run[0]) > 1:  # a refusal cascade
             d = run[0][0]
-            rows.append([("row", d.row.trigger, "", d.tone), ("more", "", f"  {REFUSED}", d.tone)]
-                        + [("was", "", f"    {w}", d.tone) for w in fit(d.was, n)] * bool(d.was))
+            rows.append(([("row", d.row.trigger, "", d.tone), ("more", "", f"  {REFUSED}", d.tone)]
+                         + [("was", "", f"    {w}", d.tone) for w in fit(d.was, n)] * bool(d.was),
+                         tuple(x.row.id for x in run[0])))
             previous = None
             effect = refusal_words(diagram, run[0])
             effect_lines = [("effect", "", ("/ " if i == 0 else "  ") + w, d.change)
@@ -147,7 +161,7 @@ def label_runs(diagram: Diagram, edge: ReviewEdge, width: int | None
             previous = d.row.trigger
             if d.was:
                 lines += [("was", "", f"{indent}{w}", d.tone) for w in fit(d.was, n)]
-            rows.append(lines)
+            rows.append((lines, (d.row.id,)))
         last = run[-1][0]
         effect = diagram.effect_text(last.row.effect)
         effect_lines = []

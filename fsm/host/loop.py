@@ -1,0 +1,430 @@
+"""The one retry loop of a call, sans-IO: every host drives it (SPEC §15.1).
+
+A call's retry chain — pass the gate, send the attempt, judge its outcome, gather the facts,
+ask the brain, carry out its actions, wait, re-check the budget — is written once, here, as a
+*stepper*: :meth:`RetryLoop.steps` is a generator that yields commands and receives their
+results (docs/architecture.md "The loop"). It does no I/O and reads no clock of its own; the
+driver does what the commands say:
+
+========================  =====================================================  ==============
+command                   the driver                                              answers
+========================  =====================================================  ==============
+:class:`Send`             runs attempt ``attempt`` (with ``model`` when switched)  :class:`Attempt`
+:class:`Wait`             waits ``delay_ms`` (cancellable)                         True / False
+:class:`Admit`            asks the coordinator, bounded by the one rule            :class:`Admitted`
+:class:`Tell` (settle)    a coordinator write the step waits for (≤ 100 ms)        None
+:class:`AskStore`         asks the credential store                                its value
+========================  =====================================================  ==============
+
+Other coordinator writes go to the loop's ``tell`` sink (fire and forget). The generator ends
+with the call's outcome: it returns the result, or raises the exception of the contract
+(docs/policy.md §10): a refusal at rest re-raises the caller's exception with a ``__notes__``
+line; a chain that started raises :class:`~fsm.host.errors.RetryChainError`; an overflow
+:class:`~fsm.host.errors.ContextOverflowError`. An exception thrown into it (a cancellation)
+ends a running chain ``cancelled``, gives back a budget token held for a retry that will not
+go, and goes on.
+
+Drivers: :func:`run_async` (asyncio: the runner, :class:`~fsm.host.chain.Chain`'s async steps),
+:func:`run_sync` (a synchronous caller: coordinator commands at once for an in-process
+coordinator, else on :func:`~fsm.host.kernel.coordinator_loop`), and any loop of your own —
+the simulation drives it on virtual time (:mod:`fsm.sim.policies`)::
+
+    loop = RetryLoop(settings, clock=my_clock, emit=print, tell=answer_at_once, ...)
+    steps = loop.steps()
+    command = steps.send(None)
+    while True:                       # your scheduler decides when each answer is given
+        if isinstance(command, Send):   answer = Attempt(result=...)   # or exc=...
+        elif isinstance(command, Wait): answer = True                  # after delay_ms
+        else:                           answer = answer_at_once(command)
+        try:
+            command = steps.send(answer)
+        except StopIteration as done:
+            result = done.value
+            break
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import random as _random
+from typing import Any, Awaitable, Callable, Protocol
+
+from fsm.core import brain as B
+from fsm.core.brain import RetryBrain, TurnFacts, seconds_text
+from fsm.core.classify import Classification, classify_message
+from fsm.core.events import AutoRetryEnd, Event
+from fsm.core.messages import AssistantMessage
+from fsm.core.redact import request_secrets, scrub_exception
+from fsm.core.settings import RetrySettings
+from fsm.core.text import safe_message
+from fsm.host.errors import (PROGRAMMING_ERRORS, AttemptTimedOut, ContextOverflowError,
+                             DeadlinePassed, RetryChainError)
+from fsm.host.kernel import (Admit, Admitted, AskStore, Attempt, HostKernel, Send, Steps, Tell,
+                             Wait, ZoneResolver, answer_async, answer_at_once, answer_sync,
+                             coordinator_loop, default_zone, drive_async)
+
+__all__ = ["RetryLoop", "Send", "Wait", "Admit", "Admitted", "Tell", "AskStore", "Attempt",
+           "Clock", "run_async", "run_sync", "drive_sync", "answer_async", "answer_sync",
+           "answer_at_once", "tell_sync", "coordinator_loop", "next_chain_id", "SUCCESS"]
+
+log = logging.getLogger("fsm.host.loop")
+
+
+class Clock(Protocol):
+    """The one clock convention of hosts (and the coordinators they create): ``time_ms()``,
+    the time in epoch milliseconds (a test's :class:`~fsm.testing.FakeClock`, the
+    simulation's virtual clock)."""
+
+    def time_ms(self) -> int: ...
+
+
+_CHAIN_IDS = itertools.count(1)
+
+
+def next_chain_id() -> int:
+    """The next chain id of this process (1, 2, …): unique per chain across every host and
+    thread (``itertools.count`` steps atomically under the GIL), so that listeners keyed by
+    ``chainId`` (OpenTelemetry spans) never merge two chains."""
+    return next(_CHAIN_IDS)
+
+
+SUCCESS = AssistantMessage("stop", timestamp_ms=0)
+"""What a returned value reads as: a success, whatever it is."""
+_SUCCESS_CLS = classify_message(SUCCESS)
+_DEFAULT_SECRETS: Callable[[BaseException | None], tuple[str, ...]] = request_secrets
+
+
+def _is_sdk_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.split(".", 1)[0] in ("openai", "anthropic", "httpx", "httpx2", "httpcore")
+
+
+class RetryLoop(HostKernel):
+    """One call's retry chain as a stepper (see the module docstring); the host kernel's
+    facts, gate and actions, with the chain's own state.
+
+    Args:
+        settings: the chain's :class:`~fsm.core.settings.RetrySettings`.
+        emit: ``emit(event)``, called with each :mod:`fsm.core.events` event in order.
+        clock: a :class:`Clock` (``time_ms()`` epoch ms); None = the wall clock.
+        coordinator: the fleet's coordinator; None = the in-process one of the event loop
+            (asyncio hosts), created when first needed.
+        key: ``key() -> CoordKey`` of the provider account the call goes to.
+        to_message: ``to_message(exc) -> AssistantMessage``: how an exception reads.
+        secrets: ``secrets(exc) -> tuple[str, ...]``: credentials no event or error may show
+            (default: the credentials the failed request carried).
+        model: the caller's model (``model=``), the primary of ``retry.fallbackModels``.
+        on_switch: ``on_switch(action, now_ms)`` when the brain falls back
+            (:class:`~fsm.core.brain.SwitchModel`): a host's marks across calls.
+        tell: where the coordinator's writes go (default: background tasks on asyncio;
+            :func:`answer_at_once` off it for an in-process coordinator).
+        use_coordinator, zone, random, context_window: as :class:`~fsm.host.kernel.HostKernel`
+            and :class:`~fsm.core.brain.RetryBrain`.
+        gate_first: pass the first request through the gate (first-request admission,
+            pacing); a host that cannot wait before its first request sets False.
+    """
+
+    __slots__ = ("listener", "calls", "exc", "message", "cls", "end", "model", "switched",
+                 "deadline", "context_window", "to_message", "secrets", "on_switch",
+                 "gate_first", "delay", "timer", "held", "started")
+
+    def __init__(self, settings: RetrySettings, *, emit: Callable[[Event], Any] | None = None,
+                 clock: Clock | None = None, coordinator: Any = None,
+                 key: Callable[[], Any] | None = None,
+                 to_message: Callable[[BaseException], AssistantMessage] | None = None,
+                 secrets: Callable[[BaseException | None], tuple[str, ...]] | None = None,
+                 model: str | None = None,
+                 on_switch: Callable[[B.SwitchModel, int], None] | None = None,
+                 tell: Callable[[Tell], None] | None = None, use_coordinator: bool = True,
+                 zone: ZoneResolver | None = default_zone,
+                 random: Callable[[], float] = _random.random, context_window: int = 0,
+                 gate_first: bool = True) -> None:
+        brain = RetryBrain(settings, random=random, chain_ids=next_chain_id)
+        HostKernel.__init__(self, brain, emit=self._on_event, clock=clock,
+                            coordinator=coordinator, key=key, zone=zone,
+                            use_coordinator=use_coordinator, random=random, paces_at_send=True)
+        if tell is not None:
+            self.tell = tell
+        self.listener = emit
+        self.calls = 0
+        self.exc: BaseException | None = None
+        self.message: AssistantMessage | None = None
+        self.cls: Classification | None = None
+        self.end: AutoRetryEnd | None = None
+        self.model = model
+        self.switched = False  # the brain fell back: Send carries the model
+        self.deadline: tuple[int, int] | None = None  # (chain id, host ms) of maxElapsedMs
+        self.context_window = context_window
+        self.to_message = to_message
+        self.secrets = secrets or _DEFAULT_SECRETS
+        self.on_switch = on_switch
+        self.gate_first = gate_first
+        self.delay: int | None = None
+        self.timer = 0
+        self.held = False  # a budget token is held for a retry that has not gone yet
+        self.started = False
+
+    # ------------------------------------------------------------------ the steps
+    def steps(self) -> Steps[Any]:
+        """The chain, from the first request to its outcome (see the module docstring)."""
+        brain = self.brain
+        self.started = True
+        try:
+            if self.gate_first and self.gates(first=True):
+                refused = yield from self.gate_steps(first=True)
+                if refused is not None:
+                    self.carry_out(brain.request_refused(refused[0], now_ms=refused[1]))
+                    end = self.end
+                    raise RetryChainError(end.end_reason if end else "hint_too_long", 0, 0, None,
+                                          end.final_error if end else None, None)
+            while True:
+                if brain.is_retrying and self.gates():  # a retry whose backoff is over
+                    if (yield from self.gate_steps(deadline_ms=self._deadline_left)) is not None:
+                        raise self._deadline_passed("the retry waited for the fleet's pacing")
+                self.calls += 1
+                self.held = False  # the retry goes: its token is spent
+                answer: Attempt = yield Send(
+                    brain.attempt, self.model if self.switched else None,
+                    brain.settings.attempt_timeout_ms,
+                    self._deadline_left() if brain.attempt >= 1 else None)
+                exc = answer.exc
+                if answer.stopped == "deadline":
+                    raise self._deadline_passed("during the attempt")
+                if answer.stopped == "timeout":
+                    exc = AttemptTimedOut("attempt timed out after "
+                                          f"{seconds_text(brain.settings.attempt_timeout_ms or 0)}")
+                message, cls, now = self.judge(answer, exc)
+                streamed = answer.output_streamed
+                if self.use_coordinator and self.uses_coordinator():
+                    self.record_outcome(cls, output_streamed=streamed)  # the pacer's signal
+                if cls.kind == "none":
+                    facts = None
+                else:  # nothing to ask the coordinator: no await on the common path
+                    facts = (self.quick_facts(cls, now_ms=now, output_streamed=streamed)
+                             or (yield from self.gather_steps(cls, now_ms=now,
+                                                              output_streamed=streamed)))
+                self.decide(message, cls, facts)
+                if self.delay is None:
+                    return self.outcome(answer.result, cls)
+                yield Wait(self.delay, "budget" if brain.waits_for_budget else "backoff")
+                if not brain.waits_for_budget:
+                    self.carry_out(brain.backoff_elapsed(self.timer))
+                elif not (yield from self._recheck()):
+                    return self.outcome(answer.result, cls)
+        except BaseException:
+            # A cancellation, KeyboardInterrupt, GeneratorExit (the driver closed the steps) or
+            # our own end: a running chain ends ``cancelled`` (ignored at rest), a held token
+            # goes back, the exception goes on.
+            self._end_chain()
+            raise
+
+    def _recheck(self) -> Steps[bool]:
+        """A retry waited for the budget's floor slot (wait mode, docs/policy.md §13.7): ask
+        again, and wait again while it refuses. True: the retry goes; False: it ended."""
+        brain = self.brain
+        while True:
+            facts = yield from self.recheck_steps()
+            actions = brain.backoff_elapsed(self.timer, facts)
+            goes = any(type(a) is B.ContinueTurn for a in actions)
+            if facts.budget_taken and not goes:
+                actions.append(B.ReturnRetryToken())  # the retry does not go after all
+            self.carry_out(actions)
+            if goes and facts.budget_taken:
+                self.held = True
+            if brain.waits_for_budget and self.delay is not None:
+                yield Wait(self.delay, "budget")
+                continue
+            return brain.is_retrying
+
+    # ------------------------------------------------------------------ an attempt ended
+    def judge(self, answer: Attempt, exc: BaseException | None
+              ) -> tuple[AssistantMessage, Classification, int | None]:
+        """The attempt's message, its classification and the host's time (None for a plain
+        success, which needs no time)."""
+        if exc is not None:
+            self.exc = exc
+            message = self.to_message(exc) if self.to_message is not None else SUCCESS
+        elif answer.message is not None:
+            message = answer.message
+        elif isinstance(answer.result, AssistantMessage):  # a Provider's complete(): judged by it
+            message = answer.result
+        else:
+            return SUCCESS, _SUCCESS_CLS, None  # a returned value: a success, whatever it is
+        now = self.now_ms()
+        if answer.classification is not None:
+            cls = answer.classification
+        elif exc is not None and isinstance(exc, PROGRAMMING_ERRORS) and not _is_sdk_error(exc):
+            # A bug in the caller's code is never transient, whatever its text says.
+            cls = Classification("fatal", "runner.programming_error")
+        else:
+            cls = self.classify(message, self.context_window, now)
+        if cls.kind != "none":
+            if answer.classification is None:  # what events and errors may show: scrubbed
+                message = safe_message(message, self.secrets(exc) + answer_secrets(answer))
+            self.message, self.cls = message, cls
+        return message, cls, now
+
+    def decide(self, message: AssistantMessage, cls: Classification,
+               facts: TurnFacts | None) -> None:
+        """Hand the attempt's end to the brain and carry out its actions."""
+        if facts is not None and self.model is not None:
+            facts = dataclasses.replace(facts, model=self.model)
+        self.carry_out(self.brain.turn_ended(message, self.context_window, classification=cls,
+                                             facts=facts))
+        if self.delay is not None and facts is not None and facts.budget_taken and facts.budget_allows:
+            self.held = True  # the retry's token, until it goes
+
+    def carry_out(self, actions: list[B.Action]) -> None:
+        """Carry out ``actions`` (:meth:`~fsm.host.kernel.HostKernel.perform`); the host-loop
+        ones the loop acts on: the backoff, the deadline in flight, the fallback switch."""
+        self.delay = None
+        self.perform(actions, self._host, _LOOP_ACTIONS)
+
+    def _host(self, action: B.Action) -> None:
+        kind = type(action)
+        if kind is B.StartBackoff:
+            self.delay, self.timer = action.delay_ms, action.timer_id
+        elif kind is B.ArmDeadline:
+            # docs/policy.md §13.2: an attempt still running at the chain's deadline is aborted
+            self.deadline = (action.chain_id, (self.now_ms() or 0) + action.delay_ms)
+        elif kind is B.SwitchModel:  # docs/policy.md §13.3: the next attempts use the fallback
+            if self.on_switch is not None:
+                self.on_switch(action, self.now_ms() or 0)
+            self.model, self.switched = action.to_model, True
+
+    def _on_event(self, event: Event) -> None:
+        if type(event) is AutoRetryEnd:
+            self.end = event
+        if self.listener is not None:
+            self.listener(event)
+
+    def _deadline_left(self) -> int | None:
+        deadline = self.deadline if self.brain.is_retrying else None
+        return None if deadline is None else max(0, deadline[1] - (self.now_ms() or 0))
+
+    def _deadline_passed(self, when: str) -> RetryChainError:
+        """The chain's deadline passed (docs/policy.md §13.2): the chain ends ``deadline``;
+        the caller's error, its cause the :class:`DeadlinePassed`."""
+        assert self.deadline is not None
+        self.carry_out(self.brain.deadline_passed(self.deadline[0]))
+        self._give_back_held()
+        passed = DeadlinePassed(f"the chain's deadline of retry.maxElapsedMs = "
+                                f"{seconds_text(self.brain.settings.max_elapsed_ms or 0)} passed "
+                                f"{when}")
+        end = self.end
+        assert end is not None
+        error = RetryChainError(end.end_reason, end.attempt, self.calls, self.cls,
+                                end.final_error, self.message)
+        error.__cause__ = passed
+        return error
+
+    def _give_back_held(self) -> None:
+        if self.held:
+            self.held = False
+            self.give_back()
+
+    def _end_chain(self) -> None:
+        """End the running chain (``cancelled``), if any, whatever stops it; an exception
+        raised while its end is emitted (a listener's) does not hide the first."""
+        try:
+            self._give_back_held()
+            self.carry_out(self.brain.prompt_cancelled())  # ignored when no chain runs
+        except BaseException:  # noqa: BLE001 - the exception that stopped the run goes on
+            log.exception("ending the retry chain failed")
+
+    # ------------------------------------------------------------------ the end
+    def outcome(self, result: Any, cls: Classification) -> Any:
+        """The call's outcome (docs/policy.md §10): the result, or the exception raised."""
+        end = self.end
+        settled = (end is None and cls.kind == "none") or (end is not None and end.success)
+        if self.exc is not None and not settled:
+            # the caller's exception is re-raised or chained below: its text (and its causes')
+            # is scrubbed of the credentials the call carried (fsm.core.redact)
+            scrub_exception(self.exc, self.secrets(self.exc))
+        if end is None:  # no chain: the brain settled the turn
+            if cls.kind == "none":
+                return result
+            if cls.kind == "context_overflow":
+                raise ContextOverflowError(None, 0, self.calls, cls, self.message or SUCCESS) from self.exc
+            if self.exc is not None:
+                if cls.kind == "retryable" and not self.brain.settings.enabled:
+                    self.exc.add_note("retry-fsm: not retried (retry.enabled is false)")
+                raise self.exc
+            return result
+        if end.success:
+            return result
+        if end.attempt == 0 and end.end_reason != "overflow":
+            # A refusal at rest (maxRetries 0, a guard refused on the first failure): no chain
+            # started, so the caller's own exception, with the end's reason in its notes.
+            if self.exc is not None:
+                self.exc.add_note(f"retry-fsm: not retried (endReason: {end.end_reason}, attempt 0)")
+                raise self.exc
+            return result
+        if end.end_reason == "overflow":
+            raise ContextOverflowError("overflow", end.attempt, self.calls, self.cls or _SUCCESS_CLS,
+                                       self.message or SUCCESS) from self.exc
+        raise RetryChainError(end.end_reason, end.attempt, self.calls, self.cls, end.final_error,
+                              self.message) from self.exc
+
+
+def answer_secrets(answer: Attempt) -> tuple[str, ...]:
+    """Credentials the host says the failed request carried (:attr:`Attempt.secrets`)."""
+    return answer.secrets
+
+
+_LOOP_ACTIONS = (B.StartBackoff, B.SwitchModel, B.ArmDeadline)
+"""The host-loop actions the loop acts on; the others (turn events, the context, "prompt
+may return") belong to a session's turn, which a call does not have."""
+
+
+# ---------------------------------------------------------------------------- the drivers
+
+async def run_async(steps: Steps[Any], send: Callable[[Send], Awaitable[Attempt]],
+                    wait: Callable[[Wait], Awaitable[bool]]) -> Any:
+    """Drive ``steps`` on asyncio: ``send`` runs an attempt, ``wait`` waits; coordinator
+    commands are bounded by the one rule (:func:`~fsm.host.kernel.answer_async`)."""
+    return await drive_async(steps, send=send, wait=wait)
+
+
+def drive_sync(steps: Steps[Any], *, send: Callable[[Send], Attempt] | None = None,
+               wait: Callable[[Wait], bool] | None = None) -> Any:
+    """Drive ``steps`` without an event loop: ``send`` runs an attempt, ``wait`` waits (a
+    sync sleep); coordinator commands by :func:`~fsm.host.kernel.answer_sync`. An exception a
+    command raises (``KeyboardInterrupt``) is thrown into the steps."""
+    step: Callable[[Any], Any] = steps.send
+    value: Any = None
+    while True:
+        try:
+            command = step(value)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            kind = type(command)
+            if kind is Send:
+                assert send is not None, "these steps send no request"
+                value = send(command)
+            elif kind is Wait:
+                assert wait is not None, "these steps wait for nothing"
+                value = wait(command)
+            elif kind is AskStore:
+                raise TypeError("a synchronous host asks no credential store")
+            else:
+                value = answer_sync(command)
+            step = steps.send
+        except BaseException as exc:  # noqa: BLE001 - thrown into the steps, which re-raise
+            value, step = exc, steps.throw
+
+
+run_sync = drive_sync
+
+
+def tell_sync(command: Tell) -> None:
+    """The coordinator's writes of a host without an event loop: at once for an in-process
+    coordinator, else in the background on :func:`coordinator_loop` (never waited for)."""
+    if getattr(command.coordinator, "answers_at_once", False) is True:
+        answer_at_once(command)
+        return
+    asyncio.run_coroutine_threadsafe(answer_async(command), coordinator_loop())

@@ -1,0 +1,37 @@
+"""The simulation's pacer hears what a real host hears (docs/simulation.md, docs/classification.md
+"Capacity signal"): the classification of the message received, never the world's own label."""
+
+from __future__ import annotations
+
+from fsm.core.classify import Classification
+from fsm.sim.engine import VirtualClock
+from fsm.sim.policies import BrainPolicy, Messages
+from fsm.sim.resilient import make_resilient_factory
+from fsm.sim.run import resilient_settings
+from fsm.sim.world import ANSWERS, Answer
+
+
+def test_each_world_answer_is_a_capacity_signal_by_its_message_alone():
+    """The world's 429s, 503 and 529 classify as capacity signals, its random 500 and usage limit do not (docs/classification.md "Capacity signal")."""
+    messages = Messages()
+    signals = {kind: messages.cls[kind].capacity_signal for kind in ANSWERS}
+    assert signals == {"overloaded": True, "rate_limited": True, "window": True, "unavailable": True,
+                       "usage_limit": False, "server_error": False}
+
+
+def session_for(messages: Messages):
+    policy = BrainPolicy(resilient_settings(), messages, VirtualClock(), "fleet")
+    return policy, make_resilient_factory(policy, 1)(0, None, None)
+
+
+def test_the_pacer_learns_from_the_classification_not_the_label():
+    """A random 500 leaves the fleet's pacer off; the same answer whose message classified as a 503 turns it on: the label is not read (docs/simulation.md)."""
+    policy, session = session_for(Messages())
+    session.answered(200, Answer("server_error"))
+    assert not session.coord.pacer_state(policy.key).on
+
+    messages = Messages()
+    messages.cls["server_error"] = Classification("retryable", "structured.status_503")
+    policy, session = session_for(messages)
+    session.answered(200, Answer("server_error"))
+    assert session.coord.pacer_state(policy.key).on

@@ -51,6 +51,7 @@ GROUPS: dict[str, dict] = {
     "transport": {"full": {}, "quick": {"number": 30, "repeat": 3, "warmup": 5}, "timeout": 180},
     "pacing": {"full": {}, "quick": {"compare": False}, "timeout": 400},
     "fleet10k": {"full": {}, "quick": {"calls": 2_000}, "timeout": 900},
+    "audit": {"full": {"size_mb": 100}, "quick": {"size_mb": 5}, "timeout": 300},
 }
 
 # name: (comparison, limit, note)
@@ -89,6 +90,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
                           "budget of 100 tokens: at most twice its bound of 50 retries"),
     "fleet_unavailable_10k": ("<=", 0, "coordinator_unavailable events of a healthy Redis "
                               "under that load"),
+    "audit_events_100mb_s": ("<=", 30, "audit --events reading and checking a generated 100 MB "
+                             "log of 64 interleaved sessions (linear: extrapolated under --quick)"),
 }
 
 
@@ -146,6 +149,7 @@ ORDER = (
     "pacing_peak_ratio", "pacing_peak_ratio_unpaced", "pacing_refused_per_call",
     "pacing_refused_per_call_unpaced", "pacing_chain_ends_lost",
     "fleet_admit_p99_ms_10k", "fleet_unknown_share_10k", "fleet_retries_10k", "fleet_unavailable_10k",
+    "audit_events_100mb_s", "audit_events_mib_per_sec", "audit_events_log_mb",
 )
 ORDER += tuple(name for name in TARGETS if name.startswith("sim_") and name not in ORDER)
 

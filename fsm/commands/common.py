@@ -32,6 +32,7 @@ __all__ = [
     "StartupError", "configure_logging", "load_host_options", "register_configured_secrets",
     "DEFAULT_SESSION_DIR", "SessionParts", "add_session_arguments", "load_coordinator",
     "load_credentials", "load_settings", "open_session", "session_path", "check_configured_api_key",
+    "check_base_url", "output_file_problem", "write_output_file",
 ]
 
 DEFAULT_SESSION_DIR = os.path.join(".fsm", "sessions")
@@ -90,6 +91,57 @@ def read_input(path: str | os.PathLike, *, what: str = "input file",
     if len(data) > limit_bytes:
         raise InputFileError(f"{what} {os.fspath(path)} is larger than {limit_bytes} bytes")
     return data
+
+
+def output_file_problem(path: str | os.PathLike, *, what: str) -> str | None:
+    """Why the output file ``path`` cannot be written, checked before a command's work starts
+    (without opening it: a FIFO without a reader would block): an existing FIFO, device,
+    folder or socket (``/dev/full`` is refused here, not after the work), a missing folder,
+    no permission. None when it can be written. ``what`` names it (``"--json"``)."""
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        return f"{what} {path}: {exc.strerror or exc}"
+    if mode is not None and not stat.S_ISREG(mode):
+        return f"{what} {path} is {_kind(mode)}, not a file"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"{what} {path}: the folder {parent} does not exist"
+    if (mode is not None and not os.access(path, os.W_OK)) or (mode is None and not os.access(parent, os.W_OK)):
+        return f"{what} {path} cannot be written (permission denied)"
+    return None
+
+
+def write_output_file(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all: into a temporary file beside it,
+    then renamed over it, so a full disk or any other write error leaves neither a partial
+    file nor a temporary one (and an older ``path`` untouched). The file gets the mode a new
+    file would (or the old file's). Raises ``OSError`` (say ``ENOSPC``) after cleaning up."""
+    import tempfile
+
+    target = os.path.realpath(os.fspath(path))
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                               dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _clip(text: str, limit: int) -> str:
@@ -218,7 +270,9 @@ class StartupError(ValueError):
 
 def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any, Any]:
     """The checks and loads that ``rpc`` and ``chat`` share, in order: the configured API key
-    (refused without echoing it), ``--settings``, ``--credentials`` and ``--redis``.
+    (refused without echoing it), ``--base-url``, ``--settings``, ``--redis`` and
+    ``--credentials`` (last: it may create the store's file and lock, so nothing is created
+    when another option is refused).
 
     Returns ``(settings, credentials, coordinator)``; raises :class:`StartupError` naming the
     option and the problem (nothing is left half-opened).
@@ -230,19 +284,40 @@ def load_host_options(args: argparse.Namespace, *, prog: str) -> tuple[Any, Any,
         check_configured_api_key(args.api_key)
     except ApiKeyError as exc:
         raise StartupError(str(exc)) from None
+    check_base_url(getattr(args, "base_url", None))
     try:
         settings = load_settings(args.settings, prog=prog)
     except SettingsError as exc:
         raise StartupError(f"bad settings file {args.settings}: {exc}") from None
+    try:  # before the credential store, which may create its file and lock
+        coordinator = load_coordinator(args.redis)
+    except (OSError, ValueError, ImportError) as exc:
+        raise StartupError(f"bad --redis: {_without_userinfo(str(exc), args.redis)}") from None
     try:
         credentials = load_credentials(args.credentials)
     except (OSError, ValueError) as exc:
         raise StartupError(f"bad credentials file {args.credentials}: {exc}") from None
-    try:
-        coordinator = load_coordinator(args.redis)
-    except (OSError, ValueError, ImportError) as exc:
-        raise StartupError(f"bad --redis: {_without_userinfo(str(exc), args.redis)}") from None
     return settings, credentials, coordinator
+
+
+def check_base_url(url: str | None) -> None:
+    """:class:`StartupError` naming ``--base-url`` (its credentials hidden) unless it is None or
+    an ``http://`` / ``https://`` URL with a host and, if any, a port 0..65535 (``http://[::1``
+    would otherwise end in the URL parser's traceback)."""
+    if url is None:
+        return
+    from urllib.parse import urlsplit
+
+    from fsm.core.redact import redact_url
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+        problem = ("expected an http:// or https:// URL" if parts.scheme not in ("http", "https")
+                   else "no host" if not parts.hostname else None)
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        raise StartupError(f"bad --base-url {_clip(redact_url(url), 200)!r}: {problem}")
 
 
 def _without_userinfo(text: str, url: Any) -> str:

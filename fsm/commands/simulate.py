@@ -34,6 +34,8 @@ import json
 import os
 import sys
 
+from fsm.commands.common import output_file_problem, write_output_file
+
 HELP = "simulate a fleet against one provider's faults: failures, load and waiting per policy"
 
 
@@ -105,14 +107,11 @@ def _output_problem(json_path: str | None, svg_dir: str | None) -> str | None:
     runs (minutes at large N): ``--json`` a folder or in a missing folder, ``--svg`` an
     existing file; None when both can be written (the ``--svg`` folder is created here)."""
     if json_path is not None:
-        parent = os.path.dirname(os.path.abspath(json_path))
         if os.path.isdir(json_path):
             return f"--json {json_path} is a folder; give a file to write the figures to"
-        if not os.path.isdir(parent):
-            return f"--json {json_path}: the folder {parent} does not exist"
-        if os.path.exists(json_path) and not os.access(json_path, os.W_OK) \
-                or not os.path.exists(json_path) and not os.access(parent, os.W_OK):
-            return f"--json {json_path} cannot be written (permission denied)"
+        problem = output_file_problem(json_path, what="--json")  # a FIFO, /dev/full, ...
+        if problem:
+            return problem
     if svg_dir is not None:
         if os.path.exists(svg_dir) and not os.path.isdir(svg_dir):
             return f"--svg {svg_dir} is a file; give a folder to draw SCENARIO.svg into"
@@ -187,11 +186,17 @@ def run(args: argparse.Namespace) -> int:
                 f"{v.metric} {_fmt(v.metric, v.value)} ≤ {_fmt(v.metric, v.limit)} "
                 f"{'ok' if v.ok else 'MISSED'}" for v in verdicts))
         if args.svg:
-            os.makedirs(args.svg, exist_ok=True)
-            with open(os.path.join(args.svg, f"{name}.svg"), "w", encoding="utf-8") as fh:
-                fh.write(load_svg(name, SCENARIOS[name].text, results))
+            where = os.path.join(args.svg, f"{name}.svg")
+            try:
+                os.makedirs(args.svg, exist_ok=True)
+                write_output_file(where, load_svg(name, SCENARIOS[name].text, results))
+            except OSError as exc:
+                print(f"fsm simulate: cannot write --svg {where}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"scenarios": report}, fh, indent=2, sort_keys=False)
-            fh.write("\n")
+        try:  # whole or not at all: a full disk leaves no partial file behind
+            write_output_file(args.json, json.dumps({"scenarios": report}, indent=2, sort_keys=False) + "\n")
+        except OSError as exc:
+            print(f"fsm simulate: cannot write --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     return 0

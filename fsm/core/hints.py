@@ -30,13 +30,15 @@ message carries several:
    "reset at 3pm (America/Santiago)", "try again at Jul 5th, 2026 8:19 PM" (no zone: UTC, or
    the zone the host's resolver gives for ``""``), "regain access on 2026-06-01 at 00:00 UTC".
    A time of day already past today is the next one; on a daylight-saving fall-back night the
-   earliest of the two readings still ahead is taken (a 10-minute reset stays 10 minutes)
+   earliest of the two readings still ahead is taken (a 10-minute reset stays 10 minutes); a
+   time skipped by a spring-forward moves forward by the gap (02:30 in a 02:00→03:00 gap is 03:30)
 
 A value that is negative, not a plain ASCII decimal number (``1e3``, ``1e309``, Arabic-Indic or
-fullwidth digits), in the past, or longer than :data:`MAX_HINT_MS` (400 days, docs/policy.md
-§13.6: a wait the server states in any unit up to 400 days is a real hint) is ignored, and the
-next candidate is tried (``docs/policy.md §2``: absurd values are ignored). Only the first 256 occurrences of each trigger word
-are looked at, so an adversarial message cannot make parsing slow.
+fullwidth digits) or in the past is ignored, and the next candidate is tried. A wait longer
+than :data:`MAX_HINT_MS` (400 days) is read as 400 days: it is too long, not absent, so a longer
+server wait never gives more requests than a shorter one (docs/policy.md §2 "Hints are
+monotonic"). Only the first 256 occurrences of each trigger word are looked at, so an
+adversarial message cannot make parsing slow.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ __all__ = ["HINT_TRIGGERS", "MAX_HINT_MS", "WORD_CHARS", "HeaderHint", "ZoneReso
            "should_retry_header", "normalize_text", "padded_normal_form", "parse_hint_at", "parse_normalized_hint_ms", "parse_retry_hint_ms"]
 
 MAX_HINT_MS = 400 * 24 * 3600 * 1000
-"""Hints longer than this (400 days, in ms) are treated as absurd and ignored (docs/policy.md
-§13.6: a wait the server states in any unit up to 400 days is a real hint)."""
+"""The longest hint, in ms (400 days): a stated wait beyond it is read as this much (too long
+for any ``maxHintWaitMs``), never ignored (docs/policy.md §2 "Hints are monotonic")."""
 
 ZoneResolver = Callable[[str], "tzinfo | None"]
 """The host's time-zone resolver: ``zone(name) -> tzinfo | None``. ``name`` is an IANA zone
@@ -122,12 +124,12 @@ def padded_normal_form(text: str) -> str:
 
 # Numbers are plain ASCII decimals (the regexes are compiled with re.ASCII, so \d is [0-9]);
 # an exponent ("1e3", "1e309") or more digits after the match void it.
-_NUM = r"(\d{1,15}(?:\.\d{1,9})?)(?![\de]|\.\d)"
+_NUM = r"(\d+(?:\.\d{1,9})?)(?![\de]|\.\d)"
 _SEP = r"\\{0,3}[\"']?\s?[:=]\s?\\{0,3}[\"']?"  # `: `, `=`, `": "` and `\": \"` (escaped JSON)
 _UNIT = (r"(?:milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h"
          r"|days?|d|weeks?|w|months?|mos?|years?|yrs?)(?![a-z])")
-_DURATION = (rf"(?:\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}|(?:an?|one) (?:hour|minute|second|day|week|month)(?![a-z]))"
-             rf"(?:(?:,? and |, | )?\d{{1,9}}(?:\.\d{{1,9}})? ?{_UNIT}){{0,5}}")
+_DURATION = (rf"(?:\d+(?:\.\d{{1,9}})? ?{_UNIT}|(?:an?|one) (?:hour|minute|second|day|week|month)(?![a-z]))"
+             rf"(?:(?:,? and |, | )?\d+(?:\.\d{{1,9}})? ?{_UNIT}){{0,5}}")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?) ?([a-z]+)", re.ASCII)
 _UNIT_MS = {
     "ms": 1, "msec": 1, "msecs": 1, "millisecond": 1, "milliseconds": 1,
@@ -162,8 +164,8 @@ _I18N_UNIT_MS = {
 }
 _I18N_WORD_UNIT = (r"(?:segundos?|seg|secondes?|sekunden?|sek|minutos?|minutes?|minuten?|min|horas?"
                    r"|heures?|stunden?|std|d[íi]as?|jours?|tagen?|tag|semanas?|semaines?|wochen?)(?![a-zà-ÿ])")
-_I18N_DURATION = (rf"\d{{1,9}}(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}"
-                  rf"(?:(?:,? (?:y|et|und|e) |, | )\d{{1,9}}(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}){{0,3}}")
+_I18N_DURATION = (rf"\d+(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}"
+                  rf"(?:(?:,? (?:y|et|und|e) |, | )\d+(?:[.,]\d{{1,3}})? ?{_I18N_WORD_UNIT}){{0,3}}")
 _I18N_DURATION_PART = re.compile(r"(\d+(?:[.,]\d+)?) ?([a-zà-ÿ]+|[^\x00-\x7f]{1,3})")
 # Chinese, Japanese, Korean: "30秒后重试", "5分钟后再试", "30秒後に再試行", "30초 후에 다시 시도":
 # a number and a unit, followed by "after".
@@ -194,8 +196,8 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("ms_header", rf"retry[-_]?after[-_]?ms{_SEP}{_NUM}"),
     ("after_header", rf"retry[-_]?after(?:[-_]?s(?:ec(?:ond)?s?)?)?{_SEP}(?:{_NUM}|{_HTTP_DATE})"),
     ("retry_delay_json", rf"retry[-_]?delay\\{{0,3}}\"?\s?:\s?\\{{0,3}}\""
-                         rf"(\d{{1,9}}(?:\.\d{{1,9}})?)(m?s)\\{{0,3}}\""),
-    ("retry_delay_proto", r"retry_delay \{ seconds: (\d{1,9})(?: nanos: (\d{1,9}))? \}"),
+                         rf"(\d+(?:\.\d{{1,9}})?)(m?s)\\{{0,3}}\""),
+    ("retry_delay_proto", r"retry_delay \{ seconds: (\d+)(?: nanos: (\d{1,9}))? \}"),
     ("reset_in_seconds", rf"resets?[-_](?:in|after)[-_]s(?:ec(?:ond)?s?)?{_SEP}{_NUM}"),
     ("ratelimit_reset_ms", rf"ratelimit-reset-ms{_SEP}{_NUM}"),
     ("ratelimit_reset", rf"ratelimit-reset(?:-[a-z-]{{1,30}})?{_SEP}(?:{_ISO}|({_DURATION})|{_NUM})"),
@@ -204,8 +206,8 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("phrase", rf"(?:retry|try again|wait|reset|resets|refresh(?:es|ed)?|renew(?:s|ed)?|come back"
                rf"|available again|available|等待)"
                rf"(?: in| after| for)?:? ?(?:about |approximately |approx\. |~)?({_DURATION})"),
-    ("epoch_pipe", r"limit reached\|(\d{10,13})(?!\d)"),
-    ("resets_at", rf"resets?[-_]at{_SEP}(\d{{10,13}})(?![\d.])"),
+    ("epoch_pipe", r"limit reached\|(\d{10,})"),
+    ("resets_at", rf"resets?[-_]at{_SEP}(\d{{10,}})(?![\d.])"),
     ("phrase_i18n", rf"(?:r[ée]essay|essayez|int[ée]nt[ae]|vuelv|reint[ée]nt|tente|tentar|aguarde|espere"
                     rf"|versuch|warte|attendez|patientez)"
                     rf"[^.;!?]{{0,40}}?(?:(?:en|dans|em|in|nach|após|apos|después de|despues de|tras"
@@ -252,8 +254,9 @@ def parse_retry_hint_ms(text: str, *, now_ms: float | None = None,
     :data:`ZoneResolver` for named zones and zone-less times (None: named zones unknown,
     zone-less times UTC). Relative hints are rounded to the nearest ms.
 
-    Returns an ``int`` between 0 and :data:`MAX_HINT_MS` inclusive, or ``None`` when the text
-    carries no usable hint (none at all, negative, NaN, in the past or absurdly long). Never
+    Returns an ``int`` between 0 and :data:`MAX_HINT_MS` inclusive (a longer wait is cut to
+    it), or ``None`` when the text carries no usable hint (none at all, negative, NaN or in the
+    past). Never
     raises for any ``str``. See the module docstring for the formats and their precedence.
     """
     return parse_normalized_hint_ms(normalize_text(text), now_ms=now_ms, zone=zone)
@@ -298,12 +301,18 @@ def parse_hint_at(t: str, positions: list[int], *, now_ms: float | None = None,
         return None
     if len(candidates) > 1:
         candidates.sort(key=lambda c: (c[0], c[1]))
+    if now_ms is not None and not _MIN_CLOCK_MS <= now_ms <= _MAX_CLOCK_MS:
+        now_ms = None  # a clock outside the calendar (or NaN): absolute hints are not resolved
     when = _When(now_ms, zone)
     for _, _, kind, m in candidates:
         value = _value(kind, m, t, when)
         if value is not None:
             return value
     return None
+
+
+_MIN_CLOCK_MS = -62_135_596_800_000  # 0001-01-01T00:00Z: datetime's range
+_MAX_CLOCK_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,9 +334,12 @@ class _When:
 
 
 def _round(ms: float) -> int | None:
-    if ms != ms or ms < 0 or ms > MAX_HINT_MS:  # NaN, negative, absurd
+    """A wait in ms → an int in 0 … :data:`MAX_HINT_MS`; None for NaN or a negative wait (a
+    time in the past). A wait beyond 400 days is cut to 400 days, never dropped: it is "too
+    long", and a longer server wait must never read as no hint at all (docs/policy.md §2)."""
+    if ms != ms or ms < 0:  # NaN, negative
         return None
-    return int(ms + 0.5)
+    return MAX_HINT_MS if ms >= MAX_HINT_MS else int(ms + 0.5)  # also an infinite one
 
 
 def _duration_ms(text: str) -> int | None:
@@ -487,19 +499,35 @@ def _absolute_ms(t: str, pos: int, when: _When) -> int | None:
             days.append(day.replace(year=day.year + 1))  # "Jul 5": this year's, else next year's
         except ValueError:
             pass
-    readings = []
+    readings: list[float] = []
     for d in days:
-        for fold in (0, 1):  # both readings of a wall time repeated by a fall-back
-            try:
-                readings.append(datetime(d.year, d.month, d.day, hour, minute, second,
-                                         tzinfo=zone, fold=fold).timestamp() * 1000)
-            except (ValueError, OverflowError):
-                continue
+        readings += _wall_instants(d, hour, minute, second, zone)
     ahead = [ms for ms in readings if ms >= now]
     if not ahead:
         return _round(min(readings) - now) if readings else None  # in the past: ignored
     return _round(min(ahead) - now)
 
+
+
+def _wall_instants(d: date, hour: int, minute: int, second: int, zone: tzinfo) -> list[float]:
+    """The instants (epoch ms) at which the wall clock of ``zone`` reads ``d hour:minute:second``
+    (docs/classification.md "Clock and time zones"): one on most days; two on a fall-back
+    night (the repeated hour: both readings, the caller takes the first still ahead); and for a
+    time skipped by a spring-forward, none exists, so the time moves forward by the gap (read
+    with the offset before it: 02:30 in a 02:00→03:00 gap is 03:30)."""
+    try:
+        wall = datetime(d.year, d.month, d.day, hour, minute, second)
+        instants = [wall.replace(tzinfo=zone, fold=fold).timestamp() for fold in (0, 1)]
+    except (ValueError, OverflowError):
+        return []
+    real = []
+    for ts in instants:
+        try:
+            if datetime.fromtimestamp(ts, zone).replace(tzinfo=None) == wall:
+                real.append(ts * 1000)
+        except (ValueError, OverflowError, OSError):
+            continue
+    return real or [max(instants) * 1000]  # in a gap: the later reading is the one moved forward
 
 
 # --------------------------------------------------------------------------------------------
@@ -545,7 +573,7 @@ def header_hint(headers: Mapping[str, str] | None, *, rate_limited: bool,
     ``anthropic-ratelimit-*-reset`` (RFC 3339). Among those, the ones whose paired
     ``*-remaining*`` header is ``0`` (the limit that was hit) are preferred, and of them the
     longest wait. Values are read with the same grammar as texts (:func:`parse_retry_hint_ms`),
-    so an absurd, negative, non-ASCII or exponent value is ignored. ``now_ms``: epoch ms for
+    so a negative, non-ASCII or exponent value is ignored and one beyond 400 days is cut to it. ``now_ms``: epoch ms for
     absolute values from the host's clock (None: absolute values give no hint); ``zone``: as
     for :func:`parse_retry_hint_ms`.
     """

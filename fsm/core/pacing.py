@@ -31,7 +31,13 @@ The rules (docs/fleet.md "Pacing" gives the measurements behind them):
   seen (as Linkerd's retry budget keeps ``minRetriesPerSecond``,
   https://linkerd.io/2/reference/retries/); ``max_rate`` caps the rate;
 - the pacer only paces after a throttle (botocore's ``_enabled``), and lets go after
-  ``forget_after_ms`` without one.
+  ``forget_after_ms`` without one;
+- **clock steps**: every step reads its time as the latest clock reading seen (``seen_ms``):
+  a clock that stepped back (an NTP step, a Redis failover to a server whose clock is behind)
+  is clamped to it, so for the pacer no time passes until the clock is back there — nothing
+  is reset, forgotten or grown meanwhile. A state whose latest reading is more than
+  :data:`MAX_DELAY_MS` (400 days) ahead of the clock is not a step but a state from another
+  clock (a peer writing microseconds, a corrupted key): it counts as lost (:func:`fresh`).
 
 Units: times in ms (``float`` inside, any origin: the caller's clock), rates in requests per
 second shared by the fleet.
@@ -67,7 +73,9 @@ class PacerState:
     - ``ok_sec``, ``ok_n``: the second (``floor(ms / 1000)``, -1 none yet) whose successes
       are being counted, and their count;
     - ``sent_sec``, ``sent_cur``, ``sent_prev``: the send rate's sliding window — the second
-      of the newest sends, the requests sent in it and in the second before.
+      of the newest sends, the requests sent in it and in the second before;
+    - ``seen_ms``: the latest clock reading any step saw (``-inf`` before the first step: the
+      one field that may be infinite); an earlier reading is clamped to it.
     """
 
     on: bool = False
@@ -83,11 +91,22 @@ class PacerState:
     sent_sec: float = -1.0
     sent_cur: float = 0.0
     sent_prev: float = 0.0
+    seen_ms: float = -math.inf
 
 
 def fresh() -> PacerState:
     """The state of a key nobody paced yet (or whose state was lost): not pacing."""
     return PacerState()
+
+
+def _clock(state: PacerState, now_ms: float) -> tuple[PacerState, float]:
+    """``(state, the time this step reads)``: ``now_ms`` clamped to the latest reading seen (a
+    backward step); a state seen more than 400 days ahead of ``now_ms`` is lost (fresh)."""
+    if state.seen_ms > now_ms + MAX_DELAY_MS:
+        return fresh(), now_ms
+    if state.seen_ms > now_ms:
+        return state, state.seen_ms
+    return state, now_ms
 
 
 def _forget(state: PacerState, now_ms: float, settings: PacingSettings) -> PacerState:
@@ -99,7 +118,9 @@ def _forget(state: PacerState, now_ms: float, settings: PacingSettings) -> Pacer
 def slot_delay_ms(state: PacerState, now_ms: float, settings: PacingSettings,
                   earliest_ms: float = 0.0) -> float:
     """The delay in ms from ``now_ms`` until a request that wants to go ``earliest_ms`` after
-    it could go (without reserving anything); ``earliest_ms`` when not pacing."""
+    it could go (without reserving anything); ``earliest_ms`` when not pacing. A ``now_ms``
+    before the latest reading seen counts as that reading."""
+    state, now_ms = _clock(state, now_ms)
     want = now_ms + max(0.0, earliest_ms)
     state = _forget(state, now_ms, settings)
     if not state.on or not settings.enabled:
@@ -147,12 +168,14 @@ def reserve(state: PacerState, now_ms: float, settings: PacingSettings,
     pacing (the send is still counted: the send rate a first throttle cuts from). ``(new
     state, None)``: no slot within ``horizon_ms`` of the time it wants to go — nothing is
     reserved or counted; ask again after ``recheck_ms`` (jittered). Pacing off
-    (``enabled`` false): ``(state, earliest)`` unchanged.
+    (``enabled`` false): ``(state, earliest)`` unchanged. A ``now_ms`` before the latest
+    reading seen counts as that reading (the delay is then counted from it).
     """
     earliest = max(0.0, earliest_ms)
     if not settings.enabled:
         return state, math.ceil(earliest)
-    state = _forget(state, now_ms, settings)
+    state, now_ms = _clock(state, now_ms)
+    state = replace(_forget(state, now_ms, settings), seen_ms=now_ms)
     want = now_ms + earliest
     at = want
     if state.on:
@@ -183,10 +206,11 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
     :attr:`fsm.core.classify.Classification.capacity_signal`, docs/fleet.md "Pacing");
     otherwise ``success`` tells a success (it grows the rate) from any other answer (a fatal
     error, a usage limit, a random 500, a stall, a timeout: nothing learned).
-    Returns the new state."""
+    Returns the new state. A ``now_ms`` before the latest reading seen counts as that reading."""
     if not settings.enabled:
         return state
-    state = _forget(state, now_ms, settings)
+    state, now_ms = _clock(state, now_ms)
+    state = replace(_forget(state, now_ms, settings), seen_ms=now_ms)
     if throttled:
         if state.on and now_ms - state.last_cut_ms < settings.cut_interval_ms:
             return state  # this round of requests was cut once already

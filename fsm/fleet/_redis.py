@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import re
 import time
@@ -56,6 +57,11 @@ from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, Coo
                               ratio_milli)
 
 DEFAULT_PREFIX = "retry-fsm"
+
+#: At most this many cooldowns are kept per process (:meth:`RedisCoordinator.cooldown_left`).
+_MAX_KEPT_COOLDOWNS = 10_000
+
+log = logging.getLogger("fsm.fleet")
 
 #: A bucket nobody used for this long disappears from Redis (it is full again long before).
 BUCKET_TTL_MS = 7 * 86_400_000
@@ -149,13 +155,17 @@ end
 # horizon_ms, forget_after_ms, memory_s, the pacer hash's TTL in ms (:func:`pacer_ttl_ms`).
 # The hash's fields are PacerState's: on (0/1), rate, tat, lcut (last_cut_ms), lgrow
 # (last_grow_ms), wmax, good, goodt (good_ms), oks (ok_sec), okn (ok_n), sents (sent_sec),
-# sentc (sent_cur), sentp (sent_prev); times in server ms, written with 17 digits.
+# sentc (sent_cur), sentp (sent_prev), seen (seen_ms); times in server ms, written with 17
+# digits. PNOW is the pacer's time: NOW clamped to the latest time seen (a server clock that
+# stepped back, e.g. a failover: no reset, no time passes; fsm.core.pacing "clock steps").
 _LUA_PACER = """
 local PFIELDS = {'on', 'rate', 'tat', 'lcut', 'lgrow', 'wmax', 'good', 'goodt', 'oks', 'okn',
-                 'sents', 'sentc', 'sentp'}
+                 'sents', 'sentc', 'sentp', 'seen'}
+local PNOW = NOW
 local function pfresh()
+  PNOW = NOW
   return {on=0, rate=0, tat=0, lcut=0, lgrow=0, wmax=0, good=0, goodt=0, oks=-1, okn=0,
-          sents=-1, sentc=0, sentp=0}
+          sents=-1, sentc=0, sentp=0, seen=-math.huge}
 end
 local function count_ok(x) return x >= 0 and x <= 1e9 end
 local function second_ok(x, hi) return x == math.floor(x) and x >= -1 and x * 1000 <= hi end
@@ -170,17 +180,21 @@ local function pacer_get(k)
     if n == nil then return pfresh() end
     s[f] = n
   end
-  -- times written as NOW (a cut, a growth step, a success) are not ahead of the server's
-  -- clock by more than a minute; slots (tat, the newest send's second) may be booked up to
-  -- a cooldown or backoff of 400 days ahead, plus the horizon
-  local soon, far = NOW + 60000, NOW + 2 * MAXLEFT
-  if (s.on ~= 0 and s.on ~= 1) or not count_ok(s.rate) or (s.on == 1 and s.rate <= 0)
+  -- the latest time seen: a server clock behind it by up to 400 days stepped back (clamped
+  -- to it); further is another clock (a peer writing microseconds, a corrupted key). Times
+  -- written as the pacer's time (a cut, a growth step, a success) are not after the latest
+  -- time seen; slots (tat, the newest send's second) may be booked up to a cooldown or
+  -- backoff of 400 days ahead, plus the horizon
+  local soon, far = s.seen, s.seen + 2 * MAXLEFT
+  if s.seen > NOW + MAXLEFT or (s.on ~= 0 and s.on ~= 1) or not count_ok(s.rate)
+     or (s.on == 1 and s.rate <= 0)
      or s.tat > far or s.lcut > soon or s.lgrow > soon or s.goodt > soon
      or not count_ok(s.wmax) or not count_ok(s.good) or not count_ok(s.okn)
      or not count_ok(s.sentc) or not count_ok(s.sentp)
      or not second_ok(s.oks, soon) or not second_ok(s.sents, far) then
     return pfresh()
   end
+  PNOW = math.max(NOW, s.seen)
   return s
 end
 local function pacer_set(k, s, ttl)
@@ -191,7 +205,7 @@ local function pacer_set(k, s, ttl)
   redis.call('PEXPIRE', k, ttl)
 end
 local function pacer_forget(s, p)
-  if s.on == 1 and NOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 s.tat = 0.0 end
+  if s.on == 1 and PNOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 s.tat = 0.0 end
 end
 local function count_send(s, at)
   local sec = math.floor(at / 1000.0)
@@ -201,16 +215,16 @@ local function count_send(s, at)
   s.sents = sec s.sentc = 1.0 s.sentp = prev
 end
 local function send_rate(s)
-  local sec = math.floor(NOW / 1000.0)
+  local sec = math.floor(PNOW / 1000.0)
   if sec > s.sents + 1.0 or s.sents < 0 then return 0.0 end
-  local frac = (NOW - sec * 1000.0) / 1000.0
+  local frac = (PNOW - sec * 1000.0) / 1000.0
   if sec == s.sents + 1.0 then return s.sentc * (1.0 - frac) end
   if sec == s.sents then return s.sentp * (1.0 - frac) + s.sentc end
   return s.sentp + s.sentc
 end
 local function best_rate(s, p)
   if s.good <= 0.0 then return 0.0 end
-  return s.good * 0.5 ^ (math.max(0.0, NOW - s.goodt) / 1000.0 / p.memory)
+  return s.good * 0.5 ^ (math.max(0.0, PNOW - s.goodt) / 1000.0 / p.memory)
 end
 local function pacer_cap(rate, p)
   if p.max ~= nil then rate = math.min(rate, p.max) end
@@ -222,7 +236,8 @@ end
 local function pacer_reserve(s, p, earliest)
   earliest = math.max(0.0, earliest)
   pacer_forget(s, p)
-  local want = NOW + earliest
+  s.seen = PNOW
+  local want = PNOW + earliest
   local at = want
   if s.on == 1 then
     at = math.max(want, s.tat)
@@ -231,13 +246,14 @@ local function pacer_reserve(s, p, earliest)
   end
   local booked = math.ceil(at)
   count_send(s, booked)
-  return math.floor(math.min(MAXLEFT, booked - NOW))
+  return math.floor(math.min(MAXLEFT, booked - PNOW))
 end
 -- outcome: 't' throttled, 's' a success, anything else an answer that teaches nothing.
 local function pacer_observe(s, outcome, p)
   pacer_forget(s, p)
+  s.seen = PNOW
   if outcome == 't' then
-    if s.on == 1 and NOW - s.lcut < p.cut then return s end
+    if s.on == 1 and PNOW - s.lcut < p.cut then return s end
     local measured = send_rate(s)
     local base = measured
     if s.on == 1 then
@@ -246,14 +262,14 @@ local function pacer_observe(s, outcome, p)
       base = math.min(s.rate, m)
     end
     s.on = 1 s.rate = pacer_cap(p.beta * base, p) s.wmax = base
-    s.lcut = NOW s.lgrow = NOW s.tat = math.max(s.tat, NOW)
+    s.lcut = PNOW s.lgrow = PNOW s.tat = math.max(s.tat, PNOW)
     return s
   end
   if outcome ~= 's' then return s end
-  local sec = math.floor(NOW / 1000.0)
+  local sec = math.floor(PNOW / 1000.0)
   local good, goodt, okn = s.good, s.goodt, s.okn
   if sec ~= s.oks then
-    if okn > best_rate(s, p) then good = okn goodt = NOW end
+    if okn > best_rate(s, p) then good = okn goodt = PNOW end
     okn = 0.0
   end
   s.good = good s.goodt = goodt s.oks = sec s.okn = okn + 1.0
@@ -264,13 +280,13 @@ local function pacer_observe(s, outcome, p)
     if rate <= 2.0 * p.min then wmax = math.max(wmax, best) end
     rate = best / 2.0
   end
-  local dt = NOW - s.lgrow
+  local dt = PNOW - s.lgrow
   if dt > 0 then
     local lg = p.lgslow
     if rate < 0.9 * wmax then lg = p.lgfast end
     rate = rate * math.exp(lg * math.min(dt, 1000.0) / 1000.0)
   end
-  s.rate = pacer_cap(rate, p) s.wmax = wmax s.lgrow = NOW
+  s.rate = pacer_cap(rate, p) s.wmax = wmax s.lgrow = PNOW
   return s
 end
 local function pacing_args(i)
@@ -288,8 +304,10 @@ end
 # '' none, seen, idle, ttl), [7] mode, [8] floor interval ms ('' none), [9..18] pacing, [19]
 # the re-check of a wait with no floor slot booked (ms, WAIT_RECHECK_MS), [20] the floor's
 # horizon in wait mode (ms, FLOOR_HORIZON_MS: a slot starting later is not reserved), [21] the
-# number n of requests, then n blocks of four from ARGV[22]: retry (0/1), earliest_ms,
-# floor_slot_due (0/1), max_wait_ms ('' none). The n requests are admitted in order, each as
+# number n of requests, then n blocks of five from ARGV[22]: retry (0/1), earliest_ms,
+# floor_slot_due (0/1), max_wait_ms ('' none), the cooldown the caller's process knows is left
+# (ms, 0 none: a cooldown key that is shorter or gone — evicted, flushed — is written back
+# with it, as a bucket the process saw is). The n requests are admitted in order, each as
 # one atomic step would on its own at the same NOW (a batch of one is the single step; the
 # key's state is read once and written once). Returns n blocks of seven: {cooldown_ms, allowed
 # (1/0/-1 none), token_taken, pacing_ms, budget_wait_ms, milli-tokens (-1 none),
@@ -320,6 +338,8 @@ local function floor_slot(limit)
   return start - NOW
 end
 local function one(b)
+  local known = tonumber(ARGV[b + 4])
+  if known > cooldown then cooldown = extend(KEYS[1], known) end
   if ARGV[b + 3] ~= '' and cooldown > tonumber(ARGV[b + 3]) then return {cooldown, -1, 0, 0, 0, -1, 1} end
   local ns, pacing = nil, 0
   if p ~= nil then  -- the pacer first: no slot within the horizon, nothing is taken
@@ -353,7 +373,7 @@ local function one(b)
 end
 local out = {}
 for i = 0, tonumber(ARGV[21]) - 1 do
-  for _, v in ipairs(one(22 + 4 * i)) do out[#out + 1] = v end
+  for _, v in ipairs(one(22 + 5 * i)) do out[#out + 1] = v end
 end
 if m ~= nil then bucket_set(KEYS[2], m, ARGV[6]) end
 if floor_dirty then
@@ -492,11 +512,37 @@ def redact_url(url: str) -> str:
 
 
 def check_url(url: Any) -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ``ValueError`` naming it."""
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ``ValueError`` naming it (password
+    hidden): another scheme, a port that is not 0..65535, or a database (the path of
+    ``redis://HOST:PORT/DB``, ``?db=N``) that is not a whole number — redis-py would quietly
+    use database 0 for ``redis://host/abc``."""
     if not isinstance(url, str) or not re.match(r"^(redis|rediss|unix)://", url):
         shown = redact_url(url) if isinstance(url, str) else repr(url)
         raise ValueError(f"Redis address must look like redis://HOST:PORT/DB, got {shown!r}")
+    problem = _url_problem(url)
+    if problem:
+        raise ValueError(f"Redis address {redact_url(url)[:200]!r}: {problem}")
     return url
+
+
+def _url_problem(url: str) -> str | None:
+    """What is wrong with the parts of a ``redis``/``rediss``/``unix`` URL, or None."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        return str(exc)
+    dbs = urllib.parse.parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix":
+        if not parts.hostname:
+            return "no host"
+        path = urllib.parse.unquote(parts.path)
+        if path not in ("", "/"):
+            dbs.append(path[1:])
+    for db in dbs:
+        if not (db.isascii() and db.isdigit()):
+            return f"the database must be a whole number (redis://HOST:PORT/0), got {db[:40]!r}"
+    return None
 
 
 def safe_reason(exc: BaseException, url: str | None = None) -> str:
@@ -557,6 +603,12 @@ class RedisCoordinator:
         # fallback continues from when Redis stops answering.
         self.observed_milli: dict[CoordKey, int] = {}
         self._seen_at: dict[CoordKey, float] = {}  # key -> when this process last saw its bucket (monotonic ms)
+        # key -> the end (monotonic ms) of the longest cooldown this process learned or read
+        # for it: kept like a bucket it has seen, so an evicted or flushed cooldown key is not
+        # forgotten here, and the next admission writes it back (docs/fleet.md "Starting Redis").
+        self._cooldown_ends: dict[CoordKey, float] = {}
+        self._eviction_check = "todo"  # "todo" | "running" | "done" (see check_eviction)
+        self.eviction_warning: str | None = None
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
         # The calls of one event-loop iteration, per (script, key, shared arguments): sent
         # together, one script call per BATCH_MAX of them, at the end of the iteration.
@@ -700,6 +752,8 @@ class RedisCoordinator:
         import redis.exceptions
         width = 7 if name == "admit" else 1
         sent: list = []
+        if self._eviction_check == "todo":
+            await self.check_eviction()
 
         def make() -> Any:
             sent.extend(it for it in items if not it[0].done())
@@ -757,6 +811,7 @@ class RedisCoordinator:
         await asyncio.gather(*(self._run(self.client.ping()) for _ in range(count)))
         for script in self._scripts.values():
             await self._run(self.client.script_load(script.script))
+        await self.check_eviction()
 
     # -- what is sent and what comes back -----------------------------------------------
     def _seen(self, key: CoordKey) -> str:
@@ -772,6 +827,31 @@ class RedisCoordinator:
             self._seen_at.clear()
         self.observed_milli[key] = int(milli)
         self._seen_at[key] = time.monotonic() * 1000
+
+    def _remember_cooldown(self, key: CoordKey, left_ms: Any, asked_ms: float) -> None:
+        """Keep ``key``'s cooldown, ``left_ms`` from ``asked_ms`` (monotonic ms: the time the
+        question was sent, so the end kept is never later than the server's)."""
+        if not isinstance(left_ms, int) or isinstance(left_ms, bool) or not 0 < left_ms <= MAX_LEFT_MS:
+            return
+        end = asked_ms + left_ms
+        if end > self._cooldown_ends.get(key, -math.inf):
+            if len(self._cooldown_ends) >= _MAX_KEPT_COOLDOWNS and key not in self._cooldown_ends:
+                now = time.monotonic() * 1000
+                self._cooldown_ends = {k: e for k, e in self._cooldown_ends.items() if e > now}
+                if len(self._cooldown_ends) >= _MAX_KEPT_COOLDOWNS:  # all alive: drop the soonest
+                    del self._cooldown_ends[min(self._cooldown_ends, key=self._cooldown_ends.__getitem__)]
+            self._cooldown_ends[key] = end
+
+    def _known_cooldown(self, key: CoordKey) -> int:
+        """The ms left of the cooldown this process keeps for ``key`` (0: none)."""
+        end = self._cooldown_ends.get(key)
+        if end is None:
+            return 0
+        left = math.ceil(end - time.monotonic() * 1000)
+        if left <= 0:
+            del self._cooldown_ends[key]
+            return 0
+        return min(left, MAX_LEFT_MS)
 
     def _budget_args(self, key: CoordKey, budget: BudgetSettings | None) -> list:
         if budget is None:
@@ -792,10 +872,50 @@ class RedisCoordinator:
                 str(pacing.horizon_ms), str(pacing.forget_after_ms), repr(float(pacing.memory_s)),
                 str(pacer_ttl_ms(pacing))]
 
+    async def check_eviction(self) -> str | None:
+        """Whether this Redis may evict the fleet's keys; once per coordinator, at its first
+        script (and in :meth:`warm_up`). Every key of the fleet has an expiry, so with a
+        ``maxmemory`` limit any ``maxmemory-policy`` but ``noeviction`` (``allkeys-*`` and
+        ``volatile-*`` alike) can drop a cooldown, a bucket or a pacer under memory pressure:
+        then the text of a warning (logged on ``fsm.fleet``) is returned. A server that refuses
+        ``CONFIG GET`` (a managed Redis, an ACL) gets a warning that it could not be checked.
+        None: nothing to say (``noeviction``, or no ``maxmemory``), or no answer (asked again
+        at the next script). Raises nothing but a cancellation; docs/fleet.md "Starting Redis"."""
+        if self._eviction_check != "todo":
+            return self.eviction_warning
+        self._eviction_check = "running"
+        import redis.exceptions
+        where = redact_url(self._url) if self._url else "this Redis"
+        refused = None
+        try:
+            config = await self._run(self.client.config_get("maxmemory*"),
+                                     keep=(redis.exceptions.ResponseError,))
+        except CoordinatorError:
+            self._eviction_check = "todo"  # no answer: asked again at the next script
+            return None
+        except Exception as exc:  # NOPERM, an unknown or renamed command, a client without it
+            refused = safe_reason(exc)
+        except BaseException:
+            self._eviction_check = "todo"  # cancelled mid-question
+            raise
+        if refused is not None:
+            self.eviction_warning = (
+                f"could not check whether {where} may evict the fleet's keys (CONFIG GET refused: "
+                f"{refused}); the fleet needs maxmemory-policy noeviction or no maxmemory "
+                "(docs/fleet.md \"Starting Redis\")")
+        else:
+            self.eviction_warning = _eviction_warning(config, where)
+        self._eviction_check = "done"
+        if self.eviction_warning:
+            log.warning("%s", self.eviction_warning)
+        return self.eviction_warning
+
     async def _script(self, name: str, keys: list[str], args: list, now: float | None = None) -> Any:
         """Run script ``name``; a script error on one key's data is a
         :class:`CoordinatorKeyError` (the server answered)."""
         import redis.exceptions
+        if self._eviction_check == "todo":
+            await self.check_eviction()
         try:
             return await self._run(self._scripts[name](
                 keys=keys, args=[MAX_LEFT_MS, "" if now is None else repr(float(now)), *args]),
@@ -832,7 +952,9 @@ class RedisCoordinator:
                   *self._pacing_args(pacing), WAIT_RECHECK_MS, FLOOR_HORIZON_MS]
         item = ["1" if retry and budget is not None else "0",
                 check_duration("earliest_ms", earliest_ms), "1" if floor_slot_due else "0",
-                "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms)]
+                "" if max_wait_ms is None else check_duration("max_wait_ms", max_wait_ms),
+                self._known_cooldown(key)]
+        asked = time.monotonic() * 1000
         # The reply (ADMIT), seven ints: cooldown_ms, allowed (1/0/-1 no budget), token_taken,
         # pacing_ms (-1: no slot within the pacer's horizon -> pacing_booked=False, nothing
         # taken), budget_wait_ms, the bucket's milli-tokens (-1: not read), budget_slot_booked
@@ -842,6 +964,7 @@ class RedisCoordinator:
         reply = await self._enqueue("admit", keys, common, item,
                                     (key, budget) if retry and budget is not None else None)
         cooldown, allowed, taken, pacing_ms, wait, milli, booked = reply
+        self._remember_cooldown(key, cooldown, asked)
         if milli >= 0:
             self._observe(key, milli)
         if pacing_ms == -1:  # the pacer had no slot within its horizon: nothing taken
@@ -882,12 +1005,18 @@ class RedisCoordinator:
                              now_ms: int | None = None) -> None:
         if now_ms is not None:  # before v3: (key, until_ms, now_ms)
             duration_ms = check_ms("until_ms", duration_ms) - check_ms("now_ms", now_ms)
-        await self._script("learn", [self.keys.cooldown(key)],
-                           [check_duration("duration_ms", duration_ms)])
+        asked = time.monotonic() * 1000
+        left = await self._script("learn", [self.keys.cooldown(key)],
+                                  [check_duration("duration_ms", duration_ms)])
+        if isinstance(left, int) and not isinstance(left, bool):
+            self._remember_cooldown(key, left, asked)
 
     async def cooldown_left(self, key: CoordKey) -> int:
-        """Time left of ``key``'s cooldown (validated; 0 = none)."""
-        return clamp_left(await self._script("left", [self.keys.cooldown(key)], []))
+        """Time left of ``key``'s cooldown (validated; 0 = none), or of the cooldown this
+        process learned or read for it, whichever is longer (a key evicted or flushed does not
+        make this process forget a cooldown)."""
+        known = self._known_cooldown(key)
+        return max(clamp_left(await self._script("left", [self.keys.cooldown(key)], [])), known)
 
     async def mark_fallback(self, key: CoordKey, duration_ms: int) -> None:
         await self._script("learn", [self.keys.fallback(key)],
@@ -938,6 +1067,27 @@ class RedisCoordinator:
             await self.client.aclose()
         except Exception:  # closing a dead connection must not fail the caller's shutdown
             pass
+
+
+def _eviction_warning(config: Any, where: str) -> str | None:
+    """The warning for a ``CONFIG GET maxmemory*`` reply (a dict, bytes or str), or None when
+    no key of the fleet can be evicted (``noeviction``, or ``maxmemory`` 0: no limit)."""
+    def text(value: Any) -> str:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    values = {text(k): text(v) for k, v in dict(config or {}).items()}
+    policy, limit = values.get("maxmemory-policy", ""), values.get("maxmemory", "")
+    if policy == "noeviction" or limit == "0":
+        return None
+    if not policy or not limit:
+        return (f"could not check whether {where} may evict the fleet's keys (CONFIG GET "
+                f"maxmemory* answered {sorted(values)!r}); the fleet needs maxmemory-policy "
+                "noeviction or no maxmemory (docs/fleet.md \"Starting Redis\")")
+    return (f"{where} may evict the fleet's keys (maxmemory {limit} bytes, maxmemory-policy "
+            f"{policy}; every key of the fleet has an expiry, so volatile-* policies evict them "
+            "too): a process keeps the cooldowns and buckets it has seen, but a process that "
+            "has not may miss a cooldown; set maxmemory-policy noeviction or maxmemory 0 "
+            "(docs/fleet.md \"Starting Redis\")")
 
 
 def queue_limited_read(pipe: Any, name: str) -> None:

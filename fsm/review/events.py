@@ -37,6 +37,7 @@ events carry it (and by ``sessionId`` / ``session``, for a fleet's merged log); 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -156,6 +157,8 @@ def _int(value: Any, key: str = "value") -> int | None:
     """``value`` as an int; None when absent or not a number (the field is then unknown);
     :class:`_BadValue` when it is a number but no integer this checker can count with (an
     infinity, NaN, or beyond ±2**63)."""
+    if type(value) is int and -_INT_BOUND < value < _INT_BOUND:  # the common case, fast
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, float) and not math.isfinite(value):
@@ -176,6 +179,10 @@ def _scalar(value: Any, key: str) -> Any:
 def _time(obj: Mapping[str, Any]) -> float | None:
     for key in _TIME_KEYS:
         value = obj.get(key)
+        if value is None:
+            continue
+        if type(value) is int and -_INT_BOUND < value < _INT_BOUND:  # the common case, fast
+            return float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
                 t = float(value)
@@ -289,9 +296,30 @@ def _span_events_at(span: Mapping[str, Any], line: int, n: int) -> list[Event]:
     return out
 
 
-def _objects(text: str) -> Iterator[tuple[int, Any]]:
+class _LineIndex:
+    """``line_of(offset)``: the 1-based line of ``text[offset]``, counted on from the previous
+    offset asked, so a reader that asks in order (it does: values come in file order) scans
+    each character once — linear in the log, where counting from the start for every event
+    was quadratic. An earlier offset (rare) is counted again from the start. ``scanned``
+    is the number of characters examined so far (the tests count the work with it)."""
+
+    __slots__ = ("text", "offset", "line", "scanned")
+
+    def __init__(self, text: str) -> None:
+        self.text, self.offset, self.line, self.scanned = text, 0, 1, 0
+
+    def __call__(self, offset: int) -> int:
+        if offset < self.offset:
+            self.offset, self.line = 0, 1
+        self.line += self.text.count("\n", self.offset, offset)
+        self.scanned += offset - self.offset
+        self.offset = offset
+        return self.line
+
+
+def _objects(text: str) -> Iterator[tuple[int, int, Any]]:
     """Top-level JSON values of ``text`` (JSON lines or concatenated documents), each with
-    the offset it starts at."""
+    the offsets it starts and ends at, one at a time."""
     decoder = json.JSONDecoder()
     i, n = 0, len(text)
     while i < n:
@@ -300,7 +328,7 @@ def _objects(text: str) -> Iterator[tuple[int, Any]]:
         if i >= n:
             return
         value, end = _decode(decoder, text, i)
-        yield i, value
+        yield i, end, value
         i = end
 
 
@@ -392,22 +420,26 @@ def _read_events(path: str | Path) -> tuple[str, list[Event]]:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise EventLogError(path, line, f"not UTF-8 text: {exc.reason}") from None
 
-    def line_of(offset: int) -> int:
-        return text.count("\n", 0, offset) + 1
-
+    line_of = _LineIndex(text)
     try:
-        values = list(_objects(text))
+        return _events_of(path, text, line_of)
     except json.JSONDecodeError as exc:
         raise EventLogError(path, exc.lineno, f"not JSON ({exc.msg})") from None
     except RecursionError:
         raise EventLogError(path, 0, "JSON nested too deeply") from None
-    if len(values) == 1 and isinstance(values[0][1], (dict, list)):
-        found = _document(text, values[0][1], line_of)
+
+
+def _events_of(path: str | Path, text: str, line_of: _LineIndex) -> tuple[str, list[Event]]:
+    """The events of ``text``, its values decoded one at a time (never all held at once)."""
+    values = _objects(text)
+    head = [v for v in (next(values, None), next(values, None)) if v is not None]
+    if len(head) == 1 and isinstance(head[0][2], (dict, list)):
+        found = _document(text, head[0][2], line_of)
         if found is not None:
             return found
     events: list[Event] = []
     spans = 0
-    for offset, obj in values:
+    for offset, end, obj in itertools.chain(head, values):
         if not isinstance(obj, Mapping):
             continue
         if obj.get("name") == "retry_chain":
@@ -415,7 +447,7 @@ def _read_events(path: str | Path) -> tuple[str, list[Event]]:
             spans += 1
             continue
         if "resourceSpans" in obj:
-            fmt, more = _otlp(text, offset, obj, line_of, spans)
+            fmt, more = _otlp(text, offset, end, obj, line_of, spans)
             events += more
             spans += len({e.chain for e in more})
             continue
@@ -426,7 +458,7 @@ def _read_events(path: str | Path) -> tuple[str, list[Event]]:
         raise EventLogError(path, 0, "no retry events, requests or retry_chain spans found "
                                      "(expected JSON lines of events, a conformance trace or "
                                      "an OpenTelemetry export)")
-    first = values[0][1] if values else None
+    first = head[0][2] if head else None
     if isinstance(first, Mapping) and first.get("type") == "session":
         return "session log", events
     return ("opentelemetry spans" if spans else "JSON lines of events"), events
@@ -443,7 +475,7 @@ def _document(text: str, doc: Any, line_of) -> tuple[str, list[Event]] | None:
         return "conformance trace (timeline)", [e for off, obj in found if isinstance(obj, dict)
                                                 for e in [_event(obj, line_of(off))] if e]
     if isinstance(doc, dict) and "resourceSpans" in doc:
-        return _otlp(text, 0, doc, line_of, 0)
+        return _otlp(text, 0, len(text), doc, line_of, 0)
     if isinstance(doc, dict) and any(isinstance(v, dict) and isinstance(v.get("events"), list)
                                      for v in doc.values()):
         found = items("events") or []
@@ -468,11 +500,16 @@ def _document(text: str, doc: Any, line_of) -> tuple[str, list[Event]] | None:
     return None
 
 
-def _otlp(text: str, base: int, doc: Mapping, line_of, first: int) -> tuple[str, list[Event]]:
-    """An OTLP JSON export: each ``retry_chain`` span, with the line of its ``"name"``."""
+_SPAN_NAME = re.compile(r'"name"\s*:\s*"retry_chain"')
+
+
+def _otlp(text: str, base: int, end: int, doc: Mapping, line_of,
+          first: int) -> tuple[str, list[Event]]:
+    """An OTLP JSON export (``text[base:end]``): each ``retry_chain`` span, with the line of
+    its ``"name"``."""
     events: list[Event] = []
     n = first
-    positions = [m.start() for m in re.finditer(r'"name"\s*:\s*"retry_chain"', text[base:])]
+    positions = [m.start() - base for m in _SPAN_NAME.finditer(text, base, end)]
     k = 0
     for rs in doc.get("resourceSpans") or ():
         for ss in (rs or {}).get("scopeSpans") or ():
@@ -510,6 +547,8 @@ def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
                           times=any(e.t_ms is not None for e in events))
     bad = report.violations
     open_chains: dict[Any, _Chain] = {}
+    backing: dict[Any, _Chain] = {}  # the open chains with a backoff scheduled
+    by_session: dict[Any, set[Any]] = {}  # session -> its open chains' keys
     ended: set[Any] = set()
     current: Any = None  # the key of the chain without chainId, when events carry none
     sequence = 0
@@ -518,9 +557,18 @@ def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
         bad.append(Violation("unended", chain.line, f"the chain started here (attempt "
                                                     f"{chain.attempt}) never ended: {why}"))
 
+    def drop(key: Any) -> _Chain | None:
+        """Remove the open chain ``key`` (and its indexes); each event costs O(1) so a log
+        of any number of sessions is checked in linear time."""
+        chain = open_chains.pop(key, None)
+        if chain is not None:
+            backing.pop(key, None)
+            by_session.get(_session(key), set()).discard(key)
+        return chain
+
     for e in events:
         if e.kind == REQUEST:
-            for chain in open_chains.values():
+            for chain in sorted(backing.values(), key=lambda c: c.line):  # in start order
                 if (chain.backoff_until is not None and e.t_ms is not None
                         and e.t_ms < chain.backoff_until - 0.5):
                     left = chain.backoff_until - e.t_ms
@@ -528,6 +576,7 @@ def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
                                          f"a request {left:.1f} ms before the end of the backoff "
                                          f"scheduled at line {chain.backoff_line}"))
                 chain.backoff_until = None
+            backing.clear()
             continue
         key = e.chain
         if e.kind == START:
@@ -541,10 +590,10 @@ def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
             if chain is None:
                 # one session runs one chain at a time: a new chain leaves the last one unended
                 if e.chain is None and current in open_chains:
-                    close(open_chains.pop(current), f"a new chain starts at line {e.line}")
+                    close(drop(current), f"a new chain starts at line {e.line}")
                 elif e.chain is not None:
-                    for other in [k for k in open_chains if _session(k) == _session(key)]:
-                        close(open_chains.pop(other), f"a new chain starts at line {e.line}")
+                    for other in sorted(by_session.get(_session(key), ()), key=lambda k: open_chains[k].line):
+                        close(drop(other), f"a new chain starts at line {e.line}")
                 if key in ended:
                     bad.append(Violation("attempt", e.line, f"chain {key!r} starts again after "
                                                            "it ended"))
@@ -552,6 +601,7 @@ def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
                     bad.append(Violation("attempt", e.line, f"a chain's first attempt is "
                                                            f"{e.attempt}, not 1"))
                 chain = open_chains[key] = _Chain(key, e.line, e.attempt or 0, e.max_attempts)
+                by_session.setdefault(_session(key), set()).add(key)
                 report.chains += 1
             else:
                 if e.attempt != chain.attempt + 1:
@@ -570,12 +620,13 @@ def check(events: list[Event], path: str = "", fmt: str = "") -> EventsReport:
                                                        f"{limit} (maxAttempts)"))
             if e.t_ms is not None and e.delay_ms is not None:
                 chain.backoff_until, chain.backoff_line = e.t_ms + e.delay_ms, e.line
+                backing[key] = chain
             current = key
             continue
         # an end
         if key is None:
             key = current if current in open_chains else None
-        chain = open_chains.pop(key, None) if key is not None else None
+        chain = drop(key) if key is not None else None
         if chain is None:
             if e.attempt == 0:
                 report.refusals += 1  # a refusal at rest: no chain started

@@ -224,12 +224,20 @@ def test_the_limit_that_was_hit_gives_the_reset():
     assert header_hint(None, rate_limited=True) is None
 
 
-@pytest.mark.parametrize("value", ["1e3", "1e309", "-5", "NaN", "١٢", "１２", "", "soon", "99999999999"])
+@pytest.mark.parametrize("value", ["1e3", "1e309", "-5", "NaN", "١٢", "１２", "", "soon"])
 def test_absurd_header_values_are_ignored(value):
     """Absurd header values are ignored."""
     assert header_hint({"retry-after": value, "retry-after-ms": value}, rate_limited=True) is None
     result = classify_facts("error", "429 Too Many Requests", status=429, headers={"retry-after": value})
     assert result.kind == "retryable" and result.retry_hint_ms is None
+
+
+def test_a_header_wait_beyond_four_hundred_days_is_too_long_not_ignored():
+    """docs/policy.md §2 "Hints are monotonic": a header beyond 400 days reads as 400 days."""
+    from fsm.core.hints import MAX_HINT_MS
+    assert header_hint({"retry-after": "99999999999"}, rate_limited=False).ms == MAX_HINT_MS
+    result = classify_facts("error", "429 Too Many Requests", status=429, headers={"retry-after": "99999999999"})
+    assert result.kind == "retryable" and result.retry_hint_ms == MAX_HINT_MS
 
 
 def test_the_text_hint_is_used_when_the_headers_have_none():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import datetime, timedelta, timezone
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, available_timezones
 
 import pytest
 from hypothesis import given, settings
@@ -236,6 +237,85 @@ def test_daylight_saving_spring_forward_time_is_still_ahead():
     assert hint is not None and hint < 3_600_000
 
 
+def test_a_wall_time_skipped_by_a_spring_forward_moves_forward_never_back():
+    """docs/classification.md "Clock and time zones": at 01:10 before a 02:00→03:00 gap, "resets
+    2:20am" is 03:20 (70 min), not 01:20 (the wall time read with the offset after the gap)."""
+    new_york = ZoneInfo("America/New_York")
+    now = datetime(2026, 3, 8, 1, 10, tzinfo=new_york)
+    for text, zone in (("resets 2:20am (America/New_York)", ZONE), ("resets 2:20am", zone_resolver(new_york))):
+        assert parse_retry_hint_ms(text, now_ms=now.timestamp() * 1000, zone=zone) == 70 * 60_000
+
+
+def test_a_fall_back_night_gives_the_first_future_instance_at_01_20():
+    """docs/classification.md "Clock and time zones": "resets at 1:30am" read at either 01:20
+    of a fall-back night is 10 minutes, for a zone-named and a zone-less text."""
+    new_york = ZoneInfo("America/New_York")
+    for fold in (0, 1):
+        now_ms = datetime(2026, 11, 1, 1, 20, tzinfo=new_york, fold=fold).timestamp() * 1000
+        assert parse_retry_hint_ms("resets at 1:30am (America/New_York)", now_ms=now_ms, zone=ZONE) == 600_000
+        assert parse_retry_hint_ms("resets at 1:30am", now_ms=now_ms, zone=zone_resolver(new_york)) == 600_000
+
+
+@functools.lru_cache(maxsize=None)
+def _transitions(name: str, year: int) -> tuple[tuple[datetime, timedelta], ...]:
+    """``(instant, offset before)`` of each change of ``name``'s UTC offset in ``year``."""
+    z = ZoneInfo(name)
+    t, end = datetime(year, 1, 1, tzinfo=timezone.utc), datetime(year + 1, 1, 1, tzinfo=timezone.utc)
+    prev, out = t.astimezone(z).utcoffset(), []
+    while t < end:
+        step = t + timedelta(hours=6)
+        off = step.astimezone(z).utcoffset()
+        if off != prev:
+            lo, hi = t, step  # the offset changes in (lo, hi]: bisect to the minute
+            while hi - lo > timedelta(minutes=1):
+                mid = lo + timedelta(minutes=(hi - lo) // timedelta(minutes=1) // 2)
+                lo, hi = (mid, hi) if mid.astimezone(z).utcoffset() == prev else (lo, mid)
+            out.append((hi, prev))
+            prev = off
+        t = step
+    return tuple(out)
+
+
+def _first_future_instance(z: ZoneInfo, now: datetime, hour: int, minute: int) -> datetime:
+    """The oracle, by brute force over the zone's offsets near each day: every instant whose wall
+    time in ``z`` is hour:minute today or tomorrow; a wall time that no instant has (a gap) is
+    read with the smaller (earlier) offset, i.e. moved forward; the first at or after ``now``."""
+    found = []
+    day = now.astimezone(z).date()
+    for d in (day, day + timedelta(days=1)):
+        wall = datetime(d.year, d.month, d.day, hour, minute, tzinfo=timezone.utc)
+        offsets = {(wall + timedelta(hours=h)).astimezone(z).utcoffset() for h in (-30, -14, -6, -2, 0, 2, 6, 14, 30)}
+        real = [wall - o for o in offsets if (wall - o).astimezone(z).replace(tzinfo=None) == wall.replace(tzinfo=None)]
+        found += real or [wall - min(offsets)]
+    return min(t for t in found if t >= now)
+
+
+_ZONES = sorted(available_timezones())
+
+
+@pytest.mark.skipif(not _ZONES, reason="no zone database: tzdata (a test dependency) is missing")
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(_ZONES or ["UTC"]), st.integers(2024, 2030), st.integers(0, 3),
+       st.integers(-180, 180), st.integers(0, 59_999), st.integers(-120, 120), st.booleans(), st.booleans())
+def test_reset_times_across_zones_and_both_transitions_of_a_year(name, year, which, now_min, now_ms_jitter,
+                                                                 wall_min, named, twelve_hour):
+    """docs/classification.md "Clock and time zones", for every zone the resolver knows and each
+    offset change of a year: a repeated wall time resolves to its first future instance, a
+    skipped one moves forward; zone-named and zone-less texts agree with a brute-force oracle."""
+    z = ZoneInfo(name)
+    changes = _transitions(name, year) or ((datetime(year, 7, 1, tzinfo=timezone.utc), timedelta(0)),)
+    when, before = changes[which % len(changes)]
+    now = when + timedelta(minutes=now_min, milliseconds=now_ms_jitter)
+    wall = (when + before + timedelta(minutes=wall_min)).replace(tzinfo=None)  # near the change, local
+    hour, minute = wall.hour, wall.minute
+    clock = f"{(hour % 12) or 12}:{minute:02d}{'am' if hour < 12 else 'pm'}" if twelve_hour else f"{hour:02d}:{minute:02d}"
+    text, resolver = ((f"Your limit resets at {clock} ({name})", ZONE) if named
+                      else (f"Your limit resets at {clock}", zone_resolver(z)))
+    now_ms = round(now.timestamp() * 1000)
+    expected = round(_first_future_instance(z, now, hour, minute).timestamp() * 1000) - now_ms
+    assert parse_retry_hint_ms(text, now_ms=now_ms, zone=resolver) == expected
+
+
 def test_zone_names_in_any_case_and_offsets():
     """Zone names in any case and offsets."""
     assert parse("Your limit will reset at 12:30pm (us/eastern)") == _minutes_until(
@@ -285,8 +365,8 @@ def test_relative_beats_absolute():
 
 
 def test_an_unusable_candidate_falls_back_to_the_next():
-    """An unusable candidate falls back to the next."""
-    assert parse("retry-after: 999999999 ... please retry in 3s") == 3000
+    """An unusable candidate (a date in the past) falls back to the next (docs/policy.md §2)."""
+    assert parse("retry-after: Wed, 21 Oct 2015 07:28:00 GMT ... please retry in 3s") == 3000
 
 
 # --- ignored --------------------------------------------------------------------------------
@@ -299,8 +379,6 @@ def test_an_unusable_candidate_falls_back_to_the_next():
     "retry-after: -5",
     "retry-after: NaN",
     "retry-after: soon",
-    "try again in 401 days",  # absurd: more than 400 days
-    "retry-after-ms: 34560000001",
     "Retry your request with the ID or ARN of an inference profile",
     '"totalRetryDelay":274',  # the AWS SDK's own retries, not a hint
     "(reached max retries: 4)",
@@ -321,9 +399,58 @@ def test_four_hundred_days_is_the_limit():
     assert MAX_HINT_MS == 400 * DAY_MS
     assert parse("retry-after-ms: 34560000000") == MAX_HINT_MS
     assert parse("retry-after: 34560000") == MAX_HINT_MS
-    assert parse("retry-after: 34560001") is None
+    assert parse("retry-after: 34560001") == MAX_HINT_MS
     assert parse("try again in 8 days") == 8 * DAY_MS
     assert parse("Please try again in 3 weeks") == 21 * DAY_MS
+
+
+@pytest.mark.parametrize("text", [
+    "try again in 401 days", "retry-after-ms: 34560000001", "retry-after: 99999999999",
+    "retry-after: " + "9" * 400, "Please retry in 10000000000 years", "x-ratelimit-reset: 10000000000000000",
+    '"retryDelay": "99999999999s"', "retry_delay { seconds: 99999999999 }", '"resets_at": 99999999999999',
+    "usage limit reached|99999999999999", "try again at Jul 5th, 9999 8:19 PM",
+])
+def test_a_wait_beyond_four_hundred_days_is_too_long_not_absent(text):
+    """docs/policy.md §2 "Hints are monotonic": a wait beyond 400 days reads as 400 days."""
+    assert parse(text) == MAX_HINT_MS
+
+
+def _requests(retry_after_s: int, hints: str) -> int:
+    """Requests one ``fsm.retrying_sync`` chain sends to a server that always answers 429 with
+    ``retry-after: retry_after_s`` (maxRetries 3, maxHintWaitMs 60 s; no real waits)."""
+    import fsm
+
+    calls = 0
+
+    def call():
+        nonlocal calls
+        calls += 1
+        raise RuntimeError(f"429 Too Many Requests. retry-after: {retry_after_s}")
+
+    with pytest.raises((RuntimeError, fsm.RetryChainError)):
+        fsm.retrying_sync(call, sleep=lambda s: None,
+                          settings={"retryHints": hints, "maxRetries": 3})
+    return calls
+
+
+_WAITS = st.one_of(st.integers(0, 120), st.integers(0, 10**9), st.integers(0, 10**40))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_WAITS, _WAITS, st.sampled_from(["honor", "ignore"]))
+def test_a_longer_server_wait_never_gets_more_requests(a, b, hints):
+    """docs/policy.md §2 "Hints are monotonic": for retry-after a < b, requests(b) <= requests(a);
+    under "ignore" (the seed's) hints never change the main path."""
+    a, b = min(a, b), max(a, b)
+    assert _requests(b, hints) <= _requests(a, hints)
+    if hints == "ignore":
+        assert _requests(b, hints) == 4
+
+
+def test_a_wait_beyond_four_hundred_days_ends_the_chain_like_a_year():
+    """docs/policy.md §2: under honor a retry-after of 401 days ends the chain at once (one
+    request, hint_too_long), as a 365-day one does; it is never retried on plain backoff."""
+    assert _requests(365 * 86_400, "honor") == _requests(401 * 86_400, "honor") == 1
 
 
 def test_without_a_clock_absolute_hints_give_none():

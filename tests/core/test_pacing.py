@@ -101,7 +101,7 @@ def test_one_cut_per_cut_interval():
     state = pacing_at(10.0, now=-2000.0)
     first = observe(state, 1.0, True, settings)
     assert first.rate == pytest.approx(7.0)
-    assert observe(first, 900.0, True, settings) == first
+    assert observe(first, 900.0, True, settings) == replace(first, seen_ms=900.0)  # only the time seen
     again = observe(first, 1001.0, True, settings)
     assert again.rate == pytest.approx(4.9) and again.last_cut_ms == 1001.0
 
@@ -143,10 +143,11 @@ def test_a_success_grows_fast_below_0_9_w_max_and_slowly_above():
 
 
 def test_an_answer_that_is_neither_a_success_nor_a_throttle_teaches_nothing():
-    """``success=False, throttled=False`` (a fatal error, a usage limit): the state is kept."""
+    """``success=False, throttled=False`` (a fatal error, a usage limit): the state is kept
+    (only the latest time seen moves)."""
     state = pacing_at(5.0, w_max=10.0)
-    assert observe(state, 1000.0, False, P, success=False) == state
-    assert observe(fresh(), 1000.0, False, P, success=False) == fresh()
+    assert observe(state, 1000.0, False, P, success=False) == replace(state, seen_ms=1000.0)
+    assert observe(fresh(), 1000.0, False, P, success=False) == replace(fresh(), seen_ms=1000.0)
 
 
 def test_the_best_throughput_is_remembered_and_halves_every_memory_s():
@@ -328,3 +329,18 @@ def test_a_forgotten_pacer_does_not_bring_back_its_old_slots_at_the_next_throttl
     state = observe(state, 5_000, True, settings)          # forgotten, then throttled again
     state, delay = reserve(state, 5_000, settings)
     assert delay == 0
+
+
+def test_a_clock_stepped_back_is_clamped_to_the_latest_time_seen():
+    """fsm.core.pacing "clock steps": a step back of two minutes reads as the latest time seen
+    (pacing goes on with the same slots, nothing forgotten or grown); a state seen more than
+    400 days ahead is another clock's and counts as lost."""
+    settings = PacingSettings(min_rate=1.0, forget_after_ms=20_000)
+    state = observe(pacing_at(10.0, now=0.0, w_max=10.0), 500.0, True, settings)
+    ahead, slot_ahead = reserve(state, 500.0, settings)
+    back, slot_back = reserve(state, 500.0 - 120_000, settings)
+    assert (back, slot_back) == (ahead, slot_ahead) and back.on and back.seen_ms == 500.0
+    assert observe(state, -200_000.0, False, settings) == observe(state, 500.0, False, settings)
+    assert observe(state, 500.0 - pacing.MAX_DELAY_MS, False, settings, success=False).on
+    lost = observe(state, 499.0 - pacing.MAX_DELAY_MS, False, settings, success=False)
+    assert lost == replace(fresh(), seen_ms=499.0 - pacing.MAX_DELAY_MS)

@@ -278,7 +278,7 @@ async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, f
     answer = await c.admit(KEY, retry=False, budget=None, pacing=PACING)
     assert (answer.pacing_booked, answer.pacing_ms) == (True, 0)
     stored = await c.client.hgetall(name)
-    assert stored[b"on"] == b"0" and float(stored[b"sentc"]) == 1.0 and len(stored) == 13
+    assert stored[b"on"] == b"0" and float(stored[b"sentc"]) == 1.0 and len(stored) == 14
     await c.aclose()
 
 

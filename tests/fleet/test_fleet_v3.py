@@ -4,6 +4,7 @@ on the server's clock in Redis; the same Lua and Python pacer and budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -222,7 +223,7 @@ async def test_the_in_process_pacer_tells_a_success_from_any_other_answer():
     clock.now = 1000.0
     before = c.pacer_state(KEY)
     await c.record_outcome(KEY, success=False, throttled=False, budget=None, pacing=settings)
-    assert c.pacer_state(KEY) == before
+    assert c.pacer_state(KEY) == dataclasses.replace(before, seen_ms=1000.0)  # only the time seen
     await c.record_outcome(KEY, success=True, throttled=False, budget=None, pacing=settings)
     assert c.pacer_state(KEY).rate > before.rate
 
@@ -360,9 +361,11 @@ async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(redis_server, 
     a = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     b = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     settings = PacingSettings(min_rate=1.0)
-    await a.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
-    delays = [(await b.admit(KEY, retry=False, budget=None, pacing=settings)).pacing_ms for _ in range(3)]
-    assert delays[0] <= 5 and 990 <= delays[1] <= 1000 and 1990 <= delays[2] <= 2000
+    now = 1_700_000_000_000.0  # one time for both (the server's TIME would add load-dependent drift)
+    await a.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings, _now=now)
+    delays = [(await b.admit(KEY, retry=False, budget=None, pacing=settings, _now=now)).pacing_ms
+              for _ in range(3)]
+    assert delays == [0, 1000, 2000]
     await a.aclose()
     await b.aclose()
 
@@ -373,7 +376,7 @@ async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(redis_server, 
 HASH_FIELDS = {"on": "on", "rate": "rate", "tat": "tat_ms", "lcut": "last_cut_ms",
                "lgrow": "last_grow_ms", "wmax": "w_max", "good": "good", "goodt": "good_ms",
                "oks": "ok_sec", "okn": "ok_n", "sents": "sent_sec", "sentc": "sent_cur",
-               "sentp": "sent_prev"}
+               "sentp": "sent_prev", "seen": "seen_ms"}
 
 
 async def stored_pacer(c: RedisCoordinator, key: CoordKey) -> pure.PacerState:
@@ -386,11 +389,40 @@ async def stored_pacer(c: RedisCoordinator, key: CoordKey) -> pure.PacerState:
     return pure.PacerState(**fields)
 
 
+#: Clock steps of the twin runs: forward, and back (a failover, an NTP step) by up to a day.
+FORWARD = [0, 1, 3, 10, 50, 120, 400, 999, 2000, 9000, 25_000]
+BACKWARD = [-1, -999, -30_000, -61_000, -300_000, -3_600_000, -86_400_000]
+
+
+async def twin_step(c: RedisCoordinator, state: pure.PacerState, now: float, settings: PacingSettings,
+                    action: tuple) -> tuple[pure.PacerState, int | None]:
+    """One step in both pacers: ``("observe", throttled, success)`` or ``("reserve",
+    earliest)``. Asserts the same delay (or horizon refusal) and the same state field by field;
+    returns the pure pacer's new state and the delay (None: an answer, or no slot)."""
+    delay = None
+    if action[0] == "observe":
+        _, throttled, success = action
+        state = pure.observe(state, now, throttled, settings, success=success)
+        await c.record_outcome(KEY, success=success, throttled=throttled, budget=None,
+                               pacing=settings, _now=now)
+    else:
+        new, delay = pure.reserve(state, now, settings, action[1])
+        got = await c.admit(KEY, retry=False, budget=None, pacing=settings, earliest_ms=action[1], _now=now)
+        if delay is None:
+            assert (got.pacing_booked, got.pacing_ms) == (False, 0)
+        else:
+            state = new
+            assert (got.pacing_booked, got.pacing_ms) == (True, delay)
+    assert await stored_pacer(c, KEY) == state
+    return state, delay
+
+
 @pytest.mark.parametrize("seed", range(6))
 async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_server, prefix, seed):  # noqa: F811
-    """A random run of reservations and answers (throttled, success, other) with clock steps
-    gives, step by step, the same delays, the same horizon refusals and the same state, field
-    by field and to the last bit, in the Lua script (fed the same times) as in fsm.core.pacing."""
+    """fsm.core.pacing "clock steps": a random run of reservations and answers (throttled,
+    success, other) with clock steps forward and back (beyond a minute too) gives, step by step,
+    the same delays, the same horizon refusals and the same state, field by field and to the
+    last bit, in the Lua script (fed the same times) as in fsm.core.pacing."""
     rng = random.Random(seed)
     settings = PacingSettings(min_rate=rng.choice([0.5, 2.0]), max_rate=rng.choice([None, 40.0]),
                               beta=rng.choice([0.5, 0.7]), growth_per_s=rng.choice([0.03, 0.2]),
@@ -400,30 +432,54 @@ async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_se
                               memory_s=rng.choice([5.0, 600.0]))
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     state, now = pure.fresh(), 1_700_000_000_000.0
-    refused = cuts = 0
+    refused = cuts = clamped = 0
     for _ in range(400):
-        now += rng.choice([0, 1, 3, 10, 50, 120, 400, 999, 2000, 9000, 25_000])
+        now += rng.choice(BACKWARD) if rng.random() < 0.08 else rng.choice(FORWARD)
+        clamped += now < state.seen_ms
         if rng.random() < 0.45:
             kind = rng.choices(["throttled", "success", "other"], [0.25, 0.65, 0.1])[0]
-            throttled, success = kind == "throttled", kind == "success"
             before = state
-            state = pure.observe(state, now, throttled, settings, success=success)
+            state, _ = await twin_step(c, state, now, settings, ("observe", kind == "throttled", kind == "success"))
             cuts += state.last_cut_ms != before.last_cut_ms
-            await c.record_outcome(KEY, success=success, throttled=throttled, budget=None,
-                                   pacing=settings, _now=now)
         else:
-            earliest = rng.choice([0, 0, 0, 700, 2500])
-            new, delay = pure.reserve(state, now, settings, earliest)
-            got = await c.admit(KEY, retry=False, budget=None, pacing=settings, earliest_ms=earliest,
-                                _now=now)
-            if delay is None:
-                refused += 1
-                assert (got.pacing_booked, got.pacing_ms) == (False, 0)
-            else:
-                state = new
-                assert (got.pacing_booked, got.pacing_ms) == (True, delay)
-        assert await stored_pacer(c, KEY) == state
+            before = state
+            state, delay = await twin_step(c, state, now, settings, ("reserve", rng.choice([0, 0, 0, 700, 2500])))
+            refused += delay is None and before.on
     assert cuts > 0 and refused > 0, "the run cut the rate and met the horizon"
+    assert clamped > 0, "the run stepped the clock back"
+    await c.aclose()
+
+
+async def test_both_pacers_clamp_a_step_back_to_the_latest_time_seen_and_agree_at_the_extremes(
+        redis_server, prefix):  # noqa: F811
+    """fsm.core.pacing "clock steps": after a cut, a step back of 2 minutes keeps pacing in both
+    (no reset, the best throughput kept: the same slot, field by field); a slot booked 400
+    days ahead and a step back of exactly 400 days are accepted; one of 400 days + 1 ms is
+    another clock: both pacers start afresh."""
+    settings = PacingSettings(min_rate=1.0, forget_after_ms=20_000)
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    state, t0 = pure.fresh(), 1_700_000_000_000.0
+    for i in range(10):  # 10 successes a second, then a throttle: pacing at 7/s
+        state, _ = await twin_step(c, state, t0 + i * 100, settings, ("reserve", 0))
+        state, _ = await twin_step(c, state, t0 + i * 100 + 50, settings, ("observe", False, True))
+    state, _ = await twin_step(c, state, t0 + 1000, settings, ("observe", False, True))
+    state, _ = await twin_step(c, state, t0 + 1010, settings, ("observe", True, False))
+    assert state.on and state.good == 10
+    back = t0 + 1010 - 120_000  # two minutes back: the time read is still t0 + 1010
+    paced = []
+    for _ in range(3):
+        state, delay = await twin_step(c, state, back, settings, ("reserve", 0))
+        paced.append(delay)
+    assert state.on and state.seen_ms == t0 + 1010 and state.good == 10
+    assert paced[0] is not None and paced[1] > paced[0], "still pacing after the step back"
+    state, delay = await twin_step(c, state, back + 1, settings, ("reserve", MAX_LEFT_MS))
+    assert delay is not None and delay >= MAX_LEFT_MS
+    state, _ = await twin_step(c, state, t0 + 2_000, settings, ("observe", False, True))
+    edge = state.seen_ms - MAX_LEFT_MS  # exactly 400 days back: clamped, kept
+    state, _ = await twin_step(c, state, edge, settings, ("observe", False, False))
+    assert state.on and state.seen_ms == t0 + 2_000
+    state, _ = await twin_step(c, state, edge - 1, settings, ("observe", False, False))
+    assert state == dataclasses.replace(pure.fresh(), seen_ms=edge - 1), "beyond 400 days: another clock"
     await c.aclose()
 
 

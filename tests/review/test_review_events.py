@@ -394,3 +394,47 @@ def test_audit_events_reports_a_hostile_value_with_its_file_and_line(tmp_path, c
     assert main(["audit", "--events", str(log)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {log}:2: ") and says in err[0], err
+
+
+# ----------------------------------------------------------------------------- linear work
+
+def _chain_lines(n: int, session: str = "s") -> list[str]:
+    """``n`` chains as JSON lines, each a start and an end, with a request between them."""
+    out = []
+    for i in range(n):
+        out += [json.dumps({"type": "auto_retry_start", "sessionId": session, "chainId": i + 1,
+                            "attempt": 1, "maxAttempts": 3, "delayMs": 10, "t": 1000 * i}),
+                json.dumps({"type": "request", "sessionId": session, "t": 1000 * i + 20}),
+                json.dumps({"type": "auto_retry_end", "sessionId": session, "chainId": i + 1,
+                            "attempt": 1, "success": True, "t": 1000 * i + 30})]
+    return out
+
+
+@pytest.mark.parametrize("shape", ["lines", "otlp_lines"])
+def test_line_numbers_cost_one_pass_over_the_log(tmp_path, monkeypatch, shape):
+    """audit --events was quadratic (each event's line counted from the file's start): the
+    reader now examines each character once to number all lines, and the numbers are right
+    (a chain left open on the last line is reported there). docs/diagrams.md "audit --events"."""
+    made: list = []
+
+    class Counted(E._LineIndex):
+        def __init__(self, text):
+            super().__init__(text)
+            made.append(self)
+
+    monkeypatch.setattr(E, "_LineIndex", Counted)
+    if shape == "lines":
+        lines = _chain_lines(3000) + [json.dumps({"type": "auto_retry_start", "sessionId": "s",
+                                                  "chainId": 9999, "attempt": 1, "t": 9e9})]
+    else:
+        span = {"name": "retry_chain", "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+                "attributes": [{"key": "retry.attempts", "value": {"intValue": "1"}}]}
+        lines = [json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})] * 3000
+    log = tmp_path / "events.jsonl"
+    text = "\n".join(lines) + "\n"
+    log.write_text(text, encoding="utf-8")
+    fmt, found = E.read_events(log)
+    assert len(made) == 1 and made[0].scanned <= len(text)
+    assert found[-1].line == len(lines)
+    if shape == "lines":
+        assert [(v.kind, v.line) for v in E.check(found).violations] == [("unended", len(lines))]

@@ -719,7 +719,8 @@ def _compile_dispatch(machine: Any = _MACHINE, model: type = _Policy
     machine-wide or state callback, events sent as objects, or a transition
     :func:`_compile_candidate` refuses; or when ``model`` lacks a guard or effect it names.
     """
-    hooks = {name: getattr(machine, name) for name in (
+    # a hook an older transitions does not know (0.9.0 has no on_final) is a hook not set
+    hooks = {name: getattr(machine, name, None) for name in (
         "prepare_event", "before_state_change", "after_state_change", "finalize_event",
         "on_exception", "on_final")}
     hooks.update({f"{s.name}.on_enter": s.on_enter for s in machine.states.values()})

@@ -614,6 +614,12 @@ def build_machine(model: type | None = None,
     return machine
 
 
+def _name(callback: Any) -> str:
+    """A guard's or effect's name as the declaration writes it (:func:`build_machine` gives
+    names, never callables)."""
+    return callback if isinstance(callback, str) else getattr(callback, "__name__", repr(callback))
+
+
 def machine_rows(machine: Machine | None = None) -> tuple[tuple[Row, ...], tuple[Ignored, ...]]:
     """The transitions and ignored cells of ``machine`` (default :data:`MACHINE`), read from
     the ``transitions.Machine`` itself: each of its ``events``, each event's ``transitions``
@@ -631,15 +637,17 @@ def machine_rows(machine: Machine | None = None) -> tuple[tuple[Row, ...], tuple
     for trigger, event in m.events.items():
         for source, candidates in event.transitions.items():
             for tr in candidates:
-                if not getattr(tr, "row_id", ""):
+                if not isinstance(tr, _RecordingTransition) or not tr.row_id:
                     raise ValueError(f"transition {source}--{trigger}->{tr.dest} was not built "
                                      f"by build_machine (it has no row id)")
                 if tr.ignored:
                     ignored.append((tr.position, Ignored(source, trigger, tr.spec, tr.declared)))
                     continue
-                guards = tuple(c.func if c.target else "!" + c.func for c in tr.conditions)
-                effect = tr.after[0] if tr.after else None
-                moving.append((tr.position, Row(source, trigger, tr.dest, guards, effect,
+                guards = tuple(_name(c.func) if c.target else "!" + _name(c.func)
+                               for c in tr.conditions)
+                effect = _name(tr.after[0]) if tr.after else None
+                dest = source if tr.dest is None else tr.dest  # internal: it stays
+                moving.append((tr.position, Row(source, trigger, dest, guards, effect,
                                                 tr.spec, tr.declared)))
     moving.sort(key=lambda item: item[0])
     ignored.sort(key=lambda item: item[0])

@@ -5,7 +5,7 @@ runner's error texts (:func:`fsm.core.text.safe_error_text`, :func:`safe_message
 line (:func:`fsm.rpc.protocol.encode_line`), the session log, every log record of a command
 (:class:`ScrubbingFilter` on its handlers, DEBUG included: ``httpcore`` dumps response headers
 there, ``httpx`` logs the request URL at INFO), the fleet's ``coordinator_unavailable`` reason
-and :class:`~fsm.host.runner.RetryChainError`; an exception an integration re-raises to its
+and :class:`~fsm.RetryChainError`; an exception an integration re-raises to its
 caller is scrubbed in place by :func:`scrub_exception` (its type and causes kept).
 
 What is replaced by :data:`REDACTED`:

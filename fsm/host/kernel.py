@@ -449,8 +449,7 @@ class HostKernel:
     def record_outcome(self, cls: Classification, *, output_streamed: bool = False) -> None:
         """An answer came back: tell the coordinator's pacer, off the critical path
         (docs/fleet.md "Pacing"): ``success`` for a success (the rate may grow), ``throttled``
-        for a capacity signal without progress (:attr:`~fsm.core.classify.Classification.
-        capacity_signal`), neither for any other answer (a random 500, a fatal error, a
+        for a capacity signal without progress (``Classification.capacity_signal``), neither for any other answer (a random 500, a fatal error, a
         context overflow, a failure after output was streamed: nothing learned). An aborted
         turn tells nothing. A retryable failure whose facts are gathered is told there
         (:meth:`gather_steps`). The budget's credit stays the brain's ``CreditRetryBudget``."""

@@ -18,7 +18,7 @@ model (the same chat model class with its model name changed; docs/policy.md §1
 
 Each model call of the agent is one chain (``wrap_model_call`` / ``awrap_model_call``). When it
 ends without success the middleware raises what :func:`fsm.retrying` raises
-(:class:`~fsm.host.runner.RetryChainError`, ``ContextOverflowError``); a first failure that
+(:class:`~fsm.RetryChainError`, ``ContextOverflowError``); a first failure that
 starts no chain is the model's own exception. LangGraph's control-flow exceptions
 (``GraphBubbleUp``: interrupts) pass through untouched; like ``KeyboardInterrupt``,
 ``SystemExit`` and a cancellation, one raised while a chain runs ends it ``cancelled`` first.

@@ -34,7 +34,7 @@ does not retry — naming the node, before any request. :func:`brain_retry_on` a
 whatever a brain chain ended with, so the two never stack.
 
 Exceptions: as :func:`fsm.retrying` (docs/policy.md §10): a chain that started and ended
-without success raises :class:`~fsm.host.runner.RetryChainError` from the last exception; a
+without success raises :class:`~fsm.RetryChainError` from the last exception; a
 fatal first failure is the node's own exception; LangGraph's control flow
 (``GraphBubbleUp``: interrupts, ``Command`` to a parent) passes through untouched and ends a
 running chain ``cancelled``.

@@ -32,7 +32,7 @@ work together and are meant to be used together (``kwargs()`` sets them all):
   while waiting ends the chain ``cancelled``.
 - ``before_sleep``: logs the retry at INFO (the events carry the details).
 - ``retry_error_callback`` (set by ``kwargs()``): an ended chain raises
-  :class:`~fsm.host.runner.RetryChainError` (or ``ContextOverflowError``) from the last
+  :class:`~fsm.RetryChainError` (or ``ContextOverflowError``) from the last
   exception, as :func:`fsm.retrying` does.
 
 Async hosts get the coordinator (``coordinator=``, or the event loop's in-process one when

@@ -360,7 +360,10 @@ async def test_warm_up_reports_a_server_that_is_not_there():
 
 
 async def test_warm_up_of_a_paused_server_gives_up_in_time(own_redis, prefix):  # noqa: F811
-    """Warm up of a paused server gives up in time."""
+    """docs/fleet.md "When Redis is slow or down": a warm-up of a server that does not answer
+    gives up at its bound (declared down once, with the bound in the reason) instead of waiting
+    for the server, and a warm-up once the server answers again restores it. The time is only
+    checked against a hang guard far above the bound (a loaded machine may be slow)."""
     events: list = []
     g = guarded(own_redis.url, prefix, events)
     own_redis.pause()
@@ -368,9 +371,9 @@ async def test_warm_up_of_a_paused_server_gives_up_in_time(own_redis, prefix):  
         ok, took = await timed(g.warm_up(timeout_s=0.1))
     finally:
         own_redis.resume()
-    assert ok is False and took < 0.5
+    assert ok is False and took < 5
     assert events == [{"type": "coordinator_unavailable", "reason": "no answer within 100 ms"}]
-    assert await g.warm_up() is True and events[-1] == {"type": "coordinator_restored"}
+    assert await g.warm_up(timeout_s=30) is True and events[-1] == {"type": "coordinator_restored"}
     await g.aclose()
 
 

@@ -129,11 +129,12 @@ def test_rpc_package_exports_lazily():
 
 
 def test_top_level_names_are_importable_and_lazy():
-    """Top level names are importable and lazy."""
+    """``import fsm`` loads no layer; the top-level names import on first use (docs/architecture.md,
+    README "Install": ``python -m fsm rpc`` answers before the SDKs load)."""
     import subprocess
     import sys
     code = ("import sys, fsm; assert 'fsm.core.brain' not in sys.modules; "
-            "from fsm import RetryBrain, AgentSession, classify; "
+            "from fsm import RetryBrain, AgentSession, classify_message; "
             "assert 'RetryBrain' in dir(fsm); print(RetryBrain.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr

@@ -99,7 +99,7 @@ class Classification:
     a 529 or overloaded, a 503 or unavailable, a connection refused or reset. False for a 500,
     a 502/504, a stall, a timeout, a connection dropped any other way, a usage-limit window and
     every verdict that is not ``retryable``. Left out (None), it is derived by
-    :func:`capacity_signal_of` from ``kind``, ``rule``, ``family`` and ``usage_limit``; the
+    :func:`~fsm.core.classify.decide.capacity_signal_of` from ``kind``, ``rule``, ``family`` and ``usage_limit``; the
     classifier passes it when the text decides (a ``network`` verdict whose text names a
     refused or reset connection). Always a ``bool`` once built; never true for a verdict that
     is not retryable or for a usage limit; not part of equality. The host adds what the text

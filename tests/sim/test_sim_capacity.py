@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from fsm.core.classify import Classification
 from fsm.sim.engine import VirtualClock
-from fsm.sim.policies import BrainPolicy, Messages
-from fsm.sim.resilient import make_resilient_factory
+from fsm.sim.policies import BrainPolicy, Messages, make_brain_factory
 from fsm.sim.run import resilient_settings
 from fsm.sim.world import ANSWERS, Answer
 
@@ -21,7 +20,9 @@ def test_each_world_answer_is_a_capacity_signal_by_its_message_alone():
 
 def session_for(messages: Messages):
     policy = BrainPolicy(resilient_settings(), messages, VirtualClock(), "fleet")
-    return policy, make_resilient_factory(policy, 1)(0, None, None)
+    session = make_brain_factory(policy, 1)(0, None, None)
+    session.start(0)
+    return policy, session
 
 
 def test_the_pacer_learns_from_the_classification_not_the_label():

@@ -36,3 +36,25 @@ def test_the_pacer_learns_from_the_classification_not_the_label():
     policy, session = session_for(messages)
     session.answered(200, Answer("server_error"))
     assert session.coord.pacer_state(policy.key).on
+
+
+def test_the_retry_budget_counts_on_one_clock_in_the_simulation():
+    """A retry takes a token and its success credits tokenRatio back, on the one clock of
+    hosts and coordinators: a credit does not refill the bucket (docs/simulation.md "What runs")."""
+    from fsm.core.settings import RetrySettings
+    from fsm.sim.engine import DONE_OK, SEND, WAIT
+
+    settings = RetrySettings.from_json({"retry": {"budget": {"maxTokens": 10, "tokenRatio": 0.1}}})
+    clock = VirtualClock()
+    policy = BrainPolicy(settings, Messages(), clock, "fleet")
+    session = make_brain_factory(policy, 1)(0, None, None)
+    coord, budget = session.coord, settings.budget
+    assert session.start(0) == (SEND, 0, 0)
+    clock.now = 200
+    what, at, token = session.answered(200, Answer("overloaded"))
+    assert what == WAIT and coord.tokens(policy.key, budget) == 9
+    clock.now = at
+    assert session.timer(at, token) == (SEND, at, 0)
+    clock.now = at + 2000
+    assert session.answered(at + 2000, Answer("ok"))[0] == DONE_OK
+    assert abs(coord.tokens(policy.key, budget) - 9.1) < 1e-9

@@ -20,11 +20,13 @@ import random
 from dataclasses import replace
 from typing import Any, Callable
 
-from fsm.core.brain import (ContinueTurn, CreditRetryBudget, PromptMayReturn, RecordCooldown,
-                            RetryBrain, ReturnRetryToken, StartBackoff, TurnFacts)
 from fsm.core.classify import Classification, classify_message
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
+from fsm.fleet import CoordKey, InProcessCoordinator
+from fsm.host.errors import RetryChainError
+from fsm.host.loop import Attempt, RetryLoop, Send, Wait, answer_at_once
+from fsm.providers.sdk_errors import error_message
 from fsm.sim.engine import (DONE_FAIL, DONE_OK, PROCESSES, SEND, SEND_BOOKED, WAIT,
                             session_rng)
 from fsm.sim.world import ANSWERS, Answer, Provider
@@ -110,37 +112,40 @@ class Ideal:
         raise AssertionError("the ideal never waits on a timer")
 
 
-# -- the real brain ------------------------------------------------------------------------
+# -- the real brain, hosted by the one loop ------------------------------------------------
 
 class BrainPolicy:
-    """What the sessions of a brain policy share: settings, messages, coordinators.
+    """What the sessions of a brain policy share: settings, messages, clock, coordinators.
 
     ``coordinators``: ``None`` (none: the settings use no hints, budget or pacing),
     ``"process"`` (one :class:`~fsm.fleet.InProcessCoordinator` per process) or ``"fleet"``
-    (one for every session, as a Redis coordinator would be). The coordinators read the
-    virtual clock (``clock()`` in virtual ms).
+    (one for every session, as a Redis coordinator would be). The hosts and the coordinators
+    read one clock, the virtual clock as epoch ms (:class:`EpochClock`; the one clock
+    convention of docs/architecture.md "The loop").
     """
 
     def __init__(self, settings: RetrySettings, messages: Messages, clock: Callable[[], float],
                  coordinators: str | None) -> None:
-        from fsm.fleet import CoordKey, InProcessCoordinator
-
         self.settings = settings
         self.messages = messages
         self.key = CoordKey("sim", "model")
-        self.kernel_clock: EpochClock | None = EpochClock(clock)
+        self.clock = EpochClock(clock)
         uses = (settings.honors_hints or settings.budget is not None
                 or (settings.pacing is not None and settings.pacing.enabled))
         if coordinators is None or not uses:
             self.coords: list[Any] | None = None
         else:
             count = 1 if coordinators == "fleet" else PROCESSES
-            self.coords = [InProcessCoordinator(clock=clock) for _ in range(count)]
+            self.coords = [InProcessCoordinator(clock=self.clock.time_ms) for _ in range(count)]
 
     def coordinator(self, session: int) -> Any:
         if self.coords is None:
             return None
         return self.coords[session % len(self.coords)]
+
+    def coord_key(self) -> CoordKey:
+        """The provider account every simulated call goes to (the loop's ``key()``)."""
+        return self.key
 
 
 class EpochClock:
@@ -155,119 +160,86 @@ class EpochClock:
         return EPOCH_MS + int(self.virtual())
 
 
-def _no_event(event: Any) -> None:
-    """The simulation's sessions have no listeners."""
-
-
 class BrainRetrier:
-    """A session's :class:`~fsm.core.brain.RetryBrain` on the virtual clock.
+    """A session's calls, each run by the one retry loop (:class:`fsm.host.loop.RetryLoop`,
+    docs/architecture.md "The loop") on the virtual clock, as the runner runs a call.
 
-    The host part, as :mod:`fsm.host` does it: before a retryable failure is handed over, the
-    coordinator is read (cooldown left, a budget take); after the decision its actions are
-    carried out (a backoff timer, a cooldown learned, a token returned, a success credited).
-    A policy without a coordinator runs through the real host kernel
-    (:class:`fsm.host.kernel.HostKernel` in its synchronous mode, on the virtual clock); one
-    with a coordinator speaks to the coordinator's synchronous calls itself, since the kernel's
-    writes are asyncio tasks and the simulation has no event loop.
+    The loop's commands become the engine's steps: :class:`~fsm.host.loop.Send` → a request
+    now (:data:`SEND`), :class:`~fsm.host.loop.Wait` → a timer ``delay_ms`` later
+    (:data:`WAIT`); coordinator commands (:class:`~fsm.host.loop.Admit`,
+    :class:`~fsm.host.loop.Tell`) are answered at once by the in-process coordinator
+    (:func:`~fsm.host.loop.answer_at_once`). Gate, first-request admission, budget re-check and
+    token give-back are the loop's. An answer is handed over as a host sees it: the message's
+    classification (:meth:`Messages.classification`: status, error type, headers, text), never
+    the world's label. A request still in flight at the chain's deadline (``maxElapsedMs``) or
+    past ``attemptTimeoutMs`` is answered as stopped when its answer arrives (the engine cannot
+    abort a request; the call ends at most one service time late).
     """
 
-    __slots__ = ("brain", "policy", "coord", "rng", "failed", "kernel", "step", "_t")
+    __slots__ = ("policy", "coord", "rng", "steps", "sent", "bound", "ok", "token")
 
     def __init__(self, policy: BrainPolicy, session: int, rng: random.Random) -> None:
-        self.brain = RetryBrain(policy.settings, random=rng.random)
-        self.rng = rng  # the brain's jitter stream, shared with the host's own draws
         self.policy = policy
         self.coord = policy.coordinator(session)
-        self.failed = False
-        self.kernel = None
-        self.step: tuple[int, int, int] | None = None
-        if self.coord is None and policy.kernel_clock is not None:
-            from fsm.host.kernel import HostKernel
-            self.kernel = HostKernel(self.brain, emit=_no_event, clock=policy.kernel_clock,
-                                     use_coordinator=False)
+        self.rng = rng  # the brain's jitter stream, shared with the loop's own draws
+        self.steps: Any = None
+        self.sent = 0      # when the request in flight went (virtual ms)
+        self.bound: tuple[int | None, int | None] = (None, None)  # its timeout, its deadline
+        self.ok = False    # the last answer was a success
+        self.token = 0     # the id of the timer the loop waits on
+
+    def loop(self) -> RetryLoop:
+        """One call's :class:`~fsm.host.loop.RetryLoop` on the virtual clock."""
+        policy = self.policy
+        return RetryLoop(policy.settings, clock=policy.clock, coordinator=self.coord,
+                         key=policy.coord_key, to_message=error_message, tell=answer_at_once,
+                         random=self.rng.random,
+                         use_coordinator=self.coord is not None)
 
     def start(self, t: int) -> tuple[int, int, int]:
-        return SEND, t, 0
-
-    def facts(self, t: int, answer: Answer) -> TurnFacts:
-        now = EPOCH_MS + t
-        coord = self.coord
-        if coord is None or answer.ok:
-            return TurnFacts(now_ms=now)
-        settings = self.policy.settings
-        left, allowed = coord.before_decision_sync(self.policy.key, now, settings.budget)
-        return TurnFacts(now_ms=now, cooldown_ms=left,
-                         budget_allows=True if allowed is None else allowed,
-                         budget_taken=allowed is not None)
+        self.steps = self.loop().steps()
+        self.ok = False
+        return self._step(t, None)
 
     def answered(self, t: int, answer: Answer) -> tuple[int, int, int]:
         m = self.policy.messages
+        self.ok = answer.ok
+        timeout, deadline = self.bound
+        took = t - self.sent
+        if deadline is not None and took > deadline:
+            self.ok = False
+            return self._step(t, Attempt(stopped="deadline"))
+        if timeout is not None and took > timeout:
+            self.ok = False
+            return self._step(t, Attempt(stopped="timeout"))
         if answer.ok:
-            msg, cls = m.ok, m.ok_cls
-        else:
-            msg, cls = m.error[answer.kind], m.classification(answer)
-        self.failed = not answer.ok
-        kernel = self.kernel
-        if kernel is not None:
-            self.step = None
-            self._t = t
-            kernel.turn_ended(msg, 0, cls, kernel.local_facts(), self._host)
-            return self._taken()
-        return self.carry_out(t, self.brain.turn_ended(msg, classification=cls,
-                                                       facts=self.facts(t, answer)))
+            return self._step(t, Attempt(message=m.ok, classification=m.ok_cls))
+        return self._step(t, Attempt(message=m.error[answer.kind],
+                                     classification=m.classification(answer)))
 
     def timer(self, t: int, token: int) -> tuple[int, int, int]:
-        kernel = self.kernel
-        if kernel is not None:
-            self.step = None
-            self._t = t
-            kernel.perform(self.brain.backoff_elapsed(token), self._host)
-            return self._taken()
-        return self.carry_out(t, self.brain.backoff_elapsed(token))
+        if token != self.token:
+            raise AssertionError(f"timer {token} fired; the loop waits on {self.token}")
+        return self._step(t, True)
 
-    def _host(self, action: Any) -> None:
-        """The host-loop actions the kernel hands back (the next step of the call)."""
-        kind = type(action)
-        t = self._t
-        if kind is StartBackoff:
-            self.step = (WAIT, t + action.delay_ms, action.timer_id)
-        elif kind is ContinueTurn:
-            self.step = (SEND, t, 0)
-        elif kind is PromptMayReturn:
-            self.step = (DONE_FAIL if self.failed else DONE_OK, t, 0)
-
-    def _taken(self) -> tuple[int, int, int]:
-        if self.step is None:
-            raise RuntimeError("the kernel handed back no next step")
-        return self.step
-
-    def carry_out(self, t: int, actions: list) -> tuple[int, int, int]:
-        step = None
-        coord = self.coord
-        for a in actions:
-            cls = type(a)
-            if cls is StartBackoff:
-                step = (WAIT, t + a.delay_ms, a.timer_id)
-            elif cls is ContinueTurn:
-                step = (SEND, t, 0)
-            elif cls is PromptMayReturn:
-                step = (DONE_FAIL if self.failed else DONE_OK, t, 0)
-            elif coord is not None:
-                key, budget = self.policy.key, self.policy.settings.budget
-                if cls is RecordCooldown:
-                    if a.until_ms is not None:
-                        coord.learn_cooldown_sync(key, a.until_ms, EPOCH_MS + t)
-                elif cls is CreditRetryBudget and budget is not None:
-                    coord.add_tokens_sync(key, budget, _ratio_milli(budget))
-                elif cls is ReturnRetryToken and budget is not None:
-                    coord.add_tokens_sync(key, budget, 1000)
-        if step is None:
-            raise AssertionError(f"the brain gave no next step: {actions!r}")
-        return step
-
-
-def _ratio_milli(budget: Any) -> int:
-    return max(1, round(budget.token_ratio * 1000))
+    def _step(self, t: int, value: Any) -> tuple[int, int, int]:
+        """Run the loop to its next command the engine must schedule."""
+        send = self.steps.send
+        while True:
+            try:
+                command = send(value)
+            except StopIteration:
+                return (DONE_OK if self.ok else DONE_FAIL), t, 0
+            except RetryChainError:
+                return DONE_FAIL, t, 0
+            kind = type(command)
+            if kind is Send:
+                self.sent, self.bound = t, (command.timeout_ms, command.deadline_ms)
+                return SEND, t, 0
+            if kind is Wait:
+                self.token += 1
+                return WAIT, t + command.delay_ms, self.token
+            value = answer_at_once(command)
 
 
 # -- baselines from their sources -----------------------------------------------------------
@@ -464,6 +436,8 @@ def make_schedule_factory(name: str, seed: int) -> Callable[[int, Provider, Any]
 
 
 def make_brain_factory(policy: BrainPolicy, seed: int) -> Callable[[int, Provider, Any], BrainRetrier]:
+    """``make_retrier`` for a brain policy: each session's calls run by the one loop, its jitter
+    from the session's policy stream."""
     def make(session: int, provider: Provider, context: Any) -> BrainRetrier:
         return BrainRetrier(policy, session, session_rng(seed, session, 1))
     return make

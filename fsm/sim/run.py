@@ -1,11 +1,11 @@
 """Running one (scenario, policy) pair: the policy names and what they build.
 
-Policies (:data:`POLICIES`): ``ideal``; ``seed`` (the brain with the default settings, no
-coordinator); ``resilient`` (the brain with the resilient profile, a coordinator and a pacer
-shared by the whole fleet: :mod:`fsm.sim.resilient`); the named baselines of
-:data:`fsm.sim.policies.BASELINES`; and a user's settings (:func:`simulate` with
-``settings=``; one in-process coordinator per process, as ``python -m fsm rpc`` without
-``--redis`` has).
+Policies (:data:`POLICIES`): ``ideal``; ``seed`` (the default settings, no coordinator);
+``resilient`` (the resilient profile, one coordinator and pacer shared by the whole fleet); the
+named baselines of :data:`fsm.sim.policies.BASELINES`; and a user's settings (:func:`simulate`
+with ``settings=``; one in-process coordinator per process, as ``python -m fsm rpc`` without
+``--redis`` has). ``seed``, ``resilient`` and the settings run each call through the one retry
+loop (:class:`fsm.host.loop.RetryLoop`, :class:`fsm.sim.policies.BrainRetrier`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from fsm.sim.engine import VirtualClock, run_world
 from fsm.sim.metrics import Result, metrics_of
 from fsm.sim.policies import (BASELINES, BrainPolicy, Ideal, Messages, make_brain_factory,
                               make_schedule_factory)
-from fsm.sim.resilient import make_resilient_factory
 from fsm.sim.world import SCENARIOS
 
 __all__ = ["POLICIES", "resilient_settings", "simulate"]
@@ -39,14 +38,14 @@ def simulate(scenario: str, policy: str, *, sessions: int = 1000, seed: int = 1,
     world = SCENARIOS[scenario]
     clock = VirtualClock()
     if settings is not None:
-        make = make_resilient_factory(BrainPolicy(settings, _messages(), clock, "process"), seed)
+        make = make_brain_factory(BrainPolicy(settings, _messages(), clock, "process"), seed)
     elif policy == "ideal":
         def make(session, provider, context):
             return Ideal(provider)
     elif policy == "seed":
         make = make_brain_factory(BrainPolicy(RetrySettings(), _messages(), clock, None), seed)
     elif policy == "resilient":
-        make = make_resilient_factory(
+        make = make_brain_factory(
             BrainPolicy(resilient_settings(), _messages(), clock, "fleet"), seed)
     elif policy in BASELINES:
         make = make_schedule_factory(policy, seed)

@@ -187,61 +187,81 @@ def test_every_policy_name_runs():
         assert m["failure_rate"] < 0.05 and m["amplification"] >= 1.0, (policy, m)
 
 
-def test_the_resilient_policy_is_the_library_profile_with_one_pacer_and_coordinator():
+def test_the_resilient_policy_is_the_library_profile_with_one_coordinator():
     """The resilient policy runs retry.profile "resilient" as shipped (budget in wait mode,
-    pacing on), one coordinator and one pacer for the whole fleet; without pacing, no pacer."""
+    pacing on) with one coordinator for the whole fleet, on the loop's epoch clock
+    (docs/simulation.md "The resilient policy")."""
     from fsm.core.settings import profile_settings
-    from fsm.sim.engine import VirtualClock
-    from fsm.sim.policies import BrainPolicy, Messages
-    from fsm.sim.resilient import make_resilient_factory
+    from fsm.sim.engine import PROCESSES, VirtualClock
+    from fsm.sim.policies import BrainPolicy, Messages, make_brain_factory
     from fsm.sim.run import resilient_settings
 
     settings = resilient_settings()
     assert settings == profile_settings("resilient")
     assert settings.budget is not None and settings.budget.waits and settings.pacing is not None
-    policy = BrainPolicy(settings, Messages(), VirtualClock(), "fleet")
-    make = make_resilient_factory(policy, 1)
+    clock = VirtualClock()
+    clock.now = 1234
+    policy = BrainPolicy(settings, Messages(), clock, "fleet")
+    make = make_brain_factory(policy, 1)
     a, b = make(0, None, None), make(1, None, None)
-    assert a.coord is b.coord is not None and a.pacing == settings.pacing
-    unpaced = make_resilient_factory(BrainPolicy(RetrySettings(retry_hints="honor"), Messages(),
-                                                 VirtualClock(), "fleet"), 1)(0, None, None)
-    assert unpaced.pacing is None
+    assert a.coord is b.coord is not None
+    assert a.coord.now_ms() == a.loop().now_ms() == 1_767_225_601_234
+    per_process = BrainPolicy(settings, Messages(), clock, "process")
+    assert per_process.coordinator(0) is not per_process.coordinator(1)
+    assert per_process.coordinator(0) is per_process.coordinator(PROCESSES)
 
 
-def test_the_pacing_gate_asks_again_when_the_pacer_has_no_slot_within_its_horizon():
-    """After a throttle cut the fleet's rate to the floor (1/s), a request that finds no slot
-    within the 2 s horizon waits recheckMs × U(0.5, 1.5) and asks again; one with a slot goes
-    at it."""
+def test_the_pacing_gate_spaces_first_requests_after_a_throttle():
+    """After a 529 cut the fleet's pacer to its floor (1/s), first requests go through the
+    loop's gate: one slot a second, and beyond the 2 s horizon a re-check after
+    recheckMs × U(0.5, 1.5) (docs/fleet.md "Pacing")."""
     from fsm.sim.engine import SEND, VirtualClock, WAIT
-    from fsm.sim.policies import BrainPolicy, Messages
-    from fsm.sim.resilient import make_resilient_factory
+    from fsm.sim.policies import BrainPolicy, Messages, make_brain_factory
     from fsm.sim.run import resilient_settings
 
-    policy = BrainPolicy(resilient_settings(), Messages(), VirtualClock(), "fleet")
-    session = make_resilient_factory(policy, 1)(0, None, None)
-    assert session.start(0) == (SEND, 0, 0)           # not pacing before a throttle
-    session.answered(200, Answer("overloaded", None, True))
-    sends = [session._paced(300) for _ in range(4)]
-    assert [s[0] for s in sends[:3]] == [SEND] * 3 and [s[1] for s in sends[:3]] == [300, 1300, 2300]
-    what, at, token = sends[3]
+    clock = VirtualClock()
+    policy = BrainPolicy(resilient_settings(), Messages(), clock, "fleet")
+    make = make_brain_factory(policy, 1)
+    first = make(0, None, None)
+    assert first.start(0) == (SEND, 0, 0)            # not pacing before a throttle
+    clock.now = 200
+    assert first.answered(200, Answer("overloaded", None, True))[0] == WAIT
+    assert first.coord.pacer_state(policy.key).on
+    sessions = [make(i, None, None) for i in range(1, 5)]
+    steps = [s.start(200) for s in sessions]
+    assert [s[:2] for s in steps[:3]] == [(SEND, 200), (WAIT, 1200), (WAIT, 2200)]
     recheck = policy.settings.pacing.recheck_ms
-    assert what == WAIT and token < 0 and 300 + recheck // 2 <= at <= 300 + recheck * 3 // 2
+    what, at, _ = steps[3]
+    assert what == WAIT and 200 + recheck // 2 <= at <= 200 + recheck * 3 // 2
+    clock.now = 1200
+    assert sessions[1].timer(1200, steps[1][2]) == (SEND, 1200, 0)  # booked: goes at its slot
 
 
-def test_the_seed_runs_through_the_host_kernel():
-    """A brain policy without a coordinator is hosted by the real HostKernel on the virtual
-    clock; one with a coordinator speaks to the coordinator itself."""
-    from fsm.host.kernel import HostKernel
-    from fsm.sim.engine import VirtualClock
+def test_the_brain_policies_run_the_one_loop():
+    """seed, resilient and a user's settings run each call through fsm.host.loop.RetryLoop on
+    the virtual clock; the seed uses no coordinator (docs/simulation.md "Policies")."""
+    from fsm.host.loop import RetryLoop
+    from fsm.sim.engine import DONE_FAIL, DONE_OK, SEND, VirtualClock, WAIT
     from fsm.sim.policies import BrainPolicy, BrainRetrier, Messages
 
     clock = VirtualClock()
     clock.now = 1234
     seed = BrainRetrier(BrainPolicy(RetrySettings(), Messages(), clock, None), 0, random.Random(1))
-    assert isinstance(seed.kernel, HostKernel) and seed.kernel.now_ms() == 1_767_225_601_234
+    loop = seed.loop()
+    assert isinstance(loop, RetryLoop) and loop.now_ms() == 1_767_225_601_234
+    assert seed.coord is None and not loop.uses_coordinator()
+    assert seed.start(1234) == (SEND, 1234, 0)
+    what, at, token = seed.answered(1434, Answer("overloaded"))
+    assert what == WAIT and at >= 1434 + 1000          # the seed's first backoff (2 s ± jitter)
+    assert seed.timer(at, token) == (SEND, at, 0)
+    assert seed.answered(at + 2000, Answer("ok")) == (DONE_OK, at + 2000, 0)
+    exhausted = BrainRetrier(BrainPolicy(RetrySettings(max_retries=0), Messages(), clock, None),
+                             0, random.Random(1))
+    exhausted.start(0)
+    assert exhausted.answered(200, Answer("overloaded"))[0] == DONE_FAIL
     honor = BrainRetrier(BrainPolicy(RetrySettings(retry_hints="honor"), Messages(), clock, "fleet"),
                          0, random.Random(1))
-    assert honor.kernel is None and honor.coord is not None
+    assert honor.coord is not None and honor.loop().uses_coordinator()
 
 
 def test_simulate_refuses_a_folder_as_json_before_simulating(tmp_path, capsys, monkeypatch):

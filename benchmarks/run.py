@@ -107,8 +107,8 @@ def _simulation_targets() -> dict[str, tuple[str, float, str]]:
         for name, metric, limit in sim_figure_names(scenario):
             if limit is not None:
                 out[name] = ("<=", limit, "")
-            elif name.endswith("_peak_ratio_vs_ideal"):
-                out[name] = ("<=", 1.0, "peak load ÷ the ideal's peak, same run")
+            elif name.endswith("_peak_ratio_vs_limit"):
+                out[name] = ("<=", 1.0, "peak load ÷ (the ideal's peak + 0.1), same run")
             else:
                 out[name] = ("<=", 1.0, "mean added latency ÷ (2 × the ideal's + 1 s), same run")
     return out

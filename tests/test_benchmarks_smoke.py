@@ -71,7 +71,7 @@ def test_fleet():
                             sim_sessions=20)
     keys = ("coordinator_decision_us_p50", "coordinator_decision_us_p99",
             "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",
-            "sim_brownout529_amplification", "sim_outage5min_peak_ratio_vs_ideal", "sim_seconds")
+            "sim_brownout529_amplification", "sim_outage5min_peak_ratio_vs_limit", "sim_seconds")
     assert figures["sim_seed_mismatches"] == 0
     if fleet.integration_missing() is None:
         keys += ("fleet_amplification", "fleet_amplification_no_budget")

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Verdict", "check", "FAILURE_LIMITS"]
+__all__ = ["Verdict", "check", "FAILURE_LIMITS", "PEAK_MARGIN"]
+
+PEAK_MARGIN = 0.1
+"""How far above the ideal's peak (in multiples of capacity) the resilient profile's peak may
+go (docs/simulation.md "Targets"): the ideal resends a random failure at once, a policy with
+any backoff moves it into a later second, which may be a busier one of the same ramp."""
 
 FAILURE_LIMITS: dict[str, float] = {"brownout529": 0.005, "brownout429": 0.005,
                                     "outage30s": 0.005, "rpm_windows": 0.005, "outage5min": 0.01}
@@ -47,6 +52,7 @@ def check(scenario: str, rows: dict[str, dict[str, float]], policy: str = "resil
     add("amplification", 1.10, "requests per call")
     add("wasted_per_call", 0.05, "requests sent into a certain refusal, per call")
     if ideal is not None:
-        add("peak_load_x_capacity", ideal["peak_load_x_capacity"], "no higher than the ideal's peak")
+        add("peak_load_x_capacity", ideal["peak_load_x_capacity"] + PEAK_MARGIN,
+            "at most the ideal's peak + 0.1")
         add("added_latency_mean_s", 2 * ideal["added_latency_mean_s"] + 1, "2 × the ideal's + 1 s")
     return out

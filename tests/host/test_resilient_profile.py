@@ -14,6 +14,7 @@ from fsm.core.settings import RetrySettings, SettingsError
 from fsm.fleet import InProcessCoordinator
 from fsm.host.session import AgentSession
 from fsm.testing import FakeClock, ScriptedProvider, error, ok
+from session_support import of, settle
 
 OVERLOADED = "529 Overloaded"
 NOW = FakeClock.EPOCH_MS
@@ -31,18 +32,6 @@ def make(settings, script=None):
     events = []
     session.subscribe(events.append)
     return session, provider, clock, coordinator, events
-
-
-def of(events, kind):
-    return [dict(e) for e in events if e["type"] == kind]
-
-
-async def settle(clock, task, step=0.5, limit=600.0):
-    waited = 0.0
-    while not task.done() and waited < limit:
-        await clock.advance(step)
-        waited += step
-    await asyncio.wait_for(task, 1)
 
 
 # ------------------------------------------------------------------ the profile's values

@@ -16,6 +16,7 @@ from fsm.host.credentials import InMemoryCredentialStore
 from fsm.host.session import AgentSession
 from fsm.core.settings import RetrySettings
 from fsm.testing import FakeClock, Outcome, ScriptedProvider, error, hang, ok
+from session_support import of, run
 
 OVERLOADED = "529 Overloaded"
 
@@ -28,21 +29,6 @@ def make(script, credentials=None, **settings):
     events = []
     session.subscribe(events.append)
     return session, provider, clock, events
-
-
-def of(events, kind):
-    return [dict(e) for e in events if e["type"] == kind]
-
-
-async def run(session, clock, text="hi", step=0.5, limit=200_000):
-    """Prompt and advance the fake clock until the prompt returns."""
-    task = asyncio.ensure_future(session.prompt(text))
-    waited = 0.0
-    while not task.done() and waited < limit:
-        await clock.advance(step)
-        waited += step
-    await asyncio.wait_for(task, 1)
-    return waited
 
 
 # ------------------------------------------------------------------ the six reports

@@ -97,7 +97,7 @@ def test_esc_during_the_backoff_cancels_the_retry(run_chat, tmp_path):
     loader_seconds(chat, "1/3")
     t_loader = time.monotonic()
     chat.send("\x1b")
-    chat.wait_for(r"Retry cancelled after 1 attempt", where="transcript")
+    chat.wait_for(r"Retry cancelled before any retry was sent", where="transcript")
     esc_s = time.monotonic() - t_loader
     chat.wait_for(r"fault-model · retry on · idle")
     assert "Retrying" not in chat.display()
@@ -208,7 +208,7 @@ def test_ctrl_c_during_the_backoff_leaves_cleanly(run_chat):
     assert chat.wait_exit() == 0
     text = chat.raw_text()
     assert "Traceback" not in text
-    assert "Retry cancelled after 1 attempt" in text
+    assert "Retry cancelled before any retry was sent" in text
     time.sleep(0.5)
     assert len(server.chat_requests) == 1
 

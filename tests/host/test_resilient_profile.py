@@ -81,10 +81,13 @@ async def test_a_cooldown_beyond_max_hint_wait_refuses_a_first_request_without_s
     """Resilient: every credential cooling down beyond maxHintWaitMs → one attempt-0 end."""
     session, provider, clock, coordinator, events = make(resilient())
     await coordinator.learn_cooldown(session._coord_key(), 120_000)
-    await session.prompt("hi")
+    outcome = await session.prompt("hi")
     assert provider.requests == []
     [end] = of(events, "auto_retry_end")
     assert (end["success"], end["attempt"], end["endReason"]) == (False, 0, "hint_too_long")
+    assert end["chainId"] == session.brain.chain_id  # an end at rest names a chain of its own
+    assert (outcome.message, outcome.success, outcome.end_reason, outcome.attempts) == (
+        None, False, "hint_too_long", 0)
     assert not of(events, "auto_retry_start") and session.brain.state == "exhausted"
 
 

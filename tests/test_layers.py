@@ -123,3 +123,21 @@ def test_downward_and_same_layer_imports_pass():
               "def f():\n    import openai\n    from fsm.providers import sdk_errors\n")
     assert violations("fsm.host.runner", source) == []
     assert violations("fsm.review.pytest_plugin", "from fsm.host.session import AgentSession\n") == []
+
+
+def test_no_test_module_imports_another():
+    """Tests share helpers through support modules, conftest.py or fsm.testing, never by importing another
+    test module (docs/architecture.md, "The layers")."""
+    tests = {p.stem for p in (ROOT / "tests").rglob("test_*.py")}
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for name in names:
+                if name.split(".")[0] == "tests" or name.split(".")[-1] in tests:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not found, "test modules importing each other:\n" + "\n".join(found)

@@ -203,8 +203,13 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
         def say(text: str) -> None:
             _print(f"[{time.monotonic() - t0:6.2f}s] {text}")
 
+        backing_off = False  # a retry is scheduled and not sent yet (the cancel text counts sent ones)
+
         def on_event(event: dict) -> None:
+            nonlocal backing_off
             kind = event["type"]
+            if kind in ("auto_retry_start", "auto_retry_end", "agent_start"):
+                ended_backing_off, backing_off = backing_off, kind == "auto_retry_start"
             if kind == "message_end":
                 m = event["message"]
                 if m["role"] == "user":
@@ -234,7 +239,8 @@ async def _part(script: list, settings, prompts: list[str], log_path: Path,
                 elif event["attempt"] == 0:
                     say(f"Not retrying: {event.get('finalError', '')}")
                 else:
-                    say(failure_text(event["attempt"], event.get("finalError", ""), event.get("endReason")))
+                    say(failure_text(event["attempt"], event.get("finalError", ""), event.get("endReason"),
+                                     backing_off=ended_backing_off))
                     why = end_reason_text(event.get("endReason"))
                     if why:
                         say(why)

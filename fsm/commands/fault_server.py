@@ -2,9 +2,10 @@
 OpenAI Chat Completions (``POST /v1/chat/completions``) and Anthropic Messages (``POST
 /v1/messages``) from the same script (see :mod:`fsm.testing.fault_server` for the format).
 
-The first stdout line is the base URL (``http://127.0.0.1:PORT/v1``), which both SDKs take as
-printed (``openai.OpenAI(base_url=URL)``, ``anthropic.Anthropic(base_url=URL)``: the routes
-match on their ending, so the Anthropic SDK's ``URL/v1/messages`` is served); the server then runs
+The first stdout line is the OpenAI base URL (``http://127.0.0.1:PORT/v1``:
+``openai.OpenAI(base_url=URL)``); the Anthropic SDK takes the same URL without ``/v1``
+(``anthropic.Anthropic(base_url="http://127.0.0.1:PORT")``: it adds ``/v1/messages`` itself; a
+doubled ``/v1/v1/messages`` is answered 404 naming the URL to use). The server then runs
 until SIGINT or SIGTERM (exit status 0). A bad script is refused before anything is bound:
 the error names the entry's index, and the exit status is 2. So is a ``--host`` that other
 machines can reach (``''``, ``0.0.0.0``, ``::``), unless ``--allow-remote`` is given; then a
@@ -24,9 +25,11 @@ HELP = ("serve a scripted fault-injecting model API: OpenAI /v1/chat/completions
 
 
 EPILOG = """APIs: POST /v1/chat/completions (OpenAI Chat Completions), POST /v1/messages (Anthropic
-Messages), GET /v1/models. The first line printed is the base URL; give it as printed to either
-SDK: openai.OpenAI(base_url=URL) or anthropic.Anthropic(base_url=URL). A request that does not
-ask to stream gets one JSON answer (a chat.completion or a Message) even for a stream entry.
+Messages), GET /v1/models. The first line printed is the OpenAI base URL, http://HOST:PORT/v1:
+openai.OpenAI(base_url=URL). The Anthropic SDK takes it without /v1 (it adds /v1/messages):
+anthropic.Anthropic(base_url="http://HOST:PORT"); a doubled /v1/v1/messages gets a 404 naming
+the URL to use. A request that does not ask to stream gets one JSON answer (a chat.completion
+or a Message) even for a stream entry.
 
 script: a JSON list, one entry per request (both APIs count together); after the list, plain successes.
 entry keys (all optional):

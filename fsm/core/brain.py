@@ -457,10 +457,15 @@ class _Policy:
         self._begin()
         self._schedule()
 
+    def _next_chain(self) -> None:
+        """Take the next chain id: of ``chain_ids()`` when the host gave one (unique per
+        process), else counted per brain."""
+        self.chain_id = self.chain_ids() if self.chain_ids is not None else self.chain_id + 1
+
     def _begin(self) -> None:
         """A chain starts: attempt 1 and its maxAttempts, fixed now (§8b.6, §13.3); its id is
         the next of ``chain_ids()`` when the host gave one (unique per process), else counted."""
-        self.chain_id = self.chain_ids() if self.chain_ids is not None else self.chain_id + 1
+        self._next_chain()
         self.attempt = 1
         self.model = self.facts.model
         self.max = self.settings.max_retries + len(self.settings.fallback_models)
@@ -661,8 +666,10 @@ class _Policy:
     def _emit_end(self, success: bool, reason: str, final_error: str | None,
                   reset_at: int | None = None) -> None:
         attempt = self.attempt
+        if not attempt:  # a refusal at rest is a chain of its own, with its own id
+            self._next_chain()
         self.actions.append(Emit(AutoRetryEnd(success, attempt, final_error, reason,
-                                              self.chain_id if attempt else None, reset_at)))
+                                              self.chain_id, reset_at)))
         self.attempt = 0
         self.chain_start_ms = None
         self.fallback_count = 0
@@ -1027,7 +1034,8 @@ class RetryBrain:
         """A first request was refused without sending (docs/policy.md §13.7): every
         credential cools down for ``wait_ms`` ms, beyond ``retry.maxHintWaitMs``. At rest the
         brain ends with one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}`` (with
-        ``resetAt`` for a usage limit); ignored inside a chain. Raises ``ValueError`` for a
+        ``resetAt`` for a usage limit, and a ``chainId`` of its own, the next of the brain's chain
+        ids, as every end at rest has); ignored inside a chain. Raises ``ValueError`` for a
         negative ``wait_ms``."""
         if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or wait_ms < 0:
             raise ValueError(f"wait_ms must be a non-negative int, got {wait_ms!r:.80}")

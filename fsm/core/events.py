@@ -117,6 +117,9 @@ class AutoRetryStart(Event):
 class AutoRetryEnd(Event):
     """A chain (or a refusal at rest, ``attempt`` 0) ended; ``end_reason`` in :data:`END_REASONS`.
 
+    ``chain_id`` (``chainId``): the chain's id; a refusal at rest takes an id of its own (the
+    next of the brain's chain ids), so every end names a chain (docs/policy.md §13.7).
+
     ``reset_at_ms`` (``resetAt``): epoch ms a usage limit resets, on a chain refused for a
     usage limit whose provider gave a wait (docs/policy.md §13.5)."""
 

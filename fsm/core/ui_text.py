@@ -7,7 +7,7 @@ import math
 
 __all__ = [
     "END_REASON_TEXT", "aborted_text", "cancelled_text", "countdown_seconds", "end_reason_text",
-    "failure_text", "is_cancel", "loader_text", "seconds_half_up",
+    "failure_text", "is_cancel", "loader_text", "retries_sent", "seconds_half_up",
 ]
 
 LOADER_KEYS = "esc to cancel"
@@ -47,21 +47,33 @@ def is_cancel(final_error: str | None, end_reason: str | None = None) -> bool:
     return end_reason == "cancelled" or final_error == CANCELLED_TEXT
 
 
-def cancelled_text(attempts: int) -> str:
-    """``Retry cancelled after 2 attempts`` ("1 attempt" in the singular)."""
-    noun = "attempt" if attempts == 1 else "attempts"
-    return f"Retry cancelled after {attempts} {noun}"
+def cancelled_text(retries: int) -> str:
+    """``Retry cancelled after 2 attempts``: ``retries`` counts the retries *sent* ("1 attempt"
+    in the singular; 0: ``Retry cancelled before any retry was sent``; docs/policy.md §6)."""
+    if retries <= 0:
+        return "Retry cancelled before any retry was sent"
+    noun = "attempt" if retries == 1 else "attempts"
+    return f"Retry cancelled after {retries} {noun}"
 
 
-def failure_text(attempts: int, final_error: str, end_reason: str | None = None) -> str:
+def retries_sent(attempt: int, *, backing_off: bool) -> int:
+    """The retries a chain sent when it ended at ``attempt`` (the end event's ``attempt``,
+    which counts the retry last *scheduled*): ``attempt - 1`` when it ended while that retry
+    still waited (its backoff, or the gate after it), else ``attempt`` (docs/policy.md §6)."""
+    return max(0, attempt - 1) if backing_off else max(0, attempt)
+
+
+def failure_text(attempts: int, final_error: str, end_reason: str | None = None, *,
+                 backing_off: bool = False) -> str:
     """What the screen shows for a chain that ended without success (docs/policy.md §6):
     ``Retry failed after 3 attempts: <finalError>`` ("1 attempt" in the singular); a cancel
     (:func:`is_cancel`: ``endReason`` ``cancelled`` or ``finalError`` ``"Retry cancelled"``)
-    reads as one — ``Retry cancelled after 2 attempts`` (:func:`cancelled_text`) — not as a
-    failure whose error is "Retry cancelled". Only this text changes: the event's fields stay
-    as sent."""
+    reads as one — ``Retry cancelled after 2 attempts`` (:func:`cancelled_text`, counting the
+    retries sent: :func:`retries_sent`; ``backing_off``: the chain ended while its last
+    scheduled retry had not gone out) — not as a failure whose error is "Retry cancelled".
+    Only this text changes: the event's fields stay as sent."""
     if is_cancel(final_error, end_reason):
-        return cancelled_text(attempts)
+        return cancelled_text(retries_sent(attempts, backing_off=backing_off))
     noun = "attempt" if attempts == 1 else "attempts"
     return f"Retry failed after {attempts} {noun}: {final_error}"
 

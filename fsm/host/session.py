@@ -50,10 +50,31 @@ from fsm.host.kernel import (COORDINATOR_TIMEOUT_S, KEY_TIMEOUT_S, STORE_TIMEOUT
 from fsm.host.kernel import describe_error as _describe
 from fsm.host.session_log import SessionLog
 
-__all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "Listener", "Extension",
-           "CompactionHook", "STORE_TIMEOUT_S", "ABORTED_TEXT"]
+__all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "TurnOutcome", "Listener",
+           "Extension", "CompactionHook", "STORE_TIMEOUT_S", "ABORTED_TEXT"]
 
 log = logging.getLogger("fsm.host.session")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """What :meth:`fsm.AgentSession.prompt` returns: the outcome of the turn it ran, after any retry
+    chain the turn started has ended (docs/embedding.md, "The agent session").
+
+    - ``message``: the turn's final :class:`fsm.AssistantMessage` (the successful retry's
+      answer, or the last failed one); None when no answer came (a first request refused
+      without sending).
+    - ``success``: the chain's ``success`` when a chain ended (``auto_retry_end``), else
+      whether the answer's stop reason is neither ``error`` nor ``aborted``.
+    - ``end_reason``: the chain's ``endReason`` (``fsm.core.events.END_REASONS``; a refusal at
+      rest too, ``attempt`` 0); None when no chain ended (a success at once, a fatal error,
+      auto-retry off).
+    - ``attempts``: the retried turns the chain ran (0: no retry went out)."""
+
+    message: AssistantMessage | None
+    success: bool
+    end_reason: str | None
+    attempts: int
 
 Listener = Callable[[E.Event], Any]
 Extension = Callable[[E.Event], Awaitable[Any] | Any]
@@ -136,6 +157,10 @@ class AgentSession:
         self._abort_turn = False
         self._prompt_owner: object | None = None  # the prompt() call that owns the session
         self._last_turn_aborted = False
+        # the turn prompt() reports (TurnOutcome): its last answer, the chain's end, its retries
+        self._outcome_message: AssistantMessage | None = None
+        self._outcome_end: E.AutoRetryEnd | None = None
+        self._outcome_retries = 0
         self._gate_wait: asyncio.Future | None = None  # a request's wait at the gate (pacing)
         self._skip_gate = False  # retry_now(): the next retry request bypasses the gate
         self._in_gate = False  # a request is at the gate (asking the coordinator or waiting)
@@ -239,6 +264,8 @@ class AgentSession:
         self._extensions.setdefault(event_type, []).append(handler)
 
     def _emit(self, event: E.Event) -> None:
+        if isinstance(event, E.AutoRetryEnd):
+            self._outcome_end = event
         for listener in tuple(self._listeners):
             try:
                 listener(event)
@@ -275,8 +302,12 @@ class AgentSession:
                              tuple(m.text for m, b in self._queue if b != "steer"))
 
     # ------------------------------------------------------------------ controls
-    async def prompt(self, text: str, *, streaming_behavior: str | None = None) -> None:
-        """Send a user message and run the turn; returns when any retry chain it started ends.
+    async def prompt(self, text: str, *,
+                     streaming_behavior: str | None = None) -> TurnOutcome | None:
+        """Send a user message and run the turn; returns when any retry chain it started ends,
+        with the turn's :class:`fsm.host.session.TurnOutcome` (of the last turn when queued
+        messages went out in turns of their own after it); None when the message was only
+        queued.
 
         While the session is busy, ``streaming_behavior`` ``"steer"`` or ``"follow_up"``
         queues the message (delivered with the next continue or turn, never shortening a
@@ -301,9 +332,10 @@ class AgentSession:
                 raise SessionBusyError(f"cannot prompt: {what}; pass streaming_behavior='steer' or "
                                        "'follow_up' to queue the message")
             self.queue_message(text, streaming_behavior)
-            return
+            return None
         owner = self._prompt_owner = object()
         try:
+            self._new_outcome()
             await self._run_turn([UserMessage(text, self._stamp())])
             while self._prompt_owner is owner:
                 await self._drive_chain()
@@ -312,7 +344,9 @@ class AgentSession:
                 if (self._prompt_owner is not owner or not self._queue
                         or self.brain.state == "cancelled" or self._last_turn_aborted):
                     break
+                self._new_outcome()
                 await self._run_turn([])
+            return self._outcome()
         except asyncio.CancelledError:
             if self._prompt_owner is owner:
                 self._cancel_chain()
@@ -320,6 +354,17 @@ class AgentSession:
         finally:
             if self._prompt_owner is owner:
                 self._prompt_owner = None
+
+    def _new_outcome(self) -> None:
+        """A new turn (not a retry) starts: what :meth:`prompt` will report starts over."""
+        self._outcome_message, self._outcome_end, self._outcome_retries = None, None, 0
+
+    def _outcome(self) -> TurnOutcome:
+        message, end = self._outcome_message, self._outcome_end
+        if end is not None:
+            return TurnOutcome(message, end.success, end.end_reason, self._outcome_retries)
+        ok = message is not None and message.stop_reason not in ("error", "aborted")
+        return TurnOutcome(message, ok, None, self._outcome_retries)
 
     def queue_message(self, text: str, behavior: str = "follow_up") -> None:
         """Queue a user message without starting a turn, as the original's ``steer`` /
@@ -472,6 +517,7 @@ class AgentSession:
             self._partial = None
             self._turn_done.set()
             self._unwatch()
+        self._outcome_message = message
         compaction = self._perform(actions, message=message, run=run)
         if compaction is not None and self.compaction_hook is not None:
             try:
@@ -842,6 +888,7 @@ class AgentSession:
                 return
             try:
                 await self._run_turn([])
+                self._outcome_retries += 1
             except ContinueRejected as exc:
                 self._perform(self.brain.continue_failed(str(exc)))
             except asyncio.CancelledError:

@@ -108,8 +108,9 @@ class _Listener:
     def _end(self, event: Mapping[str, Any]) -> None:
         chain = event.get("chainId")
         span = self.spans.pop(chain, None)
-        if span is None:  # a refusal at rest: no start, a span of its own
-            span = self.t.tracer.start_span(SPAN_NAME, attributes={"retry.chain_id": 0})
+        if span is None:  # a refusal at rest: no start, a span of its own (with its own id)
+            span = self.t.tracer.start_span(SPAN_NAME, attributes={
+                "retry.chain_id": chain if isinstance(chain, int) else 0})
         reason = event.get("endReason") or ("succeeded" if event.get("success") else "exhausted")
         success = bool(event.get("success"))
         span.set_attributes({"retry.end_reason": reason, "retry.success": success,

@@ -42,7 +42,9 @@ and an empty body otherwise.
 the same script and count as chat requests.
 
 ``GET …/models`` answers a list with one model; every other path gets a 404 JSON error and is
-recorded with ``index`` ``None``.
+recorded with ``index`` ``None``. A path with ``/v1`` twice (``/v1/v1/messages``: the Anthropic
+SDK given :attr:`FaultServer.base_url` instead of :attr:`FaultServer.root_url`) is such a path;
+its error message names the base URL to use.
 
 Python use::
 
@@ -561,7 +563,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routes ---------------------------------------------------------------------------
     def _is(self, suffix: str) -> bool:
-        return self.path.split("?")[0].rstrip("/").endswith(suffix)
+        return self.path.split("?")[0].rstrip("/").endswith(suffix) and not self._doubled()
+
+    def _doubled(self) -> bool:
+        """The path has ``/v1`` twice (``/v1/v1/messages``): a client given the OpenAI base URL
+        where the host's root belongs (the Anthropic SDK adds ``/v1`` itself)."""
+        return "/v1/v1/" in self.path.split("?")[0] + "/"
 
     def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
         self._rec, _ = self.server.owner._record(self.command, self.path, None, chat=False,
@@ -601,8 +608,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.done(None, f"client_gone:{type(exc).__name__}")
 
     def _not_found(self) -> None:
-        self.send_json(404, {"error": {"message": f"no route for {self.command} {self.path}",
-                                        "type": "not_found_error"}}, "404")
+        message = f"no route for {self.command} {self.path}"
+        if self._doubled():
+            owner = self.server.owner
+            message += (f": the path has /v1 twice; give the Anthropic SDK the server's root, "
+                        f"base_url={owner.root_url} (it adds /v1 itself); OpenAI clients take "
+                        f"base_url={owner.base_url}")
+        self.send_json(404, {"error": {"message": message, "type": "not_found_error"}}, "404")
 
     def client_gone(self, status: int | None, outcome: str) -> None:
         self.close_connection = True
@@ -823,9 +835,15 @@ class FaultServer:
     def base_url(self) -> str:
         """``http://HOST:PORT/v1``, the base URL an OpenAI client takes (a wildcard host is
         reached through its loopback address)."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """``http://HOST:PORT``, the base URL the Anthropic SDK takes (it adds ``/v1/messages``;
+        given :attr:`base_url`, its ``/v1/v1/messages`` is answered 404 naming this URL)."""
         host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/v1"
+        return f"http://{host}:{self.port}"
 
     @property
     def requests(self) -> list[dict]:

@@ -281,6 +281,7 @@ class ChatView:
         return [Line(f"Switching to {to or '?'} ({why} on {event.get('from') or '?'})", "info")]
 
     def _on_auto_retry_end(self, event: dict[str, Any]) -> list[Line]:
+        backing_off = self.backoff is not None  # the scheduled retry had not gone out
         self._end_backoff()
         self._end_first_wait()
         attempt = int(event.get("attempt", 0))
@@ -295,7 +296,8 @@ class ChatView:
             self.last_chain = "cancelled" if cancelled else "exhausted"
             if not (self._abort_reported and final == CANCELLED_TEXT):
                 # a cancel reads as one ("Retry cancelled after 2 attempts"), not as a failure
-                out.append(Line(failure_text(attempt, final, event.get("endReason")),
+                out.append(Line(failure_text(attempt, final, event.get("endReason"),
+                                             backing_off=backing_off),
                                 "aborted" if cancelled else "retry_failed"))
             why = None if cancelled else end_reason_text(event.get("endReason"))
             if why:

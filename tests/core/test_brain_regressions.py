@@ -336,3 +336,22 @@ def test_a_year_long_hint_ends_the_chain_but_shares_a_cooldown_of_one_day_at_mos
         err("429 Quota exceeded. Please try again in 5 hours."), facts=TurnFacts(now_ms=now))
         if isinstance(a, RecordCooldown)]
     assert short[0].wait_ms == 5 * 3_600_000
+
+
+@pytest.mark.parametrize("engine", ["compiled", "transitions"])
+def test_an_end_at_rest_has_a_chain_id_of_its_own(engine):
+    """A first request refused at rest (``request_refused``, hint_too_long) and a refused first
+    failure end with a ``chainId`` of their own, the next of the brain's (or the host's) chain
+    ids, never one a chain before or after shares (docs/policy.md §3 "Invariants", §13.7)."""
+    ids = iter(range(41, 50))
+    brain = RetryBrain(RetrySettings(max_hint_wait_ms=60_000), chain_ids=lambda: next(ids),
+                       engine=engine)
+    refused = events(brain.request_refused(120_000, now_ms=1_800_000_000_000))
+    assert [(e["attempt"], e["endReason"], e.get("chainId")) for e in refused] == [
+        (0, "hint_too_long", 41)]
+    t = timer(brain.turn_ended(err(OVERLOADED)))
+    assert brain.chain_id == 42
+    brain.backoff_elapsed(t)
+    assert events(brain.turn_ended(AssistantMessage("stop")))[0]["chainId"] == 42
+    counted = RetryBrain(RetrySettings(max_retries=0), engine=engine)
+    assert events(counted.turn_ended(err(OVERLOADED)))[0]["chainId"] == 1

@@ -15,6 +15,7 @@ from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings, SettingsError
 from fsm.host.session import AgentSession
 from fsm.testing import FakeClock, Outcome, ScriptedProvider, error, hang, ok
+from session_support import of, run
 
 OVERLOADED = "529 Overloaded"
 RATE_LIMITED = "429 Too Many Requests"
@@ -30,8 +31,6 @@ def make(script, **settings):
     session.subscribe(events.append)
     return session, provider, clock, events
 
-
-from test_session_policy import of, run  # noqa: E402  (the session tests' two helpers)
 
 
 # ------------------------------------------------------------------ families (§13.6)

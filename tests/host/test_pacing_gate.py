@@ -12,7 +12,7 @@ from fsm.host.kernel import HostKernel
 from fsm.core.brain import RetryBrain
 from fsm.host.session import AgentSession
 from fsm.testing import FakeClock, ScriptedProvider, error, ok
-from test_resilient_profile import of, settle as _settle  # the profile tests' helpers
+from session_support import of, settle as _settle
 
 OVERLOADED = "529 Overloaded"
 NOW = FakeClock.EPOCH_MS

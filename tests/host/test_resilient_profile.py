@@ -14,6 +14,7 @@ from fsm.core.settings import RetrySettings, SettingsError
 from fsm.fleet import InProcessCoordinator
 from fsm.host.session import AgentSession
 from fsm.testing import FakeClock, ScriptedProvider, error, ok
+from session_support import of, settle
 
 OVERLOADED = "529 Overloaded"
 NOW = FakeClock.EPOCH_MS
@@ -31,18 +32,6 @@ def make(settings, script=None):
     events = []
     session.subscribe(events.append)
     return session, provider, clock, coordinator, events
-
-
-def of(events, kind):
-    return [dict(e) for e in events if e["type"] == kind]
-
-
-async def settle(clock, task, step=0.5, limit=600.0):
-    waited = 0.0
-    while not task.done() and waited < limit:
-        await clock.advance(step)
-        waited += step
-    await asyncio.wait_for(task, 1)
 
 
 # ------------------------------------------------------------------ the profile's values
@@ -92,10 +81,13 @@ async def test_a_cooldown_beyond_max_hint_wait_refuses_a_first_request_without_s
     """Resilient: every credential cooling down beyond maxHintWaitMs → one attempt-0 end."""
     session, provider, clock, coordinator, events = make(resilient())
     await coordinator.learn_cooldown(session._coord_key(), 120_000)
-    await session.prompt("hi")
+    outcome = await session.prompt("hi")
     assert provider.requests == []
     [end] = of(events, "auto_retry_end")
     assert (end["success"], end["attempt"], end["endReason"]) == (False, 0, "hint_too_long")
+    assert end["chainId"] == session.brain.chain_id  # an end at rest names a chain of its own
+    assert (outcome.message, outcome.success, outcome.end_reason, outcome.attempts) == (
+        None, False, "hint_too_long", 0)
     assert not of(events, "auto_retry_start") and session.brain.state == "exhausted"
 
 

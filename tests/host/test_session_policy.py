@@ -16,6 +16,7 @@ from fsm.host.credentials import InMemoryCredentialStore
 from fsm.host.session import AgentSession
 from fsm.core.settings import RetrySettings
 from fsm.testing import FakeClock, Outcome, ScriptedProvider, error, hang, ok
+from session_support import of, run, settle
 
 OVERLOADED = "529 Overloaded"
 
@@ -28,21 +29,6 @@ def make(script, credentials=None, **settings):
     events = []
     session.subscribe(events.append)
     return session, provider, clock, events
-
-
-def of(events, kind):
-    return [dict(e) for e in events if e["type"] == kind]
-
-
-async def run(session, clock, text="hi", step=0.5, limit=200_000):
-    """Prompt and advance the fake clock until the prompt returns."""
-    task = asyncio.ensure_future(session.prompt(text))
-    waited = 0.0
-    while not task.done() and waited < limit:
-        await clock.advance(step)
-        waited += step
-    await asyncio.wait_for(task, 1)
-    return waited
 
 
 # ------------------------------------------------------------------ the six reports
@@ -335,3 +321,50 @@ async def test_a_provider_returning_something_else_is_a_failed_turn_that_ends_it
     await session.prompt("hi")
     assert [e["type"] for e in events][-2:] == ["turn_end", "agent_end"]
     assert "provider returned NoneType" in session.messages[-1].error_message
+
+
+# ------------------------------------------------------------------ prompt()'s outcome
+
+async def prompt_outcome(script, **settings):
+    session, provider, clock, events = make(script, **settings)
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await settle(clock, task)
+    outcome = task.result()
+    return outcome, session
+
+
+@pytest.mark.parametrize("script,settings,want", [
+    ([error(OVERLOADED), error(OVERLOADED), ok("hello")], {}, (True, "succeeded", 2, "stop")),
+    ([ok("hello")], {}, (True, None, 0, "stop")),
+    ([error(OVERLOADED), error(OVERLOADED)], {"max_retries": 1}, (False, "exhausted", 1, "error")),
+    ([error("401 Incorrect API key provided")], {}, (False, None, 0, "error")),
+    ([error(OVERLOADED)], {"max_retries": 0}, (False, "exhausted", 0, "error")),
+    ([error(OVERLOADED)], {"enabled": False}, (False, None, 0, "error")),
+])
+async def test_prompt_returns_the_turns_outcome(script, settings, want):
+    """prompt() returns a frozen TurnOutcome: success, the chain's endReason (None without a
+    chain), the retried turns it ran and the final message (docs/embedding.md "The agent
+    session")."""
+    from fsm.host.session import TurnOutcome
+
+    outcome, session = await prompt_outcome(script, **settings)
+    assert isinstance(outcome, TurnOutcome)
+    assert (outcome.success, outcome.end_reason, outcome.attempts,
+            outcome.message.stop_reason) == want
+    assert outcome.message is session.messages[-1] or want[0] is False
+    with pytest.raises(AttributeError):
+        outcome.success = not outcome.success
+
+
+async def test_a_cancel_in_the_backoff_is_the_outcome_and_a_queued_prompt_returns_none():
+    """abort_retry() in the first backoff: the outcome is cancelled with no retry run and the
+    failed message; a message queued meanwhile returns None at once (docs/embedding.md "The
+    agent session")."""
+    session, provider, clock, events = make([error(OVERLOADED), ok()])
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.settle()
+    assert await session.prompt("later", streaming_behavior="follow_up") is None
+    session.abort_retry()
+    outcome = await asyncio.wait_for(task, 1)
+    assert (outcome.success, outcome.end_reason, outcome.attempts) == (False, "cancelled", 0)
+    assert outcome.message.error_message == OVERLOADED and len(provider.requests) == 1

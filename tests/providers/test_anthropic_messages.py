@@ -241,7 +241,7 @@ def test_chat_api_anthropic_shows_the_live_countdown(tmp_path):
     """``python -m fsm chat --api anthropic``: an overloaded_error inside the stream brings up
     the loader, whose seconds count down live (2s, then 1s; D9), then the answer."""
     pytest.importorskip("pexpect")
-    from test_chat_pty import Chat
+    from pty_support import Chat
 
     with FaultServer([{"stream": ["Hel", OVERLOADED_BODY]}, {"stream": ["Hello there"]}]) as srv:
         chat = Chat(srv.base_url, {"baseDelayMs": 1600}, tmp_path, "--api", "anthropic")

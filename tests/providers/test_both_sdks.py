@@ -1,5 +1,6 @@
 """Both SDKs, one behaviour: one text for one network failure whichever SDK saw it, and a fault
-server that both SDKs use as printed (rough edges a new user met, each pinned by a test)."""
+server both SDKs use with the base URL each takes (rough edges a new user met, each pinned by a
+test)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ ASK = [{"role": "user", "content": "hi"}]
 
 async def _both(entry: dict) -> tuple[str, str]:
     """The error text of the same scripted failure through the OpenAI and the Anthropic provider,
-    each given the fault server's base URL as printed."""
+    each given the fault server's base URL for its SDK."""
     with FaultServer([entry, entry]) as srv:
         chat = OpenAIChatProvider(base_url=srv.base_url, model="m", api_key="k")
-        messages = AnthropicMessagesProvider(base_url=srv.base_url, model="m", api_key="k")
+        messages = AnthropicMessagesProvider(base_url=srv.root_url, model="m", api_key="k")
         try:
             a = await chat.complete(ASK)
             b = await messages.complete(ASK)
@@ -78,19 +79,35 @@ def test_a_bare_transport_error_reads_as_the_sdks_wrapped_one(bare, wrapped):
 
 # -- the fault server, for both SDKs --------------------------------------------------------
 
-async def test_the_printed_base_url_works_for_both_sdks():
-    """The base URL the fault server prints is taken as is by openai and anthropic clients."""
+async def test_each_sdk_takes_its_base_url_the_printed_one_and_the_root():
+    """The printed URL (``/v1``) is the OpenAI base, the server's root the Anthropic SDK's, as
+    for the real APIs (docs/embedding.md, "The Anthropic Messages API")."""
     with FaultServer([{"stream": ["one"]}, {"stream": ["two"]}]) as srv:
         oa = openai.AsyncOpenAI(base_url=srv.base_url, api_key="k", max_retries=0)
-        an = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="k", max_retries=0)
+        an = anthropic.AsyncAnthropic(base_url=srv.root_url, api_key="k", max_retries=0)
         chat = await oa.chat.completions.create(model="m", messages=ASK)
         message = await an.messages.create(model="m", max_tokens=10, messages=ASK)
         await oa.close()
         await an.close()
         paths = [r["path"] for r in srv.chat_requests]
+    assert srv.base_url == srv.root_url + "/v1"
     assert chat.choices[0].message.content == "one"
     assert [block.text for block in message.content] == ["two"]
-    assert paths[0].endswith("/chat/completions") and paths[1].endswith("/messages")
+    assert paths == ["/v1/chat/completions", "/v1/messages"]
+
+
+async def test_a_doubled_v1_is_a_404_naming_the_base_url_to_use():
+    """The Anthropic SDK given the OpenAI base URL asks ``/v1/v1/messages``: a 404 whose message
+    names the root to use, no script entry spent (docs/embedding.md, "The Anthropic Messages
+    API")."""
+    with FaultServer([{"stream": ["kept"]}]) as srv:
+        client = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="k", max_retries=0)
+        with pytest.raises(anthropic.NotFoundError) as info:
+            await client.messages.create(model="m", max_tokens=10, messages=ASK)
+        await client.close()
+        records, chats = srv.requests, srv.chat_requests
+    assert f"base_url={srv.root_url} " in str(info.value) and "/v1 twice" in str(info.value)
+    assert [(r["path"], r["index"]) for r in records] == [("/v1/v1/messages", None)] and not chats
 
 
 async def test_a_non_streaming_messages_request_gets_one_message_object():
@@ -101,7 +118,7 @@ async def test_a_non_streaming_messages_request_gets_one_message_object():
     with FaultServer([{"stream": ["Hel", "lo"], "finish_reason": "max_tokens",
                        "usage": {"input_tokens": 3, "output_tokens": 2}},
                       {"stream": ["Hel", overloaded]}]) as srv:
-        client = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="k", max_retries=0)
+        client = anthropic.AsyncAnthropic(base_url=srv.root_url, api_key="k", max_retries=0)
         message = await client.messages.create(model="m", max_tokens=10, messages=ASK)
         with pytest.raises(anthropic.APIStatusError) as info:
             await client.messages.create(model="m", max_tokens=10, messages=ASK)
@@ -111,11 +128,13 @@ async def test_a_non_streaming_messages_request_gets_one_message_object():
     assert info.value.status_code == 529 and "Overloaded" in str(info.value)
 
 
-def test_fault_server_help_names_both_apis(capsys):
-    """`fault-server --help` names both APIs and says the printed URL works for both SDKs."""
+def test_fault_server_help_names_both_apis_and_each_sdks_base_url(capsys):
+    """`fault-server --help` names both APIs and the base URL each SDK takes: the printed one for
+    OpenAI, the root without /v1 for Anthropic (docs/embedding.md, "The Anthropic Messages API")."""
     with pytest.raises(SystemExit):
         cli.main(["fault-server", "--help"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "/v1/chat/completions" in out and "/v1/messages" in out
-    assert "anthropic.Anthropic(base_url=URL)" in out and "openai.OpenAI(base_url=URL)" in out
-
+    assert "openai.OpenAI(base_url=URL)" in out
+    assert 'anthropic.Anthropic(base_url="http://HOST:PORT")' in out
+    assert "anthropic.Anthropic(base_url=URL)" not in out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from fsm.core.brain import RetryBrain
 from fsm.core.classify import Classification
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings
+from brain_matrix_support import CASES, fire, setup
+from diagram_support import fallback_rows
 
 RETRYABLE = Classification("retryable", "test.retryable")
 FATAL = Classification("fatal", "test.fatal")
@@ -25,10 +26,6 @@ NONE = Classification("none", "stop_reason.not_error")
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 ROW = {r.id: r for r in L.TRANSITIONS}
-# test_diagrams sits beside this file; test_brain_matrix (the tour's cases) in tests/core
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
-from test_diagrams import fallback_rows  # noqa: E402
 
 FALLBACKS = fallback_rows()
 
@@ -84,8 +81,6 @@ def brain_in(state: str, max_retries: int = 3) -> RetryBrain:
 def tour() -> None:
     """Every row taken, every rejectable row rejected, every ignored cell ignored: the brain
     matrix's cases (each guard made the first to fail through real settings and facts)."""
-    from test_brain_matrix import CASES, fire, setup
-
     for state, trigger, fails in CASES:
         brain, hint, facts = setup(state, fails)
         fire(brain, trigger, hint, facts)

@@ -16,8 +16,7 @@ from fsm.review import diagrams_diff as DD
 from fsm.core import lifecycle as L
 from fsm.__main__ import main
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_diagrams import grouped_declaration, review_dot_edges  # noqa: E402
+from diagram_support import grouped_declaration, review_dot_edges
 
 ROOT = Path(__file__).resolve().parents[2]
 

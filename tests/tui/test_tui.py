@@ -152,12 +152,13 @@ def test_end_without_a_retried_turn_also_restores_esc(view):
     assert view.loader_text() is None
 
 
-def test_esc_cancel_during_backoff_reads_as_a_cancel_singular(view):
-    """Esc cancel during backoff reads as a cancel, not a failure (singular)."""
+def test_esc_cancel_during_the_first_backoff_says_no_retry_was_sent(view):
+    """Esc in the first backoff reads as a cancel with no retry sent (the end's ``attempt`` 1
+    counts the retry scheduled, not sent; docs/policy.md §6)."""
     failed_turn(view)
     view.handle(start())
     lines = view.handle(end(False, 1, "Retry cancelled"))
-    assert lines == [Line("Retry cancelled after 1 attempt", "aborted")]
+    assert lines == [Line("Retry cancelled before any retry was sent", "aborted")]
     assert view.esc_action == ESC_ABORT_TURN
     assert view.loader_text() is None
 
@@ -176,19 +177,24 @@ def test_exhausted_chain_prints_the_final_error_plural(view):
     assert view.esc_action == ESC_ABORT_TURN
 
 
-def test_esc_during_the_second_backoff_reads_retry_cancelled_after_2_attempts(view):
-    """The user's Esc in the second backoff: "Retry cancelled after 2 attempts", no "failed";
-    a chain ended cancelled by its endReason alone reads the same."""
+def test_a_cancel_counts_the_retries_sent_not_the_one_scheduled(view):
+    """A cancel counts the retries sent (docs/policy.md §6): Esc in the third backoff, two
+    retries sent, reads "after 2 attempts" (the end's ``attempt`` is 3), no "failed"; a cancel
+    while the second retry runs reads "after 2 attempts" too; a chain ended cancelled by its
+    endReason alone reads the same."""
     failed_turn(view)
-    view.handle(start(attempt=1))
-    failed_turn(view)
-    view.handle(start(attempt=2))
-    lines = view.handle({**end(False, 2, "Retry cancelled"), "endReason": "cancelled"})
+    for attempt in (1, 2):
+        view.handle(start(attempt=attempt))
+        failed_turn(view)
+    view.handle(start(attempt=3))
+    lines = view.handle({**end(False, 3, "Retry cancelled"), "endReason": "cancelled"})
     assert lines == [Line("Retry cancelled after 2 attempts", "aborted")]
     assert not any("failed" in line.text for line in lines)
     failed_turn(view)
     view.handle(start(attempt=1))
+    failed_turn(view)
     view.handle(start(attempt=2))
+    view.handle(AGENT_START)  # the second retry goes out, then the prompt is cancelled
     assert view.handle({**end(False, 2, "stopped"), "endReason": "cancelled"}) == [
         Line("Retry cancelled after 2 attempts", "aborted")]
 
@@ -242,7 +248,7 @@ def test_a_new_chain_after_a_cancelled_one_reports_its_own_failure(view):
     failed_turn(view)
     view.handle(start(attempt=1))
     assert view.handle(end(False, 1, "Retry cancelled")) == [
-        Line("Retry cancelled after 1 attempt", "aborted")]
+        Line("Retry cancelled before any retry was sent", "aborted")]
 
 
 def test_max_retries_zero_end_without_start_keeps_esc_bound_to_abort(view):
@@ -364,7 +370,7 @@ def test_a_cancelled_chain_needs_no_why(view):
     failed_turn(view)
     view.handle(start())
     lines = view.handle({**end(False, 1, "Retry cancelled"), "endReason": "cancelled"})
-    assert lines == [Line("Retry cancelled after 1 attempt", "aborted")]
+    assert lines == [Line("Retry cancelled before any retry was sent", "aborted")]
     assert view.state_label == rest_label("cancelled") == "idle (last chain cancelled)"
 
 
@@ -416,3 +422,17 @@ def test_a_first_request_wait_is_counted_down_and_esc_cancels_it(view, clock):
     assert view.state_label == "idle"  # at rest: no chain
     view.handle({"type": "agent_start"})
     assert view.esc_action == ESC_ABORT_TURN and view.first_wait_text() is None
+
+
+def test_cancelled_text_counts_retries_sent():
+    """The cancel text counts retries sent, from the end's ``attempt`` and whether the
+    scheduled retry still waited (docs/policy.md §6)."""
+    from fsm.core.ui_text import cancelled_text, failure_text, retries_sent
+
+    assert [retries_sent(3, backing_off=True), retries_sent(3, backing_off=False)] == [2, 3]
+    assert [cancelled_text(n) for n in (0, 1, 2)] == [
+        "Retry cancelled before any retry was sent", "Retry cancelled after 1 attempt",
+        "Retry cancelled after 2 attempts"]
+    assert failure_text(3, "Retry cancelled", "cancelled", backing_off=True) == \
+        "Retry cancelled after 2 attempts"
+    assert failure_text(3, "529", "exhausted", backing_off=True) == "Retry failed after 3 attempts: 529"

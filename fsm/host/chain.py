@@ -90,9 +90,11 @@ def refuse_unsupported(settings: RetrySettings, host: str, keys: tuple[str, ...]
 def http_error_message(exc: BaseException) -> AssistantMessage:
     """How an exception reads for the brain: an ``httpx``/``httpx2`` ``HTTPStatusError``
     (``response.raise_for_status()``, as in pydantic-ai's tenacity transports) by its response's
-    status, body and hint headers; anything else by
+    status, body and hint headers (also behind a framework's exception:
+    :func:`fsm.providers.sdk_errors.speaking_error`); anything else by
     :func:`fsm.providers.sdk_errors.error_message` (the SDKs' and transports' errors)."""
     from fsm.providers import sdk_errors
+    exc = sdk_errors.speaking_error(exc)  # a framework's exception reads as the error behind it
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     if type(exc).__name__ == "HTTPStatusError" and isinstance(status, int) and status >= 400:

@@ -25,7 +25,8 @@ session instead:
 
 A request whose body is a one-shot stream (an async generator, a file being read) cannot be
 replayed: its failure is not retried, and a note on the exception (or a log line for a
-returned error response) says so.
+returned error response) says so. A multipart upload whose files are held in memory (the SDKs'
+``files.create(file=(name, bytes))``) is replayed like a JSON body.
 
 **One retry owner** (docs/policy.md §12): a call already run by an fsm host (the runner, the
 tenacity strategy, a session) passes straight through this transport; a request carrying
@@ -35,8 +36,9 @@ transport warns once.
 
 from __future__ import annotations
 
-import json
 import functools
+import io
+import json
 import logging
 import time
 import warnings
@@ -65,8 +67,22 @@ class SDKRetriesWarning(UserWarning):
     """The SDK under the transport retries on its own too (set ``max_retries=0``)."""
 
 
+_IN_MEMORY = (str, bytes, bytearray, io.BytesIO, io.StringIO)
+
+
 def _replayable(request: Any) -> bool:
-    return isinstance(request.stream, httpx2.ByteStream)
+    """True when ``request``'s body can be sent again as it was: bytes (a JSON body), or a
+    multipart form whose every file is held in memory (``files.create(file=(name, bytes))``;
+    httpx2 renders such a form afresh on each send, rewinding an ``io.BytesIO``). A body read
+    from a generator, a pipe or a file on disk is a one-shot stream (docs/integrations.md,
+    "What a transport cannot replay")."""
+    stream = request.stream
+    if isinstance(stream, httpx2.ByteStream):
+        return True
+    fields = getattr(stream, "fields", None)
+    if type(stream).__name__ != "MultipartStream" or not isinstance(fields, list):
+        return False
+    return all(isinstance(getattr(field, "file", ""), _IN_MEMORY) for field in fields)
 
 
 def _model(request: Any) -> str:

@@ -12,7 +12,11 @@ Two ways in, pick one per agent (two retry owners multiply the requests):
        from fsm.integrations.pydantic_ai import RetryBrainCapability
        agent = Agent(model, capabilities=[RetryBrainCapability({"retryHints": "honor"}, on_event=print)])
 
-   It sees what the agent sees — errors inside a stream included — and is the one to prefer.
+   It sees what the model-request hook sees: a stream that fails to open or fails before its
+   first event is retried; an error inside a stream after events reached the caller
+   (``run_stream``, ``run`` with ``event_stream_handler``) propagates past the hook in
+   pydantic-ai and is not retried (docs/integrations.md, "What a host cannot act on") — use
+   :func:`fsm.retrying` or the agent session for that.
 2. **The httpx2 transport slot** — :func:`http_client` gives the provider an ``httpx2`` client
    whose transport is :class:`~fsm.integrations.httpx2.AsyncRetryTransport` (HTTP-level
    failures only; see that module for what a transport cannot see)::

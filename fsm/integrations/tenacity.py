@@ -120,7 +120,24 @@ class BrainStrategy:
 
     def _own(self, state: Any, *, sync: bool) -> None:
         self._release(state)
-        self._owners[state] = RETRY_OWNER.set(self.chain(state, sync=sync))
+        chain = self.chain(state, sync=sync)
+        self._owners[state] = RETRY_OWNER.set(chain)
+        if "set_result" not in vars(state):
+            self._watch_success(state, chain)
+
+    def _watch_success(self, state: Any, chain: Chain) -> None:
+        """The attempt's success ends the chain when tenacity records it (``set_result``), not
+        only when ``retry`` runs: ``for attempt in Retrying(...): with attempt: return call()``
+        leaves the loop from inside the attempt, and tenacity never asks ``retry`` again
+        (docs/integrations.md, "tenacity")."""
+        record = state.set_result
+
+        def set_result(value: Any) -> None:
+            record(value)
+            self._release(state)
+            chain.succeeded()  # a no-op at rest and once the chain has ended
+
+        state.set_result = set_result
 
     def _release(self, state: Any) -> None:
         """The attempt is over: the ownership :meth:`before` claimed is given back."""

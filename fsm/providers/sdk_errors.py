@@ -58,6 +58,7 @@ __all__ = [
     "KEPT_HEADERS",
     "error_facts",
     "error_message",
+    "speaking_error",
     "kept_headers",
     "status_error_facts",
     "stream_error_facts",
@@ -127,7 +128,35 @@ def error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFact
         return ErrorFacts(f"{type(exc).__name__} (its message could not be read)")
 
 
+def speaking_error(exc: BaseException) -> BaseException:
+    """The exception whose facts describe ``exc``: ``exc`` itself when it is an SDK error or an
+    ``httpx``/``httpx2`` error, else the first such error among its causes (``__cause__``,
+    then ``__context__``, at most 8 deep) — a framework's own exception (pydantic-ai's
+    ``ModelHTTPError`` raised ``from`` the SDK's ``RateLimitError``) reads as the SDK error
+    behind it, status, body and retry hint headers included (docs/integrations.md, "Retry hints
+    behind a framework's exception"); ``exc`` when none is found. The project's own exceptions
+    (``fsm.…``) are never looked behind."""
+    if _speaks(exc) or type(exc).__module__.split(".", 1)[0] == "fsm":
+        return exc
+    seen, cause = {id(exc)}, exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if cause is None or id(cause) in seen:
+            break
+        if _speaks(cause):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return exc
+
+
+def _speaks(exc: BaseException) -> bool:
+    """An SDK error, or an ``httpx``/``httpx2`` status or transport error."""
+    return bool(_class_names(exc, _SDK_MODULES) & {"APIError", "APIStatusError", "APIConnectionError"}
+                or _class_names(exc, _TRANSPORT_MODULES) & (_TRANSPORT_FAILURES | {"HTTPStatusError"}))
+
+
 def _error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFacts:
+    exc = speaking_error(exc)
     names = _class_names(exc, _SDK_MODULES)
     if "APIStatusError" in names:
         response = getattr(exc, "response", None)

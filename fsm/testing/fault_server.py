@@ -37,9 +37,10 @@ An entry without ``json``, ``body`` or ``stream`` answers a plain success when i
 200 (an SSE stream, or a ``chat.completion`` object when the request did not ask to stream)
 and an empty body otherwise.
 
-``POST …/v1/messages`` (the Anthropic Messages API, :mod:`fsm.testing.fault_anthropic`) and
-``POST …/v1/responses`` (the OpenAI Responses API, :mod:`fsm.testing.fault_responses`) take
-the same script and count as chat requests.
+``POST …/v1/messages`` (the Anthropic Messages API, :mod:`fsm.testing.fault_anthropic`),
+``POST …/v1/responses`` (the OpenAI Responses API, :mod:`fsm.testing.fault_responses`) and
+``POST …/v1/files`` (a multipart upload, answered a ``file`` object on success) take the same
+script and count as chat requests.
 
 ``GET …/models`` answers a list with one model; every other path gets a 404 JSON error and is
 recorded with ``index`` ``None``. A path with ``/v1`` twice (``/v1/v1/messages``: the Anthropic
@@ -594,7 +595,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         # /messages: fault_anthropic; /responses: fault_responses (the OpenAI Responses API)
-        chat = self._is("/chat/completions") or self._is("/messages") or self._is("/responses")
+        # /files: a multipart upload (the SDKs' files.create), scripted like a chat request
+        chat = (self._is("/chat/completions") or self._is("/messages") or self._is("/responses")
+                or self._is("/files"))
         self._rec, entry = self.server.owner._record(self.command, self.path, body, chat=chat,
                                                      t_ms=arrival, headers=self._header_dict(),
                                                      body_bytes=len(raw))
@@ -632,6 +635,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self.client_gone(None, "client_gone_during_delay")
         status = entry.get("status", 200)
         headers = entry.get("headers", {})
+        if self._is("/files") and status == 200 and "body" not in entry and "json" not in entry:
+            return self.send_json(200, {"id": f"file-fault-{index}", "object": "file", "bytes": 0,
+                                        "created_at": int(time.time()), "filename": "upload",
+                                        "purpose": "batch", "status": "processed"}, "file", headers)
         if "body" in entry:
             return self.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
         if "json" in entry:

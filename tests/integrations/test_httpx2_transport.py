@@ -210,3 +210,45 @@ def test_sync_transports_share_a_cooldown_through_the_coordinator_facade():
                 assert http.post(srv.base_url + "/chat/completions", json={"model": "m"}).status_code == 200
     assert first[0]["delaySource"] == "hint"
     assert second[0]["delaySource"] == "cooldown" and second[0]["delayMs"] > FAST["maxDelayMs"]
+
+
+async def test_an_in_memory_multipart_upload_is_retried():
+    """files.create(file=(name, bytes)) with a 529 is sent again, the same form both times
+    (docs/integrations.md, "What a transport cannot replay")."""
+    events = []
+    with FaultServer([OVERLOADED]) as srv:
+        client = openai_client(srv, AsyncRetryTransport(settings=FAST, on_event=lambda e: events.append(dict(e))))
+        uploaded = await client.files.create(file=("batch.jsonl", b'{"a": 1}\n'), purpose="batch")
+        assert uploaded.id == "file-fault-1"
+        first, second = srv.chat_requests
+        assert first["body_bytes"] == second["body_bytes"] > len(b'{"a": 1}\n')
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+
+
+def test_a_sync_in_memory_multipart_upload_is_retried():
+    """The sync transport replays an in-memory multipart form too (docs/integrations.md)."""
+    with FaultServer([OVERLOADED]) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0,
+                               http_client=httpx2.Client(transport=RetryTransport(settings=FAST)))
+        assert client.files.create(file=("batch.jsonl", b"{}\n"), purpose="batch").id == "file-fault-1"
+        assert len(srv.chat_requests) == 2
+
+
+def test_a_multipart_upload_from_a_pipe_is_not_replayed():
+    """A form whose file is a one-shot stream is sent once (docs/integrations.md)."""
+    with FaultServer([OVERLOADED]) as srv:
+        transport = RetryTransport(settings=FAST)
+        request = httpx2.Request("POST", srv.base_url + "/files", files={"file": ("a.bin", _OneShot())})
+        response = transport.handle_request(request)
+        assert response.status_code == 529 and len(srv.chat_requests) == 1
+
+
+class _OneShot:
+    """A file-like object read once (a pipe)."""
+
+    def __init__(self):
+        self.data = b"once"
+
+    def read(self, size=-1):
+        data, self.data = self.data, b""
+        return data

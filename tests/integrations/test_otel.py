@@ -113,3 +113,31 @@ async def test_one_listener_per_host_keeps_chains_apart(otel):
     a({"type": "agent_start"})  # other events are not the listener's business
     spans = exporter.get_finished_spans()
     assert [s.attributes["retry.end_reason"] for s in spans] == ["cancelled", "succeeded"]
+
+
+async def test_concurrent_chains_through_one_transport_are_one_span_each(otel):
+    """Five concurrent chains through one shared transport and one listener: five spans, each
+    with its own attempts (docs/integrations.md, OpenTelemetry)."""
+    import asyncio
+
+    import httpx2
+    import openai
+
+    from fsm.integrations.httpx2 import AsyncRetryTransport
+    from fsm.testing.fault_server import FaultServer
+    telemetry, exporter, _ = otel
+    overloaded = {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error",
+                                                                     "message": "Overloaded"}}}
+    transport = AsyncRetryTransport(settings={"baseDelayMs": 1, "maxDelayMs": 5, "maxRetries": 10},
+                                    on_event=telemetry.listener())
+    with FaultServer([overloaded] * 10) as srv:
+        client = openai.AsyncOpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0,
+                                    http_client=httpx2.AsyncClient(transport=transport))
+        await asyncio.gather(*(client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]) for _ in range(5)))
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 5
+    assert len({s.attributes["retry.chain_id"] for s in spans}) == 5
+    for span in spans:
+        assert [dict(e.attributes)["attempt"] for e in span.events] == list(range(1, len(span.events) + 1))
+    assert sum(len(s.events) for s in spans) == 10

@@ -60,3 +60,28 @@ async def test_the_transport_slot_retries_for_an_anthropic_model():
         assert result.output
         assert len(srv.chat_requests) == 2
     assert events[-1]["success"] is True
+
+
+async def test_the_capability_honours_the_hint_behind_pydantic_ais_own_error():
+    """pydantic-ai's ModelHTTPError reads as the SDK error behind it: retry-after-ms is the
+    wait with retryHints "honor" (docs/integrations.md, "Retry hints behind a framework's exception")."""
+    import asyncio
+
+    from fsm.testing import FakeClock
+    events, clock = [], FakeClock()
+    limited = {"status": 429, "headers": {"retry-after-ms": "1000"},
+               "json": {"error": {"message": "slow down", "type": "rate_limit_error"}}}
+    with FaultServer([limited]) as srv:
+        agent = Agent(openai_model(srv), capabilities=[RetryBrainCapability(
+            {**FAST, "retryHints": "honor"}, clock=clock, on_event=lambda e: events.append(dict(e)))])
+        run = asyncio.create_task(agent.run("hi"))
+        for _ in range(500):  # the 429's round trip runs in real time
+            if clock.pending or run.done():
+                break
+            await asyncio.sleep(0.01)
+        assert clock.pending == [1.0]
+        await clock.advance(1.0)
+        assert (await run).output == "ok"
+        assert len(srv.chat_requests) == 2
+    start = events[0]
+    assert (start["type"], start["delaySource"], start["delayMs"]) == ("auto_retry_start", "hint", 1000)

@@ -177,3 +177,37 @@ async def test_a_raise_for_status_error_is_read_by_its_status_and_headers():
 
     assert await call() == "ok"
     assert events[0]["delaySource"] == "hint" and events[0]["delayMs"] >= 40
+
+
+def test_returning_inside_with_attempt_ends_the_chain():
+    """`for attempt in Retrying(...): with attempt: return call()` ends the chain success: true
+    (docs/integrations.md, "tenacity")."""
+    events = []
+    with FaultServer([OVERLOADED]) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+
+        def ask():
+            for attempt in retrying(FAST, on_event=lambda e: events.append(dict(e))):
+                with attempt:
+                    return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert ask().choices[0].message.content == "ok"
+        assert len(srv.chat_requests) == 2
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+    assert events[-1]["success"] is True
+
+
+async def test_returning_inside_with_attempt_ends_an_async_chain():
+    """The same idiom with AsyncRetrying ends the chain success: true (docs/integrations.md, "tenacity")."""
+    events = []
+    with FaultServer([OVERLOADED]) as srv:
+        client = openai.AsyncOpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+
+        async def ask():
+            async for attempt in async_retrying(FAST, on_event=lambda e: events.append(dict(e))):
+                with attempt:
+                    return await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "hi"}])
+        assert (await ask()).choices[0].message.content == "ok"
+        assert len(srv.chat_requests) == 2
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+    assert events[-1]["success"] is True

@@ -460,13 +460,22 @@ class GuardedCoordinator:
         """Connect and load the remote's scripts now (``RedisCoordinator.warm_up``), allowing
         ``timeout_s``, and say this process is alive (the heartbeat): call it when the host
         starts. True when the remote answered; otherwise it is declared down (a check at
-        start stands for a probe). Never raises."""
+        start stands for a probe); a command that misses its socket timeout is asked again
+        within ``timeout_s`` (slow is not down). Never raises."""
         warm = getattr(self.inner, "warm_up", None)
         if warm is None:
             return await self.ping()
         try:
             async with asyncio.timeout(timeout_s):
-                await warm()
+                while True:
+                    try:
+                        await warm()
+                        break
+                    except CoordinatorSlowError:
+                        # slow is not down (docs/fleet.md "When Redis is slow or down"): a
+                        # command that missed its socket timeout on a busy machine or a server
+                        # just resumed is asked again, within the warm-up's own time
+                        await asyncio.sleep(0.05)
         except (TimeoutError, Exception) as exc:
             reason = str(exc) if isinstance(exc, CoordinatorError) else (
                 f"no answer within {timeout_s * 1000:g} ms" if isinstance(exc, TimeoutError)

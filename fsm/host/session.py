@@ -154,6 +154,7 @@ class AgentSession:
         self._wake: asyncio.Future | None = None
         self._stream_task: asyncio.Task | None = None
         self._turn_running = False
+        self._token_held = False  # a budget token is held for a retry that has not gone yet
         self._abort_turn = False
         self._prompt_owner: object | None = None  # the prompt() call that owns the session
         self._last_turn_aborted = False
@@ -624,6 +625,9 @@ class AgentSession:
         # The decision: before any listener hears of the turn's end (§8.1, §8b.2).
         actions = self.brain.turn_ended(message, self.context_window, classification=cls,
                                         facts=facts)
+        if facts.budget_taken and facts.budget_allows and any(
+                isinstance(a, B.StartBackoff) for a in actions):
+            self._token_held = True  # the retry's token, until the retry goes
         return message, actions
 
     async def _complete(self) -> AssistantMessage:
@@ -962,6 +966,7 @@ class AgentSession:
             elif isinstance(action, B.CancelBackoff):
                 self._cancel_timer()
             elif isinstance(action, B.ContinueTurn):
+                self._token_held = False  # the retry goes: its token is spent
                 # The continue starts on the driver's next tick; from now on the turn counts
                 # as running, so an abort() in between aborts it before any request is sent.
                 self._turn_running = True
@@ -993,6 +998,11 @@ class AgentSession:
                 compaction.append(action)
 
         self._kernel.perform(list(actions), host)
+        if self._token_held and not self.brain.is_retrying:
+            # the chain ended before its retry went (abort_retry, a cancel or the deadline
+            # during the backoff): the token goes back (docs/fleet.md "Retry budget")
+            self._token_held = False
+            self._kernel.give_back()
         return compaction[-1] if compaction else None
 
     def _cancel_timer(self) -> None:

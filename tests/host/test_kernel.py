@@ -184,3 +184,37 @@ async def test_an_unknown_failure_retried_once_takes_a_budget_token():
                            on_event=lambda e: events.append(dict(e)))
     assert len(calls) == 1
     assert [e["endReason"] for e in events if e["type"] == "auto_retry_end"] == ["budget"]
+
+
+async def test_a_session_retry_cancelled_during_its_backoff_gives_its_token_back():
+    """docs/fleet.md "Retry budget": a token taken for a retry that does not go is given back —
+    also when the chain ends during the backoff (``abort_retry``), not only when the brain
+    decides against the retry; a retry that goes spends its token."""
+    from fsm.core.settings import BudgetSettings, RetrySettings
+    from fsm.fleet import InProcessCoordinator
+    from fsm.host.session import AgentSession
+    from fsm.testing import FakeClock, ScriptedProvider, error, ok
+    budget = BudgetSettings(max_tokens=10, token_ratio=0.1)
+    settings = RetrySettings(budget=budget)
+
+    async def tokens_after(abort: bool) -> tuple[float, float]:
+        clock = FakeClock()
+        coordinator = InProcessCoordinator(clock=lambda: 1_000_000)
+        provider = ScriptedProvider([error("529 Overloaded"), ok("hello")])
+        session = AgentSession(provider, settings=settings, clock=clock, coordinator=coordinator)
+        key = session._coord_key()
+        task = asyncio.ensure_future(session.prompt("hi"))
+        for _ in range(20):  # the first answer, its decision and the backoff's start
+            await asyncio.sleep(0)
+        during = coordinator.tokens(key, budget)
+        if abort:
+            session.abort_retry()
+        await clock.advance(5)
+        await asyncio.wait_for(task, 1)
+        await session.close()
+        return during, coordinator.tokens(key, budget)
+
+    during, after = await tokens_after(abort=True)
+    assert during == 9 and after == 10
+    during, after = await tokens_after(abort=False)
+    assert during == 9 and after == 9.1  # spent, then a success's credit of 0.1

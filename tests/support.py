@@ -17,8 +17,10 @@ def env() -> dict[str, str]:
     return out
 
 
-def stop_process(proc, timeout: float = 5.0) -> int:
-    """Close a child's stdin (EOF), wait for it, kill it if it outlives ``timeout``; its status."""
+def stop_process(proc, timeout: float = 30.0) -> int:
+    """Close a child's stdin (EOF), wait for it, kill it if it outlives ``timeout`` (a hang guard,
+    far above how long a server takes to stop, so that a loaded machine does not fail it); its
+    status."""
     try:
         proc.stdin.close()
     except OSError:

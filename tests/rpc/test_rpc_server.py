@@ -111,7 +111,7 @@ class RawServer:
         assert reply["success"] is True, reply
         return reply["data"]
 
-    def close(self, timeout: float = 5.0) -> int:
+    def close(self, timeout: float = 30.0) -> int:
         return stop_process(self.proc, timeout)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["EXTRAS", "MissingExtraError", "require", "install_line"]
+__all__ = ["EXTRAS", "OUTSIDE_ALL", "MissingExtraError", "require", "install_line"]
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "openai": ("openai",),
@@ -33,8 +33,14 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "pydantic-ai": ("pydantic_ai",),
     "langgraph": ("langgraph",),
     "openai-agents": ("agents",),
+    "genai": ("google.genai",),
+    "litellm": ("litellm",),
 }
-"""Extra name → the top-level modules it provides (as pyproject.toml declares them)."""
+"""Extra name → the top-level modules it provides (as pyproject.toml declares them). ``all``
+holds every extra but :data:`OUTSIDE_ALL` (LiteLLM: its weight)."""
+
+OUTSIDE_ALL: frozenset[str] = frozenset({"litellm"})
+"""Extras that ``retry-fsm[all]`` does not install (SPEC §15.13: LiteLLM is kept out for its weight)."""
 
 
 class MissingExtraError(ImportError):

@@ -58,7 +58,7 @@ async function run() {
         print({ kind: "call", label, method: step.call, ok: false, error: String(err?.message ?? err) });
       }
     } else if (step.wait) {
-      const deadline = Date.now() + (step.timeout_ms ?? 10000);
+      const deadline = Date.now() + (step.timeout_ms ?? 60000);
       for (;;) {
         const i = events.findIndex((e, j) => j >= cursor && matches(e, step.wait));
         if (i >= 0) { cursor = i + 1; break; }
@@ -69,7 +69,7 @@ async function run() {
       await sleep(step.sleep_ms);
     } else if (step.settle) {
       const quiet = step.settle.quiet_ms ?? 150;
-      const deadline = Date.now() + (step.timeout_ms ?? 10000);
+      const deadline = Date.now() + (step.timeout_ms ?? 60000);
       while (!(idle() && Date.now() - lastEventAt >= quiet)) {
         if (Date.now() > deadline) throw new Error("timeout waiting for the agent to be idle");
         await sleep(5);

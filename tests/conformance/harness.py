@@ -120,7 +120,7 @@ class _FaultServer:
         return out
 
 
-def run(name: str, impl: str, *, timeout_s: float = 60.0) -> dict[str, Any]:
+def run(name: str, impl: str, *, timeout_s: float = 300.0) -> dict[str, Any]:
     """Play scenario ``name`` against ``impl`` (``"fsm"`` or ``"pi"``).
 
     Returns ``{"records": [driver lines], "requests": [fault-server log lines], "stderr": str}``.

@@ -324,3 +324,20 @@ def test_the_chain_error_is_marked_for_frameworks():
         with pytest.raises(errors.ServerError) as caught:
             brain_for(srv, {**FAST, "maxRetries": 1}).models.generate_content(model="m", contents="hi")
     assert brain_retry_on(FAST)(caught.value) is False
+
+
+def test_the_documented_example_runs_as_written(monkeypatch):
+    """docs/integrations.md's Google Gen AI example, run as written against the fault server
+    (its base URL and key from GOOGLE_GEMINI_BASE_URL, GEMINI_API_KEY): the first call retries a
+    503 and prints its events, then every call prints its answer."""
+    docs = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(# Google Gen AI.*?)```", docs, re.S).group(1)
+    printed = []
+    with FaultServer([UNAVAILABLE]) as srv:
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", srv.root_url)
+        monkeypatch.setenv("GEMINI_API_KEY", KEY)
+        exec(compile(block, "docs/integrations.md", "exec"), {"print": printed.append})
+        assert len(srv.chat_requests) == 4
+    assert [type(e).__name__ for e in printed[:2]] == ["AutoRetryStart", "AutoRetryEnd"]
+    assert printed[0]["delayMs"] == 100  # the example's baseDelayMs
+    assert printed[2:] == ["ok", "ok", "ok"]

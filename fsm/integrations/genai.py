@@ -27,12 +27,13 @@ the ones already given; under ``"stop"`` the chain ends ``output_streamed``). Th
 ``generate_content_stream`` returns once the first chunk has arrived (an error before it raises
 at the ``await``, as the SDK's HTTP errors do).
 
-**One retry owner**: every call is sent with ``HttpRetryOptions(attempts=1)`` in its
-``config.http_options`` (the SDK's tenacity retries off, and the async client's own retry of an
-``aiohttp`` connection error with it); a client built with retries (``HttpOptions(
-retry_options=HttpRetryOptions(attempts=N))`` with N > 1, or ``attempts`` unset, which the SDK
-reads as 5) or a call whose ``config`` asks for them raises :class:`SDKRetriesError` before any
-request. :func:`http_options` builds the client's options with the retries off.
+**One retry owner**: build the client with :func:`http_options` (``HttpRetryOptions(
+attempts=1)``: the SDK's tenacity retries off, and with them the async client's own retry of an
+``aiohttp`` connection error). A client built without ``retry_options`` (the SDK's default) is
+accepted too: its async calls then go with one attempt in their ``config.http_options``. A
+client built with retries (``HttpRetryOptions(attempts=N)`` with N > 1, or ``attempts`` unset,
+which the SDK reads as 5) or a call whose ``config`` asks for them raises
+:class:`SDKRetriesError` before any request.
 
 Other attributes (``client.files``, ``client.chats``, ``models.count_tokens``…) are the
 wrapped client's, not retried by the brain.
@@ -42,7 +43,7 @@ Exceptions (docs/integrations.md "Google Gen AI"): what the SDK raises — its
 connection error — re-raised when the chain ends without success, with ``retry-fsm: endReason
 <reason>`` in its ``__notes__`` (``retry-fsm: not retried (endReason: …, attempt 0)`` for a
 refusal at rest) and its text scrubbed of the API key and of any credential the request carried
-(:func:`fsm.core.redact.scrub_exception`); a first request the gate refuses without sending
+(``fsm.core.redact.scrub_exception``); a first request the gate refuses without sending
 raises :class:`~fsm.RetryChainError` (no ``__cause__``: there is no SDK error);
 :class:`~fsm.core.settings.SettingsError` at construction for a key the wrapper cannot act on
 (``firstTokenTimeoutMs``, ``idleTimeoutMs``, ``attemptTimeoutMs``: set ``HttpOptions(timeout=ms)``).
@@ -119,24 +120,36 @@ def _one_attempt(options: Any, where: str) -> Any:
     return options
 
 
-def _call_config(config: Any) -> Any:
-    """The call's ``config`` with ``http_options.retry_options`` of one attempt (a mapping stays
-    a mapping, a ``GenerateContentConfig`` is copied)."""
-    where = "the call's config.http_options"
+_WHERE = "the call's config.http_options"
+
+
+def _call_config(config: Any, inject: bool) -> Any:
+    """The call's ``config``: refused (:class:`SDKRetriesError`) when its
+    ``http_options.retry_options`` allow more than one attempt; with ``inject``, given
+    ``retry_options`` of one attempt (a mapping stays a mapping, a ``GenerateContentConfig`` is
+    copied), else returned as it is (no copy: the common case costs nothing)."""
+    options = config.get("http_options") if isinstance(config, Mapping) else getattr(config, "http_options", None)
+    if not inject:
+        if options is not None:
+            retry = options.get("retry_options") if isinstance(options, Mapping) else options.retry_options
+            if retry is not None and _attempts(retry if not isinstance(retry, Mapping)
+                                               else types.HttpRetryOptions.model_validate(retry)) > 1:
+                _one_attempt(options, _WHERE)  # raises, naming the attempts
+        return config
     if config is None:
-        return types.GenerateContentConfig(http_options=_one_attempt(None, where))
+        return types.GenerateContentConfig(http_options=_one_attempt(None, _WHERE))
     if isinstance(config, Mapping):
-        return {**config, "http_options": _one_attempt(config.get("http_options"), where)}
-    return config.model_copy(update={"http_options": _one_attempt(config.http_options, where)})
+        return {**config, "http_options": _one_attempt(options, _WHERE)}
+    return config.model_copy(update={"http_options": _one_attempt(options, _WHERE)})
 
 
-def _client_attempts(client: Any) -> int:
-    """The attempts the client's own ``HttpOptions.retry_options`` allow (1 when unset: the
-    SDK's default client does not retry with tenacity)."""
+def _client_retry(client: Any) -> Any:
+    """The client's own ``HttpOptions.retry_options`` (None when unset: the SDK's default
+    client does not retry with tenacity, but its async client retries an aiohttp connection
+    error once, after 1–10 s, unless a call's ``retry_options`` are set)."""
     api = getattr(client, "_api_client", None)
     options = getattr(api, "_http_options", None)
-    retry = getattr(options, "retry_options", None)
-    return 1 if retry is None else _attempts(retry)
+    return getattr(options, "retry_options", None)
 
 
 def _model_name(model: Any) -> str:
@@ -175,9 +188,10 @@ class BrainClient:
                  random: Callable[[], float] | None = None, provider: str = "google") -> None:
         if not hasattr(client, "models") or not hasattr(client, "aio"):
             raise TypeError(f"client must be a google.genai.Client, got {type(client).__name__}")
-        attempts = _client_attempts(client)
-        if attempts > 1:
-            raise SDKRetriesError("the google.genai.Client", attempts)
+        retry = _client_retry(client)
+        if retry is not None and _attempts(retry) > 1:
+            raise SDKRetriesError("the google.genai.Client", _attempts(retry))
+        self._inject_async = retry is None  # each async call then carries one attempt
         self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
                                            "the Google Gen AI client wrapper", TIMEOUT_KEYS)
         self.client = client
@@ -244,7 +258,7 @@ class BrainClient:
 
     # ------------------------------------------------------------------ sync calls
     def _generate_sync(self, models: Any, model: Any, kwargs: dict) -> Any:
-        config = _call_config(kwargs.pop("config", None))
+        config = _call_config(kwargs.pop("config", None), False)
         chain = self._chain(model, sync=True)
         owner = RETRY_OWNER.set(chain)
         try:
@@ -266,7 +280,7 @@ class BrainClient:
             chain.close()
 
     def _stream_sync(self, models: Any, model: Any, kwargs: dict) -> Iterator[Any]:
-        config = _call_config(kwargs.pop("config", None))  # SDKRetriesError at the call
+        config = _call_config(kwargs.pop("config", None), False)  # SDKRetriesError at the call
         return self._chunks_sync(models, model, config, kwargs)
 
     def _chunks_sync(self, models: Any, model: Any, config: Any, kwargs: dict) -> Iterator[Any]:
@@ -303,7 +317,7 @@ class BrainClient:
 
     # ------------------------------------------------------------------ async calls
     async def _generate(self, models: Any, model: Any, kwargs: dict) -> Any:
-        config = _call_config(kwargs.pop("config", None))
+        config = _call_config(kwargs.pop("config", None), self._inject_async)
         chain = self._chain(model, sync=False)
         owner = RETRY_OWNER.set(chain)
         try:
@@ -325,7 +339,7 @@ class BrainClient:
             await chain.aclose()
 
     async def _stream(self, models: Any, model: Any, kwargs: dict) -> AsyncIterator[Any]:
-        config = _call_config(kwargs.pop("config", None))
+        config = _call_config(kwargs.pop("config", None), self._inject_async)
         chunks = self._chunks(models, model, config, kwargs)
         try:
             first = await chunks.__anext__()  # errors before any output raise here

@@ -271,6 +271,28 @@ def test_the_call_s_config_is_kept_and_the_sdk_retries_off():
     assert config == {"temperature": 0.25, "http_options": {"headers": {"x-test": "1"}}}
 
 
+async def test_a_default_client_s_async_calls_go_with_one_attempt(monkeypatch):
+    """A client built without retry_options (the SDK's default, whose async client retries an
+    aiohttp connection error on its own): each async call's config carries
+    HttpRetryOptions(attempts=1), the call's own fields kept; sync calls go as given."""
+    from google.genai.models import AsyncModels
+    seen = []
+    original = AsyncModels.generate_content
+
+    async def spy(self, **kwargs):
+        seen.append(kwargs["config"])
+        return await original(self, **kwargs)
+
+    monkeypatch.setattr(AsyncModels, "generate_content", spy)
+    with FaultServer([]) as srv:
+        client = genai.Client(api_key=KEY, http_options=types.HttpOptions(base_url=srv.root_url))
+        gemini = BrainClient(client, FAST, clock=Instant())
+        await gemini.aio.models.generate_content(model="m", contents="hi", config={"temperature": 0.5})
+        assert srv.chat_requests[0]["body"]["generationConfig"]["temperature"] == 0.5
+    assert seen[0]["temperature"] == 0.5
+    assert seen[0]["http_options"].retry_options.attempts == 1
+
+
 def test_what_reaches_the_caller_shows_no_api_key():
     """A server echoing the API key in its error: the re-raised SDK error's text and notes and
     every event show it scrubbed (docs/integrations.md "Exceptions")."""

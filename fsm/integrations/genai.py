@@ -220,8 +220,15 @@ class BrainClient:
     def _raise_end(self, chain: Chain, exc: BaseException) -> None:
         """Raise the SDK's own exception once the chain ended without success (the module
         docstring's contract), scrubbed of the key and the request's credentials."""
-        from fsm.core.redact import request_secrets, scrub_exception
-        scrub_exception(exc, self._secrets + request_secrets(exc))
+        from fsm.core.redact import request_secrets, scrub_exception, scrub_value
+        secrets = self._secrets + request_secrets(exc)
+        scrub_exception(exc, secrets)
+        details = getattr(exc, "details", None)  # an APIError's parsed body (a dict)
+        if isinstance(details, (Mapping, list)):
+            try:
+                exc.details = scrub_value(details, secrets)  # type: ignore[attr-defined]
+            except Exception:
+                pass
         error = chain.error()
         end = chain.end
         if error is not exc:  # a chain that ended, or an overflow the loop names

@@ -301,7 +301,8 @@ def test_what_reaches_the_caller_shows_no_api_key():
     with FaultServer([echo, echo]) as srv:
         with pytest.raises(errors.ServerError) as caught:
             brain_for(srv, {**FAST, "maxRetries": 1}, events).models.generate_content(model="m", contents="hi")
-    shown = str(caught.value) + " ".join(caught.value.__notes__) + str(caught.value.message) + repr(events)
+    shown = (str(caught.value) + " ".join(caught.value.__notes__) + str(caught.value.message)
+             + repr(caught.value.details) + repr(events))
     assert KEY not in shown
     assert events and events[-1]["endReason"] == "exhausted"
 

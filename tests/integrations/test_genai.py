@@ -236,6 +236,23 @@ async def test_a_cooldown_learned_by_one_call_delays_the_next_call_s_retry():
     assert second[0]["delaySource"] == "cooldown" and second[0]["delayMs"] > FAST["maxDelayMs"]
 
 
+async def test_the_fleet_s_retry_budget_ends_a_chain():
+    """budget maxTokens 4 on the coordinator: the first 503 takes a token and is retried, the
+    second leaves 2 (not above half) and the chain ends budget, the SDK's ServerError noted so
+    (docs/policy.md §9)."""
+    from fsm.fleet import InProcessCoordinator
+    events = []
+    settings = {**FAST, "maxRetries": 5, "budget": {"maxTokens": 4}}
+    with FaultServer([UNAVAILABLE] * 3) as srv:
+        gemini = brain_for(srv, settings, events, clock=Instant(),
+                           coordinator=InProcessCoordinator(clock=lambda: 1_000_000))
+        with pytest.raises(errors.ServerError) as caught:
+            await gemini.aio.models.generate_content(model="m", contents="hi")
+        assert len(srv.chat_requests) == 2
+    assert "retry-fsm: endReason budget" in caught.value.__notes__
+    assert events[-1]["endReason"] == "budget"
+
+
 def test_a_client_that_retries_on_its_own_is_refused():
     """One retry owner: a client with HttpRetryOptions(attempts=3), or with attempts unset (the
     SDK's 5), raises SDKRetriesError naming the fix; so does a call whose config asks for

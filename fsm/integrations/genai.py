@@ -207,6 +207,8 @@ class BrainClient:
         self.aio = _Aio(self, client.aio)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "client":  # not set yet (a failed __init__, a copy): no recursion
+            raise AttributeError(name)
         return getattr(self.client, name)
 
     # ------------------------------------------------------------------ plumbing
@@ -439,6 +441,8 @@ class _Models:
         self._brain, self._models, self._sync = brain, models, sync
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
         return getattr(self._models, name)
 
     def generate_content(self, *, model: str, **kwargs: Any) -> Any:
@@ -464,4 +468,6 @@ class _Aio:
         self.models = _Models(brain, aio.models, sync=False)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
         return getattr(self._aio, name)

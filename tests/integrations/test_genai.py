@@ -143,6 +143,18 @@ def test_a_fatal_error_is_not_retried_and_is_the_sdk_s_own():
     assert caught.value.code == 400 and events == []
 
 
+def test_a_context_overflow_is_not_retried_and_says_so():
+    """A 400 INVALID_ARGUMENT 'The input token count (N) exceeds the maximum number of tokens
+    allowed (M)': one request, the SDK's ClientError noted 'not retried (context overflow)'."""
+    overflow = gemini_error(400, "INVALID_ARGUMENT", "The input token count (1200293) exceeds the "
+                                                     "maximum number of tokens allowed (1048576).")
+    with FaultServer([overflow]) as srv:
+        with pytest.raises(errors.ClientError) as caught:
+            brain_for(srv).models.generate_content(model="m", contents="hi")
+        assert len(srv.chat_requests) == 1
+    assert "retry-fsm: not retried (context overflow)" in caught.value.__notes__
+
+
 def test_an_exhausted_chain_re_raises_the_sdk_error_with_its_end_reason():
     """maxRetries 2, every attempt 503: 3 requests, the SDK's ServerError with
     'retry-fsm: endReason exhausted' in its notes (docs/integrations.md "Google Gen AI")."""

@@ -857,7 +857,8 @@ class FaultServer:
     @property
     def root_url(self) -> str:
         """``http://HOST:PORT``, the base URL the Anthropic SDK takes (it adds ``/v1/messages``;
-        given :attr:`base_url`, its ``/v1/v1/messages`` is answered 404 naming this URL)."""
+        given :attr:`base_url`, its ``/v1/v1/messages`` is answered 404 naming this URL), and
+        the Google Gen AI SDK (``HttpOptions(base_url=...)``: it adds ``/v1beta/models/...``)."""
         host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"

@@ -223,6 +223,32 @@ async def test_async_stream_retries_a_drop_and_an_error_event_before_output():
     assert 250 in clock.waits
 
 
+async def test_a_call_cancelled_in_its_backoff_ends_its_chain_cancelled():
+    """A task cancelled while the brain waits before its retry: the chain ends cancelled (one
+    auto_retry_end), the cancellation goes on, no second request (docs/policy.md §10)."""
+
+    class Never(Instant):  # a wait that does not end by itself
+        def call_later(self, delay_s, callback, *args):
+            return asyncio.get_running_loop().call_later(3600, callback, *args)
+
+    events, started = [], asyncio.Event()
+
+    def on_event(event):
+        events.append(dict(event))
+        started.set()
+
+    with FaultServer([UNAVAILABLE]) as srv:
+        gemini = BrainClient(client_for(srv), FAST, on_event=on_event, clock=Never())
+        task = asyncio.create_task(gemini.aio.models.generate_content(model="m", contents="hi"))
+        await asyncio.wait_for(started.wait(), 30)  # a hang guard, not a margin
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(srv.chat_requests) == 1
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+    assert events[-1]["endReason"] == "cancelled"
+
+
 async def test_async_fatal_error_raises_at_the_await():
     """The async stream's errors before output raise at the await, as the SDK's do: a 400 is
     the SDK's ClientError, one request."""

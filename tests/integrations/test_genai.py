@@ -167,6 +167,18 @@ def test_an_exhausted_chain_re_raises_the_sdk_error_with_its_end_reason():
     assert events[-1]["endReason"] == "exhausted" and events[-1]["success"] is False
 
 
+def test_a_refusal_at_rest_is_the_sdk_s_error_with_the_loop_s_note():
+    """maxRetries 0 (SPEC §14b.14): a 503 is not retried; the SDK's ServerError carries
+    'retry-fsm: not retried (endReason: exhausted, attempt 0)', and one end event is emitted."""
+    events = []
+    with FaultServer([UNAVAILABLE]) as srv:
+        with pytest.raises(errors.ServerError) as caught:
+            brain_for(srv, {**FAST, "maxRetries": 0}, events).models.generate_content(model="m", contents="hi")
+        assert len(srv.chat_requests) == 1
+    assert caught.value.__notes__ == ["retry-fsm: not retried (endReason: exhausted, attempt 0)"]
+    assert [(e["type"], e["attempt"]) for e in events] == [("auto_retry_end", 0)]
+
+
 def test_a_stream_dropped_before_output_is_retried():
     """models.generate_content_stream: the connection cut before the first chunk is retried;
     the caller gets only the second attempt's chunks."""

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping
 from typing import Any, Callable
 
 from fsm.core.events import Event
@@ -292,7 +292,7 @@ class BrainClient:
         config = _call_config(kwargs.pop("config", None), False)  # SDKRetriesError at the call
         return self._chunks_sync(models, model, config, kwargs)
 
-    def _chunks_sync(self, models: Any, model: Any, config: Any, kwargs: dict) -> Iterator[Any]:
+    def _chunks_sync(self, models: Any, model: Any, config: Any, kwargs: dict) -> Generator[Any, None, None]:
         chain = self._chain(model, sync=True)
         stream: Any = None
         try:
@@ -359,7 +359,7 @@ class BrainClient:
             raise
         return _Resumed(first, chunks)
 
-    async def _chunks(self, models: Any, model: Any, config: Any, kwargs: dict) -> AsyncIterator[Any]:
+    async def _chunks(self, models: Any, model: Any, config: Any, kwargs: dict) -> AsyncGenerator[Any, None]:
         chain = self._chain(model, sync=False)
         stream: Any = None
         try:

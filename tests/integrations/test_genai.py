@@ -207,6 +207,19 @@ def test_a_stream_cut_after_output_follows_after_output_stop():
     assert any("output_streamed" in note for note in caught.value.__notes__)
 
 
+def test_a_stream_cut_after_output_is_replayed_under_after_output_retry():
+    """afterOutput "retry" (the default): a stream cut after its first chunk starts again; the
+    caller receives the new attempt's chunks after the one already given (docs/integrations.md
+    "Google Gen AI", Streams)."""
+    events = []
+    with FaultServer([{"stream": ["Hel"], "drop": True}, {"stream": ["Hello"]}]) as srv:
+        chunks = brain_for(srv, events=events).models.generate_content_stream(model="m", contents="hi")
+        assert [c.text for c in chunks] == ["Hel", "Hello"]
+        assert len(srv.chat_requests) == 2
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+    assert events[-1]["success"] is True
+
+
 async def test_async_generate_content_retries_a_500():
     """client.aio.models.generate_content (aiohttp underneath): a 500 INTERNAL, then the answer."""
     events = []

@@ -51,7 +51,7 @@ class MissingExtraError(ImportError):
     def __init__(self, module: str, extra: str, feature: str) -> None:
         self.extra = extra
         self.install = install_line(extra)
-        super().__init__(f"{feature} needs the package {module.split('.')[0]!r}, which is not "
+        super().__init__(f"{feature} needs the package {module!r}, which is not "
                          f"installed: {self.install}", name=module)
 
 
@@ -66,15 +66,23 @@ def require(module: str, *, extra: str, feature: str) -> ModuleType:
     """``importlib.import_module(module)``, or :class:`MissingExtraError` naming ``extra`` when
     the module (or its top-level package) is not installed.
 
-    Only a missing *top-level* package becomes :class:`MissingExtraError`; an installed package
-    whose own import fails (a broken install, an incompatible version) keeps its own error, so
-    the real cause is not hidden.
+    Only a missing ``module`` or package of its path (``google`` or ``google.genai`` for
+    ``google.genai``: a namespace package can be there without the extra) becomes
+    :class:`MissingExtraError`, naming the one missing; an installed package whose own import
+    fails (a broken install, an incompatible version, a dependency of its own missing) keeps
+    its own error, so the real cause is not hidden.
     """
     install_line(extra)  # an undeclared extra is a bug here, not the user's
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        top = module.split(".")[0]
-        if exc.name == top:
-            raise MissingExtraError(module, extra, feature) from None
+        missing = exc.name or ""
+        if missing and (module == missing or module.startswith(missing + ".")) \
+                and missing.count(".") <= _PACKAGE_DEPTH.get(module.split(".")[0], 0):
+            raise MissingExtraError(missing, extra, feature) from None
         raise
+
+
+_PACKAGE_DEPTH = {"google": 1}
+"""Top-level names that are namespace packages shared by many distributions, and how many dots
+deep the distribution's own package is (``google.genai``: 1); elsewhere only the top level."""

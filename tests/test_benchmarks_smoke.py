@@ -142,3 +142,12 @@ def test_runner_vs_tenacity_and_stamina():
     assert_figures(figures, ("runner_us", "tenacity_runner_us", "stamina_us",
                              "runner_ratio_vs_tenacity", "runner_ratio_vs_stamina",
                              "runner_recorded_us"))
+
+
+def test_genai_wrapper_vs_the_bare_client():
+    """Google Gen AI: the wrapper's round trip and the bare client's, sync and async, and their
+    ratios (docs/integrations.md "Cost")."""
+    from benchmarks import genai as genai_bench
+    figures = genai_bench.measure(number=2, repeat=1, warmup=1)
+    assert_figures(figures, ("genai_us", "genai_bare_us", "genai_ratio_vs_bare",
+                             "genai_async_ratio_vs_bare"))

@@ -1,6 +1,7 @@
 """Every Python example in README.md and docs/*.md runs as written, under Sybil (SPEC §15.13
-"Docs"): the SDKs' base URLs come from ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL``, which point
-at the project's fault server here, so nothing leaves the machine and an example cannot drift.
+"Docs"): the SDKs' base URLs come from ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL`` /
+``GOOGLE_GEMINI_BASE_URL``, which point at the project's fault server here, so nothing leaves
+the machine and an example cannot drift.
 
 An example that is a shape rather than a program (a protocol's signatures) is marked in the
 Markdown with ``<!-- skip: next "why" -->``; :data:`SHAPES` lists every one, so none is skipped
@@ -63,6 +64,9 @@ def test_every_python_example_runs_as_written(document, monkeypatch):
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url.removesuffix("/v1"))
         monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", server.root_url)  # Gemini's generateContent
+        monkeypatch.setenv("GEMINI_API_KEY", "gemini-test-key")
+        monkeypatch.delenv("GOOGLE_API_KEY", raising=False)  # the SDK would prefer it
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         parsed.namespace["__loop__"] = loop
         try:

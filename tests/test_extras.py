@@ -79,6 +79,7 @@ CASES = [
      ("fsm.integrations.langgraph",)),
     ("openai-agents", "agents", lambda: _import("fsm.integrations.openai_agents"),
      ("fsm.integrations.openai_agents",)),
+    ("genai", "google.genai", lambda: _import("fsm.integrations.genai"), ("fsm.integrations.genai",)),
 ]
 
 

@@ -1,11 +1,14 @@
 """``python -m fsm fault-server --script FILE``: serve a scripted, fault-injecting model API —
-OpenAI Chat Completions (``POST /v1/chat/completions``) and Anthropic Messages (``POST
-/v1/messages``) from the same script (see :mod:`fsm.testing.fault_server` for the format).
+OpenAI Chat Completions (``POST /v1/chat/completions``), Anthropic Messages (``POST
+/v1/messages``), the OpenAI Responses API and Gemini's ``generateContent`` /
+``streamGenerateContent`` from the same script (see :mod:`fsm.testing.fault_server` for the
+format).
 
 The first stdout line is the OpenAI base URL (``http://127.0.0.1:PORT/v1``:
 ``openai.OpenAI(base_url=URL)``); the Anthropic SDK takes the same URL without ``/v1``
 (``anthropic.Anthropic(base_url="http://127.0.0.1:PORT")``: it adds ``/v1/messages`` itself; a
-doubled ``/v1/v1/messages`` is answered 404 naming the URL to use). The server then runs
+doubled ``/v1/v1/messages`` is answered 404 naming the URL to use), and so does the Google
+Gen AI SDK (``HttpOptions(base_url="http://127.0.0.1:PORT")``). The server then runs
 until SIGINT or SIGTERM (exit status 0). A bad script is refused before anything is bound:
 the error names the entry's index, and the exit status is 2. So is a ``--host`` that other
 machines can reach (``''``, ``0.0.0.0``, ``::``), unless ``--allow-remote`` is given; then a
@@ -28,10 +31,12 @@ EPILOG = """APIs: POST /v1/chat/completions (OpenAI Chat Completions), POST /v1/
 Messages), GET /v1/models. The first line printed is the OpenAI base URL, http://HOST:PORT/v1:
 openai.OpenAI(base_url=URL). The Anthropic SDK takes it without /v1 (it adds /v1/messages):
 anthropic.Anthropic(base_url="http://HOST:PORT"); a doubled /v1/v1/messages gets a 404 naming
-the URL to use. A request that does not ask to stream gets one JSON answer (a chat.completion
-or a Message) even for a stream entry.
+the URL to use. POST /v1/responses (OpenAI Responses), and POST /v1beta/models/M:generateContent
+and :streamGenerateContent?alt=sse (Gemini): google-genai takes http://HOST:PORT
+(HttpOptions(base_url=...)). A request that does not ask to stream gets one JSON answer (a
+chat.completion, a Message, a GenerateContentResponse) even for a stream entry.
 
-script: a JSON list, one entry per request (both APIs count together); after the list, plain successes.
+script: a JSON list, one entry per request (every API counts together); after the list, plain successes.
 entry keys (all optional):
   status, json, headers      an HTTP answer, e.g. {"status": 529, "json": {...}, "headers": {"retry-after": "2"}}
   body                       a raw text body instead of json

@@ -25,6 +25,16 @@ the runner):
   transport error (the Anthropic SDK lets a dropped stream's ``ReadError`` through; older
   ``openai`` releases too) reads the same: ``Connection error.`` (or ``Request timed out.`` for
   a timeout) and its chain, so one failure has one text whichever SDK saw it;
+- an error of the Google Gen AI SDK (``google.genai.errors.APIError``: ``ClientError``,
+  ``ServerError``): ``"<code> <error.message>"`` with ``status`` = its ``code``, ``error_type``
+  = Google's ``error.status`` (``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``…), the response's hint
+  headers; one raised for an ``{"error": {...}}`` event inside a 200 stream reads as a stream
+  error (``Stream error: … (UNAVAILABLE)``, its ``code`` the inner status). Google's typed
+  ``error.details`` speak in the text, for every host: ``RetryInfo.retryDelay`` (a retry hint,
+  ``retryDelay: "20s"``), ``QuotaFailure`` quota ids and values (the quota's window, a limit of
+  0) and ``ErrorInfo.reason`` (``API_KEY_INVALID``); the ``aiohttp`` errors under the SDK's
+  async client (``ClientPayloadError``: a stream cut; ``ClientConnectionError``) read as the
+  other transports' connection errors;
 - any other exception: ``"<Type>: <text> (<causes>)"``.
 
 The retry hints the server sent are appended to the text as ``(retry-after: 20)`` — the one
@@ -76,10 +86,15 @@ event, a log or a file)."""
 
 _SDK_MODULES = ("openai", "anthropic")
 _STREAM_HEADERS = frozenset({"retry-after", "retry-after-ms", "x-should-retry", "request-id", "x-request-id"})
-_TRANSPORT_MODULES = ("httpx", "httpx2", "httpcore", "httpcore2")
-_TRANSPORT_FAILURES = frozenset({"TransportError", "NetworkError", "ProtocolError", "TimeoutException"})
+_TRANSPORT_MODULES = ("httpx", "httpx2", "httpcore", "httpcore2", "aiohttp")
+_TRANSPORT_TIMEOUTS = frozenset({"TimeoutException", "ServerTimeoutError"})
+_TRANSPORT_FAILURES = frozenset({"TransportError", "NetworkError", "ProtocolError", "ClientConnectionError",
+                                 "ClientPayloadError"}) | _TRANSPORT_TIMEOUTS
 """httpx/httpcore base classes of a failure to reach or read the server (httpx's
-``TransportError`` tree; httpcore's ``NetworkError``, ``ProtocolError``, ``TimeoutException``)."""
+``TransportError`` tree; httpcore's ``NetworkError``, ``ProtocolError``, ``TimeoutException``),
+and aiohttp's (``ClientConnectionError`` and its ``ServerTimeoutError``; ``ClientPayloadError``,
+a body cut short: what the Google Gen AI SDK's async client raises)."""
+_GENAI_MODULE = "google.genai"
 CONNECTION_TEXT = "Connection error."
 """The SDKs' ``APIConnectionError`` text, also used for a bare transport error."""
 TIMEOUT_TEXT = "Request timed out."
@@ -152,7 +167,36 @@ def speaking_error(exc: BaseException) -> BaseException:
 def _speaks(exc: BaseException) -> bool:
     """An SDK error, or an ``httpx``/``httpx2`` status or transport error."""
     return bool(_class_names(exc, _SDK_MODULES) & {"APIError", "APIStatusError", "APIConnectionError"}
-                or _class_names(exc, _TRANSPORT_MODULES) & (_TRANSPORT_FAILURES | {"HTTPStatusError"}))
+                or _class_names(exc, _TRANSPORT_MODULES) & (_TRANSPORT_FAILURES | {"HTTPStatusError"})
+                or _genai_error(exc))
+
+
+def _genai_error(exc: BaseException) -> bool:
+    """A ``google.genai.errors.APIError`` (by its module and class name: no import)."""
+    return any(cls.__name__ == "APIError" and cls.__module__.startswith(_GENAI_MODULE)
+               for cls in type(exc).__mro__)
+
+
+def _genai_facts(exc: BaseException, now_ms: float | None) -> ErrorFacts:
+    """The facts of a Google Gen AI ``APIError``: its ``code`` (the HTTP status, or the inner
+    code of an error event inside a 200 stream, whose ``response`` is the SDK's own
+    ``HttpResponse``), its parsed body (``details``: ``{"error": {"code", "message",
+    "status", "details"}}``) and its response's headers."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    body = getattr(exc, "details", None)
+    if isinstance(body, Mapping) and "error" not in body and set(body) <= {"message", "status"}:
+        # a body that was not JSON: the SDK kept its text and the reason phrase
+        body = body.get("message") or None
+    if body is None and getattr(exc, "message", None):
+        body = {"error": {"message": getattr(exc, "message", None), "status": getattr(exc, "status", None)}}
+    if type(response).__name__ == "HttpResponse" and type(response).__module__.startswith(_GENAI_MODULE):
+        # an {"error": {...}} event inside a stream that began with a 200
+        return stream_error_facts(body if isinstance(body, Mapping) else {"error": body}, headers=headers)
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and not isinstance(code, bool) and code >= 400:
+        return status_error_facts(code, body, headers, now_ms=now_ms)
+    return stream_error_facts(body if isinstance(body, Mapping) else {"error": body}, headers=headers)
 
 
 def _error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFacts:
@@ -182,12 +226,14 @@ def _error_facts(exc: BaseException, *, now_ms: float | None = None) -> ErrorFac
         if isinstance(body, Mapping):
             return stream_error_facts({"error": body})
         return ErrorFacts(_mask(f"Stream error: {getattr(exc, 'message', '') or exc}"))
+    if _genai_error(exc):
+        return _genai_facts(exc, now_ms)
     transport = _class_names(exc, _TRANSPORT_MODULES)
     if transport & _TRANSPORT_FAILURES:
         # A bare transport error (raised mid-stream, where one SDK wraps it and the other does
         # not) reads as the SDKs' own connection error, so the same failure has the same words
         # through either SDK and through a transport.
-        head = TIMEOUT_TEXT if "TimeoutException" in transport else CONNECTION_TEXT
+        head = TIMEOUT_TEXT if transport & _TRANSPORT_TIMEOUTS else CONNECTION_TEXT
         causes = _cause_chain(exc, include_self=True)
         return ErrorFacts(_mask(f"{head} ({'; '.join(causes)})"))
     text = clip_text(str(exc))  # before any copy: the text may be 100 MB
@@ -290,6 +336,8 @@ def _describe_body(body: Any, depth: int = 0) -> tuple[str, str | None, str | No
     type/code win: the innermost verdict decides)."""
     if body is None or body == "":
         return "", None, None
+    if isinstance(body, list) and len(body) == 1 and isinstance(body[0], Mapping):
+        body = body[0]  # Gemini's OpenAI-compatible and REST errors: [{"error": {...}}]
     if isinstance(body, str):
         title = _TITLE.search(body[:20000])
         if title is not None and body.lstrip()[:1] == "<":
@@ -313,6 +361,10 @@ def _describe_body(body: Any, depth: int = 0) -> tuple[str, str | None, str | No
     text = _text(message) if message not in (None, "") else ""
     if not text and (error or body):
         text = _text(body)  # no message: the body itself, as compact JSON
+    elif isinstance(details, list):
+        google = _google_details(details)
+        if google:
+            text += f" ({google})"
     metadata = error.get("metadata")
     if depth < 3 and isinstance(metadata, Mapping) and metadata.get("raw") not in (None, ""):
         raw = metadata.get("raw")
@@ -329,6 +381,45 @@ def _describe_body(body: Any, depth: int = 0) -> tuple[str, str | None, str | No
         if inner_type or inner_code:
             error_type, error_code = inner_type, inner_code
     return text, error_type, error_code
+
+
+_GOOGLE_RPC = "type.googleapis.com/google.rpc."
+_DURATION_RE = re.compile(r"\d{1,12}(?:\.\d{1,9})?m?s")
+
+
+def _google_details(details: list) -> str:
+    """Google's typed ``error.details`` (``google.rpc`` messages) as words the text rules and
+    the hint parser read (docs/policy.md §2, "Structured facts first"): ``RetryInfo``'s
+    ``retryDelay: "20s"`` (a retry hint), each ``QuotaFailure`` violation's ``quotaId`` and
+    ``quotaValue`` (the window — ``…PerMinute…``, ``…PerDay…`` — and a limit of 0),
+    ``ErrorInfo``'s ``reason`` and ``quota_limit_value``. ``""`` when there is none."""
+    parts: list[str] = []
+    for item in details[:16]:
+        if not isinstance(item, Mapping):
+            continue
+        kind = str(item.get("@type", ""))
+        if not kind.startswith(_GOOGLE_RPC):
+            continue
+        kind = kind[len(_GOOGLE_RPC):]
+        if kind == "RetryInfo":
+            delay = item.get("retryDelay")
+            if isinstance(delay, str) and _DURATION_RE.fullmatch(delay.strip()):
+                parts.append(f'retryDelay: "{delay.strip()}"')
+        elif kind == "QuotaFailure":
+            for violation in (item.get("violations") or [])[:4]:
+                if not isinstance(violation, Mapping):
+                    continue
+                words = [f"{key}: {_str(violation.get(key))}" for key in ("quotaId", "quotaValue")
+                         if _str(violation.get(key)) is not None]
+                if words:
+                    parts.append(", ".join(words))
+        elif kind == "ErrorInfo":
+            if _str(item.get("reason")):
+                parts.append(f"reason: {_str(item.get('reason'))}")
+            metadata = item.get("metadata")
+            if isinstance(metadata, Mapping) and _str(metadata.get("quota_limit_value")) is not None:
+                parts.append(f"quota_limit_value: {_str(metadata.get('quota_limit_value'))}")
+    return clip_text("; ".join(parts), 1024)
 
 
 def _str(value: Any, *, skip: str | None = None) -> str | None:

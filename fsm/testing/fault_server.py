@@ -39,8 +39,10 @@ and an empty body otherwise.
 
 ``POST …/v1/messages`` (the Anthropic Messages API, :mod:`fsm.testing.fault_anthropic`),
 ``POST …/v1/responses`` (the OpenAI Responses API, :mod:`fsm.testing.fault_responses`) and
-``POST …/v1/files`` (a multipart upload, answered a ``file`` object on success) take the same
-script and count as chat requests.
+``POST …/v1/files`` (a multipart upload, answered a ``file`` object on success) and Gemini's
+``POST …/v1beta/models/{model}:generateContent`` / ``:streamGenerateContent?alt=sse`` (the
+Google Gen AI SDK given :attr:`FaultServer.root_url`, :mod:`fsm.testing.fault_gemini`) take the
+same script and count as chat requests.
 
 ``GET …/models`` answers a list with one model; every other path gets a 404 JSON error and is
 recorded with ``index`` ``None``. A path with ``/v1`` twice (``/v1/v1/messages``: the Anthropic
@@ -566,6 +568,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _is(self, suffix: str) -> bool:
         return self.path.split("?")[0].rstrip("/").endswith(suffix) and not self._doubled()
 
+    def _gemini(self) -> bool:
+        from fsm.testing.fault_gemini import is_gemini
+        return is_gemini(self.path)
+
     def _doubled(self) -> bool:
         """The path has ``/v1`` twice (``/v1/v1/messages``): a client given the OpenAI base URL
         where the host's root belongs (the Anthropic SDK adds ``/v1`` itself)."""
@@ -596,8 +602,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         # /messages: fault_anthropic; /responses: fault_responses (the OpenAI Responses API)
         # /files: a multipart upload (the SDKs' files.create), scripted like a chat request
+        # /v1beta/models/M:generateContent, :streamGenerateContent: fault_gemini (Gemini's API)
         chat = (self._is("/chat/completions") or self._is("/messages") or self._is("/responses")
-                or self._is("/files"))
+                or self._is("/files") or self._gemini())
         self._rec, entry = self.server.owner._record(self.command, self.path, body, chat=chat,
                                                      t_ms=arrival, headers=self._header_dict(),
                                                      body_bytes=len(raw))
@@ -630,6 +637,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self._is("/responses"):  # the OpenAI Responses API, same script
             from fsm.testing.fault_responses import answer as answer_responses
             return answer_responses(self, entry, req, index)
+        if self._gemini():  # Gemini's generateContent / streamGenerateContent, same script
+            from fsm.testing.fault_gemini import answer as answer_gemini
+            return answer_gemini(self, entry, req, index)
         delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
         if delay and not self.pause(delay):
             return self.client_gone(None, "client_gone_during_delay")
@@ -847,7 +857,8 @@ class FaultServer:
     @property
     def root_url(self) -> str:
         """``http://HOST:PORT``, the base URL the Anthropic SDK takes (it adds ``/v1/messages``;
-        given :attr:`base_url`, its ``/v1/v1/messages`` is answered 404 naming this URL)."""
+        given :attr:`base_url`, its ``/v1/v1/messages`` is answered 404 naming this URL), and
+        the Google Gen AI SDK (``HttpOptions(base_url=...)``: it adds ``/v1beta/models/...``)."""
         host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"

@@ -65,11 +65,11 @@ async def run_with_an_echoing_provider(tmp_path):
         client = RpcClient(["--base-url", fs.base_url, "--model", "m", "--log-level", "DEBUG",
                             "--session-file", str(tmp_path / "s-{id}.jsonl"),
                             "--trace", str(tmp_path / "trace.jsonl")],
-                           env=child_env, cwd=tmp_path, record=True, timeout_s=30)
+                           env=child_env, cwd=tmp_path, record=True, timeout_s=120)
         await client.start()
         try:
             await client.prompt("hi")
-            await client.wait_for_idle(timeout_s=30)
+            await client.wait_for_idle(timeout_s=120)
         finally:
             await client.close()
         assert fs.chat_requests[0]["headers"]["authorization"] == f"Bearer {KEY}"  # it was used

@@ -59,11 +59,11 @@ async def test_debug_log_hides_a_key_echoed_in_a_response_header(tmp_path):
     script = [{"status": 429, "headers": {"x-echo-key": key}, "json": {"error": {"message": "slow"}}}]
     with FaultServer(script) as fs:
         client = RpcClient(["--base-url", fs.base_url, "--model", "m", "--log-level", "DEBUG",
-                            "--no-session"], env=child_env, cwd=tmp_path, record=True, timeout_s=30)
+                            "--no-session"], env=child_env, cwd=tmp_path, record=True, timeout_s=120)
         await client.start()
         try:
             await client.prompt("hi")
-            await client.wait_for_idle(timeout_s=30)
+            await client.wait_for_idle(timeout_s=120)
         finally:
             await client.close()
     assert "receive_response_headers" in client.stderr_tail  # the dump was logged
@@ -84,11 +84,11 @@ async def test_info_log_hides_a_key_in_the_base_url(tmp_path, shape):
                 else fs.base_url.replace("http://", f"http://user:{key}@"))
         client = RpcClient(["--base-url", base, "--model", "m", "--log-level", "INFO",
                             "--api-key", "local-placeholder-key", "--no-session"],
-                           env=env(), cwd=tmp_path, record=True, timeout_s=30)
+                           env=env(), cwd=tmp_path, record=True, timeout_s=120)
         await client.start()
         try:
             await client.prompt("hi")
-            await client.wait_for_idle(timeout_s=30)
+            await client.wait_for_idle(timeout_s=120)
             state = await client.get_state()
         finally:
             await client.close()

@@ -170,10 +170,10 @@ async def test_a_surrogate_pair_split_across_deltas_over_rpc_is_persisted_whole(
     with FaultServer(split) as fs:
         async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--settings", str(settings),
                               "--session-file", str(tmp_path / "s.jsonl")],
-                             env=env(), cwd=tmp_path, record=True, timeout_s=30) as client:
+                             env=env(), cwd=tmp_path, record=True, timeout_s=120) as client:
             for text in ("one", "two"):
                 await client.prompt(text)
-                await client.wait_for_idle(timeout_s=30)
+                await client.wait_for_idle(timeout_s=120)
     raw = (tmp_path / "s.jsonl").read_bytes().decode("utf-8")  # strict: valid UTF-8
     assert "a\U0001F600b" in raw and "lone \ufffd here" in raw
     stops = [e["message"]["stopReason"] for e in client.received

@@ -204,7 +204,7 @@ async def test_server_exiting_mid_request_raises_server_died_everywhere(fake_pyt
     """Server exiting mid request raises server died everywhere."""
     client = await fake(fake_python).start()
     try:
-        waiting = asyncio.ensure_future(client.request({"type": "silent"}, timeout_s=30))
+        waiting = asyncio.ensure_future(client.request({"type": "silent"}, timeout_s=120))
         await asyncio.sleep(0.05)
         with pytest.raises(ServerDied) as info:
             await client.request({"type": "exit", "code": 7})
@@ -315,7 +315,7 @@ async def test_writing_after_the_server_was_killed_reports_its_death(fake_python
 async def test_close_escalates_to_sigkill_for_a_server_that_ignores_eof_and_sigterm(fake_python):
     """Close escalates to sigkill for a server that ignores EOF and sigterm."""
     client = await fake(fake_python, "--ignore-term", "--ignore-eof", close_grace_s=0.05).start()
-    pending = asyncio.ensure_future(client.request({"type": "silent"}, timeout_s=30))
+    pending = asyncio.ensure_future(client.request({"type": "silent"}, timeout_s=120))
     await asyncio.sleep(0.05)
     assert await client.close() == -signal.SIGKILL
     with pytest.raises(RpcError, match="the RPC client was closed"):

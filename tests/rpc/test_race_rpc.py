@@ -120,7 +120,7 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, rng_seed)
     script = [random_entry(rng) for _ in range(ROUNDS * (MAX_RETRIES + 1))]
     with FaultServer(script) as fs:
         client = RpcClient(["--base-url", fs.base_url, "--model", "m", "--settings", str(settings),
-                            "--no-session"], env=env(), cwd=tmp_path, record=True, timeout_s=20)
+                            "--no-session"], env=env(), cwd=tmp_path, record=True, timeout_s=120)
         await client.start()
         try:
             quiet_windows: list[tuple[float, float]] = []  # (abort returned, next prompt sent), ms
@@ -130,7 +130,7 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, rng_seed)
             for round_no in range(ROUNDS):
                 if rng.random() < 0.8:
                     await client.set_auto_retry(True)
-                await client.wait_for_idle(timeout_s=20)
+                await client.wait_for_idle(timeout_s=120)
                 prompt_ms = time.monotonic() * 1000
                 if quiet_windows and quiet_windows[-1][1] is None:
                     quiet_windows[-1] = (quiet_windows[-1][0], prompt_ms)
@@ -145,9 +145,9 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, rng_seed)
                         quiet_windows.append((time.monotonic() * 1000, None))
                         abort_marks.append(len(client.received))
                         break  # the next round's prompt closes the quiet window
-                await client.wait_for_idle(timeout_s=20)
+                await client.wait_for_idle(timeout_s=120)
             await client.set_auto_retry(True)
-            await client.wait_for_idle(timeout_s=20)
+            await client.wait_for_idle(timeout_s=120)
             if quiet_windows and quiet_windows[-1][1] is None:
                 quiet_windows[-1] = (quiet_windows[-1][0], time.monotonic() * 1000)
                 prompt_marks.append(len(client.received))
@@ -156,7 +156,7 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, rng_seed)
             fs.script = fs.script[:fs.chat_count]
             mark = len(client.received)
             await client.prompt("last")
-            await client.wait_for_idle(timeout_s=20)
+            await client.wait_for_idle(timeout_s=120)
             ends = [e for e in client.received[mark:] if e["type"] == "message_end"
                     and e["message"]["role"] == "assistant"]
             assert [e["message"]["stopReason"] for e in ends] == ["stop"], f"rng_seed {rng_seed}"

@@ -51,7 +51,7 @@ class Server:
             env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             self.client = RpcClient(["--base-url", self.fs.base_url, "--model", "m", "--settings",
                                      str(self.settings), "--no-session"],
-                                    env=env, cwd=self.tmp_path, record=True, timeout_s=20)
+                                    env=env, cwd=self.tmp_path, record=True, timeout_s=120)
             await self.client.start()
             # warm up: the first request waits for the SDK's import (~0.7 s), longer than the
             # few hundred ms these scenarios give a first token
@@ -59,8 +59,8 @@ class Server:
                 if self.fs.chat_requests:
                     break
                 await self.client.prompt("warm up")
-                await self.client.wait_for_idle(timeout_s=30)
-        await self.client.wait_for_idle(timeout_s=30)
+                await self.client.wait_for_idle(timeout_s=120)
+        await self.client.wait_for_idle(timeout_s=120)
         self.client.drain_events()
         seen = len(self.fs.chat_requests)
         self.fs.script = (list(self.fs.script) + [{}] * seen)[:seen] + validate_script(script)
@@ -93,7 +93,7 @@ class Run:
 
     async def prompt(self, text: str) -> dict:
         await self.client.prompt(text)
-        return await self.client.wait_for_idle(timeout_s=30)
+        return await self.client.wait_for_idle(timeout_s=120)
 
 
 def server(retry: dict):

@@ -81,7 +81,7 @@ class Run:
                 if e["type"] == "message_end" and e["message"]["role"] == "assistant"]
 
     async def idle(self) -> dict:
-        state = await self.client.wait_for_idle(timeout_s=30)
+        state = await self.client.wait_for_idle(timeout_s=120)
         self.check()
         return state
 
@@ -136,7 +136,7 @@ class SharedServer:
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.client = RpcClient(["--base-url", self.fs.base_url, "--model", "m", "--settings",
                                  str(self.settings), "--context-window", "32768", "--no-session"],
-                                env=env, cwd=self.tmp_path, record=True, timeout_s=20)
+                                env=env, cwd=self.tmp_path, record=True, timeout_s=120)
         await self.client.start()
 
     async def run(self, script: list[dict]) -> Run:
@@ -146,7 +146,7 @@ class SharedServer:
         client = self.client
         await client.abort()
         await client.set_auto_retry(True)
-        await client.wait_for_idle(timeout_s=30)
+        await client.wait_for_idle(timeout_s=120)
         client.drain_events()
         seen = len(self.fs.chat_requests)
         self.fs.script = (list(self.fs.script) + [{}] * seen)[:seen] + validate_script(script)

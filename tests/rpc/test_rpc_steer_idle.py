@@ -19,7 +19,7 @@ async def test_steer_and_follow_up_while_idle_wait_for_the_next_prompt(tmp_path)
     """Three commands, one request: the steer, the follow-up and the prompt, in that order."""
     with FaultServer([]) as server:
         client = RpcClient(["--base-url", server.base_url, "--model", "m", "--api-key", "local-key-0",
-                            "--no-session"], env=env(), cwd=tmp_path, record=True, timeout_s=30)
+                            "--no-session"], env=env(), cwd=tmp_path, record=True, timeout_s=120)
         await client.start()
         try:
             await client.steer("steered")
@@ -28,7 +28,7 @@ async def test_steer_and_follow_up_while_idle_wait_for_the_next_prompt(tmp_path)
             assert state["pendingMessageCount"] == 2 and state["isStreaming"] is False
             assert server.chat_count == 0  # nothing was sent yet
             await client.prompt("hi")
-            await client.wait_for_idle(timeout_s=30)
+            await client.wait_for_idle(timeout_s=120)
             messages = await client.get_messages()
         finally:
             await client.close()

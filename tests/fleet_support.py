@@ -1,8 +1,13 @@
-"""Shared by the fleet tests: a real ``redis-server`` of the tests' own, and worker processes.
+"""Shared by the fleet tests: a real ``redis-server`` of the tests' own, a real three-master
+Redis Cluster, and worker processes.
 
 The server is :class:`fsm.fleet.server.RedisServer`: a free loopback port, a temporary
-folder, no persistence, stopped at the end. It is never skipped: ``make test`` installs the
-binary (``make setup``'s ``.redis`` step).
+folder, no persistence, stopped at the end. The cluster is
+:class:`fsm.fleet.server.RedisClusterServer` (three such servers joined by ``redis-cli
+--cluster create``), started once per test session when a test first asks for it (about two
+seconds) and stopped at its end. Neither is ever skipped: ``make test`` installs the binaries
+(``make setup``'s ``.redis`` step). The fleet's behaviour tests take :func:`any_redis`, so
+they run against both (SPEC §15.10).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm.fleet.server import RedisServer
+from fsm.fleet.server import RedisClusterServer, RedisServer
 from support import ROOT, env
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
@@ -26,6 +31,20 @@ def redis_server():
     """One server for a test module (tests keep apart through their own key prefix)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """One three-master Redis Cluster for the whole session (tests keep apart by prefix)."""
+    with RedisClusterServer() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module", params=["redis", "cluster"])
+def any_redis(request):
+    """One Redis, then the three-master cluster: a test taking this runs on both (SPEC §15.10).
+    Either has ``url`` (``redis://...`` or ``redis+cluster://...``)."""
+    return request.getfixturevalue("redis_cluster" if request.param == "cluster" else "redis_server")
 
 
 @pytest.fixture

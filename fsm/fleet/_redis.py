@@ -28,7 +28,13 @@ Valkey cluster) can serve a fleet:
   throughput remembered (``memoryS``; after them that memory is a sixteenth of what it was)
   plus a minute. A lost hash is a fresh pacer (not pacing, nothing remembered);
 - ``P:limited:PROVIDER`` — a sorted set of credential ids scored by the end of their usage
-  limit (server ms); it expires with its last mark.
+  limit (server ms); it expires with its last mark;
+- ``P:processes`` — a sorted set of the fleet's process ids scored by their last heartbeat.
+
+On a Redis Cluster (``redis+cluster://HOST:PORT,HOST:PORT``, SPEC §15.10 and §15.13) the
+names are the same: each script's keys share one slot, a batch of calls holds one key's only,
+and the credential marks, read on one Redis by a pipeline with ``TIME``, are read by a
+one-key script (a cluster pipeline cannot send ``TIME``).
 
 Every value read is validated per key: a key of the wrong type, a non-number, a number out
 of range (a time left beyond :data:`~fsm.fleet.MAX_LEFT_MS`, a cooldown without expiry) is

@@ -354,6 +354,19 @@ async def test_many_concurrent_calls_share_a_few_connections(redis_server, prefi
     await c.aclose()
 
 
+def test_the_keys_of_one_coordinator_key_share_one_cluster_slot():
+    """docs/fleet.md "A Redis Cluster (and Valkey)", SPEC §15.10: every script touches one
+    slot, so the five keys of one (provider, model, credential) hash to one slot, whatever
+    the names hold (colons, braces that would end a hash tag early, spaces); two keys spread."""
+    from redis.crc import key_slot
+    from fsm.fleet._redis import KeySpace
+    space = KeySpace("p")
+    for key in [KEY, CoordKey("a}b", "{c}:d", "e f"), CoordKey("x", "}", "{"), CoordKey("o", "m{")]:
+        assert len({key_slot(name.encode()) for name in space.of(key)}) == 1, key
+    slots = {key_slot(space.cooldown(CoordKey("p", f"model-{i}")).encode()) for i in range(50)}
+    assert len(slots) > 40, "different keys spread over the slots"
+
+
 def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
     """The test server names a missing or failing redis-server."""
     from fsm.fleet import server
@@ -362,6 +375,10 @@ def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
     monkeypatch.setattr(server.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="make setup"):
         server.RedisServer()
+    with pytest.raises(FileNotFoundError, match="redis-cli not found"):
+        server.RedisClusterServer()
+    with pytest.raises(ValueError, match="at least one master, got 0"):
+        server.RedisClusterServer(masters=0)
 
 
 async def test_warm_up_loads_the_scripts_and_opens_connections(any_redis, prefix):  # noqa: F811

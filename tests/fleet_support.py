@@ -2,12 +2,11 @@
 Redis Cluster, and worker processes.
 
 The server is :class:`fsm.fleet.server.RedisServer`: a free loopback port, a temporary
-folder, no persistence, stopped at the end. The cluster is
-:class:`fsm.fleet.server.RedisClusterServer` (three such servers joined by ``redis-cli
---cluster create``), started once per test session when a test first asks for it (about two
-seconds) and stopped at its end. Neither is ever skipped: ``make test`` installs the binaries
-(``make setup``'s ``.redis`` step). The fleet's behaviour tests take :func:`any_redis`, so
-they run against both (SPEC §15.10).
+folder, no persistence, stopped at the end. The cluster is the ``redis_cluster`` fixture of
+``tests/fleet/conftest.py`` (a conftest's, so that one cluster serves the whole session).
+Neither is ever skipped: ``make test`` installs the binaries (``make setup``'s ``.redis``
+step). The fleet's behaviour tests take :func:`any_redis`, so they run against both (SPEC
+§15.10).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm.fleet.server import RedisClusterServer, RedisServer
+from fsm.fleet.server import RedisServer
 from support import ROOT, env
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
@@ -31,13 +30,6 @@ def redis_server():
     """One server for a test module (tests keep apart through their own key prefix)."""
     with RedisServer() as server:
         yield server
-
-
-@pytest.fixture(scope="session")
-def redis_cluster():
-    """One three-master Redis Cluster for the whole session (tests keep apart by prefix)."""
-    with RedisClusterServer() as cluster:
-        yield cluster
 
 
 @pytest.fixture(scope="module", params=["redis", "cluster"])

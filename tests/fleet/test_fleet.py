@@ -10,7 +10,7 @@ from fsm.fleet import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordKey
                        InProcessCoordinator, RedisCoordinator, coordinator_from_url,
                        credential_id, default_coordinator, redact_url)
 from fsm.core.settings import SettingsError
-from fleet_support import any_redis, prefix, redis_cluster, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 NOW = 1_800_000_000_000
 KEY = CoordKey("anthropic", "claude-x", credential_id("sk-secret"))

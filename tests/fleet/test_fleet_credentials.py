@@ -10,7 +10,7 @@ import pytest
 from fsm.host.credentials import DEFAULT_BLOCK_MS
 from fsm.fleet import (GuardedCoordinator, InProcessCoordinator, RedisCoordinator, RedisCredentialStore,
                        credential_id, load_credentials)
-from fleet_support import any_redis, prefix, redis_cluster, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 NOW = 1_800_000_000_000
 KEYS = {"openai": ["sk-one", "sk-two", "sk-three"], "solo": ["sk-solo"]}

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from fsm.fleet import BudgetSettings, CoordKey, RedisCoordinator
-from fleet_support import own_redis, prefix, redis_cluster  # noqa: F401 (fixtures)
+from fleet_support import own_redis, prefix  # noqa: F401 (fixtures)
 
 KEY = CoordKey("anthropic", "claude-x", "c0ffee")
 MINUTE = 60_000

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from fsm.fleet import (MAX_LEFT_MS, BudgetSettings, CoordKey, GuardedCoordinator, InProcessCoordinator,
                        PacingSettings, RedisCoordinator)
 from fsm.fleet.server import RedisServer
-from fleet_support import any_redis, prefix, redis_cluster, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 KEY = CoordKey("anthropic", "claude-x", "c0ffee")
 BUDGET = BudgetSettings(max_tokens=10)
@@ -239,6 +239,7 @@ def test_credential_stores_on_skewed_clocks_agree_on_a_marks_time_left(any_redis
                                  clock=lambda: now + 10 * 86_400_000)
     honest = RedisCredentialStore(keys, url=any_redis.url, prefix=prefix, clock=lambda: now)
     try:
+        assert ahead.blocked_until("openai") == honest.blocked_until("openai") == {}  # connected
         assert ahead.mark_usage_limit_reached("openai", "s", 30_000) is True
         until = honest.blocked_until("openai")[credential_id("sk-one")]
         assert now + 29_000 < until <= now + 30_000
@@ -268,10 +269,10 @@ def test_clocks_skewed_both_ways_agree_on_every_wait(skews, hint):
     ("lgrow", "inf"), ("wmax", "2e9"), ("good", "-3"), ("goodt", "9e99"), ("oks", "1.5"),
     ("okn", "-1"), ("sents", "-2"), ("sentc", "1e10"), ("sentp", "x"), ("tat", ""),
 ])
-async def test_an_absurd_pacer_field_makes_a_fresh_pacer(any_redis, prefix, field, value):  # noqa: F811
+async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, field, value):  # noqa: F811
     """A pacer hash with one field out of range (or not a number) is read as a fresh pacer:
     the next admission is not paced and the hash is written whole again."""
-    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     name = c.keys.pacer(KEY)
     await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
     assert (await c.client.hget(name, "on")) == b"1"

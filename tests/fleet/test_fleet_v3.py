@@ -15,7 +15,7 @@ from fsm.fleet import (FLOOR_HORIZON_MS, MAX_LEFT_MS, WAIT_RECHECK_MS, Admission
                        RedisCoordinator)
 from fsm.fleet._redis import pacer_ttl_ms
 from fsm.testing import FakeClock
-from fleet_support import any_redis, prefix, redis_cluster, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 KEY = CoordKey("anthropic", "claude-x", "c0ffee")
 OTHER = CoordKey("anthropic", "claude-y", "c0ffee")

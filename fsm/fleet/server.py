@@ -9,6 +9,8 @@ package manager.
 from __future__ import annotations
 
 import os
+import random
+import re
 import shutil
 import signal
 import socket
@@ -122,6 +124,32 @@ class RedisServer:
         self.stop()
 
 
+def _bus_port_option(binary: str) -> bool:
+    """Whether ``binary`` (a ``redis-server``) takes ``--cluster-port`` (Redis 7 and later;
+    before, a node's cluster bus is its port + 10,000)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return True
+    found = re.search(r"v=(\d+)\.", out)
+    return found is None or int(found.group(1)) >= 7
+
+
+def _free_port_with_bus() -> int:
+    """A free port P on 127.0.0.1 whose cluster bus port P + 10,000 is free too (Redis < 7)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20_000, 55_000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("found no free port P with P + 10000 free for a cluster node")
+
+
 class RedisClusterServer:
     """A Redis Cluster of ``masters`` (default three) ``redis-server`` processes on 127.0.0.1,
     no replicas, owned by this object (SPEC §15.10: the fleet's tests run against it as well
@@ -146,12 +174,15 @@ class RedisClusterServer:
         self.cli = found
         self.folder = Path(tempfile.mkdtemp(prefix="retry-fsm-cluster-"))
         self.nodes: list[RedisServer] = []
+        bus_option = _bus_port_option(binary or shutil.which("redis-server") or "redis-server")
         for n in range(masters):
             folder = self.folder / f"node{n}"
             folder.mkdir()
-            self.nodes.append(RedisServer(binary, folder=folder, extra=(
+            bus = ("--cluster-port", str(free_port())) if bus_option else ()
+            self.nodes.append(RedisServer(binary, port=None if bus_option else _free_port_with_bus(),
+                                          folder=folder, extra=(
                 "--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf"),
-                "--cluster-port", str(free_port()), "--cluster-node-timeout", "5000")))
+                *bus, "--cluster-node-timeout", "5000")))
 
     @property
     def ports(self) -> list[int]:

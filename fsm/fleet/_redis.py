@@ -536,7 +536,7 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 def is_cluster_url(url: Any) -> bool:
     """Whether ``url`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
-    return isinstance(url, str) and url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+    return isinstance(url, str) and url.split("://", 1)[0] in CLUSTER_SCHEMES
 
 
 def check_url(url: Any) -> str:
@@ -548,8 +548,7 @@ def check_url(url: Any) -> str:
     TLS, ``USER:PASSWORD@`` before the first node applies to every node), any of its nodes
     (the client finds the others); a database other than 0, an empty node, a port that is
     not 1..65535 or another query parameter than ``db`` is refused."""
-    if not isinstance(url, str) or not re.match(r"^(redis|rediss|unix|redis\+cluster|rediss\+cluster)://",
-                                                url, re.IGNORECASE):
+    if not isinstance(url, str) or not re.match(r"^(redis|rediss|unix|redis\+cluster|rediss\+cluster)://", url):
         shown = redact_url(url) if isinstance(url, str) else repr(url)
         raise ValueError("Redis address must look like redis://HOST:PORT/DB (one Redis) or "
                          f"redis+cluster://HOST:PORT,HOST:PORT (a Redis Cluster), got {shown[:200]!r}")
@@ -630,7 +629,7 @@ def _cluster_parts(url: str) -> tuple[dict[str, Any] | None, str | None]:
                           "(separate fleets on one cluster by their key prefix)")
     return {"nodes": nodes, "username": urllib.parse.unquote(username) or None,
             "password": urllib.parse.unquote(password) or None,
-            "ssl": scheme.lower() == "rediss+cluster"}, None
+            "ssl": scheme == "rediss+cluster"}, None
 
 
 def safe_reason(exc: BaseException, url: str | None = None) -> str:

@@ -37,6 +37,8 @@ class RedisServer:
     (SIGCONT) and :meth:`restart` (same port, empty data) let tests break it on purpose.
     ``stop()`` ends it and removes its folder. Raises ``FileNotFoundError`` when the binary
     is missing (``make setup`` installs it) and ``RuntimeError`` when it does not start.
+    ``folder`` (default: a new temporary one) holds its log; ``extra`` are more
+    ``redis-server`` options (a cluster node's: :class:`RedisClusterServer`).
     """
 
     def __init__(self, binary: str | None = None, port: int | None = None,

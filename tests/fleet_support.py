@@ -80,10 +80,17 @@ class Worker:
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def sync_client(url: str):
+    """A blocking redis-py client on ``url``: one Redis, or a Redis Cluster's
+    ``redis.cluster.RedisCluster`` for a ``redis+cluster://`` URL."""
+    import redis
+    from fsm.fleet._redis import cluster_client, is_cluster_url
+    return cluster_client(url, 60, asyncio=False) if is_cluster_url(url) else redis.Redis.from_url(url)
+
+
 def release(url: str, prefix: str, workers: int) -> None:
     """Let ``workers`` waiting workers go at once."""
-    import redis
-    client = redis.Redis.from_url(url)
+    client = sync_client(url)
     try:
         client.rpush(f"{prefix}:test-go", *["go"] * workers)
     finally:

@@ -657,9 +657,13 @@ def cluster_client(url: str, socket_timeout_s: float, max_connections: int | Non
     else:
         from redis.cluster import ClusterNode, RedisCluster
     limit = {} if max_connections is None else {"max_connections": max_connections}
+    options = client_options(socket_timeout_s, asyncio=asyncio)
+    accepted = inspect.signature(RedisCluster.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):  # an older redis-py's
+        options = {k: v for k, v in options.items() if k in accepted}
     return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address["nodes"]],
                         username=address["username"], password=address["password"],
-                        ssl=address["ssl"], **limit, **client_options(socket_timeout_s, asyncio=asyncio))
+                        ssl=address["ssl"], **limit, **options)
 
 
 def is_cluster_client(client: Any) -> bool:

@@ -62,12 +62,12 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 
 # The fleet tests and benchmarks start their own throw-away `redis-server` (no persistence, a
-# free loopback port).
+# free loopback port), and a three-master Redis Cluster joined by `redis-cli --cluster create`.
 .redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server (system package): the fleet tests start their own throw-away Redis on a free loopback port"; \
-	  $(call system_install,redis-server,redis,redis); }
-	@command -v redis-server >/dev/null 2>&1
+	@{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || { \
+	  echo "installing redis-server and redis-cli (system package): the fleet tests start their own throw-away Redis and Redis Cluster on free loopback ports"; \
+	  $(call system_install,redis-server redis-tools,redis,redis); }
+	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1
 
 # The demo needs the virtualenv only (the openai SDK and the fault server are in it).
 demo: $(STAMP)

@@ -6,7 +6,10 @@ failed turn to the brain (``before_decision``: the cooldown left and a budget ta
 script) on a :class:`~fsm.fleet.RedisCoordinator` on a throw-away ``redis-server`` on
 127.0.0.1 (the round trip itself; the guard adds a task and a timer), ``number`` decisions;
 ``coordinator_decision_us_p50_inprocess``/``_p99_inprocess`` are the same call on the
-embedded :class:`~fsm.fleet.InProcessCoordinator`.
+embedded :class:`~fsm.fleet.InProcessCoordinator`; ``coordinator_decision_us_p50_cluster``/
+``_p99_cluster`` on a throw-away three-master Redis Cluster on 127.0.0.1
+(:class:`~fsm.fleet.server.RedisClusterServer`, ``redis+cluster://``; SPEC §15.10: one bench
+runs against a real cluster; the cluster client adds its slot routing to each call).
 
 The ``redis-server`` runs at a raised scheduling priority where permitted (``nice -10``): on
 a 2-core machine the four worker processes saturate the CPUs, and a fleet's Redis has a host
@@ -44,7 +47,7 @@ from typing import Any
 
 from fsm.fleet import (BudgetSettings, CoordKey, GuardedCoordinator, InProcessCoordinator,
                        RedisCoordinator, credential_id, wall_ms)
-from fsm.fleet.server import RedisServer
+from fsm.fleet.server import RedisClusterServer, RedisServer
 
 from ._data import ROOT
 from ._timing import now_ns, percentile
@@ -67,6 +70,15 @@ async def _decisions_us(coord: Any, number: int, warmup: int) -> list[float]:
         if i >= warmup:
             out.append((t1 - t0) / 1000)
     return out
+
+
+async def _cluster_cost(url: str, number: int, warmup: int) -> dict[str, float]:
+    remote = RedisCoordinator.from_url(url, prefix="bench")
+    await remote.warm_up()
+    cluster_us = await _decisions_us(remote, number, warmup)
+    await remote.aclose()
+    return {"coordinator_decision_us_p50_cluster": statistics.median(cluster_us),
+            "coordinator_decision_us_p99_cluster": percentile(cluster_us, 99)}
 
 
 async def _coordinator_cost(url: str, number: int, warmup: int) -> dict[str, float]:
@@ -349,6 +361,8 @@ def measure(*, number: int = 2_000, warmup: int = 200, processes: int = 4, sessi
             spread_s: float = 1.0, sim_sessions: int = 10_000) -> dict[str, float]:
     """The figures of this group (see the module docstring and :func:`measure_simulation`)."""
     out: dict[str, float] = measure_simulation(sim_sessions)
+    with RedisClusterServer() as cluster:
+        out.update(asyncio.run(_cluster_cost(cluster.url, number, warmup)))
     with RedisServer() as redis_server:
         try:  # the priority a Redis on its own host would have (the workers saturate the CPUs)
             os.setpriority(os.PRIO_PROCESS, redis_server.process.pid, -10)

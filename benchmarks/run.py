@@ -77,6 +77,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "rpc_unclean_exits": ("<=", 0, "the rpc process must exit with status 0 on EOF (check ours)"),
     "coordinator_decision_us_p99": ("<=", 50_000, "Redis on loopback, inside the shell's 50 ms "
                                     "coordinator timeout"),
+    "coordinator_decision_us_p99_cluster": ("<=", 50_000, "the same on a three-master Redis "
+                                            "Cluster on loopback (redis+cluster://)"),
     "fleet_amplification": ("<=", 1.2, "4 processes x 250 sessions, full outage, budget on"),
     "fleet_requests_in_cooldown": ("<=", 0, ""),
     "sim_seed_mismatches": ("<=", 0, "python -m fsm simulate: seed = the hand-encoded 2/4/8 s "
@@ -140,6 +142,7 @@ ORDER = (
     "rpc_abort_retry_to_end_max_ms", "rpc_get_state_roundtrip_ms", "pipe_echo_ms",
     "coordinator_decision_us_p50", "coordinator_decision_us_p99", "coordinator_decision_us_max",
     "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",
+    "coordinator_decision_us_p50_cluster", "coordinator_decision_us_p99_cluster",
     "fleet_amplification", "fleet_amplification_no_budget", "fleet_requests_in_cooldown",
     "fleet_requests_in_cooldown_unshared", "sim_seed_mismatches", "sim_seconds",
     "store_call_ms_empty", "store_prune_ms", "store_call_ms_after_prune", "store_after_prune_ratio",

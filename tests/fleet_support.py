@@ -1,8 +1,12 @@
-"""Shared by the fleet tests: a real ``redis-server`` of the tests' own, and worker processes.
+"""Shared by the fleet tests: a real ``redis-server`` of the tests' own, a real three-master
+Redis Cluster, and worker processes.
 
 The server is :class:`fsm.fleet.server.RedisServer`: a free loopback port, a temporary
-folder, no persistence, stopped at the end. It is never skipped: ``make test`` installs the
-binary (``make setup``'s ``.redis`` step).
+folder, no persistence, stopped at the end. The cluster is the ``redis_cluster`` fixture of
+``tests/fleet/conftest.py`` (a conftest's, so that one cluster serves the whole session).
+Neither is ever skipped: ``make test`` installs the binaries (``make setup``'s ``.redis``
+step). The fleet's behaviour tests take :func:`any_redis`, so they run against both (SPEC
+§15.10).
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ def redis_server():
     """One server for a test module (tests keep apart through their own key prefix)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module", params=["redis", "cluster"])
+def any_redis(request):
+    """One Redis, then the three-master cluster: a test taking this runs on both (SPEC §15.10).
+    Either has ``url`` (``redis://...`` or ``redis+cluster://...``)."""
+    return request.getfixturevalue("redis_cluster" if request.param == "cluster" else "redis_server")
 
 
 @pytest.fixture
@@ -69,10 +80,17 @@ class Worker:
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def sync_client(url: str):
+    """A blocking redis-py client on ``url``: one Redis, or a Redis Cluster's
+    ``redis.cluster.RedisCluster`` for a ``redis+cluster://`` URL."""
+    import redis
+    from fsm.fleet._redis import cluster_client, is_cluster_url
+    return cluster_client(url, 60, asyncio=False) if is_cluster_url(url) else redis.Redis.from_url(url)
+
+
 def release(url: str, prefix: str, workers: int) -> None:
     """Let ``workers`` waiting workers go at once."""
-    import redis
-    client = redis.Redis.from_url(url)
+    client = sync_client(url)
     try:
         client.rpush(f"{prefix}:test-go", *["go"] * workers)
     finally:

@@ -27,7 +27,11 @@ async def main(spec: dict) -> None:
         await coord.ping()
         print(json.dumps("ready"), flush=True)
         import redis.asyncio
-        barrier = redis.asyncio.Redis.from_url(spec["url"], socket_timeout=60)  # may wait long
+        from fsm.fleet._redis import cluster_client, is_cluster_url
+        if is_cluster_url(spec["url"]):  # a Redis Cluster (SPEC §15.10)
+            barrier = cluster_client(spec["url"], 60)
+        else:
+            barrier = redis.asyncio.Redis.from_url(spec["url"], socket_timeout=60)  # may wait long
         await barrier.blpop([f"{spec['prefix']}:test-go"], timeout=30)
         await barrier.aclose()
     for op, *args in spec["ops"]:

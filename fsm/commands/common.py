@@ -199,8 +199,9 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
                         "one is tried; shared safely by concurrent processes")
     p.add_argument("--redis", default=None, metavar="URL",
                    help="share cooldowns, the retry budget and the pacer with other sessions through this "
-                        "coordinator (redis://HOST:PORT/DB, or memory: for this process only; "
-                        "see docs/fleet.md); default: none")
+                        "coordinator (redis://HOST:PORT/DB for one Redis, "
+                        "redis+cluster://HOST:PORT,HOST:PORT for a Redis Cluster, or memory: for "
+                        "this process only; see docs/fleet.md); default: none")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write the retry machine's transition trace here (python -m fsm audit FILE)")
 

@@ -37,10 +37,13 @@ def coordinator_from_url(url: str | None, *, prefix: str = DEFAULT_PREFIX,
     """The coordinator a command line's ``--redis URL`` (or the settings file) names.
 
     ``None``, ``""`` or ``"memory:"``: the process's :func:`default_coordinator`. A
-    ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``) URL: a :class:`RedisCoordinator`
-    wrapped in a :class:`GuardedCoordinator` (``timeout_s``, ``on_event``,
-    ``probe_interval_s``), or bare with ``guarded=False``. ``ValueError`` naming the URL
-    (password hidden) for anything else. Each is a :class:`FleetCoordinator`: it has
+    ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``) URL for one Redis, or a
+    ``redis+cluster://HOST:PORT,HOST:PORT`` (``rediss+cluster://``) URL for a Redis Cluster
+    (database 0 only; SPEC §15.13): a :class:`RedisCoordinator` wrapped in a
+    :class:`GuardedCoordinator` (``timeout_s``, ``on_event``, ``probe_interval_s``), or bare
+    with ``guarded=False``. ``ValueError`` naming the URL (password hidden) and what is wrong
+    with it (a cluster database other than 0 by its value) for anything else; docs/fleet.md
+    "A Redis Cluster (and Valkey)". Each is a :class:`FleetCoordinator`: it has
     ``warm_up()`` (call it when the host starts) and ``aclose()``.
     """
     if url is None or url in ("", "memory:"):

@@ -13,8 +13,9 @@ from typing import Any, Callable, Mapping, Sequence
 from fsm._extras import require
 from fsm.core.protocols import DEFAULT_BLOCK_MS, validate_credentials
 from fsm.fleet._guard import DEFAULT_TIMEOUT_S, EventListener, GuardedCoordinator
-from fsm.fleet._redis import (DEFAULT_PREFIX, SCRIPTS, KeySpace, RedisCoordinator, check_url, client_options,
-                              limited_from_replies, queue_limited_read, safe_reason)
+from fsm.fleet._redis import (DEFAULT_PREFIX, SCRIPTS, KeySpace, RedisCoordinator, check_url, client_errors,
+                              client_options, cluster_client, is_cluster_url, limited_from_replies,
+                              limited_script_replies, queue_limited_read, safe_reason)
 from fsm.fleet._types import MAX_LEFT_MS, credential_id, wall_ms
 
 
@@ -153,19 +154,23 @@ class RedisCredentialStore:
     def _sync_client(self) -> Any:
         if self._sync is None and self._url is not None:
             redis = require("redis", extra="redis", feature="the Redis credential store (fsm.fleet)")
-            self._sync = redis.Redis.from_url(check_url(self._url), **client_options(self._timeout_s, asyncio=False))
+            if is_cluster_url(self._url):  # SPEC §15.10: a Redis Cluster
+                self._sync = cluster_client(self._url, self._timeout_s, asyncio=False)
+            else:
+                self._sync = redis.Redis.from_url(check_url(self._url),
+                                                  **client_options(self._timeout_s, asyncio=False))
             self._sync_mark = self._sync.register_script(SCRIPTS["mark"])
+            self._sync_read = self._sync.register_script(SCRIPTS["limited"])
         return self._sync
 
     def _sync_remote(self, call: Callable[[Any], Any]) -> tuple[bool, Any]:
-        import redis.exceptions
         breaker = self.coordinator.breaker
         client = self._sync_client()
         if client is None or not breaker.may_try():
             return False, None
         try:
             answer = call(client)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except client_errors() as exc:
             breaker.failed(safe_reason(exc, self._url))
             return False, None
         breaker.succeeded()
@@ -177,6 +182,9 @@ class RedisCredentialStore:
         fallback = self.coordinator.fallback
         merged = fallback.limited_credentials_at(provider, fallback.now_ms())
         def read(client: Any) -> Any:
+            if is_cluster_url(self._url):  # a cluster's pipeline cannot send TIME
+                return limited_script_replies(self._sync_read(
+                    keys=[self._sync_keys.limited(provider)], args=[MAX_LEFT_MS, ""]))
             pipe = client.pipeline(transaction=False)
             queue_limited_read(pipe, self._sync_keys.limited(provider))
             return pipe.execute(raise_on_error=False)

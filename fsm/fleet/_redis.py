@@ -28,7 +28,13 @@ Valkey cluster) can serve a fleet:
   throughput remembered (``memoryS``; after them that memory is a sixteenth of what it was)
   plus a minute. A lost hash is a fresh pacer (not pacing, nothing remembered);
 - ``P:limited:PROVIDER`` — a sorted set of credential ids scored by the end of their usage
-  limit (server ms); it expires with its last mark.
+  limit (server ms); it expires with its last mark;
+- ``P:processes`` — a sorted set of the fleet's process ids scored by their last heartbeat.
+
+On a Redis Cluster (``redis+cluster://HOST:PORT,HOST:PORT``, SPEC §15.10 and §15.13) the
+names are the same: each script's keys share one slot, a batch of calls holds one key's only,
+and the credential marks, read on one Redis by a pipeline with ``TIME``, are read by a
+one-key script (a cluster pipeline cannot send ``TIME``).
 
 Every value read is validated per key: a key of the wrong type, a non-number, a number out
 of range (a time left beyond :data:`~fsm.fleet.MAX_LEFT_MS`, a cooldown without expiry) is
@@ -457,8 +463,21 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 return redis.call('ZCARD', KEYS[1])
 """
 
+# KEYS[1] a provider's limited set. Returns {seconds, microseconds (the server's TIME), the
+# key's TYPE, its members and scores (ZRANGE WITHSCORES, flat; {} when not a zset)}: the
+# read of queue_limited_read in one script, for a Redis Cluster (whose pipelines cannot send
+# TIME; the script runs on the node that holds the key, so its clock is the one the marks
+# were written by).
+LIMITED_READ = """
+local t = redis.call('TIME')
+local ty = redis.call('TYPE', KEYS[1])['ok']
+local rows = {}
+if ty == 'zset' then rows = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES') end
+return {t[1], t[2], ty, rows}
+"""
+
 SCRIPTS = {"admit": ADMIT, "credit": CREDIT, "learn": LEARN, "left": LEFT, "mark": MARK_LIMITED,
-           "processes": PROCESSES}
+           "processes": PROCESSES, "limited": LIMITED_READ}
 
 
 def _part(text: str) -> str:
@@ -511,15 +530,29 @@ def redact_url(url: str) -> str:
     return redact(url)
 
 
+#: The schemes of a Redis Cluster address (``rediss+cluster`` with TLS), SPEC §15.13.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def is_cluster_url(url: Any) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+    return isinstance(url, str) and url.split("://", 1)[0] in CLUSTER_SCHEMES
+
+
 def check_url(url: Any) -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ``ValueError`` naming it (password
-    hidden): another scheme, a port that is not 0..65535, or a database (the path of
-    ``redis://HOST:PORT/DB``, ``?db=N``) that is not a whole number — redis-py would quietly
-    use database 0 for ``redis://host/abc``."""
-    if not isinstance(url, str) or not re.match(r"^(redis|rediss|unix)://", url):
+    """A Redis address (SPEC §15.13 "Redis URLs"), or ``ValueError`` naming it (password
+    hidden). One Redis: ``redis://HOST:PORT/DB``, ``rediss://`` (TLS), ``unix:///path.sock``;
+    a port that is not 0..65535 or a database (the path, ``?db=N``) that is not a whole
+    number is refused (redis-py would quietly use database 0 for ``redis://host/abc``). A
+    Redis Cluster: ``redis+cluster://HOST:PORT,HOST:PORT,...`` (``rediss+cluster://`` for
+    TLS, ``USER:PASSWORD@`` before the first node applies to every node), any of its nodes
+    (the client finds the others); a database other than 0, an empty node, a port that is
+    not 1..65535 or another query parameter than ``db`` is refused."""
+    if not isinstance(url, str) or not re.match(r"^(redis|rediss|unix|redis\+cluster|rediss\+cluster)://", url):
         shown = redact_url(url) if isinstance(url, str) else repr(url)
-        raise ValueError(f"Redis address must look like redis://HOST:PORT/DB, got {shown!r}")
-    problem = _url_problem(url)
+        raise ValueError("Redis address must look like redis://HOST:PORT/DB (one Redis) or "
+                         f"redis+cluster://HOST:PORT,HOST:PORT (a Redis Cluster), got {shown[:200]!r}")
+    problem = _cluster_parts(url)[1] if is_cluster_url(url) else _url_problem(url)
     if problem:
         raise ValueError(f"Redis address {redact_url(url)[:200]!r}: {problem}")
     return url
@@ -545,6 +578,60 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
+def cluster_address(url: str) -> dict[str, Any]:
+    """The client options of a checked ``redis+cluster://`` URL (:func:`check_url`):
+    ``{"nodes": [(host, port), ...], "username", "password", "ssl"}``. ``ValueError`` as
+    :func:`check_url`."""
+    parts, problem = _cluster_parts(check_url(url))
+    if problem or parts is None:
+        raise ValueError(f"Redis address {redact_url(url)[:200]!r}: {problem}")
+    return parts
+
+
+def _cluster_parts(url: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the options of :func:`cluster_address`, None) or (None, what is wrong)."""
+    scheme, rest = url.split("://", 1)
+    m = re.match(r"^([^/?#]*)([^?#]*)(?:\?([^#]*))?(?:#.*)?$", rest)
+    if m is None:
+        return None, "not a URL"
+    netloc, path, query = m.group(1), urllib.parse.unquote(m.group(2)), m.group(3) or ""
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    nodes: list[tuple[str, int]] = []
+    for node in hosts.split(","):
+        hm = re.match(r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::([^:]*))?$", node.strip())
+        if hm is None or not hm.group(1).strip("[]"):
+            return None, (f"a cluster node must be HOST:PORT, got {node[:60]!r} (nodes are separated "
+                          "by commas: redis+cluster://HOST:PORT,HOST:PORT)")
+        port_text = hm.group(2)
+        if port_text is None:
+            port = 6379
+        elif port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535:
+            port = int(port_text)
+        else:
+            return None, f"the port of a cluster node must be 1..65535, got {port_text[:20]!r}"
+        nodes.append((hm.group(1).strip("[]"), port))
+    try:
+        params = urllib.parse.parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        return None, f"cannot read the query {query[:60]!r}"
+    dbs = params.pop("db", [])
+    if params:
+        return None, (f"a Redis Cluster address takes no parameter but db, got "
+                      f"{sorted(params)[0][:40]!r}")
+    if path not in ("", "/"):
+        dbs.append(path[1:])
+    for db in dbs:
+        if not (db.isascii() and db.isdigit()):
+            return None, f"the database must be a whole number, got {db[:40]!r}"
+        if int(db) != 0:
+            return None, (f"a Redis Cluster has only database 0, got database {db[:40]!r} "
+                          "(separate fleets on one cluster by their key prefix)")
+    return {"nodes": nodes, "username": urllib.parse.unquote(username) or None,
+            "password": urllib.parse.unquote(password) or None,
+            "ssl": scheme == "rediss+cluster"}, None
+
+
 def safe_reason(exc: BaseException, url: str | None = None) -> str:
     """A short description of ``exc`` for an event: the server's URL, the error's class and
     message, clipped, with every credential of the URL (``user:password@``, ``?password=``)
@@ -555,6 +642,42 @@ def safe_reason(exc: BaseException, url: str | None = None) -> str:
     if url:
         text = f"{redact_url(url)}: {text}"
     return scrub_secrets(text, url_secrets(url))[:300]
+
+
+def cluster_client(url: str, socket_timeout_s: float, max_connections: int | None = None, *,
+                   asyncio: bool = True) -> Any:
+    """A redis-py ``RedisCluster`` (``redis.asyncio.cluster``'s, or the blocking one with
+    ``asyncio=False``) for a ``redis+cluster://`` URL (:func:`cluster_address`), with
+    :func:`client_options` and at most ``max_connections`` connections per node (None:
+    redis-py's default). Connects lazily (it finds the other nodes at its first command).
+    ``ValueError`` for a bad URL."""
+    address = cluster_address(url)
+    if asyncio:
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+    else:
+        from redis.cluster import ClusterNode, RedisCluster
+    limit = {} if max_connections is None else {"max_connections": max_connections}
+    options = client_options(socket_timeout_s, asyncio=asyncio)
+    accepted = inspect.signature(RedisCluster.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):  # an older redis-py's
+        options = {k: v for k, v in options.items() if k in accepted}
+    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address["nodes"]],
+                        username=address["username"], password=address["password"],
+                        ssl=address["ssl"], **limit, **options)
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` is a redis-py ``RedisCluster`` (asyncio or blocking)."""
+    import redis.asyncio.cluster
+    import redis.cluster
+    return isinstance(client, (redis.asyncio.cluster.RedisCluster, redis.cluster.RedisCluster))
+
+
+def client_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions of a Redis client that mean "no answer": redis-py's errors (a cluster's
+    own ``RedisClusterException`` too, which is not one) and ``OSError``."""
+    import redis.exceptions
+    return (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 def client_options(socket_timeout_s: float, *, asyncio: bool = True) -> dict[str, Any]:
@@ -577,7 +700,10 @@ class RedisCoordinator:
     """The :class:`~fsm.fleet.Coordinator` protocol on a Redis server (redis-py's asyncio
     client), for sessions in several processes and machines.
 
-    ``client`` is a ``redis.asyncio.Redis``; build one from a URL with :meth:`from_url`.
+    ``client`` is a ``redis.asyncio.Redis`` or a ``redis.asyncio.cluster.RedisCluster``
+    (SPEC §15.10); build one from a URL with :meth:`from_url`. On a cluster every script
+    touches one slot: the keys of one (provider, model, credential) share a hash tag, and a
+    batch (:meth:`admit`) holds the calls of one key only, so it goes to one node.
     ``prefix`` separates fleets sharing a server. Every failure to get an answer raises
     :class:`~fsm.fleet.CoordinatorError` (wrap this in :class:`~fsm.fleet.GuardedCoordinator`
     so that sessions never see one). A client belongs to the event loop it first ran in.
@@ -592,6 +718,7 @@ class RedisCoordinator:
         self.keys = KeySpace(prefix)
         self.bucket_idle_ms = bucket_idle_ms
         self._url = url
+        self.cluster = is_cluster_client(client)
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections must be a positive integer, got {max_connections!r}")
         # At most max_connections commands at once; a call waiting here has sent nothing, so a
@@ -624,12 +751,17 @@ class RedisCoordinator:
                  bucket_idle_ms: int = DEFAULT_BUCKET_IDLE_MS,
                  socket_timeout_s: float = 1.0, max_connections: int = 32) -> "RedisCoordinator":
         """A coordinator on the server at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for
-        TLS, ``unix:///path.sock``). Connects lazily; at most ``max_connections`` commands
-        (and so connections) at once, more wait their turn, so that hundreds of sessions in a
-        process do not open hundreds of connections. ``ValueError`` for a bad URL."""
+        TLS, ``unix:///path.sock``), or on the Redis Cluster at
+        ``redis+cluster://HOST:PORT,HOST:PORT`` (:func:`check_url`). Connects lazily; at most
+        ``max_connections`` commands (and so connections, per node) at once, more wait their
+        turn, so that hundreds of sessions in a process do not open hundreds of connections.
+        ``ValueError`` for a bad URL."""
         redis_asyncio = require("redis.asyncio", extra="redis", feature="the Redis coordinator (fsm.fleet)")
         # one connection beyond max_connections is the probe's and the heartbeat's (probe()):
         # a probe never waits behind this process's own load
+        if is_cluster_url(url):
+            return cls(cluster_client(url, socket_timeout_s, max_connections + 1), prefix=prefix,
+                       bucket_idle_ms=bucket_idle_ms, url=url, max_connections=max_connections)
         pool = redis_asyncio.ConnectionPool.from_url(
             check_url(url), max_connections=max_connections + 1, **client_options(socket_timeout_s))
         client = redis_asyncio.Redis.from_pool(pool)
@@ -674,7 +806,7 @@ class RedisCoordinator:
             raise
         except (redis.exceptions.TimeoutError, TimeoutError) as exc:
             raise CoordinatorSlowError(safe_reason(exc, self._url)) from None
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except client_errors() as exc:
             raise CoordinatorError(safe_reason(exc, self._url)) from None
         finally:
             for task in tasks:
@@ -682,9 +814,14 @@ class RedisCoordinator:
                     self.in_flight.discard(task)
             self._slots.release()
 
+    def _ping(self) -> Any:
+        """A ``PING`` (on a cluster, of every master: a master that does not answer leaves
+        part of the fleet's keys without one)."""
+        return self.client.ping(target_nodes="primaries") if self.cluster else self.client.ping()
+
     async def ping(self) -> None:
         """One round trip (``PING``); raises :class:`~fsm.fleet.CoordinatorError` when none."""
-        await self._run(self.client.ping())
+        await self._run(self._ping())
 
     async def _own(self, awaitable: Any) -> Any:
         """Await ``awaitable`` on the connection kept for probes (one at a time, never
@@ -697,7 +834,7 @@ class RedisCoordinator:
                 return await awaitable
         except (redis.exceptions.TimeoutError, TimeoutError) as exc:
             raise CoordinatorSlowError(safe_reason(exc, self._url)) from None
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except client_errors() as exc:
             raise CoordinatorError(safe_reason(exc, self._url)) from None
         finally:
             if inspect.iscoroutine(awaitable):
@@ -707,7 +844,7 @@ class RedisCoordinator:
         """Whether the server answers at all, not how loaded this process is: one ``PING`` on
         a connection of its own (not behind this process's queued calls). Raises
         :class:`~fsm.fleet.CoordinatorError` when there is no answer (a guard bounds it)."""
-        await self._own(self.client.ping())
+        await self._own(self._ping())
 
     async def processes(self, ttl_ms: int = PROCESS_TTL_MS) -> int:
         """Say this process is alive (a heartbeat in ``P:processes``, on the server's clock)
@@ -808,7 +945,7 @@ class RedisCoordinator:
         round trips (call it when the host starts). Raises
         :class:`~fsm.fleet.CoordinatorError` when the server does not answer."""
         count = self.max_connections if connections is None else max(1, connections)
-        await asyncio.gather(*(self._run(self.client.ping()) for _ in range(count)))
+        await asyncio.gather(*(self._run(self._ping()) for _ in range(count)))
         for script in self._scripts.values():
             await self._run(self.client.script_load(script.script))
         await self.check_eviction()
@@ -888,8 +1025,12 @@ class RedisCoordinator:
         where = redact_url(self._url) if self._url else "this Redis"
         refused = None
         try:
-            config = await self._run(self.client.config_get("maxmemory*"),
-                                     keep=(redis.exceptions.ResponseError,))
+            if self.cluster:  # every master's: {node name: its settings}
+                config = await self._run(self.client.config_get("maxmemory*", target_nodes="primaries"),
+                                         keep=(redis.exceptions.ResponseError,))
+            else:
+                config = {where: await self._run(self.client.config_get("maxmemory*"),
+                                                 keep=(redis.exceptions.ResponseError,))}
         except CoordinatorError:
             self._eviction_check = "todo"  # no answer: asked again at the next script
             return None
@@ -904,7 +1045,9 @@ class RedisCoordinator:
                 f"{refused}); the fleet needs maxmemory-policy noeviction or no maxmemory "
                 "(docs/fleet.md \"Starting Redis\")")
         else:
-            self.eviction_warning = _eviction_warning(config, where)
+            warnings = [_eviction_warning(settings, where if name == where else f"{where} (node {name})")
+                        for name, settings in dict(config or {}).items()]
+            self.eviction_warning = "; ".join(w for w in warnings if w) or None
         self._eviction_check = "done"
         if self.eviction_warning:
             log.warning("%s", self.eviction_warning)
@@ -1033,9 +1176,13 @@ class RedisCoordinator:
                            [credential, check_duration("duration_ms", duration_ms)])
 
     async def limited_credentials(self, provider: str, now_ms: int | None = None) -> dict[str, int]:
-        pipe = self.client.pipeline(transaction=False)
-        queue_limited_read(pipe, self.keys.limited(provider))
-        left = limited_from_replies(await self._run(pipe.execute(raise_on_error=False)))
+        if self.cluster:  # a cluster's pipeline cannot send TIME: the same read as a script
+            left = limited_from_replies(limited_script_replies(
+                await self._script("limited", [self.keys.limited(provider)], [])))
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            queue_limited_read(pipe, self.keys.limited(provider))
+            left = limited_from_replies(await self._run(pipe.execute(raise_on_error=False)))
         if now_ms is not None:  # before v3: id -> end in the caller's clock
             return {c: now_ms + ms for c, ms in left.items()}
         return left
@@ -1097,6 +1244,23 @@ def queue_limited_read(pipe: Any, name: str) -> None:
     pipe.time()
     pipe.type(name)
     pipe.zrange(name, 0, -1, withscores=True)
+
+
+def limited_script_replies(reply: Any) -> Any:
+    """The LIMITED_READ script's reply in the shape of :func:`queue_limited_read`'s replies
+    (``[(seconds, microseconds), type, [(member, score), ...]]``); a reply of another shape
+    gives one that :func:`limited_from_replies` reads as no marks."""
+    try:
+        sec, usec, kind, flat = reply
+        rows = []
+        for i in range(0, len(flat) - 1, 2):
+            try:
+                rows.append((flat[i], float(flat[i + 1])))
+            except (TypeError, ValueError):
+                continue
+        return [(sec, usec), kind, rows]
+    except (TypeError, ValueError):
+        return None
 
 
 def limited_from_replies(replies: Any) -> dict[str, int]:

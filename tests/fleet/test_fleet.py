@@ -1,5 +1,6 @@
 """The coordinator's semantics, the same tests on the in-process and the Redis implementation
-(the Redis one against a real ``redis-server`` of the tests' own): budget, cooldowns, marks."""
+(the Redis one against a real ``redis-server`` of the tests' own and against a real
+three-master Redis Cluster, SPEC §15.10): budget, cooldowns, marks, Redis addresses."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ from fsm.fleet import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordKey
                        InProcessCoordinator, RedisCoordinator, coordinator_from_url,
                        credential_id, default_coordinator, redact_url)
 from fsm.core.settings import SettingsError
-from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 NOW = 1_800_000_000_000
 KEY = CoordKey("anthropic", "claude-x", credential_id("sk-secret"))
 OTHER = CoordKey("anthropic", "claude-y", credential_id("sk-secret"))
 
 
-@pytest.fixture(params=["in-process", "redis"])
-async def coord(request, redis_server, prefix):  # noqa: F811
+@pytest.fixture(params=["in-process", "redis", "cluster"])
+async def coord(request, prefix):  # noqa: F811
     if request.param == "in-process":
         c = InProcessCoordinator()
     else:
-        c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+        server = request.getfixturevalue("redis_cluster" if request.param == "cluster" else "redis_server")
+        c = RedisCoordinator.from_url(server.url, prefix=prefix)
     yield c
     await c.aclose()
 
@@ -142,11 +144,11 @@ async def test_idle_bucket_is_full_again():
     assert c.tokens(KEY, budget) == 2
 
 
-async def test_redis_bucket_is_kept_when_full_and_expires_after_a_week(redis_server, prefix):  # noqa: F811
+async def test_redis_bucket_is_kept_when_full_and_expires_after_a_week(any_redis, prefix):  # noqa: F811
     """A bucket is never deleted when full (absent would mean "full" to anyone); unused, it
     expires after BUCKET_TTL_MS."""
     from fsm.fleet._redis import BUCKET_TTL_MS
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix, bucket_idle_ms=60_000)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix, bucket_idle_ms=60_000)
     budget = BudgetSettings(max_tokens=4)
     await c.admit(KEY, retry=True, budget=budget, pacing=None)
     ttl = await c.client.pttl(c.keys.bucket(KEY))
@@ -194,9 +196,9 @@ async def test_cooldown_of_zero_or_less_is_not_recorded(coord):
     assert (await coord.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms == 0
 
 
-async def test_redis_cooldown_key_expires_with_the_cooldown(redis_server, prefix):  # noqa: F811
+async def test_redis_cooldown_key_expires_with_the_cooldown(any_redis, prefix):  # noqa: F811
     """A cooldown is a key whose PX expiry is the cooldown; a shorter one does not shorten it."""
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     await c.learn_cooldown(KEY, 20_000)
     ttl = await c.client.pttl(c.keys.cooldown(KEY))
     assert 19_000 < ttl <= 20_000
@@ -209,9 +211,9 @@ async def test_redis_cooldown_key_expires_with_the_cooldown(redis_server, prefix
     await c.aclose()
 
 
-async def test_redis_keys_do_not_collide_on_colons(redis_server, prefix):  # noqa: F811
+async def test_redis_keys_do_not_collide_on_colons(any_redis, prefix):  # noqa: F811
     """Redis keys do not collide on colons."""
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     a, b = CoordKey("p:q", "m"), CoordKey("p", "q:m")
     assert c.keys.cooldown(a) != c.keys.cooldown(b)
     await c.learn_cooldown(a, 1000)
@@ -223,12 +225,66 @@ def test_prefix_and_url_are_checked():
     """Colons inside names cannot make two keys share a Redis key."""
     with pytest.raises(ValueError, match="prefix"):
         RedisCoordinator.from_url("redis://127.0.0.1:1/0", prefix="a b")
-    with pytest.raises(ValueError, match=r"redis://HOST:PORT/DB, got 'http://u:\*\*\*@h'"):
+    with pytest.raises(ValueError, match=r"redis\+cluster://HOST:PORT,HOST:PORT \(a Redis Cluster\), "
+                                         r"got 'http://u:\*\*\*@h'"):
         coordinator_from_url("http://u:pw@h")
     assert redact_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
     assert "pw" not in repr(RedisCoordinator.from_url("redis://:pw@127.0.0.1:1/0"))
     with pytest.raises(ValueError, match="bucket_idle_ms"):
         InProcessCoordinator(bucket_idle_ms=0)
+
+
+def test_a_cluster_url_selects_a_cluster_client_with_its_nodes_and_credentials():
+    """docs/fleet.md "A Redis Cluster", SPEC §15.13: ``redis+cluster://`` with several nodes is
+    a redis-py ``RedisCluster`` over those nodes (``USER:PASSWORD@`` for each, ``rediss+`` for
+    TLS, database 0 allowed); ``redis://`` stays one Redis. Nothing connects here."""
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+    from fsm.fleet._redis import cluster_address
+    c = RedisCoordinator.from_url("redis+cluster://127.0.0.1:7000,127.0.0.1:7001/0", prefix="p")
+    assert isinstance(c.client, RedisCluster) and c.cluster
+    assert sorted(n.name for n in c.client.nodes_manager.startup_nodes.values()) == [
+        "127.0.0.1:7000", "127.0.0.1:7001"]
+    one = RedisCoordinator.from_url("redis://127.0.0.1:7000/3", prefix="p")
+    assert isinstance(one.client, Redis) and not one.cluster
+    assert cluster_address("rediss+cluster://me:s%40cret@h1:1,[::1]:2,h3?db=0") == {
+        "nodes": [("h1", 1), ("::1", 2), ("h3", 6379)], "username": "me", "password": "s@cret",
+        "ssl": True}
+    guarded = coordinator_from_url("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001")
+    assert "pw" not in repr(guarded.inner) and guarded.inner.cluster
+
+
+@pytest.mark.parametrize("url, words", [
+    ("redis+cluster://h1:7000,h2:7001/3", "only database 0, got database '3'"),
+    ("redis+cluster://h1:7000?db=1", "only database 0, got database '1'"),
+    ("redis+cluster://h1:7000/x", "whole number, got 'x'"),
+    ("redis+cluster://h1:7000,,h2:7001", "a cluster node must be HOST:PORT, got ''"),
+    ("redis+cluster://h1:7000,h2:seven", "1..65535, got 'seven'"),
+    ("redis+cluster://h1:0", "1..65535, got '0'"),
+    ("redis+cluster://h1:7000?ssl=yes", "no parameter but db, got 'ssl'"),
+    ("redis+cluster://u:pw@", "a cluster node must be HOST:PORT, got ''"),
+], ids=["db3", "db_param", "db_word", "empty_node", "port_word", "port_0", "param", "no_node"])
+def test_a_bad_cluster_url_is_refused_naming_the_value(url, words):
+    """SPEC §15.13: a cluster has only database 0, so any other is refused (not quietly
+    ignored), as is a node that is not HOST:PORT; the error names the value and hides the
+    password."""
+    with pytest.raises(ValueError, match="Redis address") as info:
+        coordinator_from_url(url)
+    assert words in str(info.value) and "pw" not in str(info.value)
+
+
+def test_the_cli_refuses_a_bad_cluster_url_in_one_line_with_status_2(tmp_path):
+    """docs/fleet.md "A Redis Cluster": ``--redis`` takes a cluster URL; a database other
+    than 0 there is a one-line error naming it, status 2, before anything starts."""
+    import subprocess
+    import sys
+    from support import env
+    proc = subprocess.run([sys.executable, "-m", "fsm", "rpc", "--model", "m", "--no-session",
+                           "--redis", "redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001/2"],
+                          input="", capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "bad --redis" in proc.stderr and "only database 0, got database '2'" in proc.stderr
+    assert "pw" not in proc.stderr
 
 
 # -- credential marks ----------------------------------------------------------------------
@@ -298,6 +354,19 @@ async def test_many_concurrent_calls_share_a_few_connections(redis_server, prefi
     await c.aclose()
 
 
+def test_the_keys_of_one_coordinator_key_share_one_cluster_slot():
+    """docs/fleet.md "A Redis Cluster (and Valkey)", SPEC §15.10: every script touches one
+    slot, so the five keys of one (provider, model, credential) hash to one slot, whatever
+    the names hold (colons, braces that would end a hash tag early, spaces); two keys spread."""
+    from redis.crc import key_slot
+    from fsm.fleet._redis import KeySpace
+    space = KeySpace("p")
+    for key in [KEY, CoordKey("a}b", "{c}:d", "e f"), CoordKey("x", "}", "{"), CoordKey("o", "m{")]:
+        assert len({key_slot(name.encode()) for name in space.of(key)}) == 1, key
+    slots = {key_slot(space.cooldown(CoordKey("p", f"model-{i}")).encode()) for i in range(50)}
+    assert len(slots) > 40, "different keys spread over the slots"
+
+
 def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
     """The test server names a missing or failing redis-server."""
     from fsm.fleet import server
@@ -306,11 +375,15 @@ def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
     monkeypatch.setattr(server.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="make setup"):
         server.RedisServer()
+    with pytest.raises(FileNotFoundError, match="redis-cli not found"):
+        server.RedisClusterServer()
+    with pytest.raises(ValueError, match="at least one master, got 0"):
+        server.RedisClusterServer(masters=0)
 
 
-async def test_warm_up_loads_the_scripts_and_opens_connections(redis_server, prefix):  # noqa: F811
+async def test_warm_up_loads_the_scripts_and_opens_connections(any_redis, prefix):  # noqa: F811
     """Warm up loads the scripts and opens connections."""
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     await c.client.script_flush()
     await c.warm_up(connections=3)
     shas = [s.sha for s in c._scripts.values()]

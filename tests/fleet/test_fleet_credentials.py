@@ -1,4 +1,5 @@
-"""The Redis-backed credential store: keys stay local, marks are the fleet's."""
+"""The Redis-backed credential store: keys stay local, marks are the fleet's (on one Redis and on
+a three-master Redis Cluster, SPEC §15.10)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from fsm.host.credentials import DEFAULT_BLOCK_MS
 from fsm.fleet import (GuardedCoordinator, InProcessCoordinator, RedisCoordinator, RedisCredentialStore,
                        credential_id, load_credentials)
-from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 NOW = 1_800_000_000_000
 KEYS = {"openai": ["sk-one", "sk-two", "sk-three"], "solo": ["sk-solo"]}
@@ -35,11 +36,11 @@ def clock():
 
 
 @pytest.fixture
-def make(redis_server, prefix, clock):  # noqa: F811
+def make(any_redis, prefix, clock):  # noqa: F811
     made = []
 
     def build(**kw):
-        store = RedisCredentialStore(KEYS, url=redis_server.url, prefix=prefix, clock=clock, **kw)
+        store = RedisCredentialStore(KEYS, url=any_redis.url, prefix=prefix, clock=clock, **kw)
         made.append(store)
         return store
     yield build
@@ -64,9 +65,10 @@ def test_a_mark_ends_on_the_servers_clock(make):
     """A mark's end is counted by Redis: it is gone once its time has passed."""
     import time
     a, b = make(), make()
-    assert a.mark_usage_limit_reached("openai", "s1", 40) is True
+    assert a.blocked_until("openai") == b.blocked_until("openai") == {}  # connected, scripts loaded
+    assert a.mark_usage_limit_reached("openai", "s1", 250) is True  # room for a loaded machine
     assert credential_id("sk-one") in b.blocked_until("openai")
-    time.sleep(0.06)
+    time.sleep(0.3)
     a.coordinator.fallback = InProcessCoordinator()  # forget this process's own copy
     b.coordinator.fallback = InProcessCoordinator()
     assert b.blocked_until("openai") == {}
@@ -101,24 +103,27 @@ async def test_async_variants_match(make, clock):
     await s.aclose()
 
 
-async def test_marks_are_the_coordinators_and_no_key_reaches_redis(make, redis_server, prefix):  # noqa: F811
+async def test_marks_are_the_coordinators_and_no_key_reaches_redis(make, any_redis, prefix):  # noqa: F811
     """Marks are the coordinators and no key reaches Redis."""
-    coord = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    coord = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     s = make()
+    assert await coord.limited_credentials("openai") == s.blocked_until("openai") == {}  # connected
     s.mark_usage_limit_reached("openai", "s", 60_000)
     assert near(await coord.limited_credentials("openai", NOW), {credential_id("sk-one"): NOW + 60_000})
     await coord.mark_credential_limited("openai", credential_id("sk-two"), NOW + 1000, NOW)
     assert s.api_key("openai", "new") == "sk-three"
-    for name in await coord.client.keys(f"{prefix}:*"):
+    names = await coord.client.keys(f"{prefix}:*", **({"target_nodes": "primaries"} if coord.cluster else {}))
+    assert names, "the marks are in Redis"
+    for name in names:
         members = await coord.client.zrange(name, 0, -1)
         assert not any(b"sk-" in m for m in members) and b"sk-" not in name
     await coord.aclose()
 
 
-async def test_a_given_coordinator_is_shared(redis_server, prefix, clock):  # noqa: F811
+async def test_a_given_coordinator_is_shared(any_redis, prefix, clock):  # noqa: F811
     """A given coordinator is shared."""
     heard: list = []
-    g = GuardedCoordinator(RedisCoordinator.from_url(redis_server.url, prefix=prefix))
+    g = GuardedCoordinator(RedisCoordinator.from_url(any_redis.url, prefix=prefix))
     s = RedisCredentialStore(KEYS, coordinator=g, on_event=heard.append, clock=clock)
     assert s.coordinator is g
     assert s.mark_usage_limit_reached("openai", "s", 1000) is True

@@ -112,3 +112,27 @@ async def test_a_refused_config_get_is_said_without_the_password(own_redis, pref
     assert (await c.admit(KEY, retry=False, budget=None, pacing=None)).cooldown_ms > 50_000
     sync.close()
     await c.aclose()
+
+
+async def test_every_master_of_a_cluster_is_checked_and_the_one_that_evicts_is_named(redis_cluster, prefix):  # noqa: F811
+    """docs/fleet.md "A Redis Cluster (and Valkey)": the eviction check asks every master, and
+    the warning names the master whose policy can drop the fleet's keys (a cluster whose other
+    masters are fine is not enough)."""
+    import redis
+    port = redis_cluster.ports[-1]
+    node = redis.Redis(host="127.0.0.1", port=port)
+    node.config_set("maxmemory", str(512 << 20))
+    node.config_set("maxmemory-policy", "volatile-lru")
+    try:
+        c = RedisCoordinator.from_url(redis_cluster.url, prefix=prefix)
+        warning = await c.check_eviction()
+        assert warning is not None and f"(node 127.0.0.1:{port})" in warning
+        assert "volatile-lru" in warning and warning.count("maxmemory-policy volatile-lru") == 1
+        await c.aclose()
+    finally:
+        node.config_set("maxmemory", "0")
+        node.config_set("maxmemory-policy", "noeviction")
+        node.close()
+    clean = RedisCoordinator.from_url(redis_cluster.url, prefix=prefix)
+    assert await clean.check_eviction() is None, "every master at noeviction: nothing to say"
+    await clean.aclose()

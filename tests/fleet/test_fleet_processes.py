@@ -1,5 +1,6 @@
-"""Separate processes sharing one real Redis: cooldowns, the budget and credential marks are
-the fleet's (each worker is ``tests/fleet_worker.py`` in its own interpreter)."""
+"""Separate processes sharing one real Redis, or a three-master Redis Cluster: cooldowns, the
+budget and credential marks are the fleet's (each worker is ``tests/fleet_worker.py`` in its own
+interpreter)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,27 @@ def test_a_credential_marked_by_one_process_is_skipped_by_all(redis_server, pref
             assert b"sk-" not in name and "sk-" not in dump
     finally:
         client.close()
+
+
+def test_processes_share_cooldowns_the_budget_and_marks_on_a_redis_cluster(redis_cluster, prefix):  # noqa: F811
+    """SPEC §15.10, docs/fleet.md "A Redis Cluster (and Valkey)": on a three-master cluster,
+    a process's cooldowns (keys on two different masters), its credential mark and the
+    budget (on a third master) are every process's: two processes taking 40 retries each
+    against a bucket of 100 are allowed 49 in all, as on one Redis."""
+    from redis.crc import key_slot
+    from fsm.fleet import CoordKey
+    from fsm.fleet._redis import KeySpace
+    space = KeySpace(prefix)
+    thirds = {key_slot(space.cooldown(CoordKey(p, m)).encode()) * 3 // 16384
+              for p, m in [("openai", "gpt"), ("anthropic", "claude"), ("p", "m")]}
+    assert thirds == {0, 1, 2}, "the keys live on the three masters"
+    url = redis_cluster.url
+    learner = Worker(url, prefix, [["learn", "openai", "gpt", 30_000],
+                                   ["learn", "anthropic", "claude", 30_000],
+                                   ["mark", "openai", "c1", 30_000], ["take", 40, 100]])
+    *_, learner_took = learner.results()
+    reader = Worker(url, prefix, [["left", "openai", "gpt"], ["left", "anthropic", "claude"],
+                                  ["limited", "openai"], ["take", 40, 100]])
+    gpt, claude, limited, reader_took = reader.results()
+    assert 0 < gpt <= 30_000 and 0 < claude <= 30_000 and 0 < limited["c1"] <= 30_000
+    assert (learner_took, reader_took) == (40, 9), "49 retries for the fleet, as on one Redis"

@@ -1,7 +1,8 @@
 """The fleet trusts nothing it reads (docs/fleet.md, "What the coordinator trusts"): values
 of every type and size in every key degrade that key only; a lost budget is spent, not
 full; a bucket is never deleted when full; one machine's clock skew changes nobody's wait.
-Against real ``redis-server`` processes of the tests' own."""
+Against real ``redis-server`` processes of the tests' own, one Redis and a three-master Redis
+Cluster (SPEC §15.10)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from fsm.fleet import (MAX_LEFT_MS, BudgetSettings, CoordKey, GuardedCoordinator, InProcessCoordinator,
                        PacingSettings, RedisCoordinator)
 from fsm.fleet.server import RedisServer
-from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 KEY = CoordKey("anthropic", "claude-x", "c0ffee")
 BUDGET = BudgetSettings(max_tokens=10)
@@ -49,11 +50,11 @@ def sane(answers: dict) -> None:
 
 # -- item 1: a number out of range -------------------------------------------------------
 
-async def test_a_cooldown_of_2_6e14_ms_is_ignored_and_never_copied_to_the_fallback(redis_server, prefix):  # noqa: F811
+async def test_a_cooldown_of_2_6e14_ms_is_ignored_and_never_copied_to_the_fallback(any_redis, prefix):  # noqa: F811
     """A peer writing microseconds: the cooldown key is ignored (and repaired), the guard's
     local fallback never holds it, and the process is fine once the key is gone."""
     events: list = []
-    g = guard(redis_server.url, prefix, events)
+    g = guard(any_redis.url, prefix, events)
     raw = g.inner.client
     await raw.set(g.inner.keys.cooldown(KEY), "260000000000000", px=260_000_000_000_000)
     await raw.set(g.inner.keys.fallback(KEY), "1", px=260_000_000_000_000)
@@ -67,9 +68,9 @@ async def test_a_cooldown_of_2_6e14_ms_is_ignored_and_never_copied_to_the_fallba
     await g.aclose()
 
 
-async def test_a_sane_cooldown_still_counts_next_to_a_bad_one(redis_server, prefix):  # noqa: F811
+async def test_a_sane_cooldown_still_counts_next_to_a_bad_one(any_redis, prefix):  # noqa: F811
     """The bad value degrades its own key: another key's cooldown is read as ever."""
-    g = guard(redis_server.url, prefix, [])
+    g = guard(any_redis.url, prefix, [])
     other = CoordKey("anthropic", "claude-y", "c0ffee")
     await g.inner.client.set(g.inner.keys.cooldown(KEY), "x", px=260_000_000_000_000)
     await g.learn_cooldown(other, 30_000)
@@ -81,11 +82,11 @@ async def test_a_sane_cooldown_still_counts_next_to_a_bad_one(redis_server, pref
 # -- item 3: one bad value does not upset every key ---------------------------------------
 
 @pytest.mark.parametrize("kind", ["list", "hash", "set", "zset", "string-garbage"])
-async def test_a_key_of_the_wrong_type_does_not_make_the_guard_flap(redis_server, prefix, kind):  # noqa: F811
+async def test_a_key_of_the_wrong_type_does_not_make_the_guard_flap(any_redis, prefix, kind):  # noqa: F811
     """Wrong types in every key: no script fails, no unavailable/restored event, and the
     shared budget of a good key is still the fleet's."""
     events: list = []
-    g = guard(redis_server.url, prefix, events)
+    g = guard(any_redis.url, prefix, events)
     raw, keys = g.inner.client, g.inner.keys
     for name in [*keys.of(KEY), keys.limited("anthropic")]:
         if kind == "list":
@@ -109,16 +110,16 @@ async def test_a_key_of_the_wrong_type_does_not_make_the_guard_flap(redis_server
 
 # -- item 4: a lost budget comes back spent, never full ---------------------------------------
 
-async def test_a_lost_bucket_counts_as_spent_for_a_process_that_used_it(redis_server, prefix):  # noqa: F811
+async def test_a_lost_bucket_counts_as_spent_for_a_process_that_used_it(any_redis, prefix):  # noqa: F811
     """Eviction, FLUSHALL or a restart lose the key: a process that used it continues from
     empty; a process that never saw it starts full."""
-    a = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    a = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     for _ in range(8):
         await a.admit(KEY, retry=True, budget=BUDGET, pacing=None)
     await a.client.delete(a.keys.bucket(KEY))  # what volatile-lru or FLUSHALL does
     answer = await a.admit(KEY, retry=True, budget=BUDGET, pacing=None)
     assert answer.budget is False and await a.tokens(KEY, BUDGET) == 0
-    b = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    b = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     fresh_key = CoordKey("anthropic", "never-seen", "c0ffee")
     assert (await b.admit(fresh_key, retry=True, budget=BUDGET, pacing=None)).budget is True
     assert await b.tokens(fresh_key, BUDGET) == 9
@@ -126,9 +127,9 @@ async def test_a_lost_bucket_counts_as_spent_for_a_process_that_used_it(redis_se
     await b.aclose()
 
 
-async def test_a_bucket_idle_for_bucket_idle_ms_is_full_again_even_if_seen(redis_server, prefix):  # noqa: F811
+async def test_a_bucket_idle_for_bucket_idle_ms_is_full_again_even_if_seen(any_redis, prefix):  # noqa: F811
     """Idle refill still holds: seen long ago is not "seen" any more."""
-    a = RedisCoordinator.from_url(redis_server.url, prefix=prefix, bucket_idle_ms=1000)
+    a = RedisCoordinator.from_url(any_redis.url, prefix=prefix, bucket_idle_ms=1000)
     await a.admit(KEY, retry=True, budget=BUDGET, pacing=None)
     a._seen_at[KEY] -= 5_000  # this process used it 5 s ago, beyond bucket_idle_ms
     await a.client.delete(a.keys.bucket(KEY))
@@ -137,10 +138,10 @@ async def test_a_bucket_idle_for_bucket_idle_ms_is_full_again_even_if_seen(redis
     await a.aclose()
 
 
-async def test_a_full_bucket_is_never_deleted(redis_server, prefix):  # noqa: F811
+async def test_a_full_bucket_is_never_deleted(any_redis, prefix):  # noqa: F811
     """Credits up to the maximum keep the key (absent would mean full to a newcomer but spent
     to a process that has seen it)."""
-    a = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    a = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     await a.admit(KEY, retry=True, budget=BUDGET, pacing=None)
     for _ in range(50):
         await a.record_outcome(KEY, success=True, throttled=False, budget=BUDGET, pacing=None)
@@ -214,11 +215,11 @@ async def test_an_abort_while_redis_answers_gives_back_the_token(redis_server, p
 # -- item 5: one machine's clock skew ----------------------------------------------------
 
 @pytest.mark.parametrize("skew_ms", [HOUR, -HOUR, 10 * 86_400_000, -10 * 86_400_000])
-async def test_a_machine_with_a_skewed_clock_learns_a_30s_hint_as_30s(redis_server, prefix, skew_ms):  # noqa: F811
+async def test_a_machine_with_a_skewed_clock_learns_a_30s_hint_as_30s(any_redis, prefix, skew_ms):  # noqa: F811
     """A cooldown is a duration: a writer whose clock is an hour (or ten days) ahead or behind
     still makes a 30 s cooldown, even through the before-v3 ``(until_ms, now_ms)`` form."""
-    skewed = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
-    honest = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    skewed = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
+    honest = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     now = 1_800_000_000_000 + skew_ms
     await skewed.learn_cooldown(KEY, now + 30_000, now)
     await skewed.mark_credential_limited("anthropic", "c1", now + 30_000, now)
@@ -228,16 +229,17 @@ async def test_a_machine_with_a_skewed_clock_learns_a_30s_hint_as_30s(redis_serv
     await honest.aclose()
 
 
-def test_credential_stores_on_skewed_clocks_agree_on_a_marks_time_left(redis_server, prefix):  # noqa: F811
+def test_credential_stores_on_skewed_clocks_agree_on_a_marks_time_left(any_redis, prefix):  # noqa: F811
     """A store whose machine is ten days ahead marks a key for 30 s: a store on an honest
     machine sees 30 s left, and skips the key."""
     from fsm.fleet import RedisCredentialStore, credential_id
     keys = {"openai": ["sk-one", "sk-two"]}
     now = 1_800_000_000_000
-    ahead = RedisCredentialStore(keys, url=redis_server.url, prefix=prefix,
+    ahead = RedisCredentialStore(keys, url=any_redis.url, prefix=prefix,
                                  clock=lambda: now + 10 * 86_400_000)
-    honest = RedisCredentialStore(keys, url=redis_server.url, prefix=prefix, clock=lambda: now)
+    honest = RedisCredentialStore(keys, url=any_redis.url, prefix=prefix, clock=lambda: now)
     try:
+        assert ahead.blocked_until("openai") == honest.blocked_until("openai") == {}  # connected
         assert ahead.mark_usage_limit_reached("openai", "s", 30_000) is True
         until = honest.blocked_until("openai")[credential_id("sk-one")]
         assert now + 29_000 < until <= now + 30_000
@@ -282,10 +284,10 @@ async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, f
     await c.aclose()
 
 
-async def test_a_pacer_cut_stamped_days_ahead_of_the_servers_clock_makes_a_fresh_pacer(redis_server, prefix):  # noqa: F811
+async def test_a_pacer_cut_stamped_days_ahead_of_the_servers_clock_makes_a_fresh_pacer(any_redis, prefix):  # noqa: F811
     """A last cut ten days ahead (a peer's clock, a corrupted key) would keep the pacer from
     ever forgetting: it is read as a fresh pacer instead."""
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     name = c.keys.pacer(KEY)
     await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
     sec, usec = await c.client.time()

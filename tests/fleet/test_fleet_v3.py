@@ -15,7 +15,7 @@ from fsm.fleet import (FLOOR_HORIZON_MS, MAX_LEFT_MS, WAIT_RECHECK_MS, Admission
                        RedisCoordinator)
 from fsm.fleet._redis import pacer_ttl_ms
 from fsm.testing import FakeClock
-from fleet_support import prefix, redis_server  # noqa: F401 (fixtures)
+from fleet_support import any_redis, prefix, redis_server  # noqa: F401 (fixtures)
 
 KEY = CoordKey("anthropic", "claude-x", "c0ffee")
 OTHER = CoordKey("anthropic", "claude-y", "c0ffee")
@@ -32,10 +32,11 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["in-process", "redis"])
-async def coord(request, redis_server, prefix):  # noqa: F811
+@pytest.fixture(params=["in-process", "redis", "cluster"])
+async def coord(request, prefix):  # noqa: F811
     c = InProcessCoordinator() if request.param == "in-process" else RedisCoordinator.from_url(
-        redis_server.url, prefix=prefix)
+        request.getfixturevalue("redis_cluster" if request.param == "cluster" else "redis_server").url,
+        prefix=prefix)
     yield c
     await c.aclose()
 
@@ -254,13 +255,13 @@ async def test_no_slot_within_the_horizon_takes_and_reserves_nothing(coord):
     assert await pacer_of(coord) == before
 
 
-async def test_the_guard_passes_pacing_booked_through_and_its_local_pacer_follows(redis_server, prefix):  # noqa: F811
+async def test_the_guard_passes_pacing_booked_through_and_its_local_pacer_follows(any_redis, prefix):  # noqa: F811
     """Through the guard: Redis's ``pacing_booked`` comes out as answered; the local pacer
     counts the sends Redis admitted and hears every answer (successes too), so that a local
     throttle cuts from this process's own send rate."""
     clock = Clock(0.0)
     settings = PacingSettings(min_rate=1.0, horizon_ms=500)
-    g = GuardedCoordinator(RedisCoordinator.from_url(redis_server.url, prefix=prefix), timeout_s=1.0,
+    g = GuardedCoordinator(RedisCoordinator.from_url(any_redis.url, prefix=prefix), timeout_s=1.0,
                            clock=clock)
     for _ in range(5):
         assert (await g.admit(KEY, retry=False, budget=None, pacing=settings)).pacing_booked
@@ -292,10 +293,10 @@ async def test_the_guards_local_fallback_answers_pacing_booked_too():
     await g.aclose()
 
 
-async def test_the_guard_passes_budget_slot_booked_through_and_its_fallback_answers_it(redis_server, prefix):  # noqa: F811
+async def test_the_guard_passes_budget_slot_booked_through_and_its_fallback_answers_it(any_redis, prefix):  # noqa: F811
     """The guard passes Redis's unbooked wait through; its fallback books within the horizon only."""
     no_floor = BudgetSettings(max_tokens=2, mode="wait")
-    g = GuardedCoordinator(RedisCoordinator.from_url(redis_server.url, prefix=prefix),
+    g = GuardedCoordinator(RedisCoordinator.from_url(any_redis.url, prefix=prefix),
                            timeout_s=1.0)
     a = await g.admit(KEY, retry=True, budget=no_floor, pacing=None)
     assert g.available and a == Admission(budget=False, budget_wait_ms=WAIT_RECHECK_MS,
@@ -313,10 +314,10 @@ async def test_the_guard_passes_budget_slot_booked_through_and_its_fallback_answ
     await down.aclose()
 
 
-async def test_the_redis_pacer_hash_expires_after_forget_after_ms_plus_its_memory(redis_server, prefix):  # noqa: F811
+async def test_the_redis_pacer_hash_expires_after_forget_after_ms_plus_its_memory(any_redis, prefix):  # noqa: F811
     """The pacer hash lives forgetAfterMs + 4 half-lives of memoryS + a minute after its
     last write."""
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     settings = PacingSettings(forget_after_ms=30_000, memory_s=60.0)
     assert pacer_ttl_ms(settings) == 30_000 + 240_000 + 60_000
     await c.admit(KEY, retry=False, budget=None, pacing=settings)
@@ -356,10 +357,10 @@ async def test_no_duration_in_or_out_goes_beyond_400_days(coord):
         await coord.learn_cooldown(KEY, "30s")
 
 
-async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(redis_server, prefix):  # noqa: F811
+async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(any_redis, prefix):  # noqa: F811
     """A throttle one process saw paces another's requests."""
-    a = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
-    b = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    a = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
+    b = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     settings = PacingSettings(min_rate=1.0)
     now = 1_700_000_000_000.0  # one time for both (the server's TIME would add load-dependent drift)
     await a.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings, _now=now)
@@ -418,7 +419,7 @@ async def twin_step(c: RedisCoordinator, state: pure.PacerState, now: float, set
 
 
 @pytest.mark.parametrize("seed", range(6))
-async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_server, prefix, seed):  # noqa: F811
+async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(any_redis, prefix, seed):  # noqa: F811
     """fsm.core.pacing "clock steps": a random run of reservations and answers (throttled,
     success, other) with clock steps forward and back (beyond a minute too) gives, step by step,
     the same delays, the same horizon refusals and the same state, field by field and to the
@@ -430,7 +431,7 @@ async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_se
                               cut_interval_ms=rng.choice([0, 1000]),
                               horizon_ms=rng.choice([0, 700, 2000]), forget_after_ms=20_000,
                               memory_s=rng.choice([5.0, 600.0]))
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     state, now = pure.fresh(), 1_700_000_000_000.0
     refused = cuts = clamped = 0
     for _ in range(400):
@@ -451,13 +452,13 @@ async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(redis_se
 
 
 async def test_both_pacers_clamp_a_step_back_to_the_latest_time_seen_and_agree_at_the_extremes(
-        redis_server, prefix):  # noqa: F811
+        any_redis, prefix):  # noqa: F811
     """fsm.core.pacing "clock steps": after a cut, a step back of 2 minutes keeps pacing in both
     (no reset, the best throughput kept: the same slot, field by field); a slot booked 400
     days ahead and a step back of exactly 400 days are accepted; one of 400 days + 1 ms is
     another clock: both pacers start afresh."""
     settings = PacingSettings(min_rate=1.0, forget_after_ms=20_000)
-    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     state, t0 = pure.fresh(), 1_700_000_000_000.0
     for i in range(10):  # 10 successes a second, then a throttle: pacing at 7/s
         state, _ = await twin_step(c, state, t0 + i * 100, settings, ("reserve", 0))
@@ -483,9 +484,13 @@ async def test_both_pacers_clamp_a_step_back_to_the_latest_time_seen_and_agree_a
     await c.aclose()
 
 
-@pytest.mark.parametrize("seed", range(6))
-async def test_the_redis_budget_answers_as_the_in_process_one(redis_server, prefix, seed):  # noqa: F811
-    """Over a random run the Lua and in-process budgets give the same answers, bucket and floor."""
+@pytest.mark.parametrize("where, seed", [*(("redis", seed) for seed in range(6)),
+                                         ("cluster", 0), ("cluster", 3)])
+async def test_the_redis_budget_answers_as_the_in_process_one(request, prefix, where, seed):  # noqa: F811
+    """Over a random run the Lua and in-process budgets give the same answers, bucket and floor
+    (on one Redis every mode; on the cluster, SPEC §15.10, refuse with a floor and wait with
+    one: the same script, one slot)."""
+    redis_server = request.getfixturevalue("redis_cluster" if where == "cluster" else "redis_server")
     rng = random.Random(seed)
     mode, floor = [("refuse", 1.0), ("wait", 0.0), ("wait", 0.3), ("wait", 2.0), ("wait", 7.0),
                    ("refuse", 0.0)][seed]

@@ -66,7 +66,7 @@ def _stop(proc: subprocess.Popen, timeout: float = 5.0) -> int:
 
 
 def run_fleet(redis_url: str, settings_path: Path, *, capacity: float = CAPACITY,
-              processes: int = PROCESSES, calls: int = CALLS, timeout_s: float = 120.0) -> dict:
+              processes: int = PROCESSES, calls: int = CALLS, timeout_s: float = 600.0) -> dict:
     """Run the brown-out: ``processes`` rpc processes each send ``calls`` prompts, one after the
     other, to a fault server of ``capacity`` requests/s (529 over it). Returns
     ``{"windows": [requests per 1-s bin from the first request], "events": [[event, ...] per

@@ -35,7 +35,7 @@ def send(proc, obj):
     proc.stdin.flush()
 
 
-def read_until(proc, kind, timeout=20):
+def read_until(proc, kind, timeout=120):  # a hang guard, not a margin
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:

@@ -58,7 +58,7 @@ import random as _random
 import time
 import types
 from collections.abc import Mapping
-from typing import Any, Awaitable, Callable, ParamSpec, TypeVar, overload
+from typing import Any, Awaitable, Callable, Coroutine, ParamSpec, TypeVar, overload
 
 from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
@@ -371,7 +371,7 @@ class RetryRunner:
 
     # -------------------------------------------------------------- decorator
     @overload
-    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]: ...
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]: ...
     @overload
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
 
@@ -481,7 +481,7 @@ def retrying_sync(fn: Callable[..., T], /, *args: Any,
 
 
 @overload
-def retry(fn: Callable[P, Awaitable[T]], /) -> Callable[P, Awaitable[T]]: ...
+def retry(fn: Callable[P, Coroutine[Any, Any, T]], /) -> Callable[P, Coroutine[Any, Any, T]]: ...
 @overload
 def retry(fn: Callable[P, T], /) -> Callable[P, T]: ...
 @overload

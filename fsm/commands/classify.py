@@ -1,17 +1,21 @@
 """``python -m fsm classify``: classify error messages from the command line.
 
-One message (``-`` reads it from standard input)::
+One message (``-`` reads it from standard input):
 
-    python -m fsm classify "Error: 429 {...rate_limit_error...} (retry-after: 30)"
+.. code-block:: console
+
+    $ python -m fsm classify "Error: 429 {...rate_limit_error...} (retry-after: 30)"
     kind:        retryable
     rule:        retryable.status_429
     family:      rate_limit
     usage limit: no
     retry hint:  30000 ms (30s)
 
-Many messages, one JSON object per line (``-`` reads standard input)::
+Many messages, one JSON object per line (``-`` reads standard input):
 
-    python -m fsm classify --jsonl errors.jsonl
+.. code-block:: console
+
+    $ python -m fsm classify --jsonl errors.jsonl
 
 Each input line is an object with ``message`` (a string, or null for an error without text;
 ``errorMessage`` is accepted too, so ``AssistantMessage.to_json()`` lines work), and optional

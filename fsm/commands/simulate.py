@@ -1,12 +1,14 @@
 """``python -m fsm simulate``: the fleet near the clairvoyant limit, measured (docs/simulation.md).
 
 Runs the standard scenarios against the policies in a deterministic, virtual-time simulation
-(the real brain and coordinators; no wall clock is read) and prints one table per scenario::
+(the real brain and coordinators; no wall clock is read) and prints one table per scenario:
 
-    python -m fsm simulate                                   # every scenario and policy, N = 1000
-    python -m fsm simulate --sessions 10000 --json out.json  # the figures as JSON
-    python -m fsm simulate --scenario brownout529 --policy seed --policy resilient
-    python -m fsm simulate --settings my-settings.json --svg build/sim
+.. code-block:: console
+
+    $ python -m fsm simulate                                   # every scenario and policy, N = 1000
+    $ python -m fsm simulate --sessions 10000 --json out.json  # the figures as JSON
+    $ python -m fsm simulate --scenario brownout529 --policy seed --policy resilient
+    $ python -m fsm simulate --settings my-settings.json --svg build/sim
 
 ``--json FILE`` writes ``{"scenarios": {SCENARIO: {POLICY: {"failure_rate", "amplification",
 "wasted_per_call", "added_latency_p50_s", "added_latency_p99_s", "added_latency_mean_s",

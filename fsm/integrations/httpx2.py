@@ -3,10 +3,15 @@
 The official SDKs (openai ≥ 3, anthropic ≥ 1) and pydantic-ai send their requests through an
 ``httpx2`` client; a transport sits under all of them::
 
+    import httpx2
+    import openai
     from fsm.integrations.httpx2 import AsyncRetryTransport
+
     transport = AsyncRetryTransport(settings={"retryHints": "honor"}, on_event=print)
     client = openai.AsyncOpenAI(max_retries=0,           # one retry owner: the brain
                                 http_client=httpx2.AsyncClient(transport=transport))
+    reply = await client.chat.completions.create(
+        model="gpt-5", messages=[{"role": "user", "content": "hi"}])
 
 Each request is one call to the brain (docs/policy.md): an HTTP error status (with its body and
 headers — ``retry-after``, ``x-ratelimit-reset-*``, ``anthropic-ratelimit-*``) or a connection

@@ -8,9 +8,16 @@ Two ways in, pick one per agent (two retry owners multiply the requests):
    capability waits and asks pydantic-ai for another attempt with ``RetryModelRequest``) or ends
    the chain (the error propagates as :func:`fsm.retrying` would raise it)::
 
+       import openai
        from pydantic_ai import Agent
+       from pydantic_ai.models.openai import OpenAIChatModel
+       from pydantic_ai.providers.openai import OpenAIProvider
        from fsm.integrations.pydantic_ai import RetryBrainCapability
+
+       client = openai.AsyncOpenAI(max_retries=0)          # one retry owner: the brain
+       model = OpenAIChatModel("gpt-5", provider=OpenAIProvider(openai_client=client))
        agent = Agent(model, capabilities=[RetryBrainCapability({"retryHints": "honor"}, on_event=print)])
+       print((await agent.run("hi")).output)
 
    It sees what the model-request hook sees: a stream that fails to open or fails before its
    first event is retried; an error inside a stream after events reached the caller
@@ -21,10 +28,15 @@ Two ways in, pick one per agent (two retry owners multiply the requests):
    whose transport is :class:`~fsm.integrations.httpx2.AsyncRetryTransport` (HTTP-level
    failures only; see that module for what a transport cannot see)::
 
-       provider = OpenAIProvider(base_url=..., api_key=..., http_client=http_client(settings))
+       from fsm.integrations.pydantic_ai import http_client
 
-Give the provider's SDK client ``max_retries=0`` either way (pydantic-ai's own ``OpenAIProvider``
-builds its client with the SDK default).
+       client = openai.AsyncOpenAI(max_retries=0, http_client=http_client({"retryHints": "honor"}))
+       agent = Agent(OpenAIChatModel("gpt-5", provider=OpenAIProvider(openai_client=client)))
+       print((await agent.run("hi")).output)
+
+Give the provider an SDK client built with ``max_retries=0`` either way, as above: an
+``OpenAIProvider(api_key=..., http_client=...)`` builds its own client with the SDK's default
+retries, and each of them would run a whole chain of the brain's (3 × 3 requests).
 """
 
 from __future__ import annotations

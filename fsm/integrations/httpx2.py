@@ -125,6 +125,29 @@ def _scrub(exc: BaseException, request: Any) -> None:
     scrub_exception(exc, _secrets(request))
 
 
+def _scrubbed(response: Any, request: Any) -> Any:
+    """The error ``response`` (body read) handed back to the SDK, which builds its exception's
+    text and ``body`` from it: when the body names a credential the request carried (a gateway
+    that echoes the key) or one of :data:`fsm.core.redact.SECRETS`, a copy whose body is the
+    scrubbed text (``content-encoding`` dropped: the copy is plain), else ``response`` itself."""
+    from fsm.core.redact import scrub_secrets
+    try:
+        text = response.text
+    except Exception:  # an undecodable body: nothing the SDK could show either
+        return response
+    clean = scrub_secrets(text, _secrets(request))
+    if clean == text:
+        return response
+    raw = clean.encode(response.encoding or "utf-8", errors="replace")
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in _DROPPED + ("content-encoding",)]
+    headers.append(("content-length", str(len(raw))))
+    copy = httpx2.Response(response.status_code, headers=headers, stream=httpx2.ByteStream(raw),
+                           request=request, extensions=response.extensions)
+    copy.read()
+    return copy
+
+
 def _error_message(response: Any) -> Any:
     """The failed assistant message for an HTTP error ``response`` (body already read)."""
     from fsm.providers.sdk_errors import status_error_facts
@@ -219,11 +242,11 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     response = await _aread(response, request)
                     if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
-                        return response
+                        return _scrubbed(response, request)
                     delay = await chain.failed(message=_error_message(response),
                                                secrets=_secrets(request))
                     if delay is None:
-                        return response
+                        return _scrubbed(response, request)
                     await response.aclose()
                 await chain.pause(delay, pause)  # the backoff, the budget re-check, the gate
         except BaseException as exc:  # a started chain always ends, exactly once
@@ -294,11 +317,11 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     response = _read(response, request)
                     if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
-                        return response
+                        return _scrubbed(response, request)
                     delay = chain.failed_sync(message=_error_message(response),
                                               secrets=_secrets(request))
                     if delay is None:
-                        return response
+                        return _scrubbed(response, request)
                     response.close()
                 chain.pause_sync(delay, sleep)  # the backoff, the budget re-check, the gate
         except BaseException as exc:  # a started chain always ends, exactly once

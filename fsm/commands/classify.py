@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
 from datetime import tzinfo
@@ -48,7 +49,9 @@ HELP = "classify provider error messages: kind, deciding rule, family, usage lim
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("\n", 2)[2].replace("``", "").replace("::", ":")
+    # the module docstring without its summary and its ReST directive lines (.. code-block::)
+    parser.epilog = re.sub(r"^\.\. [\w-]+::? ?.*\n\n?", "", __doc__.split("\n", 2)[2],
+                           flags=re.M).replace("``", "").replace("::", ":")
     parser.add_argument("message", nargs="?",
                         help="the error message to classify ('-' reads it from standard input)")
     parser.add_argument("--jsonl", metavar="FILE",

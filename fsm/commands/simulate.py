@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import sys
 
@@ -45,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsm.sim import POLICIES, SCENARIOS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("\n", 2)[2].replace("``", "").replace("::", ":")
+    # the module docstring without its summary and its ReST directive lines (.. code-block::)
+    parser.epilog = re.sub(r"^\.\. [\w-]+::? ?.*\n\n?", "", __doc__.split("\n", 2)[2],
+                           flags=re.M).replace("``", "").replace("::", ":")
     parser.add_argument("--sessions", type=int, default=1000, metavar="N",
                         help="the fleet's size N (capacity C = 0.1 × N requests/s; default 1000)")
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), metavar="NAME",

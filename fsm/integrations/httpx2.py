@@ -18,7 +18,8 @@ headers — ``retry-after``, ``x-ratelimit-reset-*``, ``anthropic-ratelimit-*``)
 error is classified, and a retryable one is sent again after the brain's backoff (retry hints,
 the retry budget and the fleet's cooldowns included; events to ``on_event``). When the chain
 ends without success, the transport returns the last response (or raises the last connection
-error), so the SDK raises its own exception as it would have.
+error), so the SDK raises its own exception as it would have — its text free of any credential
+of the request that the provider echoed in its body (the body handed back is scrubbed).
 
 What a transport cannot see, and when to use :func:`fsm.retrying` (the runner) or the agent
 session instead:

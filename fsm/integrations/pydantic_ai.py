@@ -40,13 +40,13 @@ Two ways in, pick one per agent (two retry owners multiply the requests):
 
 Give the provider an SDK client built with ``max_retries=0`` either way, as above: an
 ``OpenAIProvider(api_key=..., http_client=...)`` builds its own client with the SDK's default
-retries, and each of them would run a whole chain of the brain's (3 × 3 requests).
+retries, so each attempt of the brain's would be up to 3 requests (two retry owners).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable as _Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Callable
 
@@ -171,7 +171,7 @@ class _WatchedStream(WrapperModel):
             response._get_event_iterator = lambda: self._watch(events)
             yield response
 
-    async def _watch(self, events: _Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+    async def _watch(self, events: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
         shown = False
         try:
             async for event in events():

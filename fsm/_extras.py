@@ -5,9 +5,13 @@ exact line to run.
 runner and the session, with ``transitions``). Everything else is an *extra* named after its
 layer (pyproject.toml ``[project.optional-dependencies]``; README "Install")::
 
+    from fsm._extras import require
+
     openai = require("openai", extra="openai", feature="the OpenAI provider")
 
-raises :class:`MissingExtraError` when ``openai`` is not installed::
+raises :class:`MissingExtraError` when ``openai`` is not installed:
+
+.. code-block:: text
 
     the OpenAI provider needs the package 'openai', which is not installed:
     pip install 'retry-fsm[openai]'

@@ -1,12 +1,16 @@
-"""Every Python example in README.md and docs/*.md runs as written, under Sybil (SPEC §15.13
-"Docs"): the SDKs' base URLs come from ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL`` /
-``GOOGLE_GEMINI_BASE_URL``, which point at the project's fault server here, so nothing leaves
-the machine and an example cannot drift.
+"""Every Python example in README.md, docs/*.md and the package's docstrings runs as
+written, under Sybil (SPEC §15.13 "Docs"): the SDKs' base URLs come from ``OPENAI_BASE_URL`` /
+``ANTHROPIC_BASE_URL`` / ``GOOGLE_GEMINI_BASE_URL``, which point at the project's fault server
+here, so nothing leaves the machine and an example cannot drift.
 
 An example that is a shape rather than a program (a protocol's signatures) is marked in the
-Markdown with ``<!-- skip: next "why" -->``; :data:`SHAPES` lists every one, so none is skipped
-silently. The blocks of one document share one namespace and one event loop, in order; a block
-with a top-level ``await`` runs on that loop.
+Markdown with ``<!-- skip: next "why" -->``, in a docstring with the ReST comment
+``.. skip: next "why"``; :data:`SHAPES` and :data:`DOCSTRING_SHAPES` list every one, so none is
+skipped silently. In a docstring, every ``::`` literal block is a Python example (``>>>`` ones
+doctests); a block in another language names it (``.. code-block:: console`` / ``text``), and
+``.. invisible-code-block: python`` runs checks the reference does not show. The blocks of one
+document share one namespace and one event loop, in order; a block with a top-level ``await``
+runs on that loop.
 """
 
 from __future__ import annotations
@@ -15,12 +19,19 @@ import ast
 import asyncio
 import inspect
 import os
+import re
+import sys
+import textwrap
 from pathlib import Path
 from unittest import SkipTest
 
 import pytest
-from sybil import Sybil
+from sybil import Document, Lexeme, Region, Sybil
+from sybil.document import PythonDocStringDocument
+from sybil.evaluators.doctest import DocTestEvaluator
+from sybil.parsers.abstract.doctest import DocTestStringParser
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
+from sybil.parsers.rest import CodeBlockParser as RestCodeBlockParser, SkipParser as RestSkipParser
 
 from fsm.testing.fault_server import FaultServer
 
@@ -79,3 +90,123 @@ def test_every_python_example_runs_as_written(document, monkeypatch):
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
     assert skipped == {s for s in SHAPES if s[0] == document}
+
+
+# ------------------------------------------------------------------------------------------
+# The package's docstrings (SPEC §15.13 "Docs"; issue 35: "every code example in README, docs/ and
+# public docstrings runs as a test under Sybil").
+
+MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "fsm").rglob("*.py"))
+"""Every module of the package, the private ones too: they hold public names (``fsm.fleet``'s
+coordinators live in ``fsm/fleet/_*.py``)."""
+
+DOCSTRING_SHAPES = {
+    ("fsm/host/loop.py", "a shape of a driver of one's own: the scheduler, its clock and its coordinator answers are the reader's"),
+    ("fsm/commands/common.py", "a shape of a front end's start: args and provider are the front end's"),
+    ("fsm/rpc/client.py", "a shape of a client session: it starts a server subprocess and reads an endless event stream"),
+}
+"""(module, reason) of every docstring example skipped on purpose: each is marked in its
+docstring with ``.. skip: next "reason"`` (a ReST comment: not shown in the reference)."""
+
+_LITERAL = re.compile(r"^(?P<indent>[ \t]*)(?!\.\.[ \t])(?:\S[^\n]*)?::[ \t]*\n", re.M)
+
+
+class _Docstrings(PythonDocStringDocument):
+    """The docstrings of a module, read as ReST. Unlike Sybil's own document type, the
+    module's names are not put in the examples' namespace: an example imports what it uses,
+    as its reader must."""
+
+    def __init__(self, text: str, path: str) -> None:
+        Document.__init__(self, text, path)
+
+
+def _literal_blocks(document: Document):
+    """Every ``::`` literal block of a docstring is a Python example (a block in another
+    language says so: ``.. code-block:: text`` / ``console``); one that starts with ``>>>`` is
+    a doctest."""
+    text = document.text
+    for match in _LITERAL.finditer(text):
+        lines = text[match.end():].split("\n")
+        indent = len(match["indent"].expandtabs())
+        skipped = 0
+        while skipped < len(lines) and not lines[skipped].strip():
+            skipped += 1
+        block = []
+        for line in lines[skipped:]:
+            if line.strip() and len(line) - len(line.lstrip()) <= indent:
+                break
+            block.append(line)
+        while block and not block[-1].strip():
+            block.pop()
+        if not block:
+            continue
+        start = match.end() + sum(len(line) + 1 for line in lines[:skipped])
+        end = start + len("\n".join(block))
+        source = textwrap.dedent("\n".join(block)) + "\n"
+        if source.startswith(">>>"):
+            for region in DocTestStringParser(DocTestEvaluator())(source, document.path):
+                region.start += start
+                region.end += start
+                yield region
+            continue
+        lexeme = Lexeme(source, offset=start - match.start(), line_offset=text.count("\n", match.start(), start) - 1)
+        yield Region(match.start(), end, lexeme, _evaluate)
+
+
+def _docstring_examples(document: Document):
+    yield from _literal_blocks(document)
+    yield from RestCodeBlockParser(language="python", evaluator=_evaluate)(document)
+
+
+DOCSTRINGS = Sybil(parsers=[_docstring_examples, RestSkipParser()], path=str(ROOT),
+                   document_types={".py": _Docstrings})
+
+
+def _fault_environment(monkeypatch, server) -> None:
+    """The SDKs' base URLs and keys point at the fault server; nothing leaves the machine."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url.removesuffix("/v1"))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")  # read at the SDK's first trace
+    if "agents" in sys.modules:  # the SDK already read it: its own switch
+        sys.modules["agents"].set_tracing_disabled(True)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def _examples(path: str) -> list:
+    return list(DOCSTRINGS.parse(ROOT / path))
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if _examples(m)])
+def test_every_docstring_example_runs_as_written(module, monkeypatch, tmp_path):
+    """Public docstrings (SPEC §15.13 "Docs"): each Python example of the module's docstrings
+    runs, in order, in one namespace, against the fault server (``OPENAI_BASE_URL`` /
+    ``ANTHROPIC_BASE_URL``), in a scratch folder; the only ones not run are the shapes of
+    DOCSTRING_SHAPES."""
+    parsed = DOCSTRINGS.parse(ROOT / module)
+    skipped = set()
+    loop = asyncio.new_event_loop()
+    monkeypatch.chdir(tmp_path)
+    with FaultServer([]) as server:
+        _fault_environment(monkeypatch, server)
+        parsed.namespace["__loop__"] = loop
+        parsed.namespace["__name__"] = "__docstring_example__"
+        try:
+            for example in parsed:
+                try:
+                    example.evaluate()
+                except SkipTest as skip:
+                    skipped.add((module, str(skip)))
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+    assert skipped == {s for s in DOCSTRING_SHAPES if s[0] == module}
+
+
+def test_every_docstring_shape_is_marked_and_every_marked_module_has_examples():
+    """DOCSTRING_SHAPES names only modules of the package whose docstrings have examples: a
+    shape that was made a program, or a module renamed, does not leave a stale entry behind."""
+    with_examples = {m for m in MODULES if _examples(m)}
+    assert {m for m, _ in DOCSTRING_SHAPES} <= with_examples
+    assert len(with_examples) >= 10

@@ -1,17 +1,21 @@
 """``python -m fsm classify``: classify error messages from the command line.
 
-One message (``-`` reads it from standard input)::
+One message (``-`` reads it from standard input):
 
-    python -m fsm classify "Error: 429 {...rate_limit_error...} (retry-after: 30)"
+.. code-block:: console
+
+    $ python -m fsm classify "Error: 429 {...rate_limit_error...} (retry-after: 30)"
     kind:        retryable
     rule:        retryable.status_429
     family:      rate_limit
     usage limit: no
     retry hint:  30000 ms (30s)
 
-Many messages, one JSON object per line (``-`` reads standard input)::
+Many messages, one JSON object per line (``-`` reads standard input):
 
-    python -m fsm classify --jsonl errors.jsonl
+.. code-block:: console
+
+    $ python -m fsm classify --jsonl errors.jsonl
 
 Each input line is an object with ``message`` (a string, or null for an error without text;
 ``errorMessage`` is accepted too, so ``AssistantMessage.to_json()`` lines work), and optional
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
 from datetime import tzinfo
@@ -44,7 +49,9 @@ HELP = "classify provider error messages: kind, deciding rule, family, usage lim
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("\n", 2)[2].replace("``", "").replace("::", ":")
+    # the module docstring without its summary and its ReST directive lines (.. code-block::)
+    parser.epilog = re.sub(r"^\.\. [\w-]+::? ?.*\n\n?", "", __doc__.split("\n", 2)[2],
+                           flags=re.M).replace("``", "").replace("::", ":")
     parser.add_argument("message", nargs="?",
                         help="the error message to classify ('-' reads it from standard input)")
     parser.add_argument("--jsonl", metavar="FILE",

@@ -2,11 +2,13 @@
 session (where its log goes, the credential store), and one builder of a session with its log
 and transition trace.
 
+.. skip: next "a shape of a front end's start: args and provider are the front end's"
+
 ::
 
     settings = load_settings(args.settings, prog="fsm rpc")          # SettingsError when bad
-    parts = open_session(provider, settings=settings, session_dir=".fsm/sessions",
-                         trace_file="trace.jsonl")                      # OSError when unwritable
+    parts = open_session(provider, settings=settings, log_path=session_path(args, session_id),
+                         trace_file=args.trace)                         # OSError when unwritable
     ...
     await parts.aclose()                                                # session, log, trace
 """

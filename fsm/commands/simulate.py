@@ -1,12 +1,14 @@
 """``python -m fsm simulate``: the fleet near the clairvoyant limit, measured (docs/simulation.md).
 
 Runs the standard scenarios against the policies in a deterministic, virtual-time simulation
-(the real brain and coordinators; no wall clock is read) and prints one table per scenario::
+(the real brain and coordinators; no wall clock is read) and prints one table per scenario:
 
-    python -m fsm simulate                                   # every scenario and policy, N = 1000
-    python -m fsm simulate --sessions 10000 --json out.json  # the figures as JSON
-    python -m fsm simulate --scenario brownout529 --policy seed --policy resilient
-    python -m fsm simulate --settings my-settings.json --svg build/sim
+.. code-block:: console
+
+    $ python -m fsm simulate                                   # every scenario and policy, N = 1000
+    $ python -m fsm simulate --sessions 10000 --json out.json  # the figures as JSON
+    $ python -m fsm simulate --scenario brownout529 --policy seed --policy resilient
+    $ python -m fsm simulate --settings my-settings.json --svg build/sim
 
 ``--json FILE`` writes ``{"scenarios": {SCENARIO: {POLICY: {"failure_rate", "amplification",
 "wasted_per_call", "added_latency_p50_s", "added_latency_p99_s", "added_latency_mean_s",
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import sys
 
@@ -43,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsm.sim import POLICIES, SCENARIOS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("\n", 2)[2].replace("``", "").replace("::", ":")
+    # the module docstring without its summary and its ReST directive lines (.. code-block::)
+    parser.epilog = re.sub(r"^\.\. [\w-]+::? ?.*\n\n?", "", __doc__.split("\n", 2)[2],
+                           flags=re.M).replace("``", "").replace("::", ":")
     parser.add_argument("--sessions", type=int, default=1000, metavar="N",
                         help="the fleet's size N (capacity C = 0.1 × N requests/s; default 1000)")
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), metavar="NAME",

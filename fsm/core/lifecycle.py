@@ -7,7 +7,9 @@ triggers, guards, effects, the transition table and the cells that are explicitl
 compiled from it and ``RetryBrain(engine="transitions")`` fires it (:mod:`fsm.core.brain`); the
 diagrams, the audit and :data:`VERSION` read it (:func:`declaration`, :func:`machine_rows`).
 
-The table is written literally, one row per line::
+The table is written literally, one row per line:
+
+.. code-block:: text
 
     source + trigger [guard, !guard] / effect = dest      ; citation
     source + trigger                 / (ignored)          ; why

@@ -271,7 +271,9 @@ def scrub_exception(exc: BaseException, secrets: Iterable[str | None] = ()) -> B
     """``exc`` itself, its text scrubbed in place (:func:`scrub_secrets` with ``secrets``
     plus :data:`SECRETS`), before a host raises or re-raises it: the string items of its
     ``args`` (what ``str(exc)`` shows), its ``__notes__``, its string attributes (``message``
-    of the SDKs' errors; ``strerror`` and ``filename`` of an ``OSError``), and the same for
+    of the SDKs' errors; ``strerror`` and ``filename`` of an ``OSError``), the strings inside
+    its mapping, list and tuple attributes (``body``, the SDKs' parsed error body: a copy,
+    set in place of the original when it held a credential), and the same for
     every exception on its ``__cause__`` / ``__context__`` chain and inside an exception group
     (at most 32 exceptions), so a printed traceback shows no credential either. The type, the
     traceback, the causes and every non-text attribute (``request``, ``response``) are kept:
@@ -310,13 +312,21 @@ def _scrub_fields(exc: BaseException, secrets: tuple[str | None, ...]) -> None:
                 if clean != value:
                     setattr(exc, name, clean)
     for name, value in list(getattr(exc, "__dict__", {}).items()):
-        if isinstance(value, str) and not name.startswith("__"):
-            clean = scrub_secrets(value, secrets)
-            if clean != value:
-                try:
-                    setattr(exc, name, clean)
-                except Exception:  # noqa: BLE001 - a read-only property: leave it
-                    pass
+        if name.startswith("__"):
+            continue
+        if isinstance(value, str):
+            clean: Any = scrub_secrets(value, secrets)
+            changed = clean != value
+        elif isinstance(value, (dict, list, tuple)):  # the SDKs' parsed error ``body``
+            clean = scrub_value(value, secrets)
+            changed = clean is not value
+        else:
+            continue
+        if changed:
+            try:
+                setattr(exc, name, clean)
+            except Exception:  # noqa: BLE001 - a read-only property: leave it
+                pass
 
 
 def _credential_param(name: str) -> bool:

@@ -14,7 +14,8 @@ coordinator before handing a turn's end to the brain and writes after the decisi
 from __future__ import annotations
 
 from fsm.fleet._credentials import RedisCredentialStore, load_credentials
-from fsm.fleet._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, Breaker, GuardedCoordinator)
+from fsm.fleet._guard import (DEFAULT_PROBE_INTERVAL_S, DEFAULT_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, Breaker, EventListener,
+                              GuardedCoordinator)
 from fsm.fleet._local import (DEFAULT_BUCKET_IDLE_MS, FLOOR_HORIZON_MS, WAIT_RECHECK_MS, InProcessCoordinator,
                               default_coordinator)
 from fsm.fleet._redis import DEFAULT_PREFIX, RedisCoordinator, redact_url
@@ -31,7 +32,8 @@ __all__ = [
 
 
 def coordinator_from_url(url: str | None, *, prefix: str = DEFAULT_PREFIX,
-                         timeout_s: float = DEFAULT_TIMEOUT_S, on_event=None,
+                         timeout_s: float = DEFAULT_TIMEOUT_S,
+                         on_event: EventListener | None = None,
                          probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
                          guarded: bool = True) -> FleetCoordinator:
     """The coordinator a command line's ``--redis URL`` (or the settings file) names.

@@ -42,7 +42,9 @@ MAX_TOKENS_KEPT = 4096
 LOOP_LAG_TOLERANCE_S = 0.005
 MAX_EXTENSIONS = 3
 
-EventListener = Callable[[dict], None]
+EventListener = Callable[[dict[str, Any]], None]
+"""What ``on_event`` is given: each ``coordinator_unavailable`` / ``coordinator_restored`` event
+as its dict (docs/fleet.md "When Redis is slow or down")."""
 
 
 def _forget(task: "asyncio.Task[Any]") -> None:

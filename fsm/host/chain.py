@@ -6,19 +6,42 @@ tenacity's ``Retrying``, an httpx2 transport's ``handle_request``, a LangChain m
 ``handler`` — and only need the loop's answer at each step. :class:`Chain` is the same loop
 stepped from outside (docs/architecture.md, "The loop")::
 
-    chain = Chain(settings, on_event=print)
-    await chain.pause(await chain.start(), wait)    # the gate before the first request
-    while True:
+    import asyncio
+    from fsm.host.chain import Chain
+
+    async def wait(ms: int) -> None:                # the host's wait
+        await asyncio.sleep(ms / 1000)
+
+    async def call(attempt, settings=None):
+        chain = Chain(settings, on_event=print)
         try:
-            result = await attempt(model=chain.switched_model)
-        except Exception as exc:
-            delay_ms = await chain.failed(exc)
-            if delay_ms is None:            # the chain is over: raise what the caller sees
-                raise chain.error() from exc
-            await chain.pause(delay_ms, wait)   # backoff, budget re-check, gate
-        else:
-            chain.succeeded()
-            return result
+            await chain.pause(await chain.start(), wait)    # the gate before the first request
+            while True:
+                try:
+                    result = await attempt(model=chain.switched_model)
+                except Exception as exc:
+                    delay_ms = await chain.failed(exc)
+                    if delay_ms is None:        # the chain is over: raise what the caller sees
+                        raise chain.error() from exc
+                    await chain.pause(delay_ms, wait)   # backoff, budget re-check, gate
+                else:
+                    chain.succeeded()
+                    return result
+        finally:
+            chain.close()
+
+.. invisible-code-block: python
+
+    import httpx
+    models = []
+
+    async def attempt(model=None):
+        models.append(model)
+        if len(models) == 1:
+            raise httpx.ConnectError("connection refused")
+        return "ok"
+
+    assert await call(attempt, {"baseDelayMs": 10}) == "ok" and models == [None, None]
 
 ``wait(ms)`` is the host's wait. The exceptions a caller sees are the runner's
 (docs/policy.md §10): :meth:`Chain.error`. Every retry passes the same gate as the runner's

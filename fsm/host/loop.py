@@ -27,7 +27,11 @@ go, and goes on.
 Drivers: :func:`run_async` (asyncio: the runner, :class:`~fsm.host.chain.Chain`'s async steps),
 :func:`run_sync` (a synchronous caller: coordinator commands at once for an in-process
 coordinator, else on :func:`~fsm.host.kernel.coordinator_loop`), and any loop of your own —
-the simulation drives it on virtual time (:mod:`fsm.sim.policies`)::
+the simulation drives it on virtual time (:mod:`fsm.sim.policies`):
+
+.. skip: next "a shape of a driver of one's own: the scheduler, its clock and its coordinator answers are the reader's"
+
+::
 
     loop = RetryLoop(settings, clock=my_clock, emit=print, tell=answer_at_once, ...)
     steps = loop.steps()

@@ -6,13 +6,26 @@ every host drives (the brain, the facts, the gate, the actions) — and drives i
 calls the callable and waits. Decisions, events and their order are the brain's; its
 transitions are recorded and audited like the session's.
 
-Shorthands::
+Shorthands (the SDK clients with ``max_retries=0``: one retry owner, the brain)::
 
-    result = await fsm.retrying(client.chat.completions.create, model=..., messages=...)
-    result = fsm.retrying_sync(client.messages.create, model=..., max_tokens=..., messages=...)
+    import anthropic
+    import openai
+    import fsm
+
+    messages = [{"role": "user", "content": "hi"}]
+    client = openai.AsyncOpenAI(max_retries=0)
+    result = await fsm.retrying(client.chat.completions.create, model="gpt-5", messages=messages)
+    claude = anthropic.Anthropic(max_retries=0)                 # a sync client: the sync entry
+    result = fsm.retrying_sync(claude.messages.create, model="claude-sonnet-4-5",
+                               max_tokens=100, messages=messages)
 
     @fsm.retry(settings={"maxRetries": 5, "retryHints": "honor"})
-    async def ask(prompt): ...
+    async def ask(prompt: str) -> str | None:
+        reply = await client.chat.completions.create(
+            model="gpt-5", messages=[{"role": "user", "content": prompt}])
+        return reply.choices[0].message.content
+
+    print(await ask("hello"))
 
 What the callable does decides: it returns (a success), or raises. An exception is turned into
 an assistant message with its structured facts (HTTP status, the provider's error type and
@@ -58,7 +71,7 @@ import random as _random
 import time
 import types
 from collections.abc import Mapping
-from typing import Any, Awaitable, Callable, ParamSpec, TypeVar, overload
+from typing import Any, Awaitable, Callable, Coroutine, ParamSpec, TypeVar, overload
 
 from fsm.providers import sdk_errors as _sdk
 from fsm.core import brain as B
@@ -371,7 +384,7 @@ class RetryRunner:
 
     # -------------------------------------------------------------- decorator
     @overload
-    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]: ...
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]: ...
     @overload
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
 
@@ -481,7 +494,7 @@ def retrying_sync(fn: Callable[..., T], /, *args: Any,
 
 
 @overload
-def retry(fn: Callable[P, Awaitable[T]], /) -> Callable[P, Awaitable[T]]: ...
+def retry(fn: Callable[P, Coroutine[Any, Any, T]], /) -> Callable[P, Coroutine[Any, Any, T]]: ...
 @overload
 def retry(fn: Callable[P, T], /) -> Callable[P, T]: ...
 @overload

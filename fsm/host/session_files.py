@@ -2,10 +2,17 @@
 
 The front ends (``python -m fsm rpc``, ``chat``, ``demo``) build their session here::
 
-    parts = open_session(provider, settings=settings, log_path=".fsm/sessions/{id}.jsonl",
+    from fsm import RetrySettings
+    from fsm.host.session_files import open_session
+    from fsm.testing import ScriptedProvider, error, ok
+
+    provider = ScriptedProvider([error("529 overloaded_error"), ok("hello")])
+    parts = open_session(provider, settings=RetrySettings(base_delay_ms=10),
+                         log_path=".fsm/sessions/{id}.jsonl",
                          trace_file="trace.jsonl")                      # OSError when unwritable
-    ...
+    outcome = await parts.session.prompt("hi")                          # one retry, then "hello"
     await parts.aclose()                                                # session, log, trace
+    assert parts.log_path.exists() and outcome is not None
 
 A start that fails leaves nothing behind: the files and folders it created are removed again.
 """

@@ -3,17 +3,23 @@
 The official SDKs (openai ≥ 3, anthropic ≥ 1) and pydantic-ai send their requests through an
 ``httpx2`` client; a transport sits under all of them::
 
+    import httpx2
+    import openai
     from fsm.integrations.httpx2 import AsyncRetryTransport
+
     transport = AsyncRetryTransport(settings={"retryHints": "honor"}, on_event=print)
     client = openai.AsyncOpenAI(max_retries=0,           # one retry owner: the brain
                                 http_client=httpx2.AsyncClient(transport=transport))
+    reply = await client.chat.completions.create(
+        model="gpt-5", messages=[{"role": "user", "content": "hi"}])
 
 Each request is one call to the brain (docs/policy.md): an HTTP error status (with its body and
 headers — ``retry-after``, ``x-ratelimit-reset-*``, ``anthropic-ratelimit-*``) or a connection
 error is classified, and a retryable one is sent again after the brain's backoff (retry hints,
 the retry budget and the fleet's cooldowns included; events to ``on_event``). When the chain
 ends without success, the transport returns the last response (or raises the last connection
-error), so the SDK raises its own exception as it would have.
+error), so the SDK raises its own exception as it would have — its text free of any credential
+of the request that the provider echoed in its body (the body handed back is scrubbed).
 
 What a transport cannot see, and when to use :func:`fsm.retrying` (the runner) or the agent
 session instead:
@@ -120,6 +126,29 @@ def _scrub(exc: BaseException, request: Any) -> None:
     scrub_exception(exc, _secrets(request))
 
 
+def _scrubbed(response: Any, request: Any) -> Any:
+    """The error ``response`` (body read) handed back to the SDK, which builds its exception's
+    text and ``body`` from it: when the body names a credential the request carried (a gateway
+    that echoes the key) or one of :data:`fsm.core.redact.SECRETS`, a copy whose body is the
+    scrubbed text (``content-encoding`` dropped: the copy is plain), else ``response`` itself."""
+    from fsm.core.redact import scrub_secrets
+    try:
+        text = response.text
+    except Exception:  # an undecodable body: nothing the SDK could show either
+        return response
+    clean = scrub_secrets(text, _secrets(request))
+    if clean == text:
+        return response
+    raw = clean.encode(response.encoding or "utf-8", errors="replace")
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in _DROPPED + ("content-encoding",)]
+    headers.append(("content-length", str(len(raw))))
+    copy = httpx2.Response(response.status_code, headers=headers, stream=httpx2.ByteStream(raw),
+                           request=request, extensions=response.extensions)
+    copy.read()
+    return copy
+
+
 def _error_message(response: Any) -> Any:
     """The failed assistant message for an HTTP error ``response`` (body already read)."""
     from fsm.providers.sdk_errors import status_error_facts
@@ -214,11 +243,11 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     response = await _aread(response, request)
                     if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
-                        return response
+                        return _scrubbed(response, request)
                     delay = await chain.failed(message=_error_message(response),
                                                secrets=_secrets(request))
                     if delay is None:
-                        return response
+                        return _scrubbed(response, request)
                     await response.aclose()
                 await chain.pause(delay, pause)  # the backoff, the budget re-check, the gate
         except BaseException as exc:  # a started chain always ends, exactly once
@@ -289,11 +318,11 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     response = _read(response, request)
                     if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
-                        return response
+                        return _scrubbed(response, request)
                     delay = chain.failed_sync(message=_error_message(response),
                                               secrets=_secrets(request))
                     if delay is None:
-                        return response
+                        return _scrubbed(response, request)
                     response.close()
                 chain.pause_sync(delay, sleep)  # the backoff, the budget re-check, the gate
         except BaseException as exc:  # a started chain always ends, exactly once

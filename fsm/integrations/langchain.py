@@ -10,8 +10,9 @@ cooldowns shared, events per attempt::
     from fsm.integrations.langchain import RetryBrainMiddleware
 
     model = ChatOpenAI(model="gpt-5", max_retries=0)        # one retry owner: the brain
-    agent = create_agent(model, tools=[...], middleware=[
+    agent = create_agent(model, tools=[], middleware=[
         RetryBrainMiddleware({"maxRetries": 5, "retryHints": "honor"}, on_event=print)])
+    reply = agent.invoke({"messages": [{"role": "user", "content": "hi"}]})
 
 With ``retry.fallbackModels`` set, the retries after ``fallbackAfter`` overloads go to the next
 model (the same chat model class with its model name changed; docs/policy.md §13.3).

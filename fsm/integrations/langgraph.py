@@ -9,16 +9,22 @@ wait* for one error (docs/integrations.md, "LangGraph"):
   ``retryHints: "honor"``, the retry budget, ``maxElapsedMs``, the fleet's cooldowns (async
   nodes with a ``coordinator``), events per attempt, chain ends::
 
+      import openai
       from langgraph.graph import StateGraph, MessagesState, START
       from fsm.integrations.langgraph import retry_node
 
+      client = openai.OpenAI(max_retries=0)               # one retry owner: the brain
+
       @retry_node({"maxRetries": 5, "retryHints": "honor"}, on_event=print)
       def call_model(state: MessagesState):
-          reply = client.chat.completions.create(...)     # client built with max_retries=0
+          reply = client.chat.completions.create(model="gpt-5", messages=[
+              {"role": "user", "content": state["messages"][-1].content}])
           return {"messages": [reply.choices[0].message.content]}
 
       graph = StateGraph(MessagesState)
       graph.add_node("call_model", call_model)            # no retry_policy: one retry owner
+      graph.add_edge(START, "call_model")
+      print(graph.compile().invoke({"messages": ["hi"]})["messages"][-1].content)
 
 - :func:`brain_retry_policy` / :func:`brain_retry_on` — a ``langgraph.types.RetryPolicy`` whose
   ``retry_on(exc) -> bool`` asks the classifier (a 401 or a context overflow is not retried, a

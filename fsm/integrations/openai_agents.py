@@ -8,12 +8,16 @@ The Agents SDK runs a model call's retries itself and asks a policy at each fail
 hints under ``retryHints: "honor"``, the retry budget, the fleet's cooldowns with a
 ``coordinator`` — with events per attempt and chain ends::
 
-    from agents import Agent, Runner
+    import openai
+    from agents import Agent, OpenAIProvider, RunConfig, Runner
     from fsm.integrations.openai_agents import BrainRetryPolicy
 
+    client = openai.AsyncOpenAI(max_retries=0)                     # one retry owner: the brain
     brain = BrainRetryPolicy({"maxRetries": 5, "retryHints": "honor"}, on_event=print)
-    agent = Agent(name="a", model_settings=brain.model_settings())
-    result = await Runner.run(agent, "hi", hooks=brain.hooks())
+    agent = Agent(name="a", model="gpt-5", model_settings=brain.model_settings())
+    result = await Runner.run(agent, "hi", hooks=brain.hooks(),
+                              run_config=RunConfig(model_provider=OpenAIProvider(openai_client=client)))
+    print(result.final_output)
 
 - :meth:`BrainRetryPolicy.model_settings` builds the ``ModelSettings`` (``max_retries`` =
   ``maxRetries + 1``, so the SDK never ends a chain before the brain does);

@@ -3,10 +3,18 @@
 Needs ``opentelemetry-api`` (the optional extra ``retry-fsm[otel]``); without an SDK
 configured every call is the API's no-op. Use it as an event listener of any host::
 
+    import openai
+    import fsm
     from fsm.integrations.otel import RetryTelemetry
+    from fsm.testing import ScriptedProvider
+
     telemetry = RetryTelemetry()                       # global tracer / meter providers
+    session = fsm.AgentSession(ScriptedProvider())
     session.subscribe(telemetry.listener())            # one listener per session
-    await fsm.retrying(call, on_event=telemetry.listener(), ...)   # or per runner call
+    client = openai.AsyncOpenAI(max_retries=0)
+    reply = await fsm.retrying(client.chat.completions.create, model="gpt-5",  # or per runner call
+                               messages=[{"role": "user", "content": "hi"}],
+                               on_event=telemetry.listener())
 
 What it records (the names of docs/policy.md §4 events):
 

@@ -8,28 +8,46 @@ Two ways in, pick one per agent (two retry owners multiply the requests):
    capability waits and asks pydantic-ai for another attempt with ``RetryModelRequest``) or ends
    the chain (the error propagates as :func:`fsm.retrying` would raise it)::
 
+       import openai
        from pydantic_ai import Agent
+       from pydantic_ai.models.openai import OpenAIChatModel
+       from pydantic_ai.providers.openai import OpenAIProvider
        from fsm.integrations.pydantic_ai import RetryBrainCapability
-       agent = Agent(model, capabilities=[RetryBrainCapability({"retryHints": "honor"}, on_event=print)])
 
-   It sees what the model-request hook sees: a stream that fails to open or fails before its
-   first event is retried; an error inside a stream after events reached the caller
-   (``run_stream``, ``run`` with ``event_stream_handler``) propagates past the hook in
-   pydantic-ai and is not retried (docs/integrations.md, "What a host cannot act on") — use
-   :func:`fsm.retrying` or the agent session for that.
+       client = openai.AsyncOpenAI(max_retries=0)          # one retry owner: the brain
+       model = OpenAIChatModel("gpt-5", provider=OpenAIProvider(openai_client=client))
+       agent = Agent(model, capabilities=[RetryBrainCapability({"retryHints": "honor"}, on_event=print)])
+       print((await agent.run("hi")).output)
+
+   Streams (``run_stream``, ``run`` with an ``event_stream_handler``): pydantic-ai opens a
+   stream and pulls its first event before handing it to the consumer, so a stream that fails
+   to open or fails before that event — a connection dropped mid-stream, an error event — is a
+   failed attempt like any other, and retried. An error after events reached the consumer
+   cannot be taken back (pydantic-ai refuses another attempt then): the capability tells the
+   brain that the attempt streamed output, which ends the chain ``output_streamed`` with its
+   events (``afterOutput`` acts as ``"stop"``), and the error propagates as
+   :func:`fsm.retrying` raises it (docs/integrations.md, "What a host cannot act on"). To replay
+   a turn after output, use the agent session.
 2. **The httpx2 transport slot** — :func:`http_client` gives the provider an ``httpx2`` client
    whose transport is :class:`~fsm.integrations.httpx2.AsyncRetryTransport` (HTTP-level
    failures only; see that module for what a transport cannot see)::
 
-       provider = OpenAIProvider(base_url=..., api_key=..., http_client=http_client(settings))
+       from fsm.integrations.pydantic_ai import http_client
 
-Give the provider's SDK client ``max_retries=0`` either way (pydantic-ai's own ``OpenAIProvider``
-builds its client with the SDK default).
+       client = openai.AsyncOpenAI(max_retries=0, http_client=http_client({"retryHints": "honor"}))
+       agent = Agent(OpenAIChatModel("gpt-5", provider=OpenAIProvider(openai_client=client)))
+       print((await agent.run("hi")).output)
+
+Give the provider an SDK client built with ``max_retries=0`` either way, as above: an
+``OpenAIProvider(api_key=..., http_client=...)`` builds its own client with the SDK's default
+retries, so each attempt of the brain's would be up to 3 requests (two retry owners).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, Callable
 
 from fsm.core.events import Event
@@ -41,6 +59,7 @@ from fsm.integrations._extra import require
 require("pydantic_ai", "pydantic-ai")
 from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
 from pydantic_ai.exceptions import RetryModelRequest  # noqa: E402
+from pydantic_ai.models.wrapper import WrapperModel  # noqa: E402
 
 __all__ = ["RetryBrainCapability", "http_client"]
 
@@ -61,10 +80,12 @@ class RetryBrainCapability(AbstractCapability):
                  on_event: Callable[[Event], Any] | None = None, coordinator: Any = None,
                  clock: Any = None, random: Callable[[], float] | None = None) -> None:
         # a bad key, or one the capability cannot act on (it keeps the agent's model), raises
-        # here, once
-        self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
-                                           "the pydantic-ai capability",
-                                           ("fallbackModels",) + TIMEOUT_KEYS)
+        # here, once. A stream whose events reached the consumer cannot be replayed (pydantic-ai
+        # refuses another attempt then): afterOutput acts as "stop" (docs/integrations.md)
+        self.settings = dataclasses.replace(
+            refuse_unsupported(Chain(settings, sync=True).settings, "the pydantic-ai capability",
+                               ("fallbackModels",) + TIMEOUT_KEYS),
+            after_output="stop")
         self.on_event = on_event
         self.coordinator = coordinator
         self.clock = clock
@@ -96,22 +117,72 @@ class RetryBrainCapability(AbstractCapability):
         return response
 
     async def on_model_request_error(self, ctx: Any, *, request_context: Any, error: Exception) -> Any:
-        """A failed attempt: wait the brain's backoff and attempt again, or end the chain."""
+        """A failed attempt: wait the brain's backoff and attempt again, or end the chain. A
+        stream that fails before its first event reached the consumer is such an attempt
+        (pydantic-ai opens it and pulls that event first when this hook exists)."""
         chain = RETRY_OWNER.get()
         if not isinstance(chain, Chain):
             raise error
         delay = await chain.failed(error)
         if delay is None:
-            # what reaches the caller shows no credential: the error's text and its causes'
-            # scrubbed in place (fsm.core.redact.scrub_exception), its type kept
-            from fsm.core.redact import request_secrets, scrub_exception
-            scrub_exception(error, request_secrets(error))
-            failure = chain.error()
-            if failure is error:  # a first failure that starts no chain: the loop noted why
-                raise error
-            raise failure from error
+            _raise_end(chain, error)
         await chain.pause(delay, lambda ms: wait_ms(self.clock, ms))
         raise RetryModelRequest()
+
+    def get_wrapper_model(self, model: Any) -> Any:
+        """The attempt's model with its stream watched (``_WatchedStream``): an error inside
+        the stream after its events reached the consumer goes to the chain of the model request."""
+        chain = RETRY_OWNER.get()
+        return _WatchedStream(model, chain) if isinstance(chain, Chain) else None
+
+
+def _raise_end(chain: Chain, error: Exception) -> None:
+    """Raise what :func:`fsm.retrying` raises for a chain that ended on ``error``."""
+    # what reaches the caller shows no credential: the error's text and its causes' scrubbed in
+    # place (fsm.core.redact.scrub_exception), its type kept
+    from fsm.core.redact import request_secrets, scrub_exception
+    scrub_exception(error, request_secrets(error))
+    failure = chain.error()
+    if failure is error:  # a first failure that starts no chain: the loop noted why
+        raise error
+    raise failure from error
+
+
+class _WatchedStream(WrapperModel):
+    """One attempt's model, whose streamed events are watched on their way to the consumer
+    (``run_stream``, ``run`` with an ``event_stream_handler``). pydantic-ai pulls a stream's
+    first event before handing it over, so an error before it is the model-request hook's
+    (retried); an error after it — a connection dropped mid-stream, an error event — comes after
+    output reached the consumer, which pydantic-ai cannot take back: it goes to the request's
+    chain as output streamed, which ends it ``output_streamed`` (the events, the budget), and
+    propagates as :func:`fsm.retrying` raises it (docs/integrations.md, "What a host cannot act
+    on")."""
+
+    def __init__(self, wrapped: Any, chain: Chain) -> None:
+        super().__init__(wrapped)
+        self._chain = chain
+
+    @asynccontextmanager
+    async def request_stream(self, messages: Any, model_settings: Any, model_request_parameters: Any,
+                             run_context: Any = None) -> AsyncIterator[Any]:
+        async with self.wrapped.request_stream(messages, model_settings, model_request_parameters,
+                                               run_context) as response:
+            events = response._get_event_iterator
+            response._get_event_iterator = lambda: self._watch(events)
+            yield response
+
+    async def _watch(self, events: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+        shown = False
+        try:
+            async for event in events():
+                shown = True
+                yield event
+        except Exception as error:
+            if not shown or isinstance(error, RetryModelRequest) or self._chain.done:
+                raise  # before the first event: on_model_request_error's
+            if await self._chain.failed(error, output_streamed=True) is not None:
+                self._chain.cancel()  # afterOutput "stop": the brain does not answer a retry
+            _raise_end(self._chain, error)
 
 
 def http_client(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:

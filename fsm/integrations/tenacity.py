@@ -4,15 +4,23 @@ Code already written for tenacity — a ``@retry`` decorator, a ``for attempt in
 loop, pydantic-ai's ``AsyncHTTPX2TenacityTransport`` — gets the brain's classification, retry
 hints, retry budget, fleet cooldowns, events and chain ends by swapping its strategies::
 
+    import openai
+    import tenacity
     from fsm.integrations.tenacity import BrainStrategy
+
     brain = BrainStrategy({"maxRetries": 5, "retryHints": "honor"}, on_event=print)
+    messages = [{"role": "user", "content": "hi"}]
 
     @tenacity.retry(**brain.kwargs())                 # retry, stop, wait, before_sleep, sleep
-    def ask(prompt): ...
+    def ask(client: openai.OpenAI):
+        return client.chat.completions.create(model="gpt-5", messages=messages)
 
+    ask(openai.OpenAI(max_retries=0))                 # one retry owner: the brain
+
+    client = openai.AsyncOpenAI(max_retries=0)
     async for attempt in tenacity.AsyncRetrying(**brain.kwargs(asynchronous=True)):
         with attempt:
-            await client.chat.completions.create(...)
+            reply = await client.chat.completions.create(model="gpt-5", messages=messages)
 
 One :class:`BrainStrategy` serves any number of calls, concurrent ones included: each call
 (tenacity's ``RetryCallState``) gets its own :class:`~fsm.host.chain.Chain`. The strategies

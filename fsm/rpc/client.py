@@ -1,5 +1,7 @@
 """An asyncio client for ``python -m fsm rpc``: starts the server, sends commands, streams events.
 
+.. skip: next "a shape of a client session: it starts a server subprocess and reads an endless event stream"
+
 ::
 
     async with RpcClient(["--base-url", url, "--model", "m", "--no-session"]) as client:

@@ -6,7 +6,9 @@ Framing is pi's (the coding agent of the npm package ``@mariozechner/pi-coding-a
 ``str.splitlines``). Output is compact JSON, one object per line; U+2028/U+2029 inside strings
 are written as ``\\u2028``/``\\u2029`` escapes so that no reader can split a line on them.
 
-Commands (an optional ``id`` of any JSON string or number is echoed in the response)::
+Commands (an optional ``id`` of any JSON string or number is echoed in the response):
+
+.. code-block:: text
 
     {"type": "prompt", "message": "...", "streamingBehavior": "steer" | "followUp"}
     {"type": "steer", "message": "..."}      {"type": "follow_up", "message": "..."}

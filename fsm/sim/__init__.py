@@ -8,7 +8,7 @@ clock is read.
 ::
 
     from fsm.sim import simulate
-    result = simulate("brownout529", "seed", sessions=1000)
+    result = simulate("brownout529", "seed", sessions=100)
     result.metrics   # {"failure_rate": ..., "amplification": ..., ...}
 """
 

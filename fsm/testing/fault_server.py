@@ -51,9 +51,19 @@ its error message names the base URL to use.
 
 Python use::
 
-    with FaultServer([{"status": 529, "json": {...}}, {"stream": ["Hel", "lo"]}]) as srv:
-        client = AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
-        ...
+    import openai
+    from fsm.testing.fault_server import FaultServer
+
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    with FaultServer([{"status": 529, "json": overloaded}, {"stream": ["Hel", "lo"]}]) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 529
+        stream = client.chat.completions.create(model="m", stream=True,
+                                                messages=[{"role": "user", "content": "hi"}])
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "Hello"
         srv.requests   # [{"index": 0, "t_ms": ..., "path": "/v1/chat/completions", ...}, ...]
 
 Command line: ``python -m fsm fault-server --script FILE`` (see :mod:`fsm.commands.fault_server`).

@@ -229,3 +229,5 @@ def test_help_documents_the_jsonl_shape():
                           text=True, timeout=30)
     assert "contextWindow" in proc.stdout and "retryHintMs" in proc.stdout
     assert all(name in proc.stdout for name in ("status", "errorType", "errorCode", "headers"))
+    assert "$ python -m fsm classify --jsonl errors.jsonl" in proc.stdout
+    assert ".. code-block" not in proc.stdout  # the docstring's ReST directives are not help text

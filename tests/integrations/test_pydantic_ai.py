@@ -85,3 +85,73 @@ async def test_the_capability_honours_the_hint_behind_pydantic_ais_own_error():
         assert len(srv.chat_requests) == 2
     start = events[0]
     assert (start["type"], start["delaySource"], start["delayMs"]) == ("auto_retry_start", "hint", 1000)
+
+
+# Errors inside a stream (docs/integrations.md, "What a host cannot act on"; issue 33): pydantic-ai
+# pulls a stream's first event before handing it to the consumer, so a failure before it is an
+# attempt the brain retries; after it, output reached the consumer and the chain ends
+# output_streamed (pydantic-ai cannot take the events back).
+
+DROP_BEFORE_OUTPUT = {"stream": [], "drop": True}        # the 200 answered, then the connection reset
+ERROR_EVENT = {"stream": [{"error": {"type": "overloaded_error", "message": "Overloaded"}}]}
+DROP_AFTER_OUTPUT = {"stream": ["Hel"], "drop": True}    # "Hel" reached the consumer, then a reset
+
+
+async def consume(agent, how: str) -> tuple[str, list[str]]:
+    """The run's text as the consumer saw it, and the event types its handler saw."""
+    if how == "run_stream":
+        async with agent.run_stream("hi") as run:
+            return "".join([text async for text in run.stream_text(delta=True)]), []
+    seen: list[str] = []
+
+    async def handler(ctx, stream):
+        async for event in stream:
+            seen.append(type(event).__name__)
+    return (await agent.run("hi", event_stream_handler=handler)).output, seen
+
+
+@pytest.mark.parametrize("how", ["run_stream", "event_stream_handler"])
+@pytest.mark.parametrize("failure", [DROP_BEFORE_OUTPUT, ERROR_EVENT], ids=["drop", "error-event"])
+async def test_a_stream_that_fails_before_its_first_event_is_retried(how, failure):
+    """run_stream and run(event_stream_handler=...): a connection dropped inside the 200 stream
+    before any event, or an overloaded error event there, is a failed attempt the brain
+    retries; the consumer sees only the retried answer."""
+    events = []
+    with FaultServer([failure]) as srv:
+        agent = Agent(openai_model(srv), capabilities=[RetryBrainCapability(FAST, on_event=lambda e: events.append(dict(e)))])
+        text, seen = await consume(agent, how)
+        assert text == "ok"
+        assert len(srv.chat_requests) == 2 and all(r["body"].get("stream") for r in srv.chat_requests)
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+    assert events[0]["attempt"] == 1 and events[-1]["success"] is True
+    assert how == "run_stream" or seen.count("PartStartEvent") == 1
+
+
+@pytest.mark.parametrize("how", ["run_stream", "event_stream_handler"])
+async def test_a_stream_dropped_after_output_reached_the_consumer_ends_output_streamed(how):
+    """A connection dropped after "Hel" reached the consumer: not sent again (pydantic-ai cannot
+    take the events back), but the brain hears it — the refusal at rest ends output_streamed
+    (attempt 0) and pydantic-ai's own ModelConnectionError says why in its notes."""
+    from pydantic_ai.exceptions import ModelConnectionError
+    events = []
+    with FaultServer([DROP_AFTER_OUTPUT]) as srv:
+        agent = Agent(openai_model(srv), capabilities=[RetryBrainCapability(FAST, on_event=lambda e: events.append(dict(e)))])
+        with pytest.raises(ModelConnectionError) as caught:
+            await consume(agent, how)
+        assert len(srv.chat_requests) == 1
+    assert [(e["type"], e["endReason"], e["attempt"]) for e in events] == [("auto_retry_end", "output_streamed", 0)]
+    assert caught.value.__notes__ == ["retry-fsm: not retried (endReason: output_streamed, attempt 0)"]
+
+
+async def test_a_retried_stream_that_drops_after_output_ends_its_chain_with_retry_chain_error():
+    """A 529, then a stream dropped after output: the chain that started ends output_streamed
+    and RetryChainError comes from pydantic-ai's error, as fsm.retrying raises it."""
+    events = []
+    with FaultServer([OVERLOADED, DROP_AFTER_OUTPUT]) as srv:
+        agent = Agent(openai_model(srv), capabilities=[RetryBrainCapability(FAST, on_event=lambda e: events.append(dict(e)))])
+        with pytest.raises(fsm.RetryChainError) as caught:
+            await consume(agent, "run_stream")
+        assert len(srv.chat_requests) == 2
+    assert caught.value.end_reason == "output_streamed"
+    assert [e["type"] for e in events] == ["auto_retry_start", "auto_retry_end"]
+    assert events[-1]["endReason"] == "output_streamed" and events[-1]["success"] is False

@@ -161,3 +161,176 @@ async def test_the_runner_re_raises_the_caller_s_error_and_chains_its_end_withou
         text = shown(info.value)
         assert "cannot connect to http://user:" in text
         assert password not in text and key not in text, text
+
+
+# ------------------------------------------------------------------------------------------
+# A key the provider echoes in its error body (issue 33: "after an exhausted chain the SDK's
+# own exception text carries a key the provider echoed"): every integration, with the real
+# SDK and framework against the fault server. The key is not of the ``sk-`` shape, so only the
+# request's own credentials (its ``authorization`` header) can name it; each test has its own.
+
+def echoed_key(tag: str) -> str:
+    return f"gwkey-{tag}-Zq9xK2mW7vP4rT8yL3nB6cJ1"
+
+
+def echoing(key: str, count: int = 2) -> list[dict]:
+    """``count`` 529 answers whose error body echoes ``key`` (as some gateways do)."""
+    body = {"type": "error", "error": {"type": "overloaded_error",
+                                       "message": f"Overloaded for API key {key}; try again"}}
+    return [{"status": 529, "json": body}] * count
+
+
+def assert_scrubbed(exc: BaseException, key: str) -> None:
+    """Nothing a traceback prints (text, notes, causes) nor the SDK error's body holds the key;
+    the text still says what happened."""
+    text = shown(exc)
+    assert key not in text, text
+    assert "Overloaded for API key [redacted]" in text, text
+    cause: BaseException | None = exc
+    while cause is not None:
+        assert key not in repr(getattr(cause, "body", None))
+        cause = cause.__cause__ or cause.__context__
+
+
+def openai_client(srv, key: str, **options):
+    import openai
+    return openai.OpenAI(base_url=srv.base_url, api_key=key, max_retries=0, **options)
+
+
+def async_openai_client(srv, key: str, **options):
+    import openai
+    return openai.AsyncOpenAI(base_url=srv.base_url, api_key=key, max_retries=0, **options)
+
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_the_sync_transport_hands_the_sdk_a_scrubbed_body():
+    """RetryTransport: the exhausted chain's last response goes back to the SDK with the echoed
+    key scrubbed from its body, so the SDK's own InternalServerError (status 529) shows none."""
+    import openai
+    from fsm.testing.fault_server import FaultServer
+    key = echoed_key("tsync")
+    with FaultServer(echoing(key)) as srv:
+        transport = RetryTransport(settings=FAST, sleep=lambda s: None)
+        client = openai_client(srv, key, http_client=httpx2.Client(transport=transport))
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+        assert caught.value.status_code == 529 and len(srv.chat_requests) == 2
+    assert_scrubbed(caught.value, key)
+
+
+async def test_the_async_transport_hands_the_sdk_a_scrubbed_body():
+    """AsyncRetryTransport: the same."""
+    import openai
+    from fsm.testing.fault_server import FaultServer
+    key = echoed_key("tasync")
+    with FaultServer(echoing(key)) as srv:
+        client = async_openai_client(srv, key, http_client=httpx2.AsyncClient(
+            transport=AsyncRetryTransport(settings=FAST)))
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert caught.value.status_code == 529 and len(srv.chat_requests) == 2
+    assert_scrubbed(caught.value, key)
+
+
+async def test_the_runner_s_chain_error_and_its_sdk_cause_show_no_echoed_key():
+    """fsm.retrying: RetryChainError from the SDK's own error, neither showing the key."""
+    from fsm.testing.fault_server import FaultServer
+    key = echoed_key("runner")
+    with FaultServer(echoing(key)) as srv:
+        client = async_openai_client(srv, key)
+        with pytest.raises(fsm.RetryChainError) as caught:
+            await fsm.retrying(client.chat.completions.create, model="m", messages=MESSAGES,
+                               settings=FAST)
+    assert_scrubbed(caught.value, key)
+
+
+def test_tenacity_s_chain_error_and_its_sdk_cause_show_no_echoed_key():
+    """BrainStrategy around the sync SDK client."""
+    from fsm.testing.fault_server import FaultServer
+    key = echoed_key("tenacity")
+    with FaultServer(echoing(key)) as srv:
+        client = openai_client(srv, key)
+        strategy = BrainStrategy(FAST, clock=FakeClock())
+        with pytest.raises(fsm.RetryChainError) as caught:
+            tenacity.retry(**strategy.kwargs())(client.chat.completions.create)(model="m", messages=MESSAGES)
+    assert_scrubbed(caught.value, key)
+
+
+def test_the_langchain_middleware_s_error_shows_no_echoed_key():
+    """RetryBrainMiddleware in a LangChain agent over ChatOpenAI."""
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+    from fsm.testing.fault_server import FaultServer
+    key = echoed_key("langchain")
+    with FaultServer(echoing(key)) as srv:
+        model = ChatOpenAI(model="m", base_url=srv.base_url, api_key=key, max_retries=0)
+        agent = create_agent(model, tools=[], middleware=[RetryBrainMiddleware(FAST, sleep=lambda s: None)])
+        with pytest.raises(fsm.RetryChainError) as caught:
+            agent.invoke({"messages": MESSAGES})
+    assert_scrubbed(caught.value, key)
+
+
+def test_the_langgraph_node_wrapper_s_error_shows_no_echoed_key():
+    """retry_node over a node calling the sync SDK client."""
+    from typing import TypedDict
+    from langgraph.graph import END, START, StateGraph
+    from fsm.integrations.langgraph import retry_node
+    from fsm.testing.fault_server import FaultServer
+
+    class State(TypedDict):
+        answer: str
+
+    key = echoed_key("langgraph")
+    with FaultServer(echoing(key)) as srv:
+        client = openai_client(srv, key)
+
+        @retry_node(FAST, sleep=lambda s: None)
+        def ask(state: State) -> dict:
+            reply = client.chat.completions.create(model="m", messages=MESSAGES)
+            return {"answer": reply.choices[0].message.content}
+
+        graph = StateGraph(State)
+        graph.add_node("ask", ask)
+        graph.add_edge(START, "ask")
+        graph.add_edge("ask", END)
+        with pytest.raises(fsm.RetryChainError) as caught:
+            graph.compile().invoke({"answer": ""})
+    assert_scrubbed(caught.value, key)
+
+
+async def test_the_agents_sdk_re_raises_its_own_error_without_the_echoed_key():
+    """BrainRetryPolicy: the Agents SDK raises its own error when the policy ends the chain;
+    the policy scrubbed it first (Responses API, the SDK's default)."""
+    import openai
+    from agents import Agent, OpenAIProvider, RunConfig, Runner, set_tracing_disabled
+    from fsm.integrations.openai_agents import BrainRetryPolicy
+    from fsm.testing.fault_server import FaultServer
+    set_tracing_disabled(True)
+    key = echoed_key("agents")
+    with FaultServer(echoing(key)) as srv:
+        client = async_openai_client(srv, key)
+        brain = BrainRetryPolicy(FAST)
+        agent = Agent(name="a", model="m", model_settings=brain.model_settings())
+        with pytest.raises(openai.APIStatusError) as caught:
+            await Runner.run(agent, "hi", hooks=brain.hooks(), run_config=RunConfig(
+                model_provider=OpenAIProvider(openai_client=client), tracing_disabled=True))
+        assert len(srv.chat_requests) == 2
+    assert_scrubbed(caught.value, key)
+
+
+async def test_the_pydantic_ai_capability_s_error_shows_no_echoed_key():
+    """RetryBrainCapability: RetryChainError from pydantic-ai's ModelHTTPError (whose body and
+    text carry the SDK error's), neither showing the key."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from fsm.testing.fault_server import FaultServer
+    key = echoed_key("pydantic")
+    with FaultServer(echoing(key)) as srv:
+        model = OpenAIChatModel("m", provider=OpenAIProvider(openai_client=async_openai_client(srv, key)))
+        agent = Agent(model, capabilities=[RetryBrainCapability(FAST)])
+        with pytest.raises(fsm.RetryChainError) as caught:
+            await agent.run("hi")
+    assert_scrubbed(caught.value, key)

@@ -142,3 +142,12 @@ def test_runner_vs_tenacity_and_stamina():
     assert_figures(figures, ("runner_us", "tenacity_runner_us", "stamina_us",
                              "runner_ratio_vs_tenacity", "runner_ratio_vs_stamina",
                              "runner_recorded_us"))
+
+
+def test_litellm_integration_beside_bare_litellm():
+    """The LiteLLM integration's round trip ÷ bare litellm's (docs/integrations.md "Cost"):
+    both figures, sync and async, against the fault server."""
+    from benchmarks import integration_litellm
+    figures = integration_litellm.measure(number=2, repeat=1, warmup=1)
+    assert_figures(figures, ("litellm_us", "litellm_bare_us", "litellm_ratio_vs_bare",
+                             "litellm_us_sync", "litellm_bare_us_sync", "litellm_ratio_vs_bare_sync"))

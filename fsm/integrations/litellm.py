@@ -8,15 +8,24 @@ is not retried, a 429, a 529 or a dropped connection is), the backoff, retry hin
 (``retry-after``, ``retry-after-ms``, ``x-ratelimit-reset-*``, read from the upstream response
 LiteLLM's exception carries) under ``retryHints: "honor"``, the retry budget, the fleet's
 cooldowns (the same coordinator as every other host), ``retry.fallbackModels``, events and
-chain ends::
+chain ends (this runs as written, with ``OPENAI_API_KEY`` and, for another endpoint,
+``OPENAI_BASE_URL``; the tests point it at the fault server)::
 
+    import asyncio
     from fsm.integrations.litellm import BrainLiteLLM
 
     brain = BrainLiteLLM({"maxRetries": 5, "retryHints": "honor"}, on_event=print)
-    reply = brain.completion(model="openai/gpt-5", messages=[{"role": "user", "content": "hi"}])
-    reply = await brain.acompletion(model="openai/gpt-5", messages=[...], stream=True)
-    router = brain.router(model_list=[...])          # a litellm.Router, its own retries off
-    reply = await router.acompletion(model="my-group", messages=[...])
+    hi = [{"role": "user", "content": "hi"}]
+    print(brain.completion("openai/gpt-5", hi).choices[0].message.content)
+
+    async def main():
+        stream = await brain.acompletion("openai/gpt-5", hi, stream=True)
+        print("".join([chunk.choices[0].delta.content or "" async for chunk in stream]))
+        router = brain.router(model_list=[       # a litellm.Router, its own retries off
+            {"model_name": "chat", "litellm_params": {"model": "openai/gpt-5"}}])
+        print((await router.acompletion("chat", hi)).choices[0].message.content)
+
+    asyncio.run(main())
 
 Each call is one chain on :class:`~fsm.host.chain.Chain` (the one loop, docs/architecture.md
 "The loop"): the first request passes the gate (first-request admission, cooldowns, pacing),

@@ -291,3 +291,21 @@ async def test_a_cancelled_call_ends_its_chain_cancelled():
             await task
         assert len(srv.chat_requests) == 1
     assert events[-1]["endReason"] == "cancelled"
+
+
+def test_the_module_docstring_example_runs_as_written(monkeypatch, capsys):
+    """fsm.integrations.litellm's docstring example, run as written with OPENAI_BASE_URL at the
+    fault server (a 529 first): one retry event, then the three answers."""
+    import textwrap
+
+    import fsm.integrations.litellm as module
+    doc = module.__doc__
+    start = doc.index("::\n\n") + 4
+    block = textwrap.dedent(doc[start:doc.index("\n\n", doc.index("asyncio.run(main())", start))])
+    with FaultServer([OVERLOADED]) as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        exec(compile(block, "fsm/integrations/litellm.py (docstring)", "exec"), {})
+        assert len(srv.chat_requests) == 4
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("AutoRetryStart(") and lines[-3:] == ["ok", "ok", "ok"]

@@ -209,6 +209,8 @@ class _Stream:
         self._ended = ended
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("_stream", "_head", "_secrets", "_ended"):  # not set yet: no recursion
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
     def _failed(self, exc: BaseException) -> None:
@@ -280,7 +282,7 @@ async def _aread_head(stream: Any, secrets: tuple[str, ...]) -> _Stream:
 
 
 # ---------------------------------------------------------------------------- refusals, keys
-def _refuse_call(kwargs: Mapping[str, Any], where: str) -> None:
+def _refuse_call(kwargs: Mapping[str, Any], where: str, *, process_wide: bool = True) -> None:
     for name in _CALL_RETRIES:
         value = kwargs.get(name)
         if value not in (None, 0):
@@ -292,7 +294,7 @@ def _refuse_call(kwargs: Mapping[str, Any], where: str) -> None:
             raise LiteLLMRetriesError(f"{where}{name}", kwargs[name],
                                       "leave it out; retry.fallbackModels names the fallback "
                                       "models" if "fallback" in name else "leave it out")
-    if getattr(litellm, "num_retries", None):
+    if process_wide and getattr(litellm, "num_retries", None):
         raise LiteLLMRetriesError("litellm.num_retries", litellm.num_retries,
                                   "set litellm.num_retries = None (LiteLLM reads it even when a "
                                   "call passes num_retries=0)")
@@ -576,7 +578,8 @@ class BrainRouter(_Host):
     def _prepare(self, model: Any, kwargs: dict[str, Any]) -> tuple[tuple[str, str], tuple[str, ...]]:
         if not isinstance(model, str) or not model:
             raise TypeError(f"model must be a model group of the router, got {model!r}")
-        _refuse_call(kwargs, "router call ")
+        # a router's own num_retries (0, checked below) overrides the process-wide one
+        _refuse_call(kwargs, "router call ", process_wide=False)
         _check_router(self.router)  # its settings can change after construction (router.apply)
         key, secrets = self._group(model)
         return key, secrets + _secret_of(kwargs.get("api_key"))

@@ -186,11 +186,19 @@ def test_litellms_own_retries_are_refused_before_any_request(kwargs):
         assert srv.chat_requests == []
 
 
-def test_the_process_wide_num_retries_is_refused(monkeypatch):
-    """litellm.num_retries is read even when a call passes num_retries=0: refused."""
+def test_the_process_wide_num_retries_is_refused_for_calls_not_for_a_router(monkeypatch):
+    """litellm.num_retries is read even when a call passes num_retries=0: refused for
+    completion; a router's own num_retries=0 overrides it, so the router path goes, and the
+    brain is its one retry owner (a 529: two requests, not more)."""
     monkeypatch.setattr(litellm, "num_retries", 2)
-    with pytest.raises(LiteLLMRetriesError, match="litellm.num_retries"):
-        BrainLiteLLM(FAST).completion("openai/m", HI, api_base="http://127.0.0.1:9/v1", api_key=KEY)
+    brain = BrainLiteLLM(FAST)
+    with FaultServer([OVERLOADED]) as srv:
+        with pytest.raises(LiteLLMRetriesError, match="litellm.num_retries"):
+            brain.completion("openai/m", HI, **call(srv))
+        assert srv.chat_requests == []
+        router = brain.router(model_list=model_list(srv, ("g", "m")))
+        assert router.completion("g", HI).choices[0].message.content == "ok"
+        assert len(srv.chat_requests) == 2
 
 
 def test_settings_the_integration_cannot_act_on_are_refused():

@@ -50,7 +50,7 @@ GROUPS: dict[str, dict] = {
     "runner": {"full": {}, "quick": {"number": 200, "repeat": 3, "warmup": 20}, "timeout": 180},
     "transport": {"full": {}, "quick": {"number": 30, "repeat": 3, "warmup": 5}, "timeout": 180},
     "integration_litellm": {"full": {}, "quick": {"number": 10, "repeat": 3, "warmup": 3},
-                            "timeout": 600},
+                            "timeout": 900},
     "pacing": {"full": {}, "quick": {"compare": False}, "timeout": 400},
     "fleet10k": {"full": {}, "quick": {"calls": 2_000}, "timeout": 900},
     "audit": {"full": {"size_mb": 100}, "quick": {"size_mb": 5}, "timeout": 300},

@@ -59,6 +59,7 @@ process's registered secrets. :class:`~fsm.core.settings.SettingsError` at const
 from __future__ import annotations
 
 import collections
+import functools
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -312,10 +313,17 @@ def _endpoint_key(model: str, params: Mapping[str, Any], provider: str | None) -
     ``api_base``'s host (``api.openai.com`` → ``openai``, else ``host:port``), then LiteLLM's
     provider name (``openai/gpt-5`` → ``openai``); the model without LiteLLM's prefix."""
     api_base = params.get("api_base") or params.get("base_url")
+    custom = params.get("custom_llm_provider")
+    return _key_of(model, api_base if isinstance(api_base, str) else None,
+                   custom if isinstance(custom, str) else None, provider)
+
+
+@functools.lru_cache(maxsize=1024)
+def _key_of(model: str, api_base: str | None, custom: str | None,
+            provider: str | None) -> tuple[str, str]:
     try:
         name, llm_provider, _, _ = litellm.get_llm_provider(
-            model=model, custom_llm_provider=params.get("custom_llm_provider"),
-            api_base=api_base if isinstance(api_base, str) else None)
+            model=model, custom_llm_provider=custom, api_base=api_base)
     except Exception:  # a model LiteLLM does not know: it will say so when called
         name, llm_provider = model, None
     if provider is None and isinstance(api_base, str) and api_base:

@@ -47,7 +47,8 @@ any request, naming the setting and what to do instead.
 
 Exceptions (docs/policy.md §10, SPEC §14b.14): a fatal first failure is LiteLLM's own
 exception; a refusal at rest (``maxRetries: 0``, a guard refused on the first failure) is
-LiteLLM's own exception with ``retry-fsm: endReason ...`` in its notes; a chain that started
+LiteLLM's own exception with ``retry-fsm: not retried (endReason: ..., attempt 0)`` in its
+notes; a chain that started
 and ended without success raises :class:`~fsm.RetryChainError` from LiteLLM's last exception;
 a context overflow raises :class:`~fsm.ContextOverflowError`. Whatever is raised is scrubbed
 of the call's credentials (its ``api_key``, the router's deployment keys) and of the
@@ -71,7 +72,6 @@ from fsm.core.settings import RetrySettings, SettingsError
 from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, http_error_message, refuse_unsupported
 from fsm.host.clock import wait_ms
 from fsm.host.kernel import provider_id
-from fsm.integrations._drive import raise_end
 from fsm.integrations._extra import require
 
 litellm = require("litellm", "litellm")
@@ -176,8 +176,17 @@ def _scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:
 
 
 def _raise_end(chain: Chain, exc: BaseException, secrets: tuple[str, ...]) -> None:
-    _scrub(exc, secrets)
-    raise_end(chain, exc)
+    """Raise what the caller sees once ``chain`` answered None for ``exc`` (docs/policy.md §10):
+    :meth:`~fsm.host.chain.Chain.error` — LiteLLM's own exception (a refusal at rest carries the
+    loop's ``retry-fsm: not retried (endReason: ..., attempt 0)`` note) or the
+    :class:`~fsm.RetryChainError` of a chain that started, from it — scrubbed of ``secrets``
+    and of the credentials its request carried."""
+    from fsm.core.redact import request_secrets
+    _scrub(exc, secrets + request_secrets(exc))
+    error = chain.error()
+    if error is exc:
+        raise exc
+    raise error from exc
 
 
 # ---------------------------------------------------------------------------- streams

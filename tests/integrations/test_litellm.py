@@ -116,7 +116,7 @@ def test_a_refusal_at_rest_reraises_litellms_exception_with_its_end_reason():
         assert len(srv.chat_requests) == 1
     end = events[-1]
     assert (end["type"], end["attempt"], end["success"]) == ("auto_retry_end", 0, False)
-    assert f"retry-fsm: endReason {end['endReason']}" in caught.value.__notes__
+    assert caught.value.__notes__ == [f"retry-fsm: not retried (endReason: {end['endReason']}, attempt 0)"]
 
 
 def test_a_connection_refused_reads_as_a_network_failure_not_a_500():

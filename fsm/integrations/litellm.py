@@ -150,7 +150,7 @@ def litellm_message(exc: BaseException) -> AssistantMessage:
     (``retry-after``, ``retry-after-ms``, ``x-ratelimit-reset-*``); a ``MidStreamFallbackError``
     by the error it wraps; a connection error LiteLLM reports as a bodiless 500 by the
     ``openai``/``httpx`` connection error behind it (a network failure, not a server error);
-    anything else as :func:`fsm.host.chain.http_error_message` reads it."""
+    anything else as ``fsm.host.chain.http_error_message`` reads it."""
     from fsm.providers.sdk_errors import status_error_facts
     exc = _speaking(exc)
     status = getattr(exc, "status_code", None)
@@ -347,8 +347,8 @@ def _key_of(model: str, api_base: str | None, custom: str | None,
 
 
 class _Host:
-    """What :class:`BrainLiteLLM` and :class:`BrainRouter` share: the settings, the chain's
-    options and the two drivers."""
+    """What ``BrainLiteLLM`` and ``BrainRouter`` share: the settings, the chain's options and
+    the two drivers."""
 
     def __init__(self, settings: RetrySettings, options: dict[str, Any], coordinator: Any,
                  clock: Any, sleep: Callable[[float], Any] | None, provider: str | None) -> None:
@@ -424,7 +424,7 @@ class _Host:
             await chain.aclose()
 
 
-class BrainLiteLLM(_Host):
+class BrainLiteLLM:
     """``litellm.completion`` / ``litellm.acompletion`` with the brain as their retry policy.
 
     Args:
@@ -452,7 +452,9 @@ class BrainLiteLLM(_Host):
         options: dict[str, Any] = {"on_event": on_event, "clock": clock}
         if random is not None:
             options["random"] = random
-        super().__init__(resolved, options, coordinator, clock, sleep, provider)
+        self._calls = _Host(resolved, options, coordinator, clock, sleep, provider)
+        self.settings, self.coordinator, self.clock, self.provider = resolved, coordinator, clock, provider
+        self._sleep = self._calls._sleep
         self._on_event = on_event
         self._random = random
 
@@ -474,15 +476,16 @@ class BrainLiteLLM(_Host):
         output already read, see the module docstring). Raises :class:`LiteLLMRetriesError`
         for ``num_retries``/``max_retries`` above 0, ``fallbacks``, ``retry_policy``."""
         key, secrets = self._prepare(model, kwargs)
-        return self._drive_sync(lambda m: litellm.completion(m, messages, **kwargs), model, key,
-                                secrets, bool(kwargs.get("stream")))
+        return self._calls._drive_sync(lambda m: litellm.completion(m, messages, **kwargs), model,
+                                       key, secrets, bool(kwargs.get("stream")))
 
     async def acompletion(self, model: str, messages: list[Any] | None = None, **kwargs: Any) -> Any:
         """``await litellm.acompletion(model, messages, **kwargs)`` under the brain (see
         :meth:`completion`); a cancellation ends a running chain ``cancelled``."""
         key, secrets = self._prepare(model, kwargs)
-        return await self._drive_async(lambda m: litellm.acompletion(m, messages, **kwargs), model,
-                                       key, secrets, bool(kwargs.get("stream")))
+        return await self._calls._drive_async(
+            lambda m: litellm.acompletion(m, messages, **kwargs), model, key, secrets,
+            bool(kwargs.get("stream")))
 
     def router(self, router: Any = None, /, **router_kwargs: Any) -> "BrainRouter":
         """A :class:`BrainRouter` on ``router`` (a ``litellm.Router`` built with
@@ -538,7 +541,7 @@ def _check_router(router: Any) -> None:
             raise LiteLLMRetriesError(f"Router({name})", values[name], "leave it out")
 
 
-class BrainRouter(_Host):
+class BrainRouter:
     """A ``litellm.Router``'s ``completion`` / ``acompletion`` with the brain as their retry
     policy (build it with :meth:`BrainLiteLLM.router`). The router still picks the deployment
     of a model group (its routing strategy); the brain decides whether and when to ask again,
@@ -568,7 +571,8 @@ class BrainRouter(_Host):
         options: dict[str, Any] = {"on_event": on_event, "clock": clock}
         if random is not None:
             options["random"] = random
-        super().__init__(resolved, options, coordinator, clock, sleep, provider)
+        self._calls = _Host(resolved, options, coordinator, clock, sleep, provider)
+        self.settings, self.coordinator, self.provider = resolved, coordinator, provider
         self.router = router
         self._keys: dict[str, tuple[str, str]] = {}
         self._version: Any = None
@@ -605,11 +609,13 @@ class BrainRouter(_Host):
         """``router.completion(model, messages, **kwargs)`` under the brain (streams as
         :meth:`BrainLiteLLM.completion`)."""
         key, secrets = self._prepare(model, kwargs)
-        return self._drive_sync(lambda m: self.router.completion(m, messages, **kwargs), model,
-                                key, secrets, bool(kwargs.get("stream")))
+        return self._calls._drive_sync(
+            lambda m: self.router.completion(m, messages, **kwargs), model, key, secrets,
+            bool(kwargs.get("stream")))
 
     async def acompletion(self, model: str, messages: list[Any] | None = None, **kwargs: Any) -> Any:
         """``await router.acompletion(model, messages, **kwargs)`` under the brain."""
         key, secrets = self._prepare(model, kwargs)
-        return await self._drive_async(lambda m: self.router.acompletion(m, messages, **kwargs),
-                                       model, key, secrets, bool(kwargs.get("stream")))
+        return await self._calls._drive_async(
+            lambda m: self.router.acompletion(m, messages, **kwargs), model, key, secrets,
+            bool(kwargs.get("stream")))

@@ -201,10 +201,15 @@ def test_the_process_wide_num_retries_is_refused_for_calls_not_for_a_router(monk
         assert len(srv.chat_requests) == 2
 
 
-def test_settings_the_integration_cannot_act_on_are_refused():
-    """The timeouts: SettingsError naming the key (use LiteLLM's timeout=)."""
-    with pytest.raises(SettingsError, match="attemptTimeoutMs"):
-        BrainLiteLLM({"attemptTimeoutMs": 1000})
+@pytest.mark.parametrize("key", ["firstTokenTimeoutMs", "idleTimeoutMs", "attemptTimeoutMs"])
+def test_settings_the_integration_cannot_act_on_are_refused(key):
+    """The timeouts: SettingsError naming the key (use LiteLLM's timeout=); the resilient
+    profile's own watchdog is left out instead, and fallbackModels is kept (docs/integrations.md
+    "Settings each integration honours")."""
+    with pytest.raises(SettingsError, match=f"retry.{key}"):
+        BrainLiteLLM({key: 1000})
+    resilient = BrainLiteLLM({"profile": "resilient", "fallbackModels": ["openai/m2"]}).settings
+    assert resilient.idle_timeout_ms is None and resilient.fallback_models == ("openai/m2",)
 
 
 # ------------------------------------------------------------------ the router

@@ -16,6 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# autodoc imports fsm.integrations.litellm: LiteLLM reads its bundled model cost map instead of
+# fetching it (nothing leaves the machine while the docs build, SPEC §15.13)
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from fsm import __version__  # noqa: E402
 

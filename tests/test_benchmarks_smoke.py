@@ -152,3 +152,12 @@ def test_genai_wrapper_vs_the_bare_client():
     figures = genai_bench.measure(number=2, repeat=1, warmup=1)
     assert_figures(figures, ("genai_us", "genai_bare_us", "genai_ratio_vs_bare",
                              "genai_async_ratio_vs_bare"))
+
+
+def test_litellm_integration_beside_bare_litellm():
+    """The LiteLLM integration's round trip ÷ bare litellm's (docs/integrations.md "Cost"):
+    both figures, sync and async, against the fault server."""
+    from benchmarks import integration_litellm
+    figures = integration_litellm.measure(number=2, repeat=1, warmup=1)
+    assert_figures(figures, ("litellm_us", "litellm_bare_us", "litellm_ratio_vs_bare",
+                             "litellm_us_sync", "litellm_bare_us_sync", "litellm_ratio_vs_bare_sync"))

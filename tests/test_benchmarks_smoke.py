@@ -68,12 +68,16 @@ def test_fleet():
     """The coordinator's cost (on one Redis, in process and on a Redis Cluster, SPEC §15.10) and
     the simulation's figures always; the outage figures once the session takes a coordinator."""
     figures = fleet.measure(number=20, warmup=2, processes=2, sessions=3, spread_s=0.05,
-                            sim_sessions=20)
+                            sim_sessions=20, stress_sessions=20)
     keys = ("coordinator_decision_us_p50", "coordinator_decision_us_p99",
             "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",
             "coordinator_decision_us_p50_cluster", "coordinator_decision_us_p99_cluster",
-            "sim_brownout529_amplification", "sim_outage5min_peak_ratio_vs_limit", "sim_seconds")
+            "sim_brownout529_amplification", "sim_outage5min_peak_ratio_vs_limit", "sim_seconds",
+            "sim_outage30min_amplification", "sim_flapping_amplification",
+            "sim_lone_throttle_latency_ratio_vs_limit")
     assert figures["sim_seed_mismatches"] == 0
+    assert figures["sim_outage30min_failure_rate_recoverable"] >= 0
+    assert figures["sim_flapping_drain_ratio_vs_limit"] >= 0
     if fleet.integration_missing() is None:
         keys += ("fleet_amplification", "fleet_amplification_no_budget")
         assert "fleet_requests_in_cooldown" in figures

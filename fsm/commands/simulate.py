@@ -12,12 +12,15 @@ Runs the standard scenarios against the policies in a deterministic, virtual-tim
 
 ``--json FILE`` writes ``{"scenarios": {SCENARIO: {POLICY: {"failure_rate", "amplification",
 "wasted_per_call", "added_latency_p50_s", "added_latency_p99_s", "added_latency_mean_s",
-"peak_load_x_capacity", "drain_s"}}}}`` (failure_rate as a fraction); two runs with the same
+"peak_load_x_capacity", "drain_s"}}}}`` (failure_rate as a fraction; ``outage30min`` adds
+"failure_rate_recoverable" after it); two runs with the same
 arguments write the same bytes. ``--svg DIR`` draws each scenario's load over time against
 capacity (``DIR/SCENARIO.svg``). ``--settings FILE`` adds the policy ``settings``: the brain
 with that file's settings (one in-process coordinator per process); it runs whenever
 ``--settings`` is given, also next to the ``--policy`` names chosen. The ideal always runs:
-the resilient profile's targets, printed under each table, are measured against it. Exit
+the resilient profile's targets, printed under each table beside the ideal's and the best
+peer's figures, are measured against it. The stress worlds (cap005, cap02, svc10s,
+outage30min, flapping, proc1, proc16, herd3x, lone_throttle) run after the standard ones. Exit
 status: 0, or 2 for bad arguments.
 
 Policies: ideal (clairvoyant: each request is sent at the earliest instant the provider will
@@ -68,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fmt(metric: str, value: float) -> str:
-    if metric == "failure_rate":
+    if metric.startswith("failure_rate"):
         return f"{value * 100:.2f} %"
     if metric in ("amplification", "peak_load_x_capacity"):
         return f"{value:.3f}×"
@@ -77,7 +80,8 @@ def _fmt(metric: str, value: float) -> str:
     return f"{value:.2f}"
 
 
-_HEAD = {"failure_rate": "failed", "amplification": "requests/call",
+_HEAD = {"failure_rate": "failed", "failure_rate_recoverable": "failed (recoverable)",
+         "amplification": "requests/call",
          "wasted_per_call": "wasted/call", "added_latency_p50_s": "wait p50 s",
          "added_latency_p99_s": "wait p99 s", "added_latency_mean_s": "wait mean s",
          "peak_load_x_capacity": "peak ÷ C", "drain_s": "drain s"}
@@ -85,11 +89,10 @@ _HEAD = {"failure_rate": "failed", "amplification": "requests/call",
 
 def table(rows: dict[str, dict[str, float]]) -> str:
     """One scenario's rows (policy -> metrics) as aligned text."""
-    from fsm.sim import METRICS
-
-    lines = [["policy"] + [_HEAD[m] for m in METRICS]]
+    keys = list(next(iter(rows.values()), {}))
+    lines = [["policy"] + [_HEAD[m] for m in keys]]
     for policy, m in rows.items():
-        lines.append([policy] + [_fmt(k, m[k]) for k in METRICS])
+        lines.append([policy] + [_fmt(k, m[k]) for k in keys])
     widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
     out = []
     for n, r in enumerate(lines):
@@ -97,6 +100,24 @@ def table(rows: dict[str, dict[str, float]]) -> str:
         if n == 0:
             out.append("-" * len(out[0]))
     return "\n".join(out)
+
+
+def verdict_lines(name: str, rows: dict[str, dict[str, float]]) -> str:
+    """The resilient profile's verdicts in scenario ``name``, each with the ideal's and the
+    best peer's figure beside it ("" when resilient did not run)."""
+    from fsm.sim.targets import best_peer, check
+
+    verdicts = check(name, rows)
+    if not verdicts:
+        return ""
+    ideal, peer = rows.get("ideal"), best_peer(rows)
+    head = "resilient vs targets" + (f" (beside: ideal, best peer {peer})" if peer else " (beside: ideal)")
+    parts = []
+    for v in verdicts:
+        beside = [_fmt(v.metric, r[v.metric]) for r in (ideal, rows.get(peer or "")) if r]
+        parts.append(f"  {v.metric} {_fmt(v.metric, v.value)} ≤ {_fmt(v.metric, v.limit)} "
+                     f"{'ok' if v.ok else 'MISSED'} ({' | '.join(beside)})")
+    return head + ":\n" + "\n".join(parts)
 
 
 def _one(job: tuple) -> "object":
@@ -134,7 +155,6 @@ def run(args: argparse.Namespace) -> int:
     from fsm.core.settings import SettingsError
     from fsm.sim import POLICIES, SCENARIOS
     from fsm.sim.svg import load_svg
-    from fsm.sim.targets import check
 
     if args.sessions < 1 or args.sessions > 1_000_000:
         print(f"fsm simulate: --sessions must be from 1 to 1000000, got {args.sessions}", file=sys.stderr)
@@ -182,14 +202,11 @@ def run(args: argparse.Namespace) -> int:
         results = [by_key[(name, p)] for p in policies]
         rows = {r.policy: r.metrics for r in results}
         report[name] = rows
-        print(f"\n{name} — {SCENARIOS[name].text} (N = {args.sessions}, C = "
-              f"{0.1 * args.sessions:g} requests/s)")
+        world = SCENARIOS[name]
+        print(f"\n{name} — {world.text} (N = {world.fleet_size(args.sessions)}, C = "
+              f"{results[0].capacity:g} requests/s)")
         print(table(rows))
-        verdicts = check(name, rows)
-        if verdicts:
-            print("resilient vs targets: " + "; ".join(
-                f"{v.metric} {_fmt(v.metric, v.value)} ≤ {_fmt(v.metric, v.limit)} "
-                f"{'ok' if v.ok else 'MISSED'}" for v in verdicts))
+        print(verdict_lines(name, rows))
         if args.svg:
             where = os.path.join(args.svg, f"{name}.svg")
             try:

@@ -16,20 +16,29 @@ The rules (docs/fleet.md "Pacing" gives the measurements behind them):
   requests booked far ahead at the old rate;
 - **the cut** (AWS SDK adaptive retry mode's multiplicative decrease, botocore
   ``retries/adaptive.py`` and ``throttling.py``, β = 0.7): a throttle sets the rate to
-  ``beta`` × the send rate measured over the last second (the lower of it and the rate in
-  use once pacing) — measured on the requests *sent*, since their answers come a service
-  time late; at most one cut per ``cut_interval_ms``, so the throttles of one round of
-  requests cut once;
+  ``beta`` × what got through over the last second — the send rate measured on the requests
+  *sent* (their answers come a service time late) less the throttles heard (a refusal comes
+  back at once), the lower of it and the rate in use once pacing; at most one cut per
+  ``cut_interval_ms``, so the throttles of one round of requests cut once. Where nothing got
+  through (an outage, a provider down), the rate drops to the floor at once instead of by
+  steps of ``beta``;
 - **growth**: each second with successes multiplies the rate by ``1 + growth_per_s``, or by
   ``1 + fast_growth_per_s`` while it is below 0.9 × the rate last cut (CUBIC's ``W_max``,
   RFC 8312: capacity known to exist);
 - **fast recovery**: the best successes per second seen lately is remembered (forgotten
-  with the half-life ``memory_s``); a success while the rate is below half of it jumps the
-  rate to that half (after an outage, the capacity that served before is tried again within
-  seconds, not minutes);
+  with the half-life ``memory_s``); a success while the rate is below half of it, and while
+  the throttles heard over the last second are at most twice the floor's rate, jumps the rate to
+  that half (after an outage, the capacity that served before is tried again within seconds,
+  not minutes; the late successes of requests sent before a fault began, heard among its
+  throttles, are not a recovery);
 - **the floor** ``min_rate``: the fleet keeps probing at that rate, so the end of an outage is
   seen (as Linkerd's retry budget keeps ``minRetriesPerSecond``,
-  https://linkerd.io/2/reference/retries/); ``max_rate`` caps the rate;
+  https://linkerd.io/2/reference/retries/); ``max_rate`` caps the rate. The floor is the
+  fleet's (one state per key, shared by every process), and it backs off while nothing gets
+  through: a cut at or below the floor with no success since the second of the cut before
+  lowers the rate by
+  ``beta`` down to :data:`PROBE_BACKOFF` × ``min_rate`` (a long outage is probed every few
+  seconds, not every second); the first success lifts it back to the floor at least;
 - the pacer only paces after a throttle (botocore's ``_enabled``), and lets go after
   ``forget_after_ms`` without one;
 - **clock steps**: every step reads its time as the latest clock reading seen (``seen_ms``):
@@ -50,14 +59,19 @@ from dataclasses import dataclass, replace
 
 from fsm.core.settings import PacingSettings
 
-__all__ = ["PacerState", "MAX_DELAY_MS", "FAST_BELOW", "fresh", "slot_delay_ms", "reserve",
-           "observe", "send_rate", "best_rate"]
+__all__ = ["PacerState", "MAX_DELAY_MS", "FAST_BELOW", "PROBE_BACKOFF",
+           "fresh", "slot_delay_ms", "reserve", "observe", "send_rate", "throttle_rate",
+           "best_rate"]
 
 MAX_DELAY_MS = 34_560_000_000
 """No delay told is longer than 400 days (a sane maximum for any clock text)."""
 
 FAST_BELOW = 0.9
 """Growth is fast while the rate is below this share of the rate last cut (``W_max``)."""
+
+PROBE_BACKOFF = 0.25
+"""While nothing gets through, the rate may fall below ``min_rate`` down to this share of it
+(one probe per 4 s at the default floor of 1/s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +88,7 @@ class PacerState:
       are being counted, and their count;
     - ``sent_sec``, ``sent_cur``, ``sent_prev``: the send rate's sliding window — the second
       of the newest sends, the requests sent in it and in the second before;
+    - ``thr_sec``, ``thr_cur``, ``thr_prev``: the same window over the throttles heard;
     - ``seen_ms``: the latest clock reading any step saw (``-inf`` before the first step: the
       one field that may be infinite); an earlier reading is clamped to it.
     """
@@ -92,6 +107,9 @@ class PacerState:
     sent_cur: float = 0.0
     sent_prev: float = 0.0
     seen_ms: float = -math.inf
+    thr_sec: float = -1.0
+    thr_cur: float = 0.0
+    thr_prev: float = 0.0
 
 
 def fresh() -> PacerState:
@@ -136,18 +154,36 @@ def _count_send(state: PacerState, at_ms: float) -> PacerState:
     return replace(state, sent_sec=sec, sent_cur=1.0, sent_prev=prev)
 
 
+def _count_throttle(state: PacerState, at_ms: float) -> PacerState:
+    sec = float(math.floor(at_ms / 1000.0))
+    if sec <= state.thr_sec:
+        return replace(state, thr_cur=state.thr_cur + 1.0)
+    prev = state.thr_cur if sec == state.thr_sec + 1.0 else 0.0
+    return replace(state, thr_sec=sec, thr_cur=1.0, thr_prev=prev)
+
+
+def _window_rate(newest: float, cur: float, prev: float, now_ms: float) -> float:
+    sec = math.floor(now_ms / 1000.0)
+    if sec > newest + 1.0 or newest < 0:
+        return 0.0
+    frac = (now_ms - sec * 1000.0) / 1000.0
+    if sec == newest + 1.0:
+        return cur * (1.0 - frac)
+    if sec == newest:
+        return prev * (1.0 - frac) + cur
+    return prev + cur  # slots reserved ahead of now
+
+
 def send_rate(state: PacerState, now_ms: float) -> float:
     """The requests/s sent over the second before ``now_ms`` (a sliding window over two
     one-second bins: the newest plus the share of the one before still inside the window)."""
-    sec = math.floor(now_ms / 1000.0)
-    if sec > state.sent_sec + 1.0 or state.sent_sec < 0:
-        return 0.0
-    frac = (now_ms - sec * 1000.0) / 1000.0
-    if sec == state.sent_sec + 1.0:
-        return state.sent_cur * (1.0 - frac)
-    if sec == state.sent_sec:
-        return state.sent_prev * (1.0 - frac) + state.sent_cur
-    return state.sent_prev + state.sent_cur  # slots reserved ahead of now
+    return _window_rate(state.sent_sec, state.sent_cur, state.sent_prev, now_ms)
+
+
+def throttle_rate(state: PacerState, now_ms: float) -> float:
+    """The throttles/s heard over the second before ``now_ms`` (the same window as
+    :func:`send_rate`)."""
+    return _window_rate(state.thr_sec, state.thr_cur, state.thr_prev, now_ms)
 
 
 def best_rate(state: PacerState, now_ms: float, settings: PacingSettings) -> float:
@@ -212,11 +248,22 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
     state, now_ms = _clock(state, now_ms)
     state = replace(_forget(state, now_ms, settings), seen_ms=now_ms)
     if throttled:
+        state = _count_throttle(state, now_ms)
         if state.on and now_ms - state.last_cut_ms < settings.cut_interval_ms:
             return state  # this round of requests was cut once already
         measured = send_rate(state, now_ms)
-        base = measured if not state.on else min(state.rate, measured or state.rate)
-        return replace(state, on=True, rate=_cap(settings.beta * base, settings), w_max=base,
+        if measured > 0.0:  # what got through: sent less refused
+            through = max(0.0, measured - throttle_rate(state, now_ms))
+        else:
+            through = state.rate if state.on else 0.0
+        base = through if not state.on else min(state.rate, through)
+        rate = _cap(settings.beta * base, settings)
+        if (state.on and state.rate <= settings.min_rate
+                and state.ok_sec < math.floor(state.last_cut_ms / 1000.0)):
+            # at the floor and no success since the second of the last cut: the probes back
+            # off (PROBE_BACKOFF); the first success lifts the rate back to the floor
+            rate = max(settings.min_rate * PROBE_BACKOFF, settings.beta * state.rate)
+        return replace(state, on=True, rate=rate, w_max=base,
                        last_cut_ms=now_ms, last_grow_ms=now_ms, tat_ms=max(state.tat_ms, now_ms))
     if not success:
         return state
@@ -231,7 +278,7 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
         return state
     rate, w_max = state.rate, state.w_max
     best = best_rate(state, now_ms, settings)
-    if rate < best / 2.0:
+    if rate < best / 2.0 and throttle_rate(state, now_ms) <= 2.0 * settings.min_rate:
         if rate <= 2.0 * settings.min_rate:  # back from an outage: capacity reached the best
             w_max = max(w_max, best)         # seen lately
         rate = best / 2.0

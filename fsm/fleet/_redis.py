@@ -161,17 +161,19 @@ end
 # horizon_ms, forget_after_ms, memory_s, the pacer hash's TTL in ms (:func:`pacer_ttl_ms`).
 # The hash's fields are PacerState's: on (0/1), rate, tat, lcut (last_cut_ms), lgrow
 # (last_grow_ms), wmax, good, goodt (good_ms), oks (ok_sec), okn (ok_n), sents (sent_sec),
-# sentc (sent_cur), sentp (sent_prev), seen (seen_ms); times in server ms, written with 17
+# sentc (sent_cur), sentp (sent_prev), seen (seen_ms), thrs (thr_sec), thrc (thr_cur), thrp
+# (thr_prev); times in server ms, written with 17
 # digits. PNOW is the pacer's time: NOW clamped to the latest time seen (a server clock that
 # stepped back, e.g. a failover: no reset, no time passes; fsm.core.pacing "clock steps").
 _LUA_PACER = """
 local PFIELDS = {'on', 'rate', 'tat', 'lcut', 'lgrow', 'wmax', 'good', 'goodt', 'oks', 'okn',
-                 'sents', 'sentc', 'sentp', 'seen'}
+                 'sents', 'sentc', 'sentp', 'seen', 'thrs', 'thrc', 'thrp'}
+local PEMPTY = {thrs=-1, thrc=0, thrp=0}
 local PNOW = NOW
 local function pfresh()
   PNOW = NOW
   return {on=0, rate=0, tat=0, lcut=0, lgrow=0, wmax=0, good=0, goodt=0, oks=-1, okn=0,
-          sents=-1, sentc=0, sentp=0, seen=-math.huge}
+          sents=-1, sentc=0, sentp=0, seen=-math.huge, thrs=-1, thrc=0, thrp=0}
 end
 local function count_ok(x) return x >= 0 and x <= 1e9 end
 local function second_ok(x, hi) return x == math.floor(x) and x >= -1 and x * 1000 <= hi end
@@ -183,6 +185,8 @@ local function pacer_get(k)
   local s = {}
   for i, f in ipairs(PFIELDS) do
     local n = num(v[i])
+    -- a hash written before the throttles' window was kept: that window is empty
+    if n == nil and v[i] == false and PEMPTY[f] ~= nil then n = PEMPTY[f] end
     if n == nil then return pfresh() end
     s[f] = n
   end
@@ -197,7 +201,9 @@ local function pacer_get(k)
      or s.tat > far or s.lcut > soon or s.lgrow > soon or s.goodt > soon
      or not count_ok(s.wmax) or not count_ok(s.good) or not count_ok(s.okn)
      or not count_ok(s.sentc) or not count_ok(s.sentp)
-     or not second_ok(s.oks, soon) or not second_ok(s.sents, far) then
+     or not count_ok(s.thrc) or not count_ok(s.thrp)
+     or not second_ok(s.oks, soon) or not second_ok(s.sents, far)
+     or not second_ok(s.thrs, soon) then
     return pfresh()
   end
   PNOW = math.max(NOW, s.seen)
@@ -220,14 +226,23 @@ local function count_send(s, at)
   if sec == s.sents + 1.0 then prev = s.sentc end
   s.sents = sec s.sentc = 1.0 s.sentp = prev
 end
-local function send_rate(s)
-  local sec = math.floor(PNOW / 1000.0)
-  if sec > s.sents + 1.0 or s.sents < 0 then return 0.0 end
-  local frac = (PNOW - sec * 1000.0) / 1000.0
-  if sec == s.sents + 1.0 then return s.sentc * (1.0 - frac) end
-  if sec == s.sents then return s.sentp * (1.0 - frac) + s.sentc end
-  return s.sentp + s.sentc
+local function count_throttle(s, at)
+  local sec = math.floor(at / 1000.0)
+  if sec <= s.thrs then s.thrc = s.thrc + 1.0 return end
+  local prev = 0.0
+  if sec == s.thrs + 1.0 then prev = s.thrc end
+  s.thrs = sec s.thrc = 1.0 s.thrp = prev
 end
+local function window_rate(newest, cur, prev)
+  local sec = math.floor(PNOW / 1000.0)
+  if sec > newest + 1.0 or newest < 0 then return 0.0 end
+  local frac = (PNOW - sec * 1000.0) / 1000.0
+  if sec == newest + 1.0 then return cur * (1.0 - frac) end
+  if sec == newest then return prev * (1.0 - frac) + cur end
+  return prev + cur
+end
+local function send_rate(s) return window_rate(s.sents, s.sentc, s.sentp) end
+local function throttle_rate(s) return window_rate(s.thrs, s.thrc, s.thrp) end
 local function best_rate(s, p)
   if s.good <= 0.0 then return 0.0 end
   return s.good * 0.5 ^ (math.max(0.0, PNOW - s.goodt) / 1000.0 / p.memory)
@@ -259,15 +274,20 @@ local function pacer_observe(s, outcome, p)
   pacer_forget(s, p)
   s.seen = PNOW
   if outcome == 't' then
+    count_throttle(s, PNOW)
     if s.on == 1 and PNOW - s.lcut < p.cut then return s end
     local measured = send_rate(s)
-    local base = measured
-    if s.on == 1 then
-      local m = measured
-      if m == 0 then m = s.rate end
-      base = math.min(s.rate, m)
+    local through
+    if measured > 0.0 then through = math.max(0.0, measured - throttle_rate(s))
+    elseif s.on == 1 then through = s.rate
+    else through = 0.0 end
+    local base = through
+    if s.on == 1 then base = math.min(s.rate, through) end
+    local rate = pacer_cap(p.beta * base, p)
+    if s.on == 1 and s.rate <= p.min and s.oks < math.floor(s.lcut / 1000.0) then
+      rate = math.max(p.min * 0.25, p.beta * s.rate)
     end
-    s.on = 1 s.rate = pacer_cap(p.beta * base, p) s.wmax = base
+    s.on = 1 s.rate = rate s.wmax = base
     s.lcut = PNOW s.lgrow = PNOW s.tat = math.max(s.tat, PNOW)
     return s
   end
@@ -282,7 +302,7 @@ local function pacer_observe(s, outcome, p)
   if s.on ~= 1 then return s end
   local rate, wmax = s.rate, s.wmax
   local best = best_rate(s, p)
-  if rate < best / 2.0 then
+  if rate < best / 2.0 and throttle_rate(s) <= 2.0 * p.min then
     if rate <= 2.0 * p.min then wmax = math.max(wmax, best) end
     rate = best / 2.0
   end

@@ -22,15 +22,16 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from fsm.sim.world import REFUSAL_MS, SERVICE_MS, Answer, Provider, Scenario
+from fsm.sim.world import REFUSAL_MS, SERVICE_MS, THINK_BASE_MS, Answer, Provider, Scenario
 
 __all__ = ["SEND", "SEND_BOOKED", "WAIT", "DONE_OK", "DONE_FAIL", "PROCESSES", "Retrier",
            "Run", "VirtualClock", "run_world", "session_rng"]
 
 SEND, SEND_BOOKED, WAIT, DONE_OK, DONE_FAIL = 0, 1, 2, 3, 4
 PROCESSES = 4
-"""Sessions live in this many processes (session i in process i % 4); only coordinators that a
-policy shares across processes (as Redis does) see the whole fleet."""
+"""Sessions live in this many processes (session i in process i % 4) unless the scenario says
+otherwise (:attr:`fsm.sim.world.Scenario.processes`); only coordinators that a policy shares
+across processes (as Redis does) see the whole fleet."""
 
 _START, _SEND, _ANSWER, _TIMER = 0, 1, 2, 3
 
@@ -55,7 +56,8 @@ class Run:
     - ``sent_per_s`` / ``accepted_per_s``: requests sent (accepted) in each 1-s bin, by the
       second of sending;
     - ``recovery_ms``: when the provider was whole again (None: no recovery in the scenario);
-    - ``waiting_at_recovery_end_ms``: when the last call in progress at recovery ended.
+    - ``waiting_at_recovery_end_ms``: when the last call in progress at recovery ended;
+    - ``service_ms``: the world's service time (added latency is counted beyond it).
     """
 
     scenario: Scenario
@@ -68,6 +70,7 @@ class Run:
     accepted_per_s: dict[int, int] = field(default_factory=dict)
     recovery_ms: int | None = None
     waiting_at_recovery_end_ms: int | None = None
+    service_ms: int = SERVICE_MS
 
 
 def session_rng(seed: int, session: int, stream: int) -> random.Random:
@@ -94,11 +97,15 @@ def run_world(scenario: Scenario, sessions: int, seed: int,
               context: Any = None, clock: VirtualClock | None = None) -> Run:
     """Run ``scenario`` with ``sessions`` sessions; ``make_retrier(session, provider, context)``
     builds each session's retrier (``context`` is the policy's shared state, if any);
-    ``clock`` is moved to each event's time. Raises ``ValueError`` for ``sessions < 1``."""
+    ``clock`` is moved to each event's time. A scenario with a fixed fleet size
+    (:attr:`fsm.sim.world.Scenario.sessions`) runs that many sessions whatever ``sessions``
+    says. Raises ``ValueError`` for ``sessions < 1``."""
     if sessions < 1:
         raise ValueError(f"sessions must be at least 1, got {sessions}")
+    sessions = scenario.fleet_size(sessions)
     provider = Provider(scenario, sessions, seed)
-    run = Run(scenario, sessions, provider.capacity)
+    service = scenario.service_ms
+    run = Run(scenario, sessions, provider.capacity, service_ms=service)
     recovery = None if scenario.recovery_s is None else int(scenario.recovery_s * 1000)
     run.recovery_ms = recovery
     K = scenario.calls
@@ -154,7 +161,7 @@ def run_world(scenario: Scenario, sessions: int, seed: int,
                 call_no[i] = c
                 if c < K:
                     f = scenario.factor(at)
-                    think = (10_000 / f - SERVICE_MS) * (0.5 + traffic[i].random())
+                    think = (10_000 / f - THINK_BASE_MS) * (0.5 + traffic[i].random())
                     push(heap, (at + int(think), seq, _START, i, None))
                     seq += 1
                 continue
@@ -172,7 +179,7 @@ def run_world(scenario: Scenario, sessions: int, seed: int,
             run.wasted += 1
         if answer.ok:
             accepted_per_s[second] = accepted_per_s.get(second, 0) + 1
-            push(heap, (t + SERVICE_MS, seq, _ANSWER, i, answer))
+            push(heap, (t + service, seq, _ANSWER, i, answer))
         else:
             push(heap, (t + REFUSAL_MS, seq, _ANSWER, i, answer))
         seq += 1

@@ -119,13 +119,14 @@ class BrainPolicy:
 
     ``coordinators``: ``None`` (none: the settings use no hints, budget or pacing),
     ``"process"`` (one :class:`~fsm.fleet.InProcessCoordinator` per process) or ``"fleet"``
-    (one for every session, as a Redis coordinator would be). The hosts and the coordinators
+    (one for every session, as a Redis coordinator would be); ``processes``: how many processes
+    the sessions live in (the world's). The hosts and the coordinators
     read one clock, the virtual clock as epoch ms (:class:`EpochClock`; the one clock
     convention of docs/architecture.md "The loop").
     """
 
     def __init__(self, settings: RetrySettings, messages: Messages, clock: Callable[[], float],
-                 coordinators: str | None) -> None:
+                 coordinators: str | None, processes: int = PROCESSES) -> None:
         self.settings = settings
         self.messages = messages
         self.key = CoordKey("sim", "model")
@@ -135,7 +136,7 @@ class BrainPolicy:
         if coordinators is None or not uses:
             self.coords: list[Any] | None = None
         else:
-            count = 1 if coordinators == "fleet" else PROCESSES
+            count = 1 if coordinators == "fleet" else processes
             self.coords = [InProcessCoordinator(clock=self.clock.time_ms) for _ in range(count)]
 
     def coordinator(self, session: int) -> Any:
@@ -425,13 +426,15 @@ BASELINES: dict[str, type[Schedule]] = {c.name: c for c in (
 """The named baselines, by policy name."""
 
 
-def make_schedule_factory(name: str, seed: int) -> Callable[[int, Provider, Any], ScheduleRetrier]:
-    """``make_retrier`` for the baseline ``name`` (per-process shared state for quotas)."""
+def make_schedule_factory(name: str, seed: int,
+                          processes: int = PROCESSES) -> Callable[[int, Provider, Any], ScheduleRetrier]:
+    """``make_retrier`` for the baseline ``name`` (per-process shared state for quotas, in
+    ``processes`` processes)."""
     schedule = BASELINES[name]()
-    shared = [dict() for _ in range(PROCESSES)]
+    shared = [dict() for _ in range(processes)]
 
     def make(session: int, provider: Provider, context: Any) -> ScheduleRetrier:
-        return ScheduleRetrier(schedule, session_rng(seed, session, 1), shared[session % PROCESSES])
+        return ScheduleRetrier(schedule, session_rng(seed, session, 1), shared[session % processes])
     return make
 
 

@@ -31,24 +31,26 @@ def simulate(scenario: str, policy: str, *, sessions: int = 1000, seed: int = 1,
              settings: RetrySettings | None = None) -> Result:
     """Run ``scenario`` (a :data:`fsm.sim.world.SCENARIOS` name) under ``policy`` with
     ``sessions`` sessions and the random ``seed``. ``policy`` is a :data:`POLICIES` name, or
-    any name with ``settings`` given (a user's settings). Raises ``ValueError`` naming an
+    any name with ``settings`` given (a user's settings). A world with a fixed fleet size
+    (``lone_throttle``) runs that many sessions whatever ``sessions`` says. Raises ``ValueError`` naming an
     unknown scenario or policy, or ``sessions < 1``."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; expected one of {', '.join(SCENARIOS)}")
     world = SCENARIOS[scenario]
     clock = VirtualClock()
+    procs = world.processes
     if settings is not None:
-        make = make_brain_factory(BrainPolicy(settings, _messages(), clock, "process"), seed)
+        make = make_brain_factory(BrainPolicy(settings, _messages(), clock, "process", procs), seed)
     elif policy == "ideal":
         def make(session, provider, context):
             return Ideal(provider)
     elif policy == "seed":
-        make = make_brain_factory(BrainPolicy(RetrySettings(), _messages(), clock, None), seed)
+        make = make_brain_factory(BrainPolicy(RetrySettings(), _messages(), clock, None, procs), seed)
     elif policy == "resilient":
         make = make_brain_factory(
-            BrainPolicy(resilient_settings(), _messages(), clock, "fleet"), seed)
+            BrainPolicy(resilient_settings(), _messages(), clock, "fleet", procs), seed)
     elif policy in BASELINES:
-        make = make_schedule_factory(policy, seed)
+        make = make_schedule_factory(policy, seed, procs)
     else:
         raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}"
                          " (or --settings FILE)")

@@ -21,11 +21,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["SERVICE_MS", "REFUSAL_MS", "Scenario", "SCENARIOS", "Answer", "Provider",
-           "capacity_per_s", "unit_hash"]
+__all__ = ["SERVICE_MS", "REFUSAL_MS", "THINK_BASE_MS", "RECOVERABLE_MS", "Scenario", "SCENARIOS",
+           "STANDARD", "STRESS", "Answer", "Provider", "capacity_per_s", "unit_hash"]
 
 SERVICE_MS = 2_000
-"""Time from sending an accepted request to its (successful) answer, ms."""
+"""Time from sending an accepted request to its (successful) answer, ms (a scenario may set
+another: :attr:`Scenario.service_ms`)."""
+THINK_BASE_MS = 2_000
+"""The think time between calls is ``(10 / f) s − THINK_BASE_MS`` × U(0.5, 1.5) in every world
+(§14b.16's rule, also where a world's service time is longer)."""
+RECOVERABLE_MS = 600_000
+"""``failure_rate_recoverable`` counts the calls that started at most this long before the
+recovery, or later (the resilient profile's ``maxElapsedMs``: a chain that started earlier
+ends before the provider is back whatever it does; SPEC §15.8)."""
 REFUSAL_MS = 200
 """Time from sending a refused request to its error answer, ms."""
 TRANSIENT_RATE = 0.01
@@ -51,6 +59,20 @@ class Scenario:
     - ``recovery_s``: when the provider is whole again (drain is measured from it), or None.
     - ``window_share``: for ``windows``, the requests a minute allows, as a share of C × 60.
     - ``text``: one line for the table's title.
+    - ``capacity_share``: C = ``capacity_share`` × N requests/s (0.1 in the standard worlds).
+    - ``service_ms``: an accepted request's service time (ms).
+    - ``processes``: the sessions live in this many processes (session i in process
+      i mod ``processes``); only per-process state (a coordinator per process, a quota per
+      client) sees it.
+    - ``sessions``: a fixed fleet size whatever the run's N (``lone_throttle``), or None.
+    - ``down_kinds``: what a request in an outage is answered: ``("unavailable",)`` (a 503),
+      or ``("unavailable", "overloaded")`` (a 503 or a 529, half each, by a hash of the
+      request).
+    - ``flap_s``: in an ``outage`` span, the provider is down for ``flap_s`` s, then up for
+      ``flap_s`` s, and so on (0: down for the whole span).
+    - ``throttle_at_s``: for ``throttle_once``, the first request sent at or after this time
+      gets one 429 with ``retry-after: 1``.
+    - ``stress``: one of SPEC §15.8's stress worlds (its targets, docs/simulation.md).
     """
 
     name: str
@@ -62,6 +84,18 @@ class Scenario:
     fault_end_s: float = 0.0
     recovery_s: float | None = None
     window_share: float = 0.0
+    capacity_share: float = 0.1
+    service_ms: int = SERVICE_MS
+    processes: int = 4
+    sessions: int | None = None
+    down_kinds: tuple[str, ...] = ("unavailable",)
+    flap_s: float = 0.0
+    throttle_at_s: float = 0.0
+    stress: bool = False
+
+    def fleet_size(self, sessions: int) -> int:
+        """The N a run of ``sessions`` sessions has in this world (a fixed size wins)."""
+        return self.sessions if self.sessions is not None else sessions
 
     def factor(self, t_ms: int) -> float:
         """The demand factor f at ``t_ms``."""
@@ -95,6 +129,43 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("transient500", 20, ((_INF, 0.5),), "transient",
              "1 % of accepted requests fail with a random 500; demand 0.5× C"),
 )}
+STANDARD: tuple[str, ...] = tuple(SCENARIOS)
+"""§14's standard worlds (§14b.16), in table order."""
+
+_BROWNOUT = ((60, 2.0), (_INF, 0.5))
+_STRESS = (
+    Scenario("cap005", 20, _BROWNOUT, "brownout529",
+             "brownout529's traffic with C = 0.05 × N: demand 4× C for 60 s, then 1× C; 529 over "
+             "capacity", recovery_s=60, capacity_share=0.05, stress=True),
+    Scenario("cap02", 20, _BROWNOUT, "brownout529",
+             "brownout529's traffic with C = 0.2 × N: demand 1× C for 60 s, then 0.25× C; 529 over "
+             "capacity", recovery_s=60, capacity_share=0.2, stress=True),
+    Scenario("svc10s", 20, _BROWNOUT, "brownout529",
+             "brownout529 with a 10 s service time", recovery_s=60, service_ms=10_000, stress=True),
+    Scenario("outage30min", 30, ((_INF, 0.5),), "outage",
+             "full outage of 30 min from t = 30 s (503 or 529), demand 0.5× C",
+             fault_start_s=30, fault_end_s=1830, recovery_s=1830,
+             down_kinds=("unavailable", "overloaded"), stress=True),
+    Scenario("flapping", 40, ((_INF, 0.5),), "outage",
+             "down (503 or 529) 20 s, up 20 s, from t = 30 s to 630 s; demand 0.5× C",
+             fault_start_s=30, fault_end_s=630, recovery_s=630,
+             down_kinds=("unavailable", "overloaded"), flap_s=20, stress=True),
+    Scenario("proc1", 20, _BROWNOUT, "brownout529",
+             "brownout529 with the sessions in 1 process", recovery_s=60, processes=1, stress=True),
+    Scenario("proc16", 20, _BROWNOUT, "brownout529",
+             "brownout529 with the sessions in 16 processes", recovery_s=60, processes=16,
+             stress=True),
+    Scenario("herd3x", 25, ((60, 0.5), (180, 3.0), (_INF, 0.5)), "brownout529",
+             "a herd: demand 0.5× C, then 3× C from 60 s to 180 s (529 over capacity), then 0.5× C",
+             recovery_s=180, stress=True),
+    Scenario("lone_throttle", 20, ((_INF, 0.2),), "throttle_once",
+             "10 sessions whatever N, C = 10/s, demand 0.2 requests/s; one 429 with retry-after: 1 "
+             "to the first request after 60 s, otherwise healthy",
+             capacity_share=1.0, sessions=10, throttle_at_s=60, stress=True),
+)
+SCENARIOS.update((s.name, s) for s in _STRESS)
+STRESS: tuple[str, ...] = tuple(s.name for s in _STRESS)
+"""SPEC §15.8's stress worlds, in table order."""
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -163,7 +234,7 @@ class Provider:
 
     def __init__(self, scenario: Scenario, sessions: int, seed: int) -> None:
         self.scenario = scenario
-        self.capacity = capacity_per_s(sessions)
+        self.capacity = scenario.capacity_share * scenario.fleet_size(sessions)
         self.interval = 1000.0 / self.capacity      # T, ms between tokens
         self.tolerance = 1000.0 - self.interval     # τ: one second of burst
         self.tat = 0.0                              # the bucket's theoretical arrival time
@@ -177,16 +248,38 @@ class Provider:
         self.window_counts: dict[int, int] = {}
         self.transient = f == "transient"
         self.over_capacity = "rate_limited" if f == "brownout429" else "overloaded"
+        self.down_kinds = scenario.down_kinds
+        self.flap_ms = int(scenario.flap_s * 1000)
+        self.throttle_at = int(scenario.throttle_at_s * 1000) if f == "throttle_once" else None
+
+    def down_until(self, t: float) -> int | None:
+        """When the outage (or the flapping provider's down period) that covers ``t`` ends
+        (virtual ms), or None when the provider is up at ``t``."""
+        if self.outage is None or not self.outage[0] <= t < self.outage[1]:
+            return None
+        if not self.flap_ms:
+            return self.outage[1]
+        into = int(t - self.outage[0])
+        if (into // self.flap_ms) % 2:
+            return None  # an up period
+        return min(self.outage[1], self.outage[0] + (into // self.flap_ms + 1) * self.flap_ms)
 
     # -- the real provider ----------------------------------------------------------------
     def request(self, t: int, session: int, call: int, n: int) -> Answer:
         """The answer to a request sent at ``t`` (the ``n``-th request, 0-based, of ``call`` of
         ``session``); the caller hears it after :data:`SERVICE_MS` when ok, else
         :data:`REFUSAL_MS`."""
-        if self.outage is not None and self.outage[0] <= t < self.outage[1]:
+        if self.throttle_at is not None and t >= self.throttle_at:
+            self.throttle_at = None
+            return Answer("rate_limited", 1000, True)
+        if self.outage is not None and self.down_until(t) is not None:
             if self.usage:
                 return Answer("usage_limit", self.outage[1] - t, True)
-            return Answer("unavailable", None, True)
+            kinds = self.down_kinds
+            if len(kinds) == 1:
+                return Answer(kinds[0], None, True)
+            pick = int(unit_hash(self.seed, session, call, n, 0xD0) * len(kinds))
+            return Answer(kinds[pick], None, True)
         if self.window_limit:
             w = t // 60_000
             if self.window_counts.get(w, 0) >= self.window_limit:
@@ -209,10 +302,12 @@ class Provider:
         """The earliest instant at or after ``t`` when a request is accepted, booked now (a
         request sent then must go through :meth:`accept_reserved`)."""
         s = float(t)
-        if self.outage is not None and self.outage[0] <= s < self.outage[1]:
-            s = float(self.outage[1])
         while True:
             s = max(s, self.tat - self.tolerance)
+            up = self.down_until(s)
+            if up is not None:
+                s = float(up)
+                continue
             if not self.window_limit:
                 break
             w = int(s // 60_000)

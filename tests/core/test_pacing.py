@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fsm.core import pacing
-from fsm.core.pacing import (PacerState, best_rate, fresh, observe, reserve, send_rate,
-                             slot_delay_ms)
+from fsm.core.pacing import (PROBE_BACKOFF, PacerState, best_rate, fresh, observe, reserve,
+                             send_rate, slot_delay_ms, throttle_rate)
 from fsm.core.settings import BudgetSettings, PacingSettings, RetrySettings, SettingsError
 
 P = PacingSettings()
@@ -73,20 +73,38 @@ def test_the_send_rate_is_a_sliding_window_over_the_last_second():
     assert send_rate(state, 1250.0) == pytest.approx(20 * 0.75 + 2)
 
 
-def test_a_throttle_cuts_the_rate_to_beta_times_the_send_rate_of_the_last_second():
-    """The first cut: rate = beta × the requests sent over the last second, W_max = that rate."""
+def test_a_throttle_cuts_the_rate_to_beta_times_what_got_through_in_the_last_second():
+    """The first cut: rate = beta × what got through over the last second — the requests
+    sent less the throttles heard (this one counted) — and W_max = that (fsm/core/pacing.py
+    "the cut")."""
     state = sent(fresh(), [float(t) for t in range(0, 1000, 50)])  # 20/s
     cut = observe(state, 1500.0, True, P)
     assert cut.on is True
-    assert cut.w_max == pytest.approx(10.0)
-    assert cut.rate == pytest.approx(0.7 * 10.0)
+    assert (cut.thr_sec, cut.thr_cur) == (1.0, 1.0)
+    assert cut.w_max == pytest.approx(10.0 - 1.0)
+    assert cut.rate == pytest.approx(0.7 * 9.0)
     assert cut.last_cut_ms == 1500.0 and cut.tat_ms == 1500.0
 
 
+def test_a_cut_where_nothing_got_through_goes_to_the_floor_at_once():
+    """As many throttles heard as requests sent over the last second (an outage): the cut goes
+    to minRate at once, not down by one beta (fsm/core/pacing.py "the cut")."""
+    settings = PacingSettings(min_rate=1.0)
+    state = replace(pacing_at(10.0, now=0.0), sent_sec=1.0, sent_cur=10.0, thr_sec=1.0,
+                    thr_cur=9.0, seen_ms=1500.0)
+    cut = observe(state, 1500.0, True, settings)
+    assert throttle_rate(cut, 1500.0) == send_rate(cut, 1500.0) == 10.0
+    assert cut.rate == 1.0 and cut.w_max == 0.0 and cut.last_cut_ms == 1500.0
+    some = observe(replace(state, thr_cur=4.0), 1500.0, True, settings)
+    assert some.rate == pytest.approx(0.7 * (10 - 5)), "half got through: beta × that half"
+
+
 def test_a_later_cut_takes_the_lower_of_the_send_rate_and_the_rate_in_use():
-    """Once pacing, the base of a cut is min(rate in use, send rate) (the send rate when some)."""
+    """Once pacing, the base of a cut is min(rate in use, what got through) (the send rate less
+    the throttles heard, when something was sent)."""
     low_sends = sent(pacing_at(50.0), [1000.0 + t for t in range(0, 1000, 100)])  # 10 in second 1
-    assert observe(low_sends, 2000.0, True, P).rate == pytest.approx(0.7 * 10.0)
+    assert observe(low_sends, 2000.0, True, P).rate == pytest.approx(0.7 * (10.0 - 1.0)), \
+        "the send rate less the one throttle heard"
     high_sends = sent(pacing_at(5.0), [1000.0 + t for t in range(0, 600, 100)])  # slots 1000..2000
     assert send_rate(high_sends, 2000.0) == 6.0
     assert observe(high_sends, 2000.0, True, P).rate == pytest.approx(0.7 * 5.0)
@@ -101,23 +119,30 @@ def test_one_cut_per_cut_interval():
     state = pacing_at(10.0, now=-2000.0)
     first = observe(state, 1.0, True, settings)
     assert first.rate == pytest.approx(7.0)
-    assert observe(first, 900.0, True, settings) == replace(first, seen_ms=900.0)  # only the time seen
+    # only the time seen and the throttle heard
+    assert observe(first, 900.0, True, settings) == replace(first, seen_ms=900.0, thr_cur=2.0)
     again = observe(first, 1001.0, True, settings)
     assert again.rate == pytest.approx(4.9) and again.last_cut_ms == 1001.0
 
 
-def test_the_rate_never_falls_below_the_probe_floor():
-    """Repeated throttles cannot stop the fleet: probes continue at ``minRate``, spaced evenly."""
+def test_the_probes_back_off_below_the_floor_while_nothing_gets_through_and_never_stop():
+    """Repeated throttles with no success cannot stop the fleet: probes go on, the floor backing
+    off by beta per cut down to PROBE_BACKOFF × ``minRate``, spaced evenly; the first success
+    lifts the rate back to ``minRate`` at least (fsm/core/pacing.py "the floor")."""
     settings = PacingSettings(min_rate=2.0, horizon_ms=10_000)
     state = fresh()
+    rates = []
     for t in range(0, 20_000, 1000):
         state = observe(state, t, True, settings)
-    assert state.on is True and state.rate == 2.0
+        rates.append(state.rate)
+    assert rates[:3] == [2.0, pytest.approx(1.4), pytest.approx(0.98)]
+    assert state.on is True and state.rate == 2.0 * PROBE_BACKOFF == 0.5
     delays = []
     for _ in range(4):
         state, delay = reserve(state, 20_000, settings)
         delays.append(delay)
-    assert delays == [0, 500, 1000, 1500]
+    assert delays == [0, 2000, 4000, 6000]
+    assert observe(state, 21_000, False, settings).rate >= 2.0
 
 
 def test_growth_never_passes_max_rate():
@@ -172,12 +197,25 @@ def test_fast_recovery_jumps_the_rate_to_half_the_best_throughput():
         state = observe(state, float(t), False, settings)
     for t in range(2000, 22_000, 1000):  # an outage: throttles bring the rate to the floor
         state = observe(state, float(t), True, settings)
-    assert state.rate == 1.0
+    assert state.rate == 1.0 * PROBE_BACKOFF  # and its probes backed off
     assert best_rate(state, 21_500.0, settings) == pytest.approx(40.0, rel=0.03)
     back = observe(state, 21_500.0, False, settings)
     assert back.good == 40.0, "the last second of 40 successes, measured now"
     assert back.w_max == pytest.approx(40.0)
     assert back.rate == pytest.approx(20.0 * 1.5 ** 0.5), "half the best, then half a second's fast growth"
+
+
+def test_late_successes_among_many_throttles_are_not_a_recovery():
+    """A success heard while the throttles of the last second exceed twice the floor (a
+    request sent before a fault began, answered a service time later) does not jump the rate
+    to half the best: it grows by one step only (fsm/core/pacing.py "fast recovery")."""
+    state = replace(pacing_at(1.0, now=0.0), good=40.0, good_ms=0.0, ok_sec=0.0, ok_n=1.0)
+    for t in range(0, 300, 10):  # 30 throttles heard in 0.3 s
+        state = observe(state, float(t), True, P)
+    late = observe(state, 400.0, False, P)
+    assert late.rate < 2.0
+    quiet = observe(state, 2500.0, False, P)  # the throttles are out of the window
+    assert quiet.rate >= best_rate(state, 2500.0, P) / 2
 
 
 def test_fast_recovery_does_not_raise_w_max_above_the_floor_band():

@@ -200,7 +200,8 @@ async def test_the_pacing_slot_is_reserved_in_the_same_step_as_the_budget_take()
 
 async def test_the_in_process_pacer_counts_every_admitted_send_before_any_throttle():
     """Not pacing yet, an admission still counts its send (a pacer not yet stored is made);
-    the first throttle cuts to beta × the send rate of the last second."""
+    the first throttle cuts to beta × what got through over the last second (the send rate
+    less the throttles heard: this one)."""
     clock = Clock(0.0)
     c = InProcessCoordinator(clock=clock)
     settings = PacingSettings()
@@ -211,7 +212,7 @@ async def test_the_in_process_pacer_counts_every_admitted_send_before_any_thrott
     assert c.pacer_state(KEY).sent_cur == 20 and not c.pacer_state(KEY).on
     clock.now = 1500.0
     await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
-    assert c.pacer_state(KEY).rate == pytest.approx(0.7 * 10)
+    assert c.pacer_state(KEY).rate == pytest.approx(0.7 * (10 - 1))
 
 
 async def test_the_in_process_pacer_tells_a_success_from_any_other_answer():
@@ -268,7 +269,7 @@ async def test_the_guard_passes_pacing_booked_through_and_its_local_pacer_follow
     assert g.fallback.pacer_state(KEY).sent_cur == 5
     await g.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
     local = g.fallback.pacer_state(KEY)
-    assert local.on and local.rate == pytest.approx(0.7 * 5)
+    assert local.on and local.rate == pytest.approx(0.7 * (5 - 1))  # 5 sent, 1 throttled
     answers = [await g.admit(KEY, retry=False, budget=None, pacing=settings) for _ in range(4)]
     assert Admission(pacing_booked=False) in answers, "Redis paces at most 3.5/s: no 4 slots in 500 ms"
     assert g.available
@@ -377,7 +378,8 @@ async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(any_redis, pre
 HASH_FIELDS = {"on": "on", "rate": "rate", "tat": "tat_ms", "lcut": "last_cut_ms",
                "lgrow": "last_grow_ms", "wmax": "w_max", "good": "good", "goodt": "good_ms",
                "oks": "ok_sec", "okn": "ok_n", "sents": "sent_sec", "sentc": "sent_cur",
-               "sentp": "sent_prev", "seen": "seen_ms"}
+               "sentp": "sent_prev", "seen": "seen_ms", "thrs": "thr_sec", "thrc": "thr_cur",
+               "thrp": "thr_prev"}
 
 
 async def stored_pacer(c: RedisCoordinator, key: CoordKey) -> pure.PacerState:
@@ -481,6 +483,56 @@ async def test_both_pacers_clamp_a_step_back_to_the_latest_time_seen_and_agree_a
     assert state.on and state.seen_ms == t0 + 2_000
     state, _ = await twin_step(c, state, edge - 1, settings, ("observe", False, False))
     assert state == dataclasses.replace(pure.fresh(), seen_ms=edge - 1), "beyond 400 days: another clock"
+    await c.aclose()
+
+
+async def test_both_pacers_agree_through_an_outage_flapping_and_a_step_back(redis_server, prefix):  # noqa: F811
+    """fsm.core.pacing "the cut", "the floor", "fast recovery": a fleet sending 20/s is
+    refused (a cut to what got through, then the floor at once), probes back off below the
+    floor while nothing gets through, late successes among throttles do not jump the rate, a
+    probe's success does; with steps of the clock back (an hour, a day) and forward (a
+    minute) between, and a throttle exactly at the end of the cut interval: the Lua and the
+    Python pacer agree step by step, field by field."""
+    settings = PacingSettings(min_rate=1.0, forget_after_ms=600_000, horizon_ms=2_000)
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    state, t = pure.fresh(), 1_700_000_000_000.0
+    for k in range(40):  # a second of 20 sends and 20 successes, then the fault
+        state, _ = await twin_step(c, state, t + 50 * k, settings, ("reserve", 0))
+        state, _ = await twin_step(c, state, t + 50 * k + 25, settings, ("observe", False, True))
+    t += 2000
+    for k in range(20):  # every answer refused
+        state, _ = await twin_step(c, state, t + 50 * k, settings, ("observe", True, False))
+    assert state.on and state.thr_cur > 1
+    rates = [state.rate]
+    for step in (1000, 1000, -3_600_000, 3_601_000, 60_000, 1000, -86_400_000, 86_401_000,
+                 1000, 1000, 1000, 1000):
+        t += step
+        state, _ = await twin_step(c, state, t, settings, ("reserve", 0))
+        state, _ = await twin_step(c, state, t + 200, settings, ("observe", True, False))
+        rates.append(state.rate)
+    assert min(rates) == pytest.approx(1.0 * pure.PROBE_BACKOFF), "the probes backed off"
+    t = max(t, state.seen_ms)
+    for k in range(20):  # the provider flaps down again: many throttles at once
+        state, _ = await twin_step(c, state, t + 10 * k, settings, ("observe", True, False))
+    state, _ = await twin_step(c, state, t + 300, settings, ("observe", False, True))  # late
+    assert state.rate < 2.0
+    state, _ = await twin_step(c, state, t + 5_000, settings, ("observe", False, True))  # a probe
+    assert state.rate >= pure.best_rate(state, t + 5_000, settings) / 2
+    await c.aclose()
+
+
+async def test_a_pacer_hash_without_the_throttle_window_is_kept(redis_server, prefix):  # noqa: F811
+    """A pacer hash written before the throttles' window was kept (thrs, thrc, thrp absent:
+    an older process of the fleet) is read with that window empty, not as a fresh pacer."""
+    settings = PacingSettings(min_rate=1.0)
+    c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
+    name = c.keys.pacer(KEY)
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    await c.client.hdel(name, "thrs", "thrc", "thrp")
+    a = await c.admit(KEY, retry=False, budget=None, pacing=settings)
+    b = await c.admit(KEY, retry=False, budget=None, pacing=settings)
+    assert (await c.client.hget(name, "on")) == b"1" and b.pacing_ms > a.pacing_ms
+    assert float(await c.client.hget(name, "thrs")) == -1.0
     await c.aclose()
 
 

@@ -168,6 +168,8 @@ def _fault_environment(monkeypatch, server) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url.removesuffix("/v1"))
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", server.root_url)  # Gemini's generateContent
+    monkeypatch.setenv("GEMINI_API_KEY", "gemini-test-key")
     monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")  # read at the SDK's first trace
     if "agents" in sys.modules:  # the SDK already read it: its own switch
         sys.modules["agents"].set_tracing_disabled(True)
@@ -182,7 +184,7 @@ def _examples(path: str) -> list:
 def test_every_docstring_example_runs_as_written(module, monkeypatch, tmp_path):
     """Public docstrings (SPEC §15.13 "Docs"): each Python example of the module's docstrings
     runs, in order, in one namespace, against the fault server (``OPENAI_BASE_URL`` /
-    ``ANTHROPIC_BASE_URL``), in a scratch folder; the only ones not run are the shapes of
+    ``ANTHROPIC_BASE_URL`` / ``GOOGLE_GEMINI_BASE_URL``), in a scratch folder; the only ones not run are the shapes of
     DOCSTRING_SHAPES."""
     parsed = DOCSTRINGS.parse(ROOT / module)
     skipped = set()

@@ -7,17 +7,26 @@ each decision is the brain's — the classification of Gemini's errors (a 429
 ``RESOURCE_EXHAUSTED`` or a 503 ``UNAVAILABLE`` is retried, a 400 ``INVALID_ARGUMENT`` or a
 quota whose limit is 0 is not), retry hints under ``retryHints: "honor"`` (``RetryInfo``'s
 ``retryDelay`` in the error's details, ``retry-after`` headers), the retry budget, the fleet's
-cooldowns with a ``coordinator`` — with events per attempt and chain ends::
+cooldowns with a ``coordinator`` — with events per attempt and chain ends (this runs as
+written, with ``GEMINI_API_KEY`` and ``GOOGLE_GEMINI_BASE_URL``, the variables the SDK itself
+reads; the tests point them at the fault server)::
 
+    import asyncio, os
     from google import genai
     from fsm.integrations.genai import BrainClient, http_options
 
-    client = genai.Client(api_key=KEY, http_options=http_options())   # the SDK retries off
+    client = genai.Client(api_key=os.environ["GEMINI_API_KEY"],   # the SDK retries off:
+                          http_options=http_options(base_url=os.environ["GOOGLE_GEMINI_BASE_URL"]))
     gemini = BrainClient(client, {"maxRetries": 5, "retryHints": "honor"}, on_event=print)
     reply = gemini.models.generate_content(model="gemini-2.5-flash", contents="hi")
     for chunk in gemini.models.generate_content_stream(model="gemini-2.5-flash", contents="hi"):
         print(chunk.text, end="")
-    reply = await gemini.aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
+
+    async def main():
+        reply = await gemini.aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
+        print(reply.text)
+
+    asyncio.run(main())
 
 **Streams**: an error inside a stream (a connection cut, an ``{"error": {...}}`` event) reaches
 the brain like any other. Before any chunk reached the caller it is retried as a failed

@@ -42,8 +42,10 @@ and an empty body otherwise.
 ``POST …/v1/files`` (a multipart upload, answered a ``file`` object on success) take the same
 script and count as chat requests.
 
-``GET …/models`` answers a list with one model; every other path gets a 404 JSON error and is
-recorded with ``index`` ``None``. A path with ``/v1`` twice (``/v1/v1/messages``: the Anthropic
+``GET …/models`` answers a list with one model; ``GET …/fault/stats`` what the server saw
+(:meth:`FaultServer.stats`: the chat requests, and in capacity mode the requests accepted and
+refused per second); every other path gets a 404 JSON error and is recorded with ``index``
+``None``. A path with ``/v1`` twice (``/v1/v1/messages``: the Anthropic
 SDK given :attr:`FaultServer.base_url` instead of :attr:`FaultServer.root_url`) is such a path;
 its error message names the base URL to use.
 
@@ -578,6 +580,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"object": "list", "data": [
                 {"id": self.server.owner.model, "object": "model", "created": 0,
                  "owned_by": "fault-server"}]}, "models")
+        elif self._is("/fault/stats"):
+            self.send_json(200, self.server.owner.stats(), "stats")
         else:
             self._not_found()
 
@@ -869,6 +873,14 @@ class FaultServer:
         with self._lock:
             return self._chat_count
 
+    def stats(self) -> dict[str, Any]:
+        """What the server saw, as served by ``GET /fault/stats`` (or ``/v1/fault/stats``):
+        ``{"chat_requests": n, "capacity": null}``, or in capacity mode the bucket's
+        :meth:`fsm.testing.capacity.Capacity.stats` under ``capacity`` (requests accepted and
+        refused per second)."""
+        capacity = self.capacity.stats() if self.capacity is not None else None
+        return {"chat_requests": self.chat_count, "capacity": capacity}
+
     @property
     def kept_body_bytes(self) -> int:
         """Request bytes whose parsed bodies the records still hold (≤ ``max_log_bytes``)."""
@@ -892,6 +904,9 @@ class FaultServer:
                 refusal = self.capacity.admit() if self.capacity is not None else None
                 if refusal is not None:
                     entry = refusal
+                elif self.capacity is not None and getattr(self.capacity, "service_ms", 0):
+                    # the capacity mode's service time, on top of the entry's own delay
+                    entry = {**entry, "delay_ms": entry.get("delay_ms", 0) + self.capacity.service_ms}
             self._requests.append(rec)
             if body is not None:
                 self._kept.append(rec)

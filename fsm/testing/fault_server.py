@@ -92,6 +92,9 @@ ENTRY_KEYS: tuple[str, ...] = (
 _STREAM_ONLY = ("chunk_delay_ms", "finish_reason", "usage", "drop", "drop_mode", "no_done")
 _DELAYS = ("delay_ms", "hang_ms", "chunk_delay_ms")
 _POLL_S = 0.05
+_PAUSE_POLL_S = 0.5  # stop() shuts every connection down, which wakes a pause at once: this
+# only bounds a missed wake-up (a 2-s service time polled every 50 ms cost the server 40
+# wake-ups per request: most of its CPU in the capacity mode's live runs)
 _NO_BODY_STATUSES = (204, 304)
 
 MAX_BODY_BYTES = 16 << 20
@@ -523,7 +526,7 @@ class _Handler(BaseHTTPRequestHandler):
             while (left := deadline - time.monotonic()) > 0:
                 if stopping.is_set():
                     return False
-                if sel.select(min(left, _POLL_S)):
+                if sel.select(min(left, _PAUSE_POLL_S)):
                     try:
                         if not self.connection.recv(1, socket.MSG_PEEK):
                             return False

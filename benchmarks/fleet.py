@@ -323,7 +323,8 @@ def measure_simulation(sessions: int = 10_000, seed: int = 1) -> dict[str, float
     the hand-encoded 2/4/8 s baseline (target 0); ``sim_seconds``: CPU time of the runs."""
     import time as _time
 
-    from fsm.sim import SCENARIOS, simulate
+    from fsm.sim import simulate
+    from fsm.sim.world import DEFAULT_SCENARIOS as SCENARIOS  # live_brownout: benchmarks/live.py
     from fsm.sim.targets import PEAK_MARGIN  # the peak's limit: the ideal's + 0.1
 
     out: dict[str, float] = {}

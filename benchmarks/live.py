@@ -212,16 +212,24 @@ NICE = -10
 """The scheduling priority of the live fleet's processes (Redis, the provider, the runners) where
 permitted: a fleet's hosts are its own, while this machine may be shared with other work, whose
 queue would delay every wake-up of a process by up to a second (the world's onset would reach
-the provider seconds late: a harness artifact, not the fleet's behaviour)."""
+the provider seconds late: a harness artifact, not the fleet's behaviour). Under Linux's
+autogroup scheduling a nice value orders a process only within its session, so each live process
+starts a session of its own and its autogroup gets the same priority."""
 
 
 def _raise_priority(pid: int) -> bool:
-    """Give process ``pid`` the priority :data:`NICE`; False where not permitted."""
+    """Give process ``pid`` (and its autogroup, on Linux) the priority :data:`NICE`; False where
+    not permitted."""
     try:
         os.setpriority(os.PRIO_PROCESS, pid, NICE)
-        return True
     except OSError:
         return False
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as fh:
+            fh.write(str(NICE))
+    except OSError:  # no autogroup scheduling here: the process's own priority is what counts
+        pass
+    return True
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -251,7 +259,8 @@ def run_live(scenario: Any, *, sessions: int, seed: int, processes: int,
         server = subprocess.Popen(
             [sys.executable, "-m", "fsm", "fault-server", "--capacity", repr(capacity),
              "--service-ms", str(SERVICE_MS), "--refusal-ms", str(REFUSAL_MS)],
-            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
         procs.append(server)
         raised = _raise_priority(server.pid) and raised
         try:
@@ -269,7 +278,7 @@ def run_live(scenario: Any, *, sessions: int, seed: int, processes: int,
                 workers.append(subprocess.Popen(
                     [sys.executable, "-m", "benchmarks.live", "--worker", json.dumps(spec)],
                     cwd=ROOT, env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    text=True))
+                    text=True, start_new_session=True))
                 raised = _raise_priority(workers[-1].pid) and raised
             procs.extend(workers)
             if not raised:

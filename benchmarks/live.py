@@ -371,7 +371,8 @@ def measure(*, sessions: int = SESSIONS, seed: int = 1, processes: int = PROCESS
     print(f"[bench] live: {len(run['calls'])} calls in {run['seconds']:.0f} s; events "
           f"{run['events']}; coordinator reads {run['answers']}; load per second (live | sim) "
           f"{[a + r for _, a, r in run['per_second']][:40]} | "
-          f"{[n for _, n in sim.sent_per_s][:40]}", file=sys.stderr)
+          f"{[n for _, n in sim.sent_per_s][:40]}; refused per second live "
+          f"{[r for _, _, r in run['per_second']][:40]}", file=sys.stderr)
     return {
         "live_vs_sim_failure_points": abs(live["failure_rate"] - s["failure_rate"]) * 100,
         "live_vs_sim_amplification": abs(live["amplification"] - s["amplification"]),

@@ -125,7 +125,10 @@ async def _worker(spec: dict) -> dict:
     if spec.get("trace"):
         async def sent(request: Any) -> None:
             trace.append([now(), "send", None])
-        hooks = {"request": [sent]}
+
+        async def answered(response: Any) -> None:
+            trace.append([now(), "answer", response.status_code])
+        hooks = {"request": [sent], "response": [answered]}
     client = openai.AsyncOpenAI(base_url=spec["base_url"], api_key="sk-live-bench", max_retries=0,
                                 http_client=openai.DefaultAsyncHttpxClient(event_hooks=hooks))
     coord = coordinator_from_url(spec["redis"], prefix=spec["prefix"])
@@ -144,8 +147,19 @@ async def _worker(spec: dict) -> dict:
         return time.time() * 1000 - t0
 
     messages = [{"role": "user", "content": "hello"}]
-    # warm-up: the SDK's lazy imports, a connection and the coordinator's scripts, on a path
-    # the provider does not count (GET /models) and a key of its own (not the world's pacer)
+    # Warm-up, off the world's books: the chat path's lazy imports (the SDK's chat types, a
+    # failure's mapping and classification: about 0.2 s, which otherwise delayed and bunched
+    # the onset's first requests) on a fault server of this process's own, under a key of its
+    # own (not the world's pacer); then a connection to the provider and the coordinator's
+    # scripts on a path the provider does not count (GET /models).
+    from fsm.testing.fault_server import FaultServer
+    with FaultServer([{"status": 529, "json": {"type": "error", "error": {
+            "type": "overloaded_error", "message": "Overloaded"}}}]) as warm:
+        warm_client = openai.AsyncOpenAI(base_url=warm.base_url, api_key="sk-live-bench",
+                                         max_retries=0)
+        await fsm.retrying(warm_client.chat.completions.create, model="warm-up",
+                           messages=messages, settings=settings, coordinator=coord)
+        await warm_client.close()
     await fsm.retrying(client.models.list, settings=settings, coordinator=coord)
     # A host that has run a while has swept its start-up heap long ago: without this, the
     # first full collection of the imports' objects (1-1.5 s on a busy 2-core machine) falls

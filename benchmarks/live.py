@@ -23,6 +23,9 @@ hint over capacity.
   its policy stream. Every process starts the world at the same whole second of the wall
   clock, so the world's second *k* is one bin of the provider's count.
 
+What keeps the harness on time on a busy machine (a raised priority, a swept start-up heap, a
+warmed-up chat path: :data:`NICE`, :func:`_worker`) is in docs/simulation.md.
+
 The provider counts what it sees (``GET /fault/stats``: requests accepted and refused per
 second), so load is measured where the simulation measures it; failures are the calls that
 raised (the provider's view agrees: one accepted request per successful call, checked).
@@ -260,8 +263,10 @@ def run_live(scenario: Any, *, sessions: int, seed: int, processes: int,
              timeout_s: float = 600.0, trace: bool = False) -> dict:
     """Run ``scenario`` (a :class:`fsm.sim.world.Scenario`) live (see the module docstring).
     Returns ``{"calls": [...], "per_second": [[k, accepted, refused], ...] from the world's
-    second 0, "capacity": C, "events", "answers", "seconds"}``. Raises ``RuntimeError`` when a
-    process fails or the run outlives ``timeout_s``."""
+    second 0, "capacity": C, "events", "answers", "seconds", "loop_lag_p99_ms", "traces"}``;
+    with ``trace`` each runner records every request sent, answer and event (``traces``: one
+    list of ``[t_ms, what, detail]`` per process), for a diagnosis. Raises ``RuntimeError``
+    when a process fails or the run outlives ``timeout_s``."""
     from fsm.fleet.server import RedisServer
     from fsm.sim.world import REFUSAL_MS, SERVICE_MS, capacity_per_s
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -56,10 +57,11 @@ GROUPS: dict[str, dict] = {
     "pacing": {"full": {}, "quick": {"compare": False}, "timeout": 400},
     "fleet10k": {"full": {}, "quick": {"calls": 2_000}, "timeout": 900},
     "audit": {"full": {"size_mb": 100}, "quick": {"size_mb": 5}, "timeout": 300},
+    "live": {"full": {}, "quick": {}, "timeout": 600},
 }
 
-# name: (comparison, limit, note)
-TARGETS: dict[str, tuple[str, float, str]] = {
+# name: (comparison, limit, note); "in": limit is (low, high), both included
+TARGETS: dict[str, tuple[str, Any, str]] = {
     "decision_ratio_vs_tenacity": ("<=", 0.5, ""),
     "brain_bytes": ("<=", 6_000, ""),
     "brain_create_growth_vs_plain": ("<=", 1.25, "flat creation: growth 1k→10k over a plain "
@@ -98,18 +100,23 @@ TARGETS: dict[str, tuple[str, float, str]] = {
                               "under that load"),
     "audit_events_100mb_s": ("<=", 30, "audit --events reading and checking a generated 100 MB "
                              "log of 64 interleaved sessions (linear: extrapolated under --quick)"),
+    "live_vs_sim_failure_points": ("<=", 0.5, "live_brownout, 300 sessions in 4 runner processes "
+                                   "on Redis, live vs simulate: |Δ failed calls|, points"),
+    "live_vs_sim_amplification": ("<=", 0.05, "the same run: |Δ requests per call|"),
+    "live_vs_sim_peak_ratio": ("in", (0.85, 1.15), "the same run: the highest 1-s bin of requests "
+                               "÷ C at the provider, live ÷ simulated"),
 }
 
 
 
-def _simulation_targets() -> dict[str, tuple[str, float, str]]:
+def _simulation_targets() -> dict[str, tuple[str, Any, str]]:
     """The fleet simulation's targets (``python -m fsm simulate``, resilient profile, N =
     10,000 in the standard worlds, 1,000 in the stress worlds): absolutes, and ratios to the
     limits the ideal of the same run sets (SPEC §14.3, §15.8)."""
     from benchmarks.fleet import sim_figure_names
-    from fsm.sim import SCENARIOS
+    from fsm.sim.world import DEFAULT_SCENARIOS as SCENARIOS  # live_brownout: benchmarks/live.py
 
-    out: dict[str, tuple[str, float, str]] = {}
+    out: dict[str, tuple[str, Any, str]] = {}
     for scenario in SCENARIOS:
         for name, metric, limit in sim_figure_names(scenario):
             if limit is not None:
@@ -164,6 +171,11 @@ ORDER = (
     "pacing_refused_per_call_unpaced", "pacing_chain_ends_lost",
     "fleet_admit_p99_ms_10k", "fleet_unknown_share_10k", "fleet_retries_10k", "fleet_unavailable_10k",
     "audit_events_100mb_s", "audit_events_mib_per_sec", "audit_events_log_mb",
+    "live_vs_sim_failure_points", "live_vs_sim_amplification", "live_vs_sim_peak_ratio",
+    "live_failure_rate", "sim_failure_rate", "live_amplification", "sim_amplification",
+    "live_peak_load_x_capacity", "sim_peak_load_x_capacity", "live_added_latency_mean_s",
+    "sim_added_latency_mean_s", "live_start_late_p99_ms", "live_loop_lag_p99_ms",
+    "live_unknown_share", "live_seconds",
 )
 ORDER += tuple(name for name in TARGETS if name.startswith("sim_") and name not in ORDER)
 
@@ -186,6 +198,9 @@ def check(name: str, value: float) -> tuple[str | None, bool | None]:
     if name not in TARGETS:
         return None, None
     op, limit, _ = TARGETS[name]
+    if op == "in":
+        low, high = limit
+        return f"in {low:g}–{high:g}", low <= value <= high
     ok = value <= limit if op == "<=" else value >= limit
     return f"{op} {limit:g}", ok
 

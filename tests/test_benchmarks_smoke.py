@@ -165,3 +165,55 @@ def test_litellm_integration_beside_bare_litellm():
     figures = integration_litellm.measure(number=2, repeat=1, warmup=1)
     assert_figures(figures, ("litellm_us", "litellm_bare_us", "litellm_ratio_vs_bare",
                              "litellm_us_sync", "litellm_bare_us_sync", "litellm_ratio_vs_bare_sync"))
+
+
+def test_the_live_fleet_draws_the_simulated_traffic():
+    """The live run's sessions are due when the simulation's are (docs/simulation.md "Live
+    against simulated": the same seeds): with every call taking 8 s, the world's engine and
+    :class:`benchmarks.live.Traffic` give the same calls at the same times, across the change
+    of demand at 30 s."""
+    from benchmarks.live import Traffic
+    from fsm.sim import SCENARIOS
+    from fsm.sim.engine import DONE_OK, run_world
+
+    took = 8_000
+
+    class Served:  # every call ends 8 s after it starts, nothing sent
+        def start(self, t):
+            return DONE_OK, t + took, 0
+
+    world = SCENARIOS["live_brownout"]
+    simulated = run_world(world, 40, 7, lambda *_: Served())
+    demand = [[None if math.isinf(u) else u, f] for u, f in world.demand]
+    live = []
+    for i in range(40):
+        traffic = Traffic(7, i, demand)
+        due = traffic.first_due()
+        for k in range(world.calls):
+            live.append((due, due + took, True))
+            if k + 1 < world.calls:
+                due = traffic.next_due(due + took)
+    assert sorted(live) == sorted(simulated.calls)
+    assert any(start < 30_000 < end for start, end, _ in live), "calls end in the second phase"
+
+
+@pytest.mark.subprocess
+def test_live_against_simulated(monkeypatch):
+    """The group's plumbing, end to end at the smallest size: a real Redis, the fault server's
+    capacity mode, one runner process, one session with one call (a world of 4 s), the same
+    world simulated. One accepted request either way, so the three figures are exact: no
+    difference in failures or requests per call, the same peak (1 request ÷ C = 0.1)."""
+    from benchmarks import live
+    from fsm.sim import SCENARIOS
+    from fsm.sim.world import Scenario
+
+    monkeypatch.setitem(SCENARIOS, "live_smoke", Scenario(
+        "live_smoke", 1, ((math.inf, 5.0),), "brownout529", "one call within 2 s"))
+    figures = live.measure(sessions=1, processes=1, scenario="live_smoke")
+    assert_figures(figures, ("live_vs_sim_peak_ratio", "live_amplification", "sim_amplification",
+                             "live_peak_load_x_capacity", "live_seconds"))
+    assert figures["live_vs_sim_failure_points"] == 0 == figures["live_vs_sim_amplification"]
+    assert figures["live_vs_sim_peak_ratio"] == 1 and figures["live_peak_load_x_capacity"] == 10
+    for name in ("live_vs_sim_failure_points", "live_vs_sim_amplification", "live_vs_sim_peak_ratio"):
+        assert run.check(name, figures[name]) == (run.check(name, figures[name])[0], True)
+    assert run.check("live_vs_sim_peak_ratio", 1.2) == ("in 0.85–1.15", False)

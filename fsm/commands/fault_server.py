@@ -28,7 +28,8 @@ HELP = ("serve a scripted fault-injecting model API: OpenAI /v1/chat/completions
 
 
 EPILOG = """APIs: POST /v1/chat/completions (OpenAI Chat Completions), POST /v1/messages (Anthropic
-Messages), GET /v1/models. The first line printed is the OpenAI base URL, http://HOST:PORT/v1:
+Messages), GET /v1/models, GET /fault/stats (what the server saw: chat requests, and in
+capacity mode the requests accepted and refused per second). The first line printed is the OpenAI base URL, http://HOST:PORT/v1:
 openai.OpenAI(base_url=URL). The Anthropic SDK takes it without /v1 (it adds /v1/messages):
 anthropic.Anthropic(base_url="http://HOST:PORT"); a doubled /v1/v1/messages gets a 404 naming
 the URL to use. POST /v1/responses (OpenAI Responses), and POST /v1beta/models/M:generateContent
@@ -61,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--over", choices=("529", "429"), default="529",
                         help="the answer over capacity: 529 overloaded (default), or 429 with "
                              "retry-after")
+    parser.add_argument("--service-ms", type=float, default=0.0, metavar="MS",
+                        help="capacity mode: answer an accepted request after MS ms (the "
+                             "service time; default 0)")
+    parser.add_argument("--refusal-ms", type=float, default=0.0, metavar="MS",
+                        help="capacity mode: answer a refused request after MS ms (default 0: "
+                             "at once)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1); an address other machines can "
                              "reach ('', 0.0.0.0, ::, a LAN address) needs --allow-remote")
@@ -92,10 +99,18 @@ def run(args: argparse.Namespace) -> int:
     if args.capacity is not None:
         from fsm.testing.capacity import Capacity
         try:
-            capacity = Capacity(args.capacity, answer=args.over)
+            capacity = Capacity(args.capacity, answer=args.over, service_ms=args.service_ms,
+                                refusal_ms=args.refusal_ms)
         except ValueError as exc:
-            print(f"fault-server: --capacity: {exc}", file=sys.stderr)
+            option = {"service_ms": "--service-ms", "refusal_ms": "--refusal-ms"}.get(
+                str(exc).split(" ", 1)[0], "--capacity")
+            print(f"fault-server: {option}: {exc}", file=sys.stderr)
             return 2
+    elif args.service_ms or args.refusal_ms:
+        given = "--service-ms" if args.service_ms else "--refusal-ms"
+        print(f"fault-server: {given} belongs to the capacity mode: give --capacity N too "
+              "(a script's entries take delay_ms)", file=sys.stderr)
+        return 2
     elif args.script is None:
         print("fault-server: give --script FILE, or --capacity N for the capacity mode", file=sys.stderr)
         return 2

@@ -47,6 +47,7 @@ HELP = "simulate a fleet against one provider's faults: failures, load and waiti
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsm.sim import POLICIES, SCENARIOS
+    from fsm.sim.world import NOT_BY_DEFAULT
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     # the module docstring without its summary and its ReST directive lines (.. code-block::)
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=1000, metavar="N",
                         help="the fleet's size N (capacity C = 0.1 × N requests/s; default 1000)")
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), metavar="NAME",
-                        help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
+                        help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)} "
+                             f"(default: all but {', '.join(sorted(NOT_BY_DEFAULT))})")
     parser.add_argument("--policy", action="append", metavar="NAME",
                         help=f"run only this policy (repeatable): {', '.join(POLICIES)}, settings "
                              "(what each is: see Policies below; the ideal always runs, and "
@@ -155,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from fsm.core.settings import SettingsError
     from fsm.sim import POLICIES, SCENARIOS
     from fsm.sim.svg import load_svg
+    from fsm.sim.world import DEFAULT_SCENARIOS
 
     if args.sessions < 1 or args.sessions > 1_000_000:
         print(f"fsm simulate: --sessions must be from 1 to 1000000, got {args.sessions}", file=sys.stderr)
@@ -187,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"fsm simulate: {problem}", file=sys.stderr)
         return 2
-    scenarios = args.scenario or list(SCENARIOS)
+    scenarios = args.scenario or list(DEFAULT_SCENARIOS)
     jobs = [(name, p, args.sessions, args.seed, settings if p == "settings" else None)
             for name in scenarios for p in policies]
     if args.jobs > 1:

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["SERVICE_MS", "REFUSAL_MS", "THINK_BASE_MS", "RECOVERABLE_MS", "Scenario", "SCENARIOS",
-           "STANDARD", "STRESS", "Answer", "Provider", "capacity_per_s", "unit_hash"]
+           "STANDARD", "STRESS", "DEFAULT_SCENARIOS", "NOT_BY_DEFAULT", "Answer", "Provider",
+           "capacity_per_s", "unit_hash"]
 
 SERVICE_MS = 2_000
 """Time from sending an accepted request to its (successful) answer, ms (a scenario may set
@@ -167,6 +168,18 @@ SCENARIOS.update((s.name, s) for s in _STRESS)
 STRESS: tuple[str, ...] = tuple(s.name for s in _STRESS)
 """SPEC §15.8's stress worlds, in table order."""
 
+# The brown-out that ``make bench`` also runs live (benchmarks/live.py, SPEC §15.9): short
+# phases and few calls, so a few hundred real sessions finish in about 1.5 minutes.
+SCENARIOS["live_brownout"] = Scenario(
+    "live_brownout", 4, ((30, 2.0), (_INF, 0.5)), "brownout529",
+    "brown-out sized to run live: demand 2× C for 30 s, then 0.5× C; 4 calls per session; over "
+    "capacity a 529 without a hint", recovery_s=30)
+
+NOT_BY_DEFAULT: frozenset[str] = frozenset({"live_brownout"})
+"""Scenarios run only when named (``simulate --scenario NAME``): ``live_brownout``."""
+DEFAULT_SCENARIOS: tuple[str, ...] = tuple(n for n in SCENARIOS if n not in NOT_BY_DEFAULT)
+"""The scenarios ``python -m fsm simulate`` runs when none is named, in table order."""
+
 
 # -- answers ----------------------------------------------------------------------------------
 
@@ -236,7 +249,7 @@ class Provider:
         self.scenario = scenario
         self.capacity = scenario.capacity_share * scenario.fleet_size(sessions)
         self.interval = 1000.0 / self.capacity      # T, ms between tokens
-        self.tolerance = 1000.0 - self.interval     # τ: one second of burst
+        self.tolerance = max(0.0, 1000.0 - self.interval)  # τ: one second of burst (one token at least)
         self.tat = 0.0                              # the bucket's theoretical arrival time
         self.seed = seed
         f = scenario.fault

@@ -44,8 +44,10 @@ and an empty body otherwise.
 Google Gen AI SDK given :attr:`FaultServer.root_url`, :mod:`fsm.testing.fault_gemini`) take the
 same script and count as chat requests.
 
-``GET …/models`` answers a list with one model; every other path gets a 404 JSON error and is
-recorded with ``index`` ``None``. A path with ``/v1`` twice (``/v1/v1/messages``: the Anthropic
+``GET …/models`` answers a list with one model; ``GET …/fault/stats`` what the server saw
+(:meth:`FaultServer.stats`: the chat requests, and in capacity mode the requests accepted and
+refused per second); every other path gets a 404 JSON error and is recorded with ``index``
+``None``. A path with ``/v1`` twice (``/v1/v1/messages``: the Anthropic
 SDK given :attr:`FaultServer.base_url` instead of :attr:`FaultServer.root_url`) is such a path;
 its error message names the base URL to use.
 
@@ -102,6 +104,9 @@ ENTRY_KEYS: tuple[str, ...] = (
 _STREAM_ONLY = ("chunk_delay_ms", "finish_reason", "usage", "drop", "drop_mode", "no_done")
 _DELAYS = ("delay_ms", "hang_ms", "chunk_delay_ms")
 _POLL_S = 0.05
+_PAUSE_POLL_S = 0.5  # stop() shuts every connection down, which wakes a pause at once: this
+# only bounds a missed wake-up (a 2-s service time polled every 50 ms cost the server 40
+# wake-ups per request: most of its CPU in the capacity mode's live runs)
 _NO_BODY_STATUSES = (204, 304)
 
 MAX_BODY_BYTES = 16 << 20
@@ -533,7 +538,7 @@ class _Handler(BaseHTTPRequestHandler):
             while (left := deadline - time.monotonic()) > 0:
                 if stopping.is_set():
                     return False
-                if sel.select(min(left, _POLL_S)):
+                if sel.select(min(left, _PAUSE_POLL_S)):
                     try:
                         if not self.connection.recv(1, socket.MSG_PEEK):
                             return False
@@ -594,6 +599,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"object": "list", "data": [
                 {"id": self.server.owner.model, "object": "model", "created": 0,
                  "owned_by": "fault-server"}]}, "models")
+        elif self._is("/fault/stats"):
+            self.send_json(200, self.server.owner.stats(), "stats")
         else:
             self._not_found()
 
@@ -890,6 +897,14 @@ class FaultServer:
         with self._lock:
             return self._chat_count
 
+    def stats(self) -> dict[str, Any]:
+        """What the server saw, as served by ``GET /fault/stats`` (or ``/v1/fault/stats``):
+        ``{"chat_requests": n, "capacity": null}``, or in capacity mode the bucket's
+        :meth:`fsm.testing.capacity.Capacity.stats` under ``capacity`` (requests accepted and
+        refused per second)."""
+        capacity = self.capacity.stats() if self.capacity is not None else None
+        return {"chat_requests": self.chat_count, "capacity": capacity}
+
     @property
     def kept_body_bytes(self) -> int:
         """Request bytes whose parsed bodies the records still hold (≤ ``max_log_bytes``)."""
@@ -913,6 +928,9 @@ class FaultServer:
                 refusal = self.capacity.admit() if self.capacity is not None else None
                 if refusal is not None:
                     entry = refusal
+                elif self.capacity is not None and getattr(self.capacity, "service_ms", 0):
+                    # the capacity mode's service time, on top of the entry's own delay
+                    entry = {**entry, "delay_ms": entry.get("delay_ms", 0) + self.capacity.service_ms}
             self._requests.append(rec)
             if body is not None:
                 self._kept.append(rec)

@@ -325,3 +325,18 @@ def test_a_settings_file_with_pacing_is_paced_per_process():
                      settings=RetrySettings.from_json({"retry": {**honor, "pacing": {}}}))
     assert paced.metrics != plain.metrics
     assert paced.metrics["amplification"] < plain.metrics["amplification"]
+
+
+def test_live_brownout_runs_only_when_named(tmp_path):
+    """``live_brownout`` (the world ``make bench`` also runs live, docs/simulation.md "Live
+    against simulated") is left out of the default run and runs when named."""
+    from fsm.sim.world import DEFAULT_SCENARIOS
+
+    every, named = tmp_path / "every.json", tmp_path / "named.json"
+    assert main(["simulate", "--sessions", "20", "--policy", "seed", "--json", str(every)]) == 0
+    assert list(json.loads(every.read_text())["scenarios"]) == list(DEFAULT_SCENARIOS)
+    assert "live_brownout" in SCENARIOS and "live_brownout" not in DEFAULT_SCENARIOS
+    assert main(["simulate", "--sessions", "20", "--scenario", "live_brownout", "--policy",
+                 "resilient", "--json", str(named)]) == 0
+    rows = json.loads(named.read_text())["scenarios"]["live_brownout"]
+    assert list(rows) == ["ideal", "resilient"] and rows["resilient"]["amplification"] >= 1

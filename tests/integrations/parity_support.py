@@ -103,6 +103,14 @@ SCRIPTS: dict[str, Script] = {
         Observation((MODEL,), (), (end(False, 0, "hint_too_long"),), ("own", "hint_too_long"),
                     (1, 1, 0)),
         rows={"the exception of a chain's end": ("outcome",)}),
+    "529s then a fallback model": Script(
+        [OVERLOADED, OVERLOADED, OK],
+        Observation((MODEL, MODEL, "gpt-small"), (100, 0),
+                    (start(1, 4, 100, "backoff"), ("retry_fallback", MODEL, "gpt-small"),
+                     start(2, 4, 0, "fallback"), end(True, 2, "succeeded")),
+                    ("ok",), (2, 0, 1)),
+        settings={"fallbackModels": ["gpt-small"]},
+        rows={"fallback switch": Observation.FIELDS}),
     "exhausted chain": Script(
         [OVERLOADED] * 3,
         Observation((MODEL,) * 3, (100, 200), (start(1, 2, 100, "backoff"),

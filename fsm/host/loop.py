@@ -160,7 +160,7 @@ class RetryLoop(HostKernel):
                  gate_first: bool = True, brain: RetryBrain | None = None,
                  credentials: Any = None, scrub: Callable[[str], str] | None = None,
                  store_entry: tuple[str, str] = ("", ""),
-                 on_action: Callable[[B.Action], None] | None = None,
+                 on_action: Callable[[Any], None] | None = None,
                  review: Callable[[AssistantMessage, Classification, TurnFacts | None],
                                   tuple[AssistantMessage, Classification, TurnFacts | None]]
                  | None = None,

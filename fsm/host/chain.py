@@ -176,7 +176,8 @@ class Chain:
                               key=self.coord_key, to_message=to_message or http_error_message,
                               zone=zone, random=random, context_window=context_window,
                               use_coordinator=not sync or coordinator is not None,
-                              tell=tell_sync if sync else None, gate_first=False)
+                              tell=tell_sync if sync else None, gate_first=False,
+                              model=model if model and model != "default" else None)
         self._steps: Any = None
         self._at: Any = None  # the command the steps wait at: a Send or a Wait
         self._error: BaseException | None = None

@@ -425,7 +425,7 @@ class HostKernel:
 
         ``deadline_ms()``: the time left (ms) before the chain's deadline, or None; a wait that
         would outlast it waits what is left and returns ``(-1, None)`` (the host ends the
-        chain ``deadline``). Returns None when the request may go (or the wait was ended), or
+        chain ``deadline``; None when the host ended that wait first). Returns None when the request may go (or the wait was ended), or
         ``(cooldown_ms, now_ms)`` when a ``first`` request must be refused (a cooldown beyond
         ``maxHintWaitMs``: the host calls the brain's ``request_refused``)."""
         settings = self.brain.settings
@@ -441,7 +441,8 @@ class HostKernel:
             left = deadline_ms() if deadline_ms is not None else None
             self.emit(E.RequestDelayed(delay, None if now is None else now + delay, source))
             if left is not None and left < delay:
-                yield Wait(left, "deadline")
+                if not (yield Wait(left, "deadline")):
+                    return None  # the host ended the wait first (an abort): it decides
                 return -1, None
             if not (yield Wait(delay, source)) or booked:
                 return None

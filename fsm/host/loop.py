@@ -129,11 +129,27 @@ class RetryLoop(HostKernel):
             and :class:`~fsm.core.brain.RetryBrain`.
         gate_first: pass the first request through the gate (first-request admission,
             pacing); a host that cannot wait before its first request sets False.
+        brain: the :class:`~fsm.core.brain.RetryBrain` to drive (a session's, which outlives
+            its chains and is steered from outside: ``abort_retry``, ``retry_now``); None = a
+            new one for this call. Either way its chain ids are :func:`next_chain_id`'s.
+        credentials, scrub: as :class:`~fsm.host.kernel.HostKernel` (the credential store of
+            the usage-limit path; how a text is made safe for an event).
+        store_entry: ``(provider, session_id)``: the credential store's entry of this host.
+        on_action: ``on_action(action)`` for every host-loop action the loop does not own
+            (a session's turn: its end events, the failed message dropped, a cancelled
+            backoff, a continue, "prompt may return", a compaction check, an aborted
+            attempt), in the brain's order; None = a call, which has no turn.
+        review: ``review(message, cls, facts) -> (message, cls, facts)`` right before the
+            brain decides: a host's last word on the attempt's end (a session that was
+            aborted while the facts came in; the context it keeps).
+        gate_bypass: ``gate_bypass() -> bool``: True when the retry about to go skips the gate
+            (a session's ``retry_now``, an abort: nothing to pace).
     """
 
     __slots__ = ("listener", "calls", "exc", "message", "cls", "end", "model", "switched",
                  "deadline", "context_window", "to_message", "secrets", "on_switch",
-                 "gate_first", "delay", "timer", "held", "started")
+                 "gate_first", "delay", "timer", "held", "started", "on_action", "review",
+                 "gate_bypass", "store_entry", "generation", "at_gate")
 
     def __init__(self, settings: RetrySettings, *, emit: Callable[[Event], Any] | None = None,
                  clock: Clock | None = None, coordinator: Any = None,
@@ -145,11 +161,20 @@ class RetryLoop(HostKernel):
                  tell: Callable[[Tell], None] | None = None, use_coordinator: bool = True,
                  zone: ZoneResolver | None = default_zone,
                  random: Callable[[], float] = _random.random, context_window: int = 0,
-                 gate_first: bool = True) -> None:
-        brain = RetryBrain(settings, random=random, chain_ids=next_chain_id)
+                 gate_first: bool = True, brain: RetryBrain | None = None,
+                 credentials: Any = None, scrub: Callable[[str], str] | None = None,
+                 store_entry: tuple[str, str] = ("", ""),
+                 on_action: Callable[[Any], None] | None = None,
+                 review: Callable[[AssistantMessage, Classification, TurnFacts | None],
+                                  tuple[AssistantMessage, Classification, TurnFacts | None]]
+                 | None = None,
+                 gate_bypass: Callable[[], bool] | None = None) -> None:
+        if brain is None:
+            brain = RetryBrain(settings, random=random, chain_ids=next_chain_id)
         HostKernel.__init__(self, brain, emit=self._on_event, clock=clock,
-                            coordinator=coordinator, key=key, zone=zone,
-                            use_coordinator=use_coordinator, random=random, paces_at_send=True)
+                            coordinator=coordinator, credentials=credentials, key=key, zone=zone,
+                            use_coordinator=use_coordinator, random=random, paces_at_send=True,
+                            **({} if scrub is None else {"scrub": scrub}))
         if tell is not None:
             self.tell = tell
         self.listener = emit
@@ -170,23 +195,41 @@ class RetryLoop(HostKernel):
         self.timer = 0
         self.held = False  # a budget token is held for a retry that has not gone yet
         self.started = False
+        self.on_action = on_action
+        self.review = review
+        self.gate_bypass = gate_bypass
+        self.store_entry = store_entry
+        self.generation = 0  # which chain's steps are current (begin() moves it on)
+        self.at_gate = False  # a request is at the gate (asking the coordinator or waiting)
+
+    def begin(self, model: str | None = None) -> None:
+        """Start a new chain on this loop (a session's next prompt; its brain at rest): the
+        chain's own state starts over, and steps of an earlier chain still suspended (a
+        chain that ended during its backoff, whose driver has not resumed yet) become stale:
+        they neither act nor end anything when resumed or closed."""
+        self.generation += 1
+        self.calls, self.exc, self.message, self.cls, self.end = 0, None, None, None, None
+        self.model, self.switched, self.deadline = model, False, None
+        self.delay, self.timer, self.held, self.started, self.at_gate = None, 0, False, False, False
 
     # ------------------------------------------------------------------ the steps
     def steps(self) -> Steps[Any]:
         """The chain, from the first request to its outcome (see the module docstring)."""
         brain = self.brain
         self.started = True
+        generation = self.generation
         try:
             if self.gate_first and self.gates(first=True):
-                refused = yield from self.gate_steps(first=True)
+                refused = yield from self._gate(first=True)
                 if refused is not None:
                     self.carry_out(brain.request_refused(refused[0], now_ms=refused[1]))
                     end = self.end
                     raise RetryChainError(end.end_reason if end else "hint_too_long", 0, 0, None,
                                           end.final_error if end else None, None)
             while True:
-                if brain.is_retrying and self.gates():  # a retry whose backoff is over
-                    if (yield from self.gate_steps(deadline_ms=self._deadline_left)) is not None:
+                if (brain.is_retrying and self.gates()  # a retry whose backoff is over
+                        and not (self.gate_bypass is not None and self.gate_bypass())):
+                    if (yield from self._gate(deadline_ms=self._deadline_left)) is not None:
                         raise self._deadline_passed("the retry waited for the fleet's pacing")
                 self.calls += 1
                 self.held = False  # the retry goes: its token is spent
@@ -195,6 +238,8 @@ class RetryLoop(HostKernel):
                     brain.settings.attempt_timeout_ms,
                     self._deadline_left() if brain.attempt >= 1 else None)
                 exc = answer.exc
+                if answer.stopped == "ended":  # the host ended the chain (a continue failed)
+                    return self.outcome(answer.result, self.cls or _SUCCESS_CLS)
                 if answer.stopped == "deadline":
                     raise self._deadline_passed("during the attempt")
                 if answer.stopped == "timeout":
@@ -207,30 +252,93 @@ class RetryLoop(HostKernel):
                 if cls.kind == "none":
                     facts = None
                 else:  # nothing to ask the coordinator: no await on the common path
+                    provider, session_id = self.store_entry
                     facts = (self.quick_facts(cls, now_ms=now, output_streamed=streamed)
                              or (yield from self.gather_steps(cls, now_ms=now,
-                                                              output_streamed=streamed)))
+                                                              output_streamed=streamed,
+                                                              provider=provider,
+                                                              session_id=session_id)))
+                if self.review is not None:
+                    message, cls, facts = self.review(message, cls, facts)
                 self.decide(message, cls, facts)
                 if self.delay is None:
                     return self.outcome(answer.result, cls)
-                yield Wait(self.delay, "budget" if brain.waits_for_budget else "backoff")
-                if not brain.waits_for_budget:
-                    self.carry_out(brain.backoff_elapsed(self.timer))
-                elif not (yield from self._recheck()):
+                goes = yield from self._backoff()
+                if self.generation != generation:
+                    return None  # a later chain owns the loop now: nothing of ours is left
+                if not goes:
                     return self.outcome(answer.result, cls)
         except BaseException:
             # A cancellation, KeyboardInterrupt, GeneratorExit (the driver closed the steps) or
             # our own end: a running chain ends ``cancelled`` (ignored at rest), a held token
-            # goes back, the exception goes on.
-            self._end_chain()
+            # goes back, the exception goes on. Stale steps (a later chain began) end nothing.
+            if self.generation == generation:
+                self._end_chain()
             raise
+
+    def _gate(self, **options: Any) -> Steps[tuple[int, int | None] | None]:
+        """:meth:`~fsm.host.kernel.HostKernel.gate_steps`, with :attr:`at_gate` True meanwhile."""
+        self.at_gate = True
+        try:
+            return (yield from self.gate_steps(**options))
+        finally:
+            self.at_gate = False
+
+    def _pending(self) -> bool:
+        """The backoff this loop waits for is still the brain's (not cancelled, not elapsed
+        by a host's ``retry_now``, the chain not ended meanwhile)."""
+        return self.brain.is_backing_off and self.brain.timer_id == self.timer
+
+    def _backoff(self) -> Steps[bool]:
+        """Wait out the brain's backoff (docs/policy.md §3): then the timer's fact, or the
+        budget's re-check in wait mode. The host may act meanwhile (``abort_retry``,
+        ``retry_now``, through :meth:`carry_out`): the wait's end is then not a fact.
+        True: the retry goes; False: the chain ended."""
+        brain = self.brain
+        generation = self.generation
+        if brain.waits_for_budget:
+            if not (yield from self._wait_budget()) or self.generation != generation:
+                return brain.is_retrying and self.generation == generation
+            return (yield from self._recheck())
+        yield Wait(self.delay or 0, "backoff")
+        if self.generation != generation:
+            return False
+        if self._pending():
+            self.carry_out(brain.backoff_elapsed(self.timer))
+        return brain.is_retrying
+
+    def elapse(self, timer_id: int) -> None:
+        """The backoff timer ``timer_id`` fired in the host's own timer callback (a session,
+        whose state must read ``continuing`` at once): the brain's ``backoff_elapsed`` now,
+        carried out here; the steps, when they resume, find the retry continuing. A stale id
+        changes nothing (the brain ignores it)."""
+        self.carry_out(self.brain.backoff_elapsed(timer_id))
+
+    def _wait_budget(self) -> Steps[bool]:
+        """Wait for the budget's slot (:attr:`delay`), bounded by the chain's deadline: a
+        deadline that comes first ends the chain ``deadline`` (docs/policy.md §13.2, §13.7).
+        True: the slot is due and the brain still waits for it."""
+        delay = self.delay or 0
+        left = self._deadline_left()
+        if left is not None and left < delay:
+            yield Wait(left, "deadline")
+            if self._pending():
+                raise self._deadline_passed("while the retry waited for the shared retry budget")
+            return False
+        yield Wait(delay, "budget")
+        return self._pending()
 
     def _recheck(self) -> Steps[bool]:
         """A retry waited for the budget's floor slot (wait mode, docs/policy.md §13.7): ask
         again, and wait again while it refuses. True: the retry goes; False: it ended."""
         brain = self.brain
+        generation = self.generation
         while True:
             facts = yield from self.recheck_steps()
+            if self.generation != generation or not self._pending():
+                if facts.budget_taken:  # the chain moved on while the coordinator answered
+                    self.give_back()
+                return brain.is_retrying and self.generation == generation
             actions = brain.backoff_elapsed(self.timer, facts)
             goes = any(type(a) is B.ContinueTurn for a in actions)
             if facts.budget_taken and not goes:
@@ -239,7 +347,8 @@ class RetryLoop(HostKernel):
             if goes and facts.budget_taken:
                 self.held = True
             if brain.waits_for_budget and self.delay is not None:
-                yield Wait(self.delay, "budget")
+                if not (yield from self._wait_budget()) or self.generation != generation:
+                    return brain.is_retrying and self.generation == generation
                 continue
             return brain.is_retrying
 
@@ -285,7 +394,11 @@ class RetryLoop(HostKernel):
         """Carry out ``actions`` (:meth:`~fsm.host.kernel.HostKernel.perform`); the host-loop
         ones the loop acts on: the backoff, the deadline in flight, the fallback switch."""
         self.delay = None
-        self.perform(actions, self._host, _LOOP_ACTIONS)
+        self.perform(actions, self._host, None if self.on_action is not None else _LOOP_ACTIONS)
+        if self.held and not self.brain.is_retrying:
+            # the chain ended before its retry went (abort_retry, a cancel, the deadline during
+            # the backoff): the token goes back (docs/fleet.md "Retry budget")
+            self._give_back_held()
 
     def _host(self, action: B.Action) -> None:
         kind = type(action)
@@ -298,6 +411,8 @@ class RetryLoop(HostKernel):
             if self.on_switch is not None:
                 self.on_switch(action, self.now_ms() or 0)
             self.model, self.switched = action.to_model, True
+        if self.on_action is not None:
+            self.on_action(action)
 
     def _on_event(self, event: Event) -> None:
         if type(event) is AutoRetryEnd:

@@ -1,11 +1,14 @@
 """AgentSession: the asyncio shell that embeds the retry brain (docs/policy.md §3–5, §8).
 
-The session runs turns through a provider and is a thin host on the
-:class:`~fsm.host.kernel.HostKernel`: the kernel gathers the facts the brain needs (the session's
-clock, the credential store's answer, the shared coordinator's cooldown and budget — each
-bounded), hands the turn's end to the session's :class:`~fsm.core.brain.RetryBrain`, and carries
-out the actions that concern the world (events, the coordinator's writes); the session carries
-out those of its own loop (the backoff timer, continuing the turn, the turn's end events), in
+The session runs turns through a provider and drives the one retry loop of
+:mod:`fsm.host.loop` (:class:`~fsm.host.loop.RetryLoop`, the same steps the runner, every
+integration and the simulation drive) once per prompt: the loop passes each request through the
+gate, gathers the facts the brain needs (the session's clock, the credential store's answer, the
+shared coordinator's cooldown and budget — each bounded), hands the turn's end to the session's
+:class:`~fsm.core.brain.RetryBrain`, carries out its actions (events, the coordinator's writes,
+the budget token's give-back), waits the backoff and the budget's re-check, stops an attempt at
+the chain's deadline and switches to a fallback model; the session runs each attempt as a turn
+and carries out the actions of its turn (its end events, the context, the compaction check), in
 the brain's order.
 Until the brain has decided, ``prompt()`` cannot return, no listener hears of the turn's end
 and ``abort()`` still aborts the turn (§8b.2). Time, cancellation and I/O all happen here;
@@ -45,9 +48,11 @@ from fsm.core.protocols import CredentialStore, Provider
 from fsm.core.settings import RetrySettings
 from fsm.core.text import StreamJoiner, clean_text, safe_error_text
 from fsm.host.clock import Clock, LoopClock
-from fsm.host.kernel import (COORDINATOR_TIMEOUT_S, KEY_TIMEOUT_S, STORE_TIMEOUT_S, HostKernel,
-                             ZoneResolver, default_zone)
+from fsm.host.errors import ContextOverflowError, RetryChainError
+from fsm.host.kernel import (COORDINATOR_TIMEOUT_S, KEY_TIMEOUT_S, STORE_TIMEOUT_S, AskStore,
+                             Attempt, Send, Steps, Wait, ZoneResolver, answer_async, default_zone)
 from fsm.host.kernel import describe_error as _describe
+from fsm.host.loop import RetryLoop, next_chain_id
 from fsm.host.session_log import SessionLog
 
 __all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "TurnOutcome", "Listener",
@@ -128,7 +133,9 @@ class AgentSession:
         self.session_log = session_log
         self.compaction_hook = compaction_hook
         self.clock: Clock = clock or LoopClock()
-        self.brain = RetryBrain(settings) if random is None else RetryBrain(settings, random=random)
+        # chain ids are the process's (fsm.host.loop.next_chain_id), as every host's
+        self.brain = (RetryBrain(settings, chain_ids=next_chain_id) if random is None
+                      else RetryBrain(settings, random=random, chain_ids=next_chain_id))
         # docs/policy.md §13: the settings as given (providers resolved per chain), the live
         # set_auto_retry override, the primary model and the fallback in use
         self._given_settings = self.brain.settings
@@ -139,8 +146,14 @@ class AgentSession:
         self._watch: list[Any] = []  # the attempt timeout's timer
         self._stall_timer: Any = None  # the first-token or the idle timer
         self._timed_out: str | None = None  # why the watchdog stopped the attempt
-        self._deadline_timer: Any = None
         self._deadline_abort: str | None = None  # the chain's deadline stopped this attempt
+        self._deadline_hit = False  # the chain's deadline passed during this attempt
+        self._pending_end: tuple[AssistantMessage, list[dict[str, Any]]] | None = None
+        self._turn_message: AssistantMessage | None = None  # the turn the brain is deciding
+        self._turn_run: list[dict[str, Any]] = []  # its run (agent_end's messages)
+        self._compaction: B.CheckCompaction | None = None
+        self._chain_new: list[UserMessage] | None = None  # the new turn's user messages
+        self._cancelled_in_steps = False  # a cancellation already ended the chain (the loop)
         self._mark_writes: set[asyncio.Task] = set()  # fallback marks being written
         self.messages: list[UserMessage | AssistantMessage] = []
         """The runtime context: what the next request sends (failed messages a retry replaces
@@ -150,11 +163,10 @@ class AgentSession:
         self._ext_queue: deque[tuple[Extension, E.Event]] = deque()
         self._ext_task: asyncio.Task | None = None
         self._queue: deque[tuple[UserMessage, str]] = deque()
-        self._timer: Any = None
-        self._wake: asyncio.Future | None = None
+        self._backoff_wait: asyncio.Future | None = None  # the loop's wait for the backoff
+        self._backoff_timer: Any = None  # its timer
         self._stream_task: asyncio.Task | None = None
         self._turn_running = False
-        self._token_held = False  # a budget token is held for a retry that has not gone yet
         self._abort_turn = False
         self._prompt_owner: object | None = None  # the prompt() call that owns the session
         self._last_turn_aborted = False
@@ -164,8 +176,6 @@ class AgentSession:
         self._outcome_retries = 0
         self._gate_wait: asyncio.Future | None = None  # a request's wait at the gate (pacing)
         self._skip_gate = False  # retry_now(): the next retry request bypasses the gate
-        self._in_gate = False  # a request is at the gate (asking the coordinator or waiting)
-        self._rechecks: set[asyncio.Task] = set()  # budget re-checks in flight
         self._turn_done = asyncio.Event()
         self._turn_done.set()
         self._partial: dict[str, Any] | None = None  # the assistant message being streamed
@@ -177,10 +187,16 @@ class AgentSession:
         self._configured_key: str | None = configured[0] if configured else None
         self._secrets: set[str] = set(configured)
         self._joiner = StreamJoiner()
-        self._kernel = HostKernel(self.brain, emit=self._emit, clock=self.clock,
-                                  coordinator=coordinator, credentials=credentials,
-                                  key=self._coord_key, zone=zone, scrub=self._safe,
-                                  random=random, paces_at_send=True)
+        # the one loop (fsm.host.loop), driven per prompt: the gate, the facts, the decision,
+        # the backoff, the budget's re-check, the deadline, the fallback switch, the token
+        self._kernel = RetryLoop(self.brain.settings, brain=self.brain, emit=self._emit,
+                                 clock=self.clock, coordinator=coordinator,
+                                 credentials=credentials, key=self._coord_key, zone=zone,
+                                 scrub=self._safe, context_window=context_window,
+                                 store_entry=(getattr(provider, "name", None), self.session_id),
+                                 on_action=self._host_action, review=self._review,
+                                 gate_bypass=self._gate_bypassed,
+                                 **({} if random is None else {"random": random}))
 
     @property
     def coordinator(self) -> Any:
@@ -337,16 +353,15 @@ class AgentSession:
         owner = self._prompt_owner = object()
         try:
             self._new_outcome()
-            await self._run_turn([UserMessage(text, self._stamp())])
+            await self._run_chain([UserMessage(text, self._stamp())])
             while self._prompt_owner is owner:
-                await self._drive_chain()
                 # After a cancel or an abort the user asked to stop: queued messages wait for
                 # the next prompt instead of going out at once.
-                if (self._prompt_owner is not owner or not self._queue
-                        or self.brain.state == "cancelled" or self._last_turn_aborted):
+                if (not self._queue or self.brain.state == "cancelled"
+                        or self._last_turn_aborted):
                     break
                 self._new_outcome()
-                await self._run_turn([])
+                await self._run_chain([])
             return self._outcome()
         except asyncio.CancelledError:
             if self._prompt_owner is owner:
@@ -404,7 +419,7 @@ class AgentSession:
             self._skip_gate = True
             waiter.set_result(False)
             return
-        if self._in_gate and self.brain.is_retrying:  # asking the coordinator: go once answered
+        if self._kernel.at_gate and self.brain.is_retrying:  # asking the coordinator: go once answered
             self._skip_gate = True
             return
         actions = self.brain.retry_now()
@@ -468,18 +483,165 @@ class AgentSession:
         return AssistantMessage("aborted", error_message=ABORTED_TEXT, model=self.provider.model,
                                 timestamp_ms=self._stamp())
 
-    async def _run_turn(self, new: list[UserMessage]) -> AssistantMessage | None:
-        """Run one turn and hand its final message to the brain. Raises ContinueRejected.
-        None: a first request refused without sending (the resilient profile)."""
+    # ------------------------------------------------------------------ the chain: the one loop
+    async def _run_chain(self, new: list[UserMessage]) -> None:
+        """Run the chain a new turn starts (``new``: the user's messages; none for queued
+        messages going out in a turn of their own) on the one loop (:mod:`fsm.host.loop`),
+        until it ends: the loop passes the gate, gathers the facts, asks the brain, carries out
+        its actions, waits the backoff and the budget; the session runs each attempt (a turn,
+        :meth:`_attempt`) and the actions of its turn (:meth:`_host_action`)."""
+        self._turn_running = True  # the first request's wait at the gate counts as the turn
+        self._turn_done.clear()
+        self._compaction = None
+        self._pending_end = None
+        self._cancelled_in_steps = False
+        loop = self._kernel
+        try:
+            await self._read_fallback_mark()
+            self._settle_model_and_settings()
+            loop.begin()
+            loop.context_window = self.context_window
+            loop.gate_first = bool(new)
+            self._chain_new = new
+            await self._drive(loop.steps())
+        finally:
+            if self._turn_running:
+                self._end_turn()  # refused at the gate, or the deadline there: no attempt ran
+        if self._deadline_abort is not None:
+            await self._deadline_turn()
+        compaction, self._compaction = self._compaction, None
+        if compaction is not None and self.compaction_hook is not None:
+            try:
+                await self.compaction_hook(self, compaction.message, compaction.kind)
+            except Exception as exc:
+                log.warning("compaction hook failed: %s", exc)
+
+    async def _drive(self, steps: Steps[Any]) -> None:
+        """Drive the loop's steps on asyncio: an attempt is a turn (:meth:`_attempt`), a wait
+        is on the session clock and ended early by the user (:meth:`_wait`), coordinator
+        commands are bounded by the one rule. The chain's outcome is in its events (and
+        :meth:`prompt`'s :class:`TurnOutcome`): the loop's exception for a caller is dropped."""
+        step: Callable[[Any], Any] = steps.send
+        value: Any = None
+        while True:
+            try:
+                command = step(value)
+            except StopIteration:
+                return
+            except (RetryChainError, ContextOverflowError):
+                return
+            except Exception:
+                raise
+            except BaseException:
+                self._cancelled_in_steps = True  # the loop ended the chain (cancelled)
+                raise
+            try:
+                kind = type(command)
+                if kind is Send:
+                    value = await self._attempt(command)
+                elif kind is Wait:
+                    value = await self._wait(command)
+                elif kind is AskStore:
+                    value = await self._kernel.ask_store(command.name, *command.args,
+                                                         timeout=command.timeout)
+                else:
+                    value = await answer_async(command)
+                step = steps.send
+            except BaseException as exc:  # noqa: BLE001 - thrown into the steps, which re-raise
+                value, step = exc, steps.throw
+
+    async def _wait(self, command: Wait) -> bool:
+        """A wait of the loop on the session clock: at the gate (:meth:`_wait_at_gate`), else
+        the backoff or the budget's slot, ended early by ``abort_retry`` / ``retry_now`` /
+        ``abort`` (the brain's ``CancelBackoff`` / ``ContinueTurn``: False) or by the
+        deadline's share of it."""
+        if command.source in ("cooldown", "pacing") or (command.source == "deadline"
+                                                        and self._kernel.at_gate):
+            return await self._wait_at_gate(command.delay_ms)
+        waiter = self._backoff_wait = asyncio.get_running_loop().create_future()
+        if command.source == "backoff":  # the brain's timer: its fact at once (§3)
+            timer = self.clock.call_later(command.delay_ms / 1000, self._on_backoff_timer,
+                                          self.brain.timer_id)
+        else:
+            timer = self.clock.call_later(command.delay_ms / 1000, _resolve, waiter)
+        self._backoff_timer = timer
+        try:
+            return bool(await waiter)
+        finally:
+            timer.cancel()
+            if self._backoff_wait is waiter:
+                self._backoff_wait = self._backoff_timer = None
+
+    async def _attempt(self, command: Send) -> Attempt:
+        """One attempt of the chain: a turn (agent_start … the assistant message), its end
+        handed back to the loop (the message, classified against the session clock). A
+        continue that cannot run (:class:`ContinueRejected`, a failing preparation) ends the
+        chain ``continue_failed`` (the brain's ``continue_failed``)."""
+        new, self._chain_new = self._chain_new or [], None
+        retry = command.attempt >= 1
+        try:
+            message, run = await self._turn(new, command.deadline_ms)
+        except asyncio.CancelledError:
+            raise
+        except ContinueRejected as exc:
+            if not retry:
+                raise
+            self._perform(self.brain.continue_failed(str(exc)))
+            return Attempt(stopped="ended")
+        except Exception as exc:
+            if not retry:
+                raise
+            log.exception("continue failed")
+            self._perform(self.brain.continue_failed(self._safe(f"continue failed: {_describe(exc)}")))
+            return Attempt(stopped="ended")
+        if retry:
+            self._outcome_retries += 1
+        if self._deadline_hit:
+            # the chain's deadline passed during the attempt (docs/policy.md §13.2): its end is
+            # not a fact for the brain; the loop ends the chain, then the turn's end events
+            self._pending_end = (message, run)
+            return Attempt(stopped="deadline")
+        if not message.timestamp_ms:  # the host stamps the answer with its clock
+            message = dataclasses.replace(message, timestamp_ms=self._started or self._stamp())
+        if self._abort_turn and message.stop_reason != "aborted":
+            message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
+        self._turn_run = run
+        cls = self._kernel.classify(message, self.context_window)  # reads the whole text
+        self._turn_message = message = self._kept(message)
+        return Attempt(message=message, classification=cls, output_streamed=self._streamed)
+
+    def _review(self, message: AssistantMessage, cls: Any,
+                facts: Any) -> tuple[AssistantMessage, Any, Any]:
+        """The session's last word before the brain decides (the loop's ``review``): an
+        abort that came while the facts did makes the turn aborted (§8.8); the facts name the
+        model the attempt used (docs/policy.md §13.3); the answer joins the context."""
+        kernel = self._kernel
+        if self._abort_turn and message.stop_reason != "aborted":
+            now = facts.now_ms if facts is not None else kernel.now_ms()
+            message = self._aborted()
+            cls = kernel.classify(message, self.context_window, now)
+            facts = kernel.local_facts(now_ms=now)
+        if facts is None:
+            facts = kernel.local_facts(output_streamed=self._streamed)
+        facts = dataclasses.replace(facts, model=self._model_in_use or self._primary_model or None)
+        self._last_turn_aborted = message.stop_reason == "aborted"
+        self._add(message)
+        self._turn_run.append(message.to_json())
+        self._turn_message = message
+        self._outcome_message = message
+        return message, cls, facts
+
+    async def _turn(self, new: list[UserMessage], deadline_ms: int | None
+                    ) -> tuple[AssistantMessage, list[dict[str, Any]]]:
+        """Run one turn (the queued messages and ``new`` first) up to its assistant message;
+        ``deadline_ms``: the chain's deadline is this far away (the attempt stops there).
+        Raises :class:`ContinueRejected`."""
         self._turn_running = True
         self._turn_done.clear()
-        actions: list[B.Action] = []
+        self._deadline_hit = False
+        deadline = (None if deadline_ms is None
+                    else self.clock.call_later(deadline_ms / 1000, self._on_deadline))
         try:
-            if new and not self.brain.is_retrying and self._kernel.gates(first=True):
-                if not await self._admit_first():
-                    return None  # refused without sending (request_refused, at rest)
-            elif not new and self.brain.is_retrying:
-                await self._pace_retry()
             if self._queue:
                 new = [m for m, _ in self._queue] + new  # queued first: they were typed earlier
                 self._queue.clear()
@@ -487,9 +649,6 @@ class AgentSession:
             if not new and (not self.messages or not isinstance(self.messages[-1], UserMessage)):
                 raise ContinueRejected("cannot continue: the runtime context does not end with "
                                        "a user message")
-            if not self.brain.is_retrying:
-                await self._read_fallback_mark()
-                self._settle_model_and_settings()
             self._emit(E.AgentStart())
             self._emit(E.TurnStart())
             run: list[dict[str, Any]] = []
@@ -499,73 +658,43 @@ class AgentSession:
                 self._emit(E.MessageEnd(user.to_json()))
                 run.append(user.to_json())
             message = await self._complete()
-            if self._deadline_abort is not None:
-                # The chain already ended `deadline` (docs/policy.md §13.2): this attempt's end
-                # is not a fact for the brain; its end events follow the chain's end.
-                message = self._kept(AssistantMessage("error", text=message.text,
-                                                      error_message=self._deadline_abort,
-                                                      model=self.provider.model))
-                self._add(message)
-                run.append(message.to_json())
-                actions = [B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")]
-            else:
-                message, actions = await self._decide(message, run)
+            return message, run
         finally:
-            self._turn_running = False
-            self._abort_turn = False
-            self._deadline_abort = None
-            self._skip_gate = False
-            self._partial = None
-            self._turn_done.set()
-            self._unwatch()
-        self._outcome_message = message
-        compaction = self._perform(actions, message=message, run=run)
-        if compaction is not None and self.compaction_hook is not None:
-            try:
-                await self.compaction_hook(self, compaction.message, compaction.kind)
-            except Exception as exc:
-                log.warning("compaction hook failed: %s", exc)
-        return message
+            if deadline is not None:
+                deadline.cancel()
+            self._end_turn()
 
-    async def _admit_first(self) -> bool:
-        """Admit a chain's first request through the gate (the resilient profile,
-        docs/fleet.md "First requests"; :meth:`HostKernel.gate`): a known cooldown or the
-        pacer's slot makes it wait at rest, said in a ``request_delayed`` event and cancellable
-        (``abort()`` / ``abort_retry()``: the turn then ends ``aborted`` without a request); a
-        cooldown beyond ``maxHintWaitMs`` on the credential in use refuses it (the brain's
-        ``request_refused``: one ``auto_retry_end {attempt: 0, endReason: "hint_too_long"}``).
-        Returns False when refused."""
-        await self._read_fallback_mark()
-        self._settle_model_and_settings()
-        kernel = self._kernel
-        if self._abort_turn or not kernel.gates(first=True):
-            return True
-        self._in_gate = True
+    def _end_turn(self) -> None:
+        self._turn_running = False
+        self._abort_turn = False
+        self._skip_gate = False
+        self._partial = None
+        self._turn_done.set()
+        self._unwatch()
+
+    async def _deadline_turn(self) -> None:
+        """The chain ended ``deadline`` (the loop) while an attempt ran, or while a retry
+        waited at the gate: that turn ends as failed with the deadline's text after the chain's
+        end (docs/policy.md §13.2; a retry stopped at the gate runs its turn to say so)."""
+        pending, self._pending_end = self._pending_end, None
         try:
-            refused = await kernel.gate(self._wait_at_gate, first=True)
+            if pending is None:
+                try:
+                    pending = await self._turn([], None)
+                except ContinueRejected:
+                    return
+                self._outcome_retries += 1
+            text, run = pending[0].text, pending[1]
+            message = self._kept(AssistantMessage("error", text=text,
+                                                  error_message=self._deadline_abort,
+                                                  model=self.provider.model))
+            self._add(message)
+            run.append(message.to_json())
+            self._outcome_message = message
+            self._perform([B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")], message=message,
+                          run=run)
         finally:
-            self._in_gate = False
-        if refused is not None and not self._abort_turn:
-            self._perform(self.brain.request_refused(refused[0], now_ms=refused[1]))
-            return False
-        return True  # an abort during the wait: _complete sees it and sends nothing
-
-    async def _pace_retry(self) -> None:
-        """A retry whose backoff is over passes the gate right before it goes (docs/fleet.md
-        "Pacing"): it waits for the key's cooldown and the fleet pacer's slot (each wait a
-        ``request_delayed`` event; with no slot within the pacer's horizon it asks again after
-        the jittered re-check), taken now rather than at the retry's decision. ``retry_now()``
-        bypasses it; ``abort()`` / ``abort_retry()`` during the wait end the turn ``aborted``
-        with nothing sent (the chain ends ``cancelled``, as for an abort during the attempt);
-        the chain's deadline during the wait ends it ``deadline`` as during an attempt."""
-        if self._skip_gate or self._abort_turn or self._deadline_abort is not None:
-            return
-        if self._kernel.gates():
-            self._in_gate = True
-            try:
-                await self._kernel.gate(self._wait_at_gate)
-            finally:
-                self._in_gate = False
+            self._deadline_abort = None
 
     async def _wait_at_gate(self, delay_ms: int) -> bool:
         """Wait ``delay_ms`` on the session clock for the gate; False when the wait was ended
@@ -589,46 +718,10 @@ class AgentSession:
             if abort:
                 self._abort_turn = True
             waiter.set_result(False)
-        elif abort and self._in_gate:
+        elif abort and self._kernel.at_gate:
             # the gate is still asking the coordinator: its wait will not begin (and nothing
             # is sent) once the answer is in
             self._abort_turn = True
-
-    async def _decide(self, message: AssistantMessage,
-                      run: list[dict[str, Any]]) -> tuple[AssistantMessage, list[B.Action]]:
-        """Gather the facts through the kernel and hand the turn's end to the brain (§8.1,
-        §8b.2); the facts name the model the attempt used (docs/policy.md §13.3)."""
-        if not message.timestamp_ms:  # the host stamps the answer with its clock
-            message = dataclasses.replace(message, timestamp_ms=self._started or self._stamp())
-        if self._abort_turn and message.stop_reason != "aborted":
-            message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
-        kernel = self._kernel
-        now = kernel.now_ms()
-        cls = kernel.classify(message, self.context_window, now)  # reads the whole text
-        if message.stop_reason != "aborted":
-            kernel.record_outcome(cls, output_streamed=self._streamed)  # the pacer's signal
-        message = self._kept(message)
-        facts = await kernel.gather(cls, now_ms=now, output_streamed=self._streamed,
-                                    provider=self.provider.name, session_id=self.session_id)
-        if self._deadline_abort is not None:  # the deadline passed while the facts came in
-            self._add(message)
-            run.append(message.to_json())
-            return message, [B.EmitTurnEnd("message"), B.EmitTurnEnd("agent")]
-        if self._abort_turn and message.stop_reason != "aborted":
-            message = self._aborted()
-            cls = kernel.classify(message, self.context_window, facts.now_ms)
-            facts = kernel.local_facts(now_ms=facts.now_ms)
-        facts = dataclasses.replace(facts, model=self._model_in_use or self._primary_model or None)
-        self._last_turn_aborted = message.stop_reason == "aborted"
-        self._add(message)
-        run.append(message.to_json())
-        # The decision: before any listener hears of the turn's end (§8.1, §8b.2).
-        actions = self.brain.turn_ended(message, self.context_window, classification=cls,
-                                        facts=facts)
-        if facts.budget_taken and facts.budget_allows and any(
-                isinstance(a, B.StartBackoff) for a in actions):
-            self._token_held = True  # the retry's token, until the retry goes
-        return message, actions
 
     async def _complete(self) -> AssistantMessage:
         self._streamed = False
@@ -860,9 +953,13 @@ class AgentSession:
         self._unwatch()
         task.cancel()
 
-    def _on_deadline(self, chain_id: int) -> None:
-        self._deadline_timer = None
-        self._perform(self.brain.deadline_passed(chain_id))
+    def _on_deadline(self) -> None:
+        """The chain's deadline (the loop's ``Send.deadline_ms``) passed during the attempt:
+        it stops; the loop then ends the chain ``deadline`` (docs/policy.md §13.2)."""
+        self._deadline_hit = True
+        task = self._stream_task
+        if task is not None and not task.done():
+            task.cancel()
 
     # ------------------------------------------------------------------ the coordinator's key
     def _coord_key(self) -> Any:
@@ -877,33 +974,12 @@ class AgentSession:
         now = self._kernel.now_ms()
         return 0 if now is None else now
 
-    # ------------------------------------------------------------------ the chain
-    async def _drive_chain(self) -> None:
-        """Wait out the chain this prompt started: backoffs, continues, until it ends."""
-        loop = asyncio.get_running_loop()
-        while self.brain.is_retrying:
-            self._wake = wake = loop.create_future()
-            try:
-                action = await wake
-            finally:
-                if self._wake is wake:
-                    self._wake = None
-            if isinstance(action, B.PromptMayReturn):
-                return
-            try:
-                await self._run_turn([])
-                self._outcome_retries += 1
-            except ContinueRejected as exc:
-                self._perform(self.brain.continue_failed(str(exc)))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("continue failed")
-                self._perform(self.brain.continue_failed(self._safe(f"continue failed: {_describe(exc)}")))
-
+    # ------------------------------------------------------------------ the chain's actions
     def _cancel_chain(self) -> None:
-        """The prompt's task was cancelled from outside: a declared fact (§3)."""
-        self._perform(self.brain.prompt_cancelled())
+        """The prompt's task was cancelled from outside: a declared fact (§3); the loop has
+        already told the brain when the cancellation reached its steps."""
+        if not self._cancelled_in_steps:
+            self._perform(self.brain.prompt_cancelled())
         task = self._stream_task
         if task is not None and not task.done():
             task.cancel()
@@ -911,104 +987,83 @@ class AgentSession:
         self._turn_done.set()
 
     def _on_backoff_timer(self, timer_id: int) -> None:
-        self._timer = None
-        if self.brain.waits_for_budget:  # budget in wait mode: ask the budget again first
-            task = asyncio.get_running_loop().create_task(self._recheck_budget(timer_id))
-            self._rechecks.add(task)
-            task.add_done_callback(self._rechecks.discard)
+        """The backoff timer ``timer_id`` fired: the brain's fact at once, through the loop
+        (its ``ContinueTurn`` ends the loop's wait); for a budget in wait mode the loop asks
+        the budget again when its wait ends. A stale id continues nothing."""
+        if self.brain.waits_for_budget:
+            waiter = self._backoff_wait
+            if waiter is not None and not waiter.done() and timer_id == self.brain.timer_id:
+                waiter.set_result(True)
             return
-        self._perform(self.brain.backoff_elapsed(timer_id))
+        self._kernel.elapse(timer_id)
 
-    async def _recheck_budget(self, timer_id: int) -> None:
-        """The floor slot of a retry waiting for the budget is due (docs/policy.md §13.7): the
-        coordinator answers again and the brain continues or waits for the next slot; a token
-        taken for a retry that does not go (the chain ended meanwhile) is given back."""
-        facts = await self._kernel.recheck_budget()
-        actions = self.brain.backoff_elapsed(timer_id, facts)
-        if facts.budget_taken and not any(isinstance(a, B.ContinueTurn) for a in actions):
-            actions = [*actions, B.ReturnRetryToken()]
-        self._perform(actions)
+    def _gate_bypassed(self) -> bool:
+        """The retry about to go skips the gate: ``retry_now()``, an abort, the deadline."""
+        return self._skip_gate or self._abort_turn or self._deadline_abort is not None
 
-    def _wake_driver(self, action: B.Action) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(action)
+    def _end_backoff(self, action: B.Action) -> None:
+        """The loop's wait for the backoff ends early: the brain cancelled it or continued."""
+        waiter = self._backoff_wait
+        if waiter is not None and not waiter.done():
+            waiter.set_result(False)
             if isinstance(action, B.PromptMayReturn):
                 # The chain ended during its backoff (a cancel): its prompt() has nothing
                 # left to do, so the session is free now, not when that task resumes.
-                self._wake = None
                 self._prompt_owner = None
 
     def _perform(self, actions: Iterable[B.Action], *, message: AssistantMessage | None = None,
-                 run: list[dict[str, Any]] | None = None) -> B.CheckCompaction | None:
-        """Carry out the brain's actions in order (the kernel does the world's, this loop its
-        own); returns a pending compaction check."""
-        compaction: list[B.CheckCompaction] = []
+                 run: list[dict[str, Any]] | None = None) -> None:
+        """Carry out the brain's actions in order through the loop (the world's, the loop's,
+        then this session's turn: :meth:`_host_action`); ``message`` and ``run``: the turn
+        whose end events they emit."""
+        if message is not None:
+            self._turn_message, self._turn_run = message, run if run is not None else []
+        self._kernel.carry_out(list(actions))
 
-        def host(action: B.Action) -> None:
-            if isinstance(action, B.EmitTurnEnd):
-                if message is None:
-                    return
-                if action.part == "message":
-                    self._emit(E.MessageEnd(message.to_json()))
-                else:  # turn_end beside agent_end, as pi orders them
-                    self._emit(E.TurnEnd(message.to_json()))
-                    self._emit(E.AgentEnd(tuple(run or ())))
-            elif isinstance(action, B.DropFailedMessage):
-                for i in range(len(self.messages) - 1, -1, -1):
-                    if self.messages[i] is action.message:
-                        del self.messages[i]
-                        break
-            elif isinstance(action, B.StartBackoff):
-                self._cancel_timer()
-                self._timer = self.clock.call_later(action.delay_ms / 1000, self._on_backoff_timer,
-                                                    action.timer_id)
-            elif isinstance(action, B.CancelBackoff):
-                self._cancel_timer()
-            elif isinstance(action, B.ContinueTurn):
-                self._token_held = False  # the retry goes: its token is spent
-                # The continue starts on the driver's next tick; from now on the turn counts
-                # as running, so an abort() in between aborts it before any request is sent.
-                self._turn_running = True
-                self._turn_done.clear()
-                self._wake_driver(action)
-            elif isinstance(action, B.PromptMayReturn):
-                if self._deadline_timer is not None:
-                    self._deadline_timer.cancel()
-                    self._deadline_timer = None
-                self._wake_driver(action)
-            elif isinstance(action, B.ArmDeadline):
-                if self._deadline_timer is not None:
-                    self._deadline_timer.cancel()
-                self._deadline_timer = self.clock.call_later(action.delay_ms / 1000,
-                                                             self._on_deadline, action.chain_id)
-            elif isinstance(action, B.AbortAttempt):
-                self._deadline_abort = action.error
-                self._end_gate_wait(abort=False)  # a retry waiting at the gate sends nothing
-                task = self._stream_task
-                if task is not None and not task.done():
-                    task.cancel()
-            elif isinstance(action, B.SwitchModel):
-                if self._model_in_use is None:  # leaving the primary: its fallback mark
-                    now = self._kernel.now_ms()
-                    self._fallback_until_ms = None if now is None else now + action.revert_ms
-                    self._write_fallback_mark(action.revert_ms)
-                self._use_model(action.to_model)
-            elif isinstance(action, B.CheckCompaction):
-                compaction.append(action)
-
-        self._kernel.perform(list(actions), host)
-        if self._token_held and not self.brain.is_retrying:
-            # the chain ended before its retry went (abort_retry, a cancel or the deadline
-            # during the backoff): the token goes back (docs/fleet.md "Retry budget")
-            self._token_held = False
-            self._kernel.give_back()
-        return compaction[-1] if compaction else None
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _host_action(self, action: B.Action) -> None:
+        """A host-loop action of the brain that concerns this session's turn (the loop's
+        ``on_action``), at its place in the brain's order."""
+        if isinstance(action, B.EmitTurnEnd):
+            message = self._turn_message
+            if message is None:
+                return
+            if action.part == "message":
+                self._emit(E.MessageEnd(message.to_json()))
+            else:  # turn_end beside agent_end, as pi orders them
+                self._emit(E.TurnEnd(message.to_json()))
+                self._emit(E.AgentEnd(tuple(self._turn_run or ())))
+        elif isinstance(action, B.DropFailedMessage):
+            for i in range(len(self.messages) - 1, -1, -1):
+                if self.messages[i] is action.message:
+                    del self.messages[i]
+                    break
+        elif isinstance(action, B.CancelBackoff):
+            # the timer goes now; the ContinueTurn or PromptMayReturn after it ends the wait
+            if self._backoff_timer is not None:
+                self._backoff_timer.cancel()
+        elif isinstance(action, B.ContinueTurn):
+            # The continue starts on the driver's next tick; from now on the turn counts
+            # as running, so an abort() in between aborts it before any request is sent.
+            self._turn_running = True
+            self._turn_done.clear()
+            self._end_backoff(action)
+        elif isinstance(action, B.PromptMayReturn):
+            self._turn_message = None
+            self._end_backoff(action)
+        elif isinstance(action, B.AbortAttempt):
+            self._deadline_abort = action.error
+            self._end_gate_wait(abort=False)  # a retry waiting at the gate sends nothing
+            task = self._stream_task
+            if task is not None and not task.done():
+                task.cancel()
+        elif isinstance(action, B.SwitchModel):
+            if self._model_in_use is None:  # leaving the primary: its fallback mark
+                now = self._kernel.now_ms()
+                self._fallback_until_ms = None if now is None else now + action.revert_ms
+                self._write_fallback_mark(action.revert_ms)
+            self._use_model(action.to_model)
+        elif isinstance(action, B.CheckCompaction):
+            self._compaction = action
 
     async def close(self) -> None:
         """Cancel any backoff, finish the coordinator's writes, wait for extensions, close the log."""

@@ -29,6 +29,15 @@ session instead:
 - whether streamed output reached the user (replay safety, ``retry.afterOutput``);
 - the model's answer (a context overflow is a 400 here, handed back to the SDK).
 
+What it acts on beyond the status (docs/integrations.md, the one table): a fallback model
+(``retry.fallbackModels``: the retries the brain switches send the JSON body with its
+``model`` rewritten; a body that is not a JSON object naming a model is sent as it is, said in
+a log line) and ``retry.attemptTimeoutMs`` (an attempt is bounded up to its response headers
+and the error body the transport reads: the async transport on its clock, the sync one through
+httpx2's per-request timeouts, which bound each phase — connect, write, each read — rather than
+their sum); an attempt that reaches it is a failed attempt (``httpx2.TimeoutException``), the
+brain decides as for any.
+
 A request whose body is a one-shot stream (an async generator, a file being read) cannot be
 replayed: its failure is not retried, and a note on the exception (or a log line for a
 returned error response) says so. A multipart upload whose files are held in memory (the SDKs'
@@ -42,6 +51,7 @@ transport warns once.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
 import json
@@ -51,6 +61,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from fsm.core.brain import seconds_text
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER as OWNER
@@ -102,6 +113,41 @@ def _model(request: Any) -> str:
         return "default"
     model = body.get("model") if isinstance(body, dict) else None
     return model if isinstance(model, str) and model else "default"
+
+
+def _with_model(request: Any, model: str) -> Any:
+    """``request`` with its JSON body's ``model`` set to ``model`` (a fallback of
+    ``retry.fallbackModels``, docs/policy.md §13.3), or ``request`` itself when its body is not
+    a JSON object naming a model (logged: the retry goes as it is)."""
+    body: Any = None
+    if isinstance(request.stream, httpx2.ByteStream):
+        try:
+            body = json.loads(request.content or b"null")
+        except (ValueError, UnicodeDecodeError, httpx2.RequestNotRead):
+            body = None
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        log.warning("cannot switch to the fallback model %r: the request body is not a JSON "
+                    "object naming a model; the retry goes unchanged", model)
+        return request
+    if body["model"] == model:
+        return request
+    content = json.dumps({**body, "model": model}, ensure_ascii=False,
+                         separators=(",", ":")).encode("utf-8")
+    headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
+    return httpx2.Request(request.method, request.url, headers=headers, content=content,
+                          extensions=request.extensions)
+
+
+def _fallback_entry(entry: str, provider: str) -> str:
+    """The model a fallback entry names for this provider (``"provider/model"`` loses its
+    prefix when it names the provider the request goes to)."""
+    prefix, _, rest = entry.partition("/")
+    return rest if rest and prefix == provider else entry
+
+
+def _timed_out(limit_ms: int, request: Any) -> Any:
+    return httpx2.TimeoutException(f"attempt timed out after {seconds_text(limit_ms)} "
+                                   "(retry.attemptTimeoutMs)", request=request)
 
 
 def _secrets(request: Any) -> tuple[str, ...]:
@@ -170,7 +216,8 @@ class _Base:
         # a bad key, or one a transport cannot act on, raises here, once
         self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
                                            "an httpx2 transport",
-                                           ("fallbackModels",) + TIMEOUT_KEYS)
+                                           tuple(k for k in TIMEOUT_KEYS
+                                                 if k != "attemptTimeoutMs"))
         self.coordinator = coordinator
         self.provider = provider
         self.clock = clock
@@ -181,6 +228,14 @@ class _Base:
         return Chain(self.settings, sync=sync, coordinator=self.coordinator,
                      provider=provider_id(self.provider, url.host, url.port),
                      model=_model(request), **self._chain_options)
+
+    def _next(self, request: Any, chain: Chain) -> Any:
+        """The request of the next attempt: the fallback model once the brain switched
+        (docs/policy.md §13.3), else the same."""
+        model = chain.switched_model
+        if model is None:
+            return request
+        return _with_model(request, _fallback_entry(model, chain.provider))
 
     def _check_sdk_retries(self, request: Any) -> None:
         count = request.headers.get("x-stainless-retry-count", "0")
@@ -227,7 +282,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
             await chain.pause(await chain.start(), pause)  # the gate of the first request
             while True:
                 try:
-                    response = await self.wrapped.handle_async_request(request)
+                    response = await self._attempt(request)
                 except httpx2.TransportError as exc:
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
@@ -250,6 +305,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                         return _scrubbed(response, request)
                     await response.aclose()
                 await chain.pause(delay, pause)  # the backoff, the budget re-check, the gate
+                request = self._next(request, chain)
         except BaseException as exc:  # a started chain always ends, exactly once
             _scrub(exc, request)
             if chain.running:
@@ -263,6 +319,33 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
         finally:
             OWNER.reset(token)
             chain.close()
+
+    async def _attempt(self, request: Any) -> Any:
+        """One attempt, bounded by ``retry.attemptTimeoutMs`` up to its response headers (on
+        :attr:`clock` when it has ``call_later``): ``httpx2.TimeoutException`` at the bound."""
+        limit = self.settings.attempt_timeout_ms
+        if limit is None:
+            return await self.wrapped.handle_async_request(request)
+        task = asyncio.ensure_future(self.wrapped.handle_async_request(request))
+        fired: list[bool] = []
+
+        def expire() -> None:
+            if not task.done():
+                fired.append(True)
+                task.cancel()
+        clock = self.clock if hasattr(self.clock, "call_later") else asyncio.get_running_loop()
+        handle = clock.call_later(limit / 1000, expire)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
+                raise _timed_out(limit, request) from None
+            raise
+        finally:
+            handle.cancel()
+            if not task.done():
+                task.cancel()
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""
@@ -302,7 +385,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
             chain.pause_sync(chain.start_sync(), sleep)  # the gate of the first request
             while True:
                 try:
-                    response = self.wrapped.handle_request(request)
+                    response = self._attempt(request)
                 except httpx2.TransportError as exc:
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
@@ -325,6 +408,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                         return _scrubbed(response, request)
                     response.close()
                 chain.pause_sync(delay, sleep)  # the backoff, the budget re-check, the gate
+                request = self._next(request, chain)
         except BaseException as exc:  # a started chain always ends, exactly once
             _scrub(exc, request)
             if chain.running:
@@ -337,6 +421,27 @@ class RetryTransport(_Base, httpx2.BaseTransport):
         finally:
             OWNER.reset(token)
             chain.close()
+
+    def _attempt(self, request: Any) -> Any:
+        """One attempt, bounded by ``retry.attemptTimeoutMs`` through httpx2's per-request
+        timeouts (each phase — connect, write, each read — at most the bound; a shorter one the
+        client set stays): ``httpx2.TimeoutException`` at the bound."""
+        limit = self.settings.attempt_timeout_ms
+        if limit is None:
+            return self.wrapped.handle_request(request)
+        given = request.extensions.get("timeout") or {}
+        bound = limit / 1000
+        phases = ("connect", "read", "write", "pool")
+        request.extensions["timeout"] = {
+            phase: bound if given.get(phase) is None else min(given[phase], bound)
+            for phase in phases}
+        ours = all(given.get(phase) is None or given[phase] >= bound for phase in phases)
+        try:
+            return self.wrapped.handle_request(request)
+        except httpx2.TimeoutException as exc:
+            if not ours:  # the client's own shorter timeout: its error as it is
+                raise
+            raise _timed_out(limit, request) from exc
 
     def close(self) -> None:
         """Close the wrapped transport."""

@@ -80,7 +80,9 @@ class RetryBrainMiddleware(AgentMiddleware):
     Args:
         settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping.
         on_event: called with each :mod:`fsm.core.events` event.
-        coordinator: the fleet's coordinator for async agents (docs/fleet.md).
+        coordinator: the fleet's coordinator (docs/fleet.md), for async and synchronous
+            agents (a synchronous one asks it at once in-process, else on the process's
+            background coordinator loop).
         clock: a host clock (``time_ms()``, ``call_later``, ``sleep``); None = real time.
         sleep: ``sleep(seconds)`` for synchronous agents (default ``time.sleep``).
         random: floats in [0, 1) for jitter.
@@ -106,8 +108,9 @@ class RetryBrainMiddleware(AgentMiddleware):
                                    "model": _model_name(request.model)}
         if self._random is not None:
             options["random"] = self._random
-        return Chain(self.settings, sync=sync, coordinator=None if sync else self.coordinator,
-                     **options)
+        # a synchronous agent asks a given coordinator too (at once in-process, else on the
+        # process's coordinator loop), as the runner's run_sync does
+        return Chain(self.settings, sync=sync, coordinator=self.coordinator, **options)
 
     def _sleep_ms(self, delay_ms: int) -> None:
         self.sleep(delay_ms / 1000)

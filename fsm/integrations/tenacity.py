@@ -45,7 +45,9 @@ work together and are meant to be used together (``kwargs()`` sets them all):
 
 Async hosts get the coordinator (``coordinator=``, or the event loop's in-process one when
 hints are honoured or a budget is set): tenacity awaits async strategies in ``AsyncRetrying``.
-A synchronous ``Retrying`` shares nothing with the fleet (no loop to ask the coordinator on).
+A synchronous ``Retrying`` asks a given coordinator too (an in-process one at once, another on
+the process's background coordinator loop, as :meth:`fsm.RetryRunner.run_sync` does); without
+one it shares nothing with the fleet.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class BrainStrategy:
         settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping.
         on_event: called with each :mod:`fsm.core.events` event (``auto_retry_start``,
             ``auto_retry_end``, ...).
-        coordinator: the fleet's coordinator for async calls (docs/fleet.md).
+        coordinator: the fleet's coordinator (docs/fleet.md), for async and sync calls.
         provider, model: the coordinator key's names (``"openai"``, ``"gpt-5"``).
         clock: a host clock (``time_ms()``, ``call_later``) — :class:`~fsm.testing.FakeClock`
             in tests; None = real time.
@@ -110,8 +112,10 @@ class BrainStrategy:
         """The chain of the tenacity call ``state`` (a ``RetryCallState``), made on first use."""
         chain = self._chains.get(state)
         if chain is None:
-            chain = Chain(self.settings, sync=sync,
-                          coordinator=None if sync else self.coordinator, **self._options)
+            # a sync call asks a given coordinator too (at once in-process, else on the
+            # process's coordinator loop), as the runner's run_sync does
+            chain = Chain(self.settings, sync=sync, coordinator=self.coordinator,
+                          **self._options)
             self._chains[state] = chain
         return chain
 
@@ -157,7 +161,7 @@ class BrainStrategy:
                 pass
 
     def retry(self, state: Any) -> bool:
-        """tenacity ``retry`` for ``Retrying`` (no coordinator is asked)."""
+        """tenacity ``retry`` for ``Retrying`` (a given coordinator is asked synchronously)."""
         self._release(state)
         chain = self.chain(state, sync=True)
         outcome = state.outcome

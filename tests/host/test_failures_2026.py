@@ -233,9 +233,10 @@ async def test_529s_switch_models_after_fallback_after_failures():
     await run(session, clock)
     assert provider.models == ["scripted-model", "scripted-model", "backup"]
     fallback = of(events, "retry_fallback")
-    assert fallback == [{"type": "retry_fallback", "from": "scripted-model", "to": "backup",
-                         "reason": "overloaded", "chainId": 1}]
     starts = of(events, "auto_retry_start")
+    # the chain's id is the process's (SPEC §15.1: unique per chain across every host)
+    assert fallback == [{"type": "retry_fallback", "from": "scripted-model", "to": "backup",
+                         "reason": "overloaded", "chainId": starts[0]["chainId"]}]
     assert [(s["attempt"], s["maxAttempts"], s["delaySource"], s["model"]) for s in starts] == [
         (1, 4, "backoff", "scripted-model"), (2, 4, "fallback", "backup")]
     kinds = [e["type"] for e in events]

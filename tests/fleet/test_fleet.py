@@ -273,6 +273,41 @@ def test_a_bad_cluster_url_is_refused_naming_the_value(url, words):
     assert words in str(info.value) and "pw" not in str(info.value)
 
 
+@pytest.mark.parametrize("url", [
+    "redis+cluster://:Xq7/Lm9+Zp@h1:7000,h2:7001",   # a base64 password: "/" not encoded
+    "redis+cluster://u:Xq7?Lm9Zp@h1:7000",
+    "redis+cluster://u:Xq7#Lm9Zp@h1:7000/1",
+    "redis://:Xq7/Lm9+Zp@h1:6379/0",
+    "redis://u:Xq7?Lm9Zp@h1:6379",
+    "rediss://:Xq7#Lm9Zp@h1:6379",
+    "redis+clustr://:Xq7/Lm9+Zp@h1:7000",            # a misspelt scheme
+    ":Xq7/Lm9+Zp@h1:6379",                           # no scheme
+], ids=["cluster_slash", "cluster_query", "cluster_hash", "one_slash", "one_query", "tls_hash",
+        "bad_scheme", "no_scheme"])
+def test_a_password_with_a_reserved_character_is_never_shown(url):
+    """SPEC §15.13 "Redis URLs", STYLE "no secret in an error": a password holding a ``/``,
+    ``?`` or ``#`` that is not percent-encoded ends the host for a URL's parser, so the
+    address is refused; the error shows no piece of the password (it showed the parts the
+    parser took for a node, a path or a query) and says to percent-encode them."""
+    with pytest.raises(ValueError, match="Redis address") as info:
+        coordinator_from_url(url)
+    text = str(info.value)
+    assert not any(piece in text for piece in ("Xq7", "Lm9", "Zp")), text
+    assert "h1" in text
+
+
+def test_a_password_holding_an_at_sign_is_masked_whole():
+    """fsm.core.redact.redact_url (SPEC §15.13): the user information runs to the last ``@``,
+    as the client reads it, so ``u:p@ss@host`` (accepted: the password is ``p@ss``) shows no
+    piece of the password in the coordinator's repr; nor do two nodes that each carry it."""
+    from fsm.fleet._redis import cluster_address
+    assert cluster_address("redis+cluster://u:Xq7@Lm9@h1:7000")["password"] == "Xq7@Lm9"
+    for url in ("redis+cluster://u:Xq7@Lm9@h1:7000", "redis://u:Xq7@Lm9@127.0.0.1:6379/0",
+                "redis+cluster://:Xq7@h1:7000,:Xq7@h2:7001"):
+        shown = repr(coordinator_from_url(url, guarded=False))
+        assert "Xq7" not in shown and "Lm9" not in shown, shown
+
+
 def test_the_cli_refuses_a_bad_cluster_url_in_one_line_with_status_2(tmp_path):
     """docs/fleet.md "A Redis Cluster": ``--redis`` takes a cluster URL; a database other
     than 0 there is a one-line error naming it, status 2, before anything starts."""

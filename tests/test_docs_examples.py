@@ -104,6 +104,7 @@ DOCSTRING_SHAPES = {
     ("fsm/host/loop.py", "a shape of a driver of one's own: the scheduler, its clock and its coordinator answers are the reader's"),
     ("fsm/commands/common.py", "a shape of a front end's start: args and provider are the front end's"),
     ("fsm/rpc/client.py", "a shape of a client session: it starts a server subprocess and reads an endless event stream"),
+    ("fsm/integrations/genai.py", "a shape of a Gen AI session: the key is the reader's, the await inside their coroutine"),
 }
 """(module, reason) of every docstring example skipped on purpose: each is marked in its
 docstring with ``.. skip: next "reason"`` (a ReST comment: not shown in the reference)."""

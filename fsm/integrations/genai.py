@@ -7,7 +7,12 @@ each decision is the brain's — the classification of Gemini's errors (a 429
 ``RESOURCE_EXHAUSTED`` or a 503 ``UNAVAILABLE`` is retried, a 400 ``INVALID_ARGUMENT`` or a
 quota whose limit is 0 is not), retry hints under ``retryHints: "honor"`` (``RetryInfo``'s
 ``retryDelay`` in the error's details, ``retry-after`` headers), the retry budget, the fleet's
-cooldowns with a ``coordinator`` — with events per attempt and chain ends::
+cooldowns with a ``coordinator`` — with events per attempt and chain ends (the example that
+runs: docs/integrations.md "Google Gen AI"):
+
+.. skip: next "a shape of a Gen AI session: the key is the reader's, the await inside their coroutine"
+
+::
 
     from google import genai
     from fsm.integrations.genai import BrainClient, http_options

@@ -4,6 +4,8 @@ three-master Redis Cluster, SPEC §15.10): budget, cooldowns, marks, Redis addre
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fsm.fleet import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordKey,
@@ -414,6 +416,37 @@ def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
         server.RedisClusterServer()
     with pytest.raises(ValueError, match="at least one master, got 0"):
         server.RedisClusterServer(masters=0)
+
+
+def test_a_throwaway_server_that_fails_to_start_leaves_no_folder(monkeypatch):
+    """fsm.fleet.server: a redis-server that exits at once, a port already taken and a
+    cluster whose redis-server is missing leave no temporary folder behind (each stayed in
+    /tmp, one per test run); the server starts again after a failed start."""
+    import socket
+    import tempfile
+    from fsm.fleet import server
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(server.tempfile, "mkdtemp", mkdtemp)
+    with pytest.raises(RuntimeError, match="redis-server exited with 1"):
+        server.RedisServer(binary="false").start()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        again = server.RedisServer(port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match="redis-server exited"):
+            again.start()
+    with again.start():  # the port is free now: the same object starts
+        assert again.process is not None and again.process.poll() is None
+    which = server.shutil.which
+    monkeypatch.setattr(server.shutil, "which", lambda name: None if name == "redis-server" else which(name))
+    with pytest.raises(FileNotFoundError, match="redis-server not found"):
+        server.RedisClusterServer()
+    assert len(made) == 3 and not any(os.path.exists(path) for path in made), made
 
 
 async def test_warm_up_loads_the_scripts_and_opens_connections(any_redis, prefix):  # noqa: F811

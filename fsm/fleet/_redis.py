@@ -612,6 +612,8 @@ def _url_problem(url: str) -> str | None:
     if parts.scheme != "unix":
         if not parts.hostname:
             return "no host"
+        if re.search(r"\s", parts.hostname):
+            return f"a host name holds no space, got {parts.hostname[:60]!r}"
         path = urllib.parse.unquote(parts.path)
         if path not in ("", "/"):
             dbs.append(path[1:])
@@ -642,7 +644,7 @@ def _cluster_parts(url: str) -> tuple[dict[str, Any] | None, str | None]:
     username, _, password = userinfo.partition(":")
     nodes: list[tuple[str, int]] = []
     for node in hosts.split(","):
-        hm = re.match(r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::([^:]*))?$", node.strip())
+        hm = re.match(r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s]+)(?::([^:]*))?$", node.strip())
         if hm is None or not hm.group(1).strip("[]"):
             return None, (f"a cluster node must be HOST:PORT, got {node[:60]!r} (nodes are separated "
                           "by commas: redis+cluster://HOST:PORT,HOST:PORT)")

@@ -265,7 +265,10 @@ def test_a_cluster_url_selects_a_cluster_client_with_its_nodes_and_credentials()
     ("redis+cluster://h1:0", "1..65535, got '0'"),
     ("redis+cluster://h1:7000?ssl=yes", "no parameter but db, got 'ssl'"),
     ("redis+cluster://u:pw@", "a cluster node must be HOST:PORT, got ''"),
-], ids=["db3", "db_param", "db_word", "empty_node", "port_word", "port_0", "param", "no_node"])
+    ("redis+cluster://h1:7000,my host:7001", "a cluster node must be HOST:PORT, got 'my host:7001'"),
+    ("redis://my host:6379/0", "a host name holds no space, got 'my host'"),
+], ids=["db3", "db_param", "db_word", "empty_node", "port_word", "port_0", "param", "no_node",
+        "space_in_host", "space_in_one_host"])
 def test_a_bad_cluster_url_is_refused_naming_the_value(url, words):
     """SPEC §15.13: a cluster has only database 0, so any other is refused (not quietly
     ignored), as is a node that is not HOST:PORT; the error names the value and hides the

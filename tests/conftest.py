@@ -47,8 +47,10 @@ def _local_address(host: object) -> bool:
     host = host.strip("[]").split("%", 1)[0]
     try:
         address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
+    except ValueError:  # connect(("localhost", port)): the socket resolves the name itself
+        return _local_name(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
     return address.is_loopback or address.is_unspecified
 
 
@@ -70,14 +72,26 @@ def _local_name(host: object) -> bool:
 
 def _no_traffic_off_the_machine(event: str, args: tuple) -> None:
     """An audit hook (it sees every socket of the process, whichever library or thread opens
-    it): a connection to an address that is not loopback, or a name lookup of a host that is
-    not this machine, is refused here and recorded for the test's teardown to fail."""
-    if event == "socket.connect":
+    it): a connection or a datagram to an address that is not loopback, a name lookup of a host
+    that is not this machine or a reverse lookup of an address that is not loopback, is refused
+    here and recorded for the test's teardown to fail."""
+    if event in ("socket.connect", "socket.sendto", "socket.sendmsg"):
+        # sendto, sendmsg: a datagram (UDP) to an address, which no connect announces
         address = args[1]
+        if address is None:
+            return  # sendmsg on a connected socket: its connect was checked
         host = address[0] if isinstance(address, tuple) and address else address
         if not _local_address(host):
-            _OFF_MACHINE.append(f"connect to {address!r}")
-            raise ConnectionRefusedError(f"tests reach no other machine (SPEC §15.13): connect to {address!r}")
+            what = "connect to" if event == "socket.connect" else "datagram to"
+            _OFF_MACHINE.append(f"{what} {address!r}")
+            raise ConnectionRefusedError(f"tests reach no other machine (SPEC §15.13): {what} {address!r}")
+    elif event in ("socket.gethostbyaddr", "socket.getnameinfo"):
+        # a reverse lookup of an address that is not this machine's asks a name server
+        address = args[0]
+        host = address[0] if isinstance(address, tuple) and address else address
+        if not _local_address(host):
+            _OFF_MACHINE.append(f"reverse lookup of {host!r}")
+            raise socket.herror(1, f"tests reach no other machine (SPEC §15.13): reverse lookup of {host!r}")
     elif event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex"):
         if args and not _local_name(args[0]):
             _OFF_MACHINE.append(f"name lookup of {args[0]!r}")

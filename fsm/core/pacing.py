@@ -117,9 +117,23 @@ def fresh() -> PacerState:
     return PacerState()
 
 
+def _finite(name: str, value: float) -> float:
+    """``value`` as a float, or ``ValueError`` naming it: a NaN or infinite time would be
+    written into the state (a NaN latest reading turns the clamp of clock steps off)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise ValueError(f"pacing: {name} must be a finite number of ms, got {value!r}")
+    return number
+
+
 def _clock(state: PacerState, now_ms: float) -> tuple[PacerState, float]:
     """``(state, the time this step reads)``: ``now_ms`` clamped to the latest reading seen (a
-    backward step); a state seen more than 400 days ahead of ``now_ms`` is lost (fresh)."""
+    backward step); a state seen more than 400 days ahead of ``now_ms`` is lost (fresh).
+    ``ValueError`` for a ``now_ms`` that is not a finite number."""
+    now_ms = _finite("now_ms", now_ms)
     if state.seen_ms > now_ms + MAX_DELAY_MS:
         return fresh(), now_ms
     if state.seen_ms > now_ms:
@@ -137,9 +151,10 @@ def slot_delay_ms(state: PacerState, now_ms: float, settings: PacingSettings,
                   earliest_ms: float = 0.0) -> float:
     """The delay in ms from ``now_ms`` until a request that wants to go ``earliest_ms`` after
     it could go (without reserving anything); ``earliest_ms`` when not pacing. A ``now_ms``
-    before the latest reading seen counts as that reading."""
+    before the latest reading seen counts as that reading. ``ValueError`` for a ``now_ms`` or
+    ``earliest_ms`` that is not a finite number."""
     state, now_ms = _clock(state, now_ms)
-    want = now_ms + max(0.0, earliest_ms)
+    want = now_ms + max(0.0, _finite("earliest_ms", earliest_ms))
     state = _forget(state, now_ms, settings)
     if not state.on or not settings.enabled:
         return want - now_ms
@@ -205,9 +220,10 @@ def reserve(state: PacerState, now_ms: float, settings: PacingSettings,
     state, None)``: no slot within ``horizon_ms`` of the time it wants to go — nothing is
     reserved or counted; ask again after ``recheck_ms`` (jittered). Pacing off
     (``enabled`` false): ``(state, earliest)`` unchanged. A ``now_ms`` before the latest
-    reading seen counts as that reading (the delay is then counted from it).
+    reading seen counts as that reading (the delay is then counted from it). ``ValueError``
+    for a ``now_ms`` or ``earliest_ms`` that is not a finite number.
     """
-    earliest = max(0.0, earliest_ms)
+    earliest = max(0.0, _finite("earliest_ms", earliest_ms))
     if not settings.enabled:
         return state, math.ceil(earliest)
     state, now_ms = _clock(state, now_ms)
@@ -242,7 +258,8 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
     :attr:`fsm.core.classify.Classification.capacity_signal`, docs/fleet.md "Pacing");
     otherwise ``success`` tells a success (it grows the rate) from any other answer (a fatal
     error, a usage limit, a random 500, a stall, a timeout: nothing learned).
-    Returns the new state. A ``now_ms`` before the latest reading seen counts as that reading."""
+    Returns the new state. A ``now_ms`` before the latest reading seen counts as that reading;
+    ``ValueError`` for one that is not a finite number."""
     if not settings.enabled:
         return state
     state, now_ms = _clock(state, now_ms)

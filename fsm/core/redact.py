@@ -373,8 +373,11 @@ def redact_url(url: str) -> str:
     non-string."""
     if not isinstance(url, str):
         raise TypeError(f"redact_url expects a str, got {type(url).__name__}")
-    out = re.sub(r"(//[^:/@?#\s]*:)[^@/?#\s]*@", r"\1" + URL_MASK + "@", url)
-    out = re.sub(r"(//)([^:/@?#\s]+)@", lambda m: m.group(1) + URL_MASK + "@", out)
+    # the user information runs to the last "@" before the path (as urllib.parse splits it):
+    # a password holding an "@" is masked whole (``u:p@ss@host`` showed ``ss`` before); a
+    # text without a scheme (``user:password@host:port``) is masked from its start
+    out = re.sub(r"(^|//)([^:/@?#\s]*:)[^/?#\s]*@", r"\1\2" + URL_MASK + "@", url)
+    out = re.sub(r"(//)([^:/?#\s]+)@", lambda m: m.group(1) + URL_MASK + "@", out)
 
     def param(m: re.Match[str]) -> str:
         name = m.group(2)

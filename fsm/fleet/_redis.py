@@ -569,13 +569,36 @@ def check_url(url: Any) -> str:
     (the client finds the others); a database other than 0, an empty node, a port that is
     not 1..65535 or another query parameter than ``db`` is refused."""
     if not isinstance(url, str) or not re.match(r"^(redis|rediss|unix|redis\+cluster|rediss\+cluster)://", url):
-        shown = redact_url(url) if isinstance(url, str) else repr(url)
+        shown = _shown(url) if isinstance(url, str) else repr(url)
         raise ValueError("Redis address must look like redis://HOST:PORT/DB (one Redis) or "
                          f"redis+cluster://HOST:PORT,HOST:PORT (a Redis Cluster), got {shown[:200]!r}")
     problem = _cluster_parts(url)[1] if is_cluster_url(url) else _url_problem(url)
+    if problem and _userinfo_unclear(url):
+        # a "/", "?" or "#" in a password ends the host for the URL's parser: what it read as
+        # the host, path or query holds part of the password, so neither is shown
+        problem = ("cannot tell the user name and password from the address: a '/', '?' or '#' "
+                   "comes before the last '@' (write them as %2F, %3F, %23 in a password)")
     if problem:
-        raise ValueError(f"Redis address {redact_url(url)[:200]!r}: {problem}")
+        raise ValueError(f"Redis address {_shown(url)[:200]!r}: {problem}")
     return url
+
+
+def _userinfo_unclear(url: str) -> bool:
+    """Whether a ``/``, ``?`` or ``#`` comes before the last ``@`` of ``url`` (after its
+    scheme): a password with one of them not percent-encoded, which a URL's parser reads as
+    the end of the host."""
+    rest = url.partition("://")[2] or url
+    return bool(re.search(r"[/?#]", rest[:max(0, rest.rfind("@"))]))
+
+
+def _shown(url: str) -> str:
+    """``url`` safe for an error: :func:`redact_url`, and everything before the last ``@``
+    masked when the parser cannot tell the password from the host (:func:`_userinfo_unclear`)."""
+    if not _userinfo_unclear(url):
+        return redact_url(url)
+    scheme, sep, rest = url.partition("://")
+    head, rest = (scheme + sep, rest) if sep else ("", url)
+    return head + "***@" + redact_url(rest[rest.rfind("@") + 1:])
 
 
 def _url_problem(url: str) -> str | None:
@@ -589,6 +612,8 @@ def _url_problem(url: str) -> str | None:
     if parts.scheme != "unix":
         if not parts.hostname:
             return "no host"
+        if re.search(r"\s", parts.hostname):
+            return f"a host name holds no space, got {parts.hostname[:60]!r}"
         path = urllib.parse.unquote(parts.path)
         if path not in ("", "/"):
             dbs.append(path[1:])
@@ -604,7 +629,7 @@ def cluster_address(url: str) -> dict[str, Any]:
     :func:`check_url`."""
     parts, problem = _cluster_parts(check_url(url))
     if problem or parts is None:
-        raise ValueError(f"Redis address {redact_url(url)[:200]!r}: {problem}")
+        raise ValueError(f"Redis address {_shown(url)[:200]!r}: {problem}")
     return parts
 
 
@@ -619,7 +644,7 @@ def _cluster_parts(url: str) -> tuple[dict[str, Any] | None, str | None]:
     username, _, password = userinfo.partition(":")
     nodes: list[tuple[str, int]] = []
     for node in hosts.split(","):
-        hm = re.match(r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::([^:]*))?$", node.strip())
+        hm = re.match(r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s]+)(?::([^:]*))?$", node.strip())
         if hm is None or not hm.group(1).strip("[]"):
             return None, (f"a cluster node must be HOST:PORT, got {node[:60]!r} (nodes are separated "
                           "by commas: redis+cluster://HOST:PORT,HOST:PORT)")

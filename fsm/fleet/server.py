@@ -48,6 +48,7 @@ class RedisServer:
             raise FileNotFoundError("redis-server not found: run `make setup` (it installs it)")
         self.binary = found
         self.port = port or free_port()
+        self._own_folder = folder is None  # removed by stop() and by a start that fails
         if folder is None:
             folder = Path(tempfile.mkdtemp(prefix="retry-fsm-redis-"))
         self.folder = folder
@@ -59,6 +60,18 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> "RedisServer":
+        """Launch the server and wait until it answers ``PING``; a start that fails leaves no
+        process and no folder of its own behind (``RuntimeError``, ``FileNotFoundError``)."""
+        try:
+            return self._start(timeout_s)
+        except BaseException:
+            self.kill()
+            if self._own_folder:
+                shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+
+    def _start(self, timeout_s: float) -> "RedisServer":
+        self.folder.mkdir(parents=True, exist_ok=True)  # again after a start that failed
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.folder), "--save", "", "--appendonly", "no",
                 "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
@@ -176,15 +189,19 @@ class RedisClusterServer:
         self.cli = found
         self.folder = Path(tempfile.mkdtemp(prefix="retry-fsm-cluster-"))
         self.nodes: list[RedisServer] = []
-        bus_option = _bus_port_option(binary or shutil.which("redis-server") or "redis-server")
-        for n in range(masters):
-            folder = self.folder / f"node{n}"
-            folder.mkdir()
-            bus = ("--cluster-port", str(free_port())) if bus_option else ()
-            self.nodes.append(RedisServer(binary, port=None if bus_option else _free_port_with_bus(),
-                                          folder=folder, extra=(
-                "--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf"),
-                *bus, "--cluster-node-timeout", "5000")))
+        try:  # a missing redis-server, no free port: the folder is not left behind
+            bus_option = _bus_port_option(binary or shutil.which("redis-server") or "redis-server")
+            for n in range(masters):
+                folder = self.folder / f"node{n}"
+                folder.mkdir()
+                bus = ("--cluster-port", str(free_port())) if bus_option else ()
+                self.nodes.append(RedisServer(binary, port=None if bus_option else _free_port_with_bus(),
+                                              folder=folder, extra=(
+                    "--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf"),
+                    *bus, "--cluster-node-timeout", "5000")))
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
 
     @property
     def ports(self) -> list[int]:

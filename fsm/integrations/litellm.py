@@ -41,7 +41,8 @@ retried: it is raised as LiteLLM raised it, scrubbed, with a note saying so.
 **One retry owner**: every call goes with ``num_retries=0`` and ``max_retries=0`` (LiteLLM's
 retries and the OpenAI client's under it); a router is used with ``num_retries=0`` and
 ``disable_cooldowns=True`` and without LiteLLM fallbacks. A call or a router that turns any of
-them on (``num_retries=3``, ``fallbacks=[...]``, ``retry_policy=...``, a router's cooldowns,
+them on (``num_retries=3``, ``fallbacks=[...]``, ``retry_policy=...``,
+``context_window_fallback_dict=...``, a router's cooldowns,
 the process-wide ``litellm.num_retries``) is refused with :class:`LiteLLMRetriesError` before
 any request, naming the setting and what to do instead.
 
@@ -84,7 +85,9 @@ STREAM_HEAD_LIMIT = 256
 back: past it the stream is the caller's, and an error in it is no longer retried."""
 
 _CALL_RETRIES = ("num_retries", "max_retries")
-_CALL_REFUSED = ("retry_policy", "fallbacks", "model_group_retry_policy")
+# context_window_fallback_dict: LiteLLM sends the request again to another model on a
+# context-window error, a fallback the brain would not see (its overflow rule decides)
+_CALL_REFUSED = ("retry_policy", "fallbacks", "model_group_retry_policy", "context_window_fallback_dict")
 _ROUTER_FALLBACKS = ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks",
                      "default_fallbacks")
 _DOCS = 'one retry owner, docs/integrations.md "LiteLLM"'

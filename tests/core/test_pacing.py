@@ -382,3 +382,21 @@ def test_a_clock_stepped_back_is_clamped_to_the_latest_time_seen():
     assert observe(state, 500.0 - pacing.MAX_DELAY_MS, False, settings, success=False).on
     lost = observe(state, 499.0 - pacing.MAX_DELAY_MS, False, settings, success=False)
     assert lost == replace(fresh(), seen_ms=499.0 - pacing.MAX_DELAY_MS)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_time_that_is_not_finite_is_refused_naming_it(bad):
+    """fsm.core.pacing "clock steps" (STYLE: a clear error naming the value): a NaN or
+    infinite ``now_ms`` or ``earliest_ms`` raises ValueError naming it, in every step; a NaN
+    was written as the latest reading seen (an answer that teaches nothing), which turned the
+    clamp of a later step back off, and elsewhere failed inside ``math.floor``."""
+    settings = PacingSettings(min_rate=1.0)
+    paced = pacing.observe(pacing.fresh(), 1000.0, True, settings)
+    steps = [lambda: pacing.reserve(paced, bad, settings), lambda: pacing.slot_delay_ms(paced, bad, settings),
+             lambda: pacing.observe(paced, bad, True, settings),
+             lambda: pacing.observe(paced, bad, False, settings, success=False),
+             lambda: pacing.reserve(paced, 2000.0, settings, bad),
+             lambda: pacing.slot_delay_ms(paced, 2000.0, settings, bad)]
+    for step in steps:
+        with pytest.raises(ValueError, match=r"pacing: (now_ms|earliest_ms) must be a finite number of ms, got"):
+            step()

@@ -4,6 +4,8 @@ three-master Redis Cluster, SPEC §15.10): budget, cooldowns, marks, Redis addre
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fsm.fleet import (DEFAULT_CREDENTIAL, BudgetSettings, Coordinator, CoordKey,
@@ -263,7 +265,10 @@ def test_a_cluster_url_selects_a_cluster_client_with_its_nodes_and_credentials()
     ("redis+cluster://h1:0", "1..65535, got '0'"),
     ("redis+cluster://h1:7000?ssl=yes", "no parameter but db, got 'ssl'"),
     ("redis+cluster://u:pw@", "a cluster node must be HOST:PORT, got ''"),
-], ids=["db3", "db_param", "db_word", "empty_node", "port_word", "port_0", "param", "no_node"])
+    ("redis+cluster://h1:7000,my host:7001", "a cluster node must be HOST:PORT, got 'my host:7001'"),
+    ("redis://my host:6379/0", "a host name holds no space, got 'my host'"),
+], ids=["db3", "db_param", "db_word", "empty_node", "port_word", "port_0", "param", "no_node",
+        "space_in_host", "space_in_one_host"])
 def test_a_bad_cluster_url_is_refused_naming_the_value(url, words):
     """SPEC §15.13: a cluster has only database 0, so any other is refused (not quietly
     ignored), as is a node that is not HOST:PORT; the error names the value and hides the
@@ -271,6 +276,41 @@ def test_a_bad_cluster_url_is_refused_naming_the_value(url, words):
     with pytest.raises(ValueError, match="Redis address") as info:
         coordinator_from_url(url)
     assert words in str(info.value) and "pw" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", [
+    "redis+cluster://:Xq7/Lm9+Zp@h1:7000,h2:7001",   # a base64 password: "/" not encoded
+    "redis+cluster://u:Xq7?Lm9Zp@h1:7000",
+    "redis+cluster://u:Xq7#Lm9Zp@h1:7000/1",
+    "redis://:Xq7/Lm9+Zp@h1:6379/0",
+    "redis://u:Xq7?Lm9Zp@h1:6379",
+    "rediss://:Xq7#Lm9Zp@h1:6379",
+    "redis+clustr://:Xq7/Lm9+Zp@h1:7000",            # a misspelt scheme
+    ":Xq7/Lm9+Zp@h1:6379",                           # no scheme
+], ids=["cluster_slash", "cluster_query", "cluster_hash", "one_slash", "one_query", "tls_hash",
+        "bad_scheme", "no_scheme"])
+def test_a_password_with_a_reserved_character_is_never_shown(url):
+    """SPEC §15.13 "Redis URLs", STYLE "no secret in an error": a password holding a ``/``,
+    ``?`` or ``#`` that is not percent-encoded ends the host for a URL's parser, so the
+    address is refused; the error shows no piece of the password (it showed the parts the
+    parser took for a node, a path or a query) and says to percent-encode them."""
+    with pytest.raises(ValueError, match="Redis address") as info:
+        coordinator_from_url(url)
+    text = str(info.value)
+    assert not any(piece in text for piece in ("Xq7", "Lm9", "Zp")), text
+    assert "h1" in text
+
+
+def test_a_password_holding_an_at_sign_is_masked_whole():
+    """fsm.core.redact.redact_url (SPEC §15.13): the user information runs to the last ``@``,
+    as the client reads it, so ``u:p@ss@host`` (accepted: the password is ``p@ss``) shows no
+    piece of the password in the coordinator's repr; nor do two nodes that each carry it."""
+    from fsm.fleet._redis import cluster_address
+    assert cluster_address("redis+cluster://u:Xq7@Lm9@h1:7000")["password"] == "Xq7@Lm9"
+    for url in ("redis+cluster://u:Xq7@Lm9@h1:7000", "redis://u:Xq7@Lm9@127.0.0.1:6379/0",
+                "redis+cluster://:Xq7@h1:7000,:Xq7@h2:7001"):
+        shown = repr(coordinator_from_url(url, guarded=False))
+        assert "Xq7" not in shown and "Lm9" not in shown, shown
 
 
 def test_the_cli_refuses_a_bad_cluster_url_in_one_line_with_status_2(tmp_path):
@@ -379,6 +419,37 @@ def test_throwaway_server_reports_a_missing_or_failing_binary(monkeypatch):
         server.RedisClusterServer()
     with pytest.raises(ValueError, match="at least one master, got 0"):
         server.RedisClusterServer(masters=0)
+
+
+def test_a_throwaway_server_that_fails_to_start_leaves_no_folder(monkeypatch):
+    """fsm.fleet.server: a redis-server that exits at once, a port already taken and a
+    cluster whose redis-server is missing leave no temporary folder behind (each stayed in
+    /tmp, one per test run); the server starts again after a failed start."""
+    import socket
+    import tempfile
+    from fsm.fleet import server
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(server.tempfile, "mkdtemp", mkdtemp)
+    with pytest.raises(RuntimeError, match="redis-server exited with 1"):
+        server.RedisServer(binary="false").start()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        again = server.RedisServer(port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match="redis-server exited"):
+            again.start()
+    with again.start():  # the port is free now: the same object starts
+        assert again.process is not None and again.process.poll() is None
+    which = server.shutil.which
+    monkeypatch.setattr(server.shutil, "which", lambda name: None if name == "redis-server" else which(name))
+    with pytest.raises(FileNotFoundError, match="redis-server not found"):
+        server.RedisClusterServer()
+    assert len(made) == 3 and not any(os.path.exists(path) for path in made), made
 
 
 async def test_warm_up_loads_the_scripts_and_opens_connections(any_redis, prefix):  # noqa: F811

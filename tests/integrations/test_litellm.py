@@ -175,10 +175,12 @@ def test_a_stream_that_fails_after_output_is_not_retried_and_says_so():
 
 # ------------------------------------------------------------------ one retry owner
 @pytest.mark.parametrize("kwargs", [{"num_retries": 3}, {"max_retries": 2}, {"fallbacks": ["openai/x"]},
-                                    {"retry_policy": {"RateLimitErrorRetries": 3}}])
+                                    {"retry_policy": {"RateLimitErrorRetries": 3}},
+                                    {"context_window_fallback_dict": {"openai/m": "openai/big"}}])
 def test_litellms_own_retries_are_refused_before_any_request(kwargs):
-    """num_retries, max_retries, fallbacks or a retry_policy on a call: LiteLLMRetriesError
-    naming it, no request (one retry owner)."""
+    """num_retries, max_retries, fallbacks, a retry_policy or a context_window_fallback_dict
+    (LiteLLM sends the request again to that model on a context-window error) on a call:
+    LiteLLMRetriesError naming it, no request (one retry owner)."""
     name = next(iter(kwargs))
     with FaultServer([]) as srv:
         with pytest.raises(LiteLLMRetriesError, match=name):

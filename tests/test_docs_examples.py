@@ -92,6 +92,50 @@ def test_every_python_example_runs_as_written(document, monkeypatch):
     assert skipped == {s for s in SHAPES if s[0] == document}
 
 
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
+
+
+def _unclosed_fences(text: str) -> list[str]:
+    """Where a fenced block of ``text`` swallows what follows it: an opening fence with an info
+    string (```` ```python ````) met while a block is still open (CommonMark reads it as code),
+    or a block still open at the end. Returns one "line N: ..." entry each."""
+    problems, open_at, open_fence = [], 0, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        match = FENCE.match(line)
+        if not match:
+            continue
+        fence, info = match.group(2), match.group(3).strip()
+        if not open_fence:
+            open_at, open_fence = number, fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not info:
+            open_fence = ""
+        elif info:
+            problems.append(f"line {number}: {line.strip()!r} opens a block inside the block "
+                            f"opened on line {open_at}")
+    if open_fence:
+        problems.append(f"line {open_at}: the block opened here is never closed")
+    return problems
+
+
+def test_fence_check_finds_a_block_left_open():
+    """The check below fails for the defect it guards against (a block whose closing fence was
+    lost in a merge runs into the next section: docs/integrations.md "Google Gen AI")."""
+    text = "```python\nprint(1)\n\n## Next\n\n```python\nprint(2)\n```\n"
+    assert _unclosed_fences(text) == [
+        "line 6: '```python' opens a block inside the block opened on line 1"]
+    assert _unclosed_fences("```python\nprint(1)\n") == [
+        "line 1: the block opened here is never closed"]
+    assert _unclosed_fences("```python\nprint(1)\n```\n\n```sh\nls\n```\n") == []
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_fenced_block_is_closed(document):
+    """README.md and docs/ (SPEC §15.13 "Docs"): every fenced block ends before the next one
+    opens, so no section is swallowed into an example (Sybil would then run prose as Python,
+    and the site would show a heading as code)."""
+    assert _unclosed_fences((ROOT / document).read_text(encoding="utf-8")) == []
+
+
 # ------------------------------------------------------------------------------------------
 # The package's docstrings (SPEC §15.13 "Docs"; issue 35: "every code example in README, docs/ and
 # public docstrings runs as a test under Sybil").

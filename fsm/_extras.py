@@ -83,7 +83,9 @@ def require(module: str, *, extra: str, feature: str) -> ModuleType:
         missing = exc.name or ""
         if missing and (module == missing or module.startswith(missing + ".")) \
                 and missing.count(".") <= _PACKAGE_DEPTH.get(module.split(".")[0], 0):
-            raise MissingExtraError(missing, extra, feature) from None
+            # a namespace package's own part is named (google.genai, not google)
+            package = ".".join(module.split(".")[:_PACKAGE_DEPTH.get(module.split(".")[0], 0) + 1])
+            raise MissingExtraError(package, extra, feature) from None
         raise
 
 

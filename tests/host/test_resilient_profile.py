@@ -197,10 +197,12 @@ async def test_the_runner_retry_waits_for_the_budget_floor_slot():
     from fsm.host.runner import RetryRunner
 
     clock = FakeClock()
-    settings = resilient(budget={"maxTokens": 1, "tokenRatio": 0.1, "mode": "wait",
-                                 "minRetriesPerSecond": 0.2})
+    # no jitter and a fixed random source (the floor's re-check is jittered): a wait long enough
+    # would find the floor's slot free already, and the test would not test the wait
+    settings = resilient(jitter="none", budget={"maxTokens": 1, "tokenRatio": 0.1, "mode": "wait",
+                                                "minRetriesPerSecond": 0.2})
     events, answers = [], [RuntimeError("529 Overloaded"), RuntimeError("529 Overloaded"), "ok"]
-    runner = RetryRunner(settings, clock=clock, on_event=events.append,
+    runner = RetryRunner(settings, clock=clock, on_event=events.append, random=lambda: 0.5,
                          coordinator=InProcessCoordinator(monotonic_ms=clock.time_ms))
 
     async def fn():

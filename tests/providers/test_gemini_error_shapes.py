@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import aiohttp
 import httpx2
 import pytest
-from google.genai import errors
+
+# the genai extra (google-genai, and aiohttp under it); the lowest-direct run has neither
+aiohttp = pytest.importorskip("aiohttp")
+errors = pytest.importorskip("google.genai.errors")
 
 from fsm.core.classify import classify_message
 from fsm.providers.sdk_errors import error_facts, error_message, status_error_facts

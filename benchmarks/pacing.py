@@ -15,7 +15,10 @@ a loaded machine), then one idle second, then the brown-out.
 - ``pacing_chain_ends_lost``: ``auto_retry_start`` chains without their ``auto_retry_end``
   (target 0).
 
-The test ``tests/fleet/test_fleet_pacing_rpc.py`` runs the same driver (:func:`run_fleet`).
+These are wall-clock figures of real processes, so they live here, not in the default test run;
+there, pacing shared by every process of a fleet is
+``tests/fleet/test_fleet_v3.py::test_pacing_is_shared_by_every_process_of_a_redis_fleet`` (one
+Redis and a cluster) and the pacer itself is tested on virtual time.
 """
 
 from __future__ import annotations

@@ -31,3 +31,10 @@ def stop_process(proc, timeout: float = 30.0) -> int:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def examples(n: int) -> int:
+    """Hypothesis examples for a costly property test: ``n`` with ``FSM_HYPOTHESIS_DEEP=1`` (a
+    deep run), else two fifths of it (at least 20) — the default run's profile is small (SPEC
+    §15.13 "Suite time")."""
+    return n if os.environ.get("FSM_HYPOTHESIS_DEEP") == "1" else max(20, n * 2 // 5)

@@ -308,9 +308,9 @@ def _scrub_fields(exc: BaseException, secrets: tuple[str | None, ...]) -> None:
         for name in _OSERROR_TEXT:
             value = getattr(exc, name, None)
             if isinstance(value, str):
-                clean = scrub_secrets(value, secrets)
-                if clean != value:
-                    setattr(exc, name, clean)
+                text = scrub_secrets(value, secrets)
+                if text != value:
+                    setattr(exc, name, text)
     for name, value in list(getattr(exc, "__dict__", {}).items()):
         if name.startswith("__"):
             continue

@@ -168,6 +168,10 @@ class AgentSession:
         self._stream_task: asyncio.Task | None = None
         self._turn_running = False
         self._abort_turn = False
+        # a turn has ended and the brain has not yet decided on its answer (the loop gathers the
+        # facts in between): an abort() then still makes that answer aborted (§8.8)
+        self._undecided = False
+        self._abort_undecided = False
         self._prompt_owner: object | None = None  # the prompt() call that owns the session
         self._last_turn_aborted = False
         # the turn prompt() reports (TurnOutcome): its last answer, the chain's end, its retries
@@ -434,6 +438,8 @@ class AgentSession:
         in the same moment is taken as aborted, and the chain ends ``cancelled``."""
         self._end_gate_wait()
         self._perform(self.brain.abort())
+        if self._undecided and not self._turn_running:
+            self._abort_undecided = True  # the loop's review takes it before the brain decides
         if self._turn_running:
             self._abort_turn = True
             task = self._stream_task
@@ -616,7 +622,9 @@ class AgentSession:
         abort that came while the facts did makes the turn aborted (§8.8); the facts name the
         model the attempt used (docs/policy.md §13.3); the answer joins the context."""
         kernel = self._kernel
-        if self._abort_turn and message.stop_reason != "aborted":
+        aborted, self._abort_undecided, self._undecided = (
+            self._abort_turn or self._abort_undecided), False, False
+        if aborted and message.stop_reason != "aborted":
             now = facts.now_ms if facts is not None else kernel.now_ms()
             message = self._aborted()
             cls = kernel.classify(message, self.context_window, now)
@@ -637,6 +645,8 @@ class AgentSession:
         ``deadline_ms``: the chain's deadline is this far away (the attempt stops there).
         Raises :class:`ContinueRejected`."""
         self._turn_running = True
+        self._undecided = True  # until the loop's review of this turn's answer
+        self._abort_undecided = False
         self._turn_done.clear()
         self._deadline_hit = False
         deadline = (None if deadline_ms is None

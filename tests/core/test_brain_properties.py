@@ -11,6 +11,8 @@ timer (``deadline_passed``, aborting an attempt in flight) and a first request r
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from support import examples
+
 from fsm.core.brain import (AbortAttempt, ArmDeadline, CancelBackoff, CheckCompaction, ContinueTurn,
                             CreditRetryBudget, DropFailedMessage, Emit, EmitTurnEnd,
                             PromptMayReturn, RecordCooldown, RetryBrain, ReturnRetryToken,
@@ -230,4 +232,4 @@ class BrainMachine(RuleBasedStateMachine):
 
 
 TestBrainMachine = BrainMachine.TestCase
-TestBrainMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+TestBrainMachine.settings = settings(max_examples=examples(300), stateful_step_count=40, deadline=None)

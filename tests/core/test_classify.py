@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support import examples
+
 from fsm.core import classify as C
 from fsm.core.classify import decide as D
 from fsm.core.classify.rules import YIELDS_TO_HINT
@@ -724,7 +726,7 @@ _texts = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.sampled_from(
     st.text(max_size=5)), max_size=14).map("".join)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(_texts, st.integers(min_value=0, max_value=3000), st.integers(min_value=0, max_value=2000))
 def test_compiled_scan_agrees_with_the_reference_on_mixed_texts(text, input_tokens, window):
     """Compiled scan agrees with the reference on mixed texts."""
@@ -734,7 +736,7 @@ def test_compiled_scan_agrees_with_the_reference_on_mixed_texts(text, input_toke
     assert _same(fast, slow), (fast, slow)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_texts)
 def test_needles_are_necessary_for_the_429_guard(text):
     """Needles are necessary for the 429 guard."""
@@ -781,7 +783,7 @@ _usages = st.one_of(st.none(), st.builds(Usage, input=st.integers(0, 10**7),
                                          cache_write=st.integers(0, 10**6)))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.sampled_from(["error", "stop", "length", "toolUse", "aborted", ""]),
        st.one_of(st.none(), st.text(), _texts), _usages, st.integers(-5, 10**7),
        st.one_of(st.none(), st.floats(0, 4e12), st.floats()))
@@ -798,7 +800,7 @@ def test_classify_never_raises_and_stays_in_its_vocabulary(stop, message, usage,
         assert result.kind == "none"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(_texts, st.text(alphabet=string.printable, max_size=200)))
 def test_case_and_whitespace_do_not_matter(text):
     """Case and whitespace do not matter."""

@@ -67,7 +67,7 @@ def test_sessions():
 def test_fleet():
     """The coordinator's cost (on one Redis, in process and on a Redis Cluster, SPEC §15.10) and
     the simulation's figures always; the outage figures once the session takes a coordinator."""
-    figures = fleet.measure(number=20, warmup=2, processes=2, sessions=3, spread_s=0.05,
+    figures = fleet.measure(number=20, warmup=2, processes=1, sessions=2, spread_s=0.05,
                             sim_sessions=20, stress_sessions=20)
     keys = ("coordinator_decision_us_p50", "coordinator_decision_us_p99",
             "coordinator_decision_us_p50_inprocess", "coordinator_decision_us_p99_inprocess",

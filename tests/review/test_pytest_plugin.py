@@ -287,7 +287,8 @@ def test_recorder_is_removed_after_the_run(suite):
 
 @pytest.mark.subprocess
 def test_xdist_workers_send_their_counts_to_the_controller(suite):
-    """Xdist workers send their counts to the controller."""
+    """With -n 2 the workers send their counts and their test ids to the controller: one report
+    of the whole run."""
     result = run_subprocess(suite, "-n", "2", "--transition-coverage",
                                         "--transition-coverage-fail-under=50")
     result.assert_outcomes(passed=2)
@@ -297,6 +298,10 @@ def test_xdist_workers_send_their_counts_to_the_controller(suite):
     rows = {r["id"]: r for r in data["transitions"]}
     assert rows[FIRST]["taken"] == 2
     assert summary_line(result).startswith(f"transition coverage: {WHOLE}/{ITEMS} items")
+    # each worker's test ids reach the controller's report too (docs/diagrams.md "The report")
+    ctx = contexts_of(data)
+    assert sorted(ctx[(FIRST, "taken", "")]["tests"]) == [CANCEL_ID, CHAIN_ID]
+    assert ctx[(FIRST, "taken", "")]["total"] == 2
 
 
 @pytest.mark.subprocess
@@ -346,15 +351,6 @@ def test_each_row_names_the_tests_that_exercised_it(suite):
     assert ctx[("cancelled--retry_cancelled->(ignored)", "ignored", "")]["tests"] == [CANCEL_ID]
     assert data["context_limit"] == A.CONTEXT_LIMIT
     assert all(c["tests"] for c in data["contexts"])  # nothing ran outside a test here
-
-
-@pytest.mark.subprocess
-def test_xdist_workers_send_their_test_contexts(suite):
-    """With -n 2 each worker's test ids reach the controller's report (docs/diagrams.md "The report")."""
-    run_subprocess(suite, "-n", "2", "--transition-coverage")
-    ctx = contexts_of(report(suite))
-    assert sorted(ctx[(FIRST, "taken", "")]["tests"]) == [CANCEL_ID, CHAIN_ID]
-    assert ctx[(FIRST, "taken", "")]["total"] == 2
 
 
 def test_a_rejection_names_the_guard_that_failed():

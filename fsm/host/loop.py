@@ -441,7 +441,7 @@ class RetryLoop(HostKernel):
     def decide(self, message: AssistantMessage, cls: Classification,
                facts: TurnFacts | None) -> None:
         """Hand the attempt's end to the brain and carry out its actions. A budget token the
-        facts took is the retry's until it goes (:attr:`held`); a decision that starts no
+        facts took is the retry's until it goes (``held``); a decision that starts no
         retry and does not return the token itself returns it (SPEC §15.6)."""
         if facts is not None and self.model is not None:
             facts = dataclasses.replace(facts, model=self.model)

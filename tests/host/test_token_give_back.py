@@ -3,9 +3,8 @@ coordinator's answer, the abort and the bound (SPEC §15.6; docs/fleet.md "Retry
 rule in the one loop (:mod:`fsm.host.loop`), so the session and the runner keep it alike.
 
 The coordinator's answers are held by the test (an :class:`asyncio.Event` each) and released
-when it says: no sleeps, no wall-time margins. The bound of one read is either never reached
-(60 s: a hang guard) or reached at once (0 s), or — through :func:`bound_on` — when the test
-says so."""
+when it says; the kernel's bound of one read ends when the test says so (:func:`bound_on`, an
+event, not 100 ms of wall time): no sleeps, no wall-time margins, 60 s hang guards only."""
 
 from __future__ import annotations
 
@@ -93,11 +92,15 @@ class Counted(InProcessCoordinator):
 
 
 async def until(condition, what: str) -> None:
-    """Let the event loop run until ``condition()`` (a hang guard, never a margin)."""
+    """Let the event loop run until ``condition()`` (``what`` it waits for; a hang guard,
+    never a margin)."""
     async def poll():
         while not condition():
             await asyncio.sleep(0)
-    await asyncio.wait_for(poll(), HANG_GUARD_S)
+    try:
+        await asyncio.wait_for(poll(), HANG_GUARD_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
 
 
 async def quiet() -> None:

@@ -21,7 +21,9 @@ with that file's settings (one in-process coordinator per process); it runs when
 the resilient profile's targets, printed under each table beside the ideal's and the best
 peer's figures, are measured against it. The stress worlds (cap005, cap02, svc10s,
 outage30min, flapping, proc1, proc16, herd3x, lone_throttle) run after the standard ones. Exit
-status: 0, or 2 for bad arguments.
+status: 0 when the run completes, also when a verdict says MISSED (the verdicts report; make
+bench is where a missed target counts); 2 for bad arguments or an output (--json, --svg) that
+cannot be written.
 
 Policies: ideal (clairvoyant: each request is sent at the earliest instant the provider will
 accept it; the yardstick); seed (this brain with the default settings: the original's behaviour, no

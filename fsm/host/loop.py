@@ -24,6 +24,15 @@ line; a chain that started raises :class:`~fsm.host.errors.RetryChainError`; an 
 ends a running chain ``cancelled``, gives back a budget token held for a retry that will not
 go, and goes on.
 
+The budget token's give-back is one rule, here (SPEC §15.6, docs/fleet.md "Retry budget"): a
+token taken for a retry that does not go is returned, whatever the order of the coordinator's
+answer, the host's abort and the read's bound. The brain returns it when it decides against
+the retry; the loop when the chain ends before the retry goes (a cancel, ``abort_retry``, the
+deadline), when the brain's decision neither starts the retry nor returns it, and when the
+host aborts (:meth:`RetryLoop.abort`) while the attempt's facts are being gathered — that
+attempt's answer is then taken as aborted. A read that misses its bound, or whose waiter is
+cancelled, gives back the token its late answer took (:mod:`fsm.host.kernel`).
+
 Drivers: :func:`run_async` (asyncio: the runner, :class:`~fsm.host.chain.Chain`'s async steps),
 :func:`run_sync` (a synchronous caller: coordinator commands at once for an in-process
 coordinator, else on :func:`~fsm.host.kernel.coordinator_loop`), and any loop of your own —
@@ -72,7 +81,8 @@ from fsm.host.kernel import (Admit, Admitted, AskStore, Attempt, HostKernel, Sen
 
 __all__ = ["RetryLoop", "Send", "Wait", "Admit", "Admitted", "Tell", "AskStore", "Attempt",
            "Clock", "run_async", "run_sync", "drive_sync", "answer_async", "answer_sync",
-           "answer_at_once", "tell_sync", "coordinator_loop", "next_chain_id", "SUCCESS"]
+           "answer_at_once", "tell_sync", "coordinator_loop", "next_chain_id", "SUCCESS",
+           "ABORTED_TEXT"]
 
 log = logging.getLogger("fsm.host.loop")
 
@@ -144,12 +154,16 @@ class RetryLoop(HostKernel):
             aborted while the facts came in; the context it keeps).
         gate_bypass: ``gate_bypass() -> bool``: True when the retry about to go skips the gate
             (a session's ``retry_now``, an abort: nothing to pace).
+        aborted_message: ``aborted_message() -> AssistantMessage``: what an attempt's answer
+            reads as when the host aborted while its facts were gathered (:meth:`abort`);
+            None = a plain ``aborted`` message saying :data:`ABORTED_TEXT`.
     """
 
     __slots__ = ("listener", "calls", "exc", "message", "cls", "end", "model", "switched",
                  "deadline", "context_window", "to_message", "secrets", "on_switch",
                  "gate_first", "delay", "timer", "held", "started", "on_action", "review",
-                 "gate_bypass", "store_entry", "generation", "at_gate")
+                 "gate_bypass", "store_entry", "generation", "at_gate", "undecided",
+                 "aborted", "aborted_message")
 
     def __init__(self, settings: RetrySettings, *, emit: Callable[[Event], Any] | None = None,
                  clock: Clock | None = None, coordinator: Any = None,
@@ -168,7 +182,8 @@ class RetryLoop(HostKernel):
                  review: Callable[[AssistantMessage, Classification, TurnFacts | None],
                                   tuple[AssistantMessage, Classification, TurnFacts | None]]
                  | None = None,
-                 gate_bypass: Callable[[], bool] | None = None) -> None:
+                 gate_bypass: Callable[[], bool] | None = None,
+                 aborted_message: Callable[[], AssistantMessage] | None = None) -> None:
         if brain is None:
             brain = RetryBrain(settings, random=random, chain_ids=next_chain_id)
         HostKernel.__init__(self, brain, emit=self._on_event, clock=clock,
@@ -201,6 +216,11 @@ class RetryLoop(HostKernel):
         self.store_entry = store_entry
         self.generation = 0  # which chain's steps are current (begin() moves it on)
         self.at_gate = False  # a request is at the gate (asking the coordinator or waiting)
+        # an attempt's answer has come and the brain has not decided on it yet (its facts are
+        # being gathered); the host aborted meanwhile (abort()): the answer is taken as aborted
+        self.undecided = False
+        self.aborted = False
+        self.aborted_message = aborted_message
 
     def begin(self, model: str | None = None) -> None:
         """Start a new chain on this loop (a session's next prompt; its brain at rest): the
@@ -211,6 +231,17 @@ class RetryLoop(HostKernel):
         self.calls, self.exc, self.message, self.cls, self.end = 0, None, None, None, None
         self.model, self.switched, self.deadline = model, False, None
         self.delay, self.timer, self.held, self.started, self.at_gate = None, 0, False, False, False
+        self.undecided = self.aborted = False
+
+    def abort(self) -> bool:
+        """The host aborted the chain (a session's ``abort()``, SPEC §15.6): an attempt whose
+        answer has come while its facts are still being gathered (the coordinator's answer in
+        flight) is taken as aborted when they come, and a budget token they took is given
+        back. True when such an answer was waiting; elsewhere it changes nothing (an attempt
+        still running is the host's to stop; a backoff is the brain's ``abort``)."""
+        if self.undecided:
+            self.aborted = True
+        return self.undecided
 
     # ------------------------------------------------------------------ the steps
     def steps(self) -> Steps[Any]:
@@ -245,6 +276,7 @@ class RetryLoop(HostKernel):
                 if answer.stopped == "timeout":
                     exc = AttemptTimedOut("attempt timed out after "
                                           f"{seconds_text(brain.settings.attempt_timeout_ms or 0)}")
+                self.undecided, self.aborted = True, False  # until the brain decides
                 message, cls, now = self.judge(answer, exc)
                 streamed = answer.output_streamed
                 if self.use_coordinator and self.uses_coordinator():
@@ -258,6 +290,10 @@ class RetryLoop(HostKernel):
                                                               output_streamed=streamed,
                                                               provider=provider,
                                                               session_id=session_id)))
+                aborted, self.undecided, self.aborted = self.aborted, False, False
+                if aborted:
+                    message, cls, facts = self._taken_as_aborted(message, cls, facts, now,
+                                                                 streamed)
                 if self.review is not None:
                     message, cls, facts = self.review(message, cls, facts)
                 self.decide(message, cls, facts)
@@ -272,9 +308,31 @@ class RetryLoop(HostKernel):
             # A cancellation, KeyboardInterrupt, GeneratorExit (the driver closed the steps) or
             # our own end: a running chain ends ``cancelled`` (ignored at rest), a held token
             # goes back, the exception goes on. Stale steps (a later chain began) end nothing.
+            # (A coordinator answer still in flight is not ours: its driver gives back what
+            # it took, fsm.host.kernel.)
             if self.generation == generation:
+                self.undecided = self.aborted = False
                 self._end_chain()
             raise
+
+    def _taken_as_aborted(self, message: AssistantMessage, cls: Classification,
+                          facts: TurnFacts | None, now: int | None, streamed: bool
+                          ) -> tuple[AssistantMessage, Classification, TurnFacts]:
+        """The host aborted while the attempt's facts came in (:meth:`abort`): its answer is
+        aborted (docs/policy.md §8.8: once ``abort()`` returned, no answer is taken), decided
+        on local facts; a token the facts took goes back, since no retry follows an abort
+        (SPEC §15.6)."""
+        if facts is not None and facts.budget_taken:
+            self.give_back()
+        when = facts.now_ms if facts is not None else now
+        if when is None:
+            when = self.now_ms()
+        if message.stop_reason != "aborted":
+            message = (self.aborted_message() if self.aborted_message is not None
+                       else AssistantMessage("aborted", error_message=ABORTED_TEXT,
+                                             model=self.model, timestamp_ms=when or 0))
+            cls = self.classify(message, self.context_window, when)
+        return message, cls, self.local_facts(now_ms=when, output_streamed=streamed)
 
     def _gate(self, **options: Any) -> Steps[tuple[int, int | None] | None]:
         """:meth:`~fsm.host.kernel.HostKernel.gate_steps`, with :attr:`at_gate` True meanwhile."""
@@ -382,12 +440,18 @@ class RetryLoop(HostKernel):
 
     def decide(self, message: AssistantMessage, cls: Classification,
                facts: TurnFacts | None) -> None:
-        """Hand the attempt's end to the brain and carry out its actions."""
+        """Hand the attempt's end to the brain and carry out its actions. A budget token the
+        facts took is the retry's until it goes (``held``); a decision that starts no
+        retry and does not return the token itself returns it (SPEC §15.6)."""
         if facts is not None and self.model is not None:
             facts = dataclasses.replace(facts, model=self.model)
-        self.carry_out(self.brain.turn_ended(message, self.context_window, classification=cls,
-                                             facts=facts))
-        if self.delay is not None and facts is not None and facts.budget_taken and facts.budget_allows:
+        actions = self.brain.turn_ended(message, self.context_window, classification=cls,
+                                        facts=facts)
+        taken = facts is not None and facts.budget_taken
+        if taken and not any(type(a) in _TOKEN_SETTLED for a in actions):
+            actions.append(B.ReturnRetryToken())  # no retry: the token goes back
+        self.carry_out(actions)
+        if self.delay is not None and taken:
             self.held = True  # the retry's token, until it goes
 
     def carry_out(self, actions: list[B.Action]) -> None:
@@ -495,6 +559,11 @@ def answer_secrets(answer: Attempt) -> tuple[str, ...]:
 
 
 _LOOP_ACTIONS = (B.StartBackoff, B.SwitchModel, B.ArmDeadline)
+_TOKEN_SETTLED = (B.StartBackoff, B.ReturnRetryToken)
+"""A decision with one of these has settled the token its facts took: the retry's, or back."""
+
+ABORTED_TEXT = "Request was aborted"
+"""The error text of an answer taken as aborted (docs/policy.md §8.8)."""
 """The host-loop actions the loop acts on; the others (turn events, the context, "prompt
 may return") belong to a session's turn, which a call does not have."""
 

@@ -52,7 +52,7 @@ from fsm.host.errors import ContextOverflowError, RetryChainError
 from fsm.host.kernel import (COORDINATOR_TIMEOUT_S, KEY_TIMEOUT_S, STORE_TIMEOUT_S, AskStore,
                              Attempt, Send, Steps, Wait, ZoneResolver, answer_async, default_zone)
 from fsm.host.kernel import describe_error as _describe
-from fsm.host.loop import RetryLoop, next_chain_id
+from fsm.host.loop import ABORTED_TEXT, RetryLoop, next_chain_id
 from fsm.host.session_log import SessionLog
 
 __all__ = ["AgentSession", "SessionBusyError", "ContinueRejected", "TurnOutcome", "Listener",
@@ -86,7 +86,6 @@ Extension = Callable[[E.Event], Awaitable[Any] | Any]
 CompactionHook = Callable[["AgentSession", AssistantMessage, str], Awaitable[Any]]
 
 STREAMING_BEHAVIORS = ("steer", "follow_up", "followUp")
-ABORTED_TEXT = "Request was aborted"
 
 
 class SessionBusyError(RuntimeError):
@@ -168,10 +167,6 @@ class AgentSession:
         self._stream_task: asyncio.Task | None = None
         self._turn_running = False
         self._abort_turn = False
-        # a turn has ended and the brain has not yet decided on its answer (the loop gathers the
-        # facts in between): an abort() then still makes that answer aborted (§8.8)
-        self._undecided = False
-        self._abort_undecided = False
         self._prompt_owner: object | None = None  # the prompt() call that owns the session
         self._last_turn_aborted = False
         # the turn prompt() reports (TurnOutcome): its last answer, the chain's end, its retries
@@ -200,6 +195,7 @@ class AgentSession:
                                  store_entry=(getattr(provider, "name", None), self.session_id),
                                  on_action=self._host_action, review=self._review,
                                  gate_bypass=self._gate_bypassed,
+                                 aborted_message=self._aborted,
                                  **({} if random is None else {"random": random}))
 
     @property
@@ -438,8 +434,9 @@ class AgentSession:
         in the same moment is taken as aborted, and the chain ends ``cancelled``."""
         self._end_gate_wait()
         self._perform(self.brain.abort())
-        if self._undecided and not self._turn_running:
-            self._abort_undecided = True  # the loop's review takes it before the brain decides
+        # a turn that ended while the loop gathers its facts (the coordinator's answer in
+        # flight) is taken as aborted, its token given back: the loop's rule (SPEC §15.6)
+        self._kernel.abort()
         if self._turn_running:
             self._abort_turn = True
             task = self._stream_task
@@ -618,17 +615,10 @@ class AgentSession:
 
     def _review(self, message: AssistantMessage, cls: Any,
                 facts: Any) -> tuple[AssistantMessage, Any, Any]:
-        """The session's last word before the brain decides (the loop's ``review``): an
-        abort that came while the facts did makes the turn aborted (§8.8); the facts name the
-        model the attempt used (docs/policy.md §13.3); the answer joins the context."""
+        """The session's last word before the brain decides (the loop's ``review``; an abort
+        that came while the facts did has made the answer aborted there, §8.8): the facts
+        name the model the attempt used (docs/policy.md §13.3); the answer joins the context."""
         kernel = self._kernel
-        aborted, self._abort_undecided, self._undecided = (
-            self._abort_turn or self._abort_undecided), False, False
-        if aborted and message.stop_reason != "aborted":
-            now = facts.now_ms if facts is not None else kernel.now_ms()
-            message = self._aborted()
-            cls = kernel.classify(message, self.context_window, now)
-            facts = kernel.local_facts(now_ms=now)
         if facts is None:
             facts = kernel.local_facts(output_streamed=self._streamed)
         facts = dataclasses.replace(facts, model=self._model_in_use or self._primary_model or None)
@@ -645,8 +635,6 @@ class AgentSession:
         ``deadline_ms``: the chain's deadline is this far away (the attempt stops there).
         Raises :class:`ContinueRejected`."""
         self._turn_running = True
-        self._undecided = True  # until the loop's review of this turn's answer
-        self._abort_undecided = False
         self._turn_done.clear()
         self._deadline_hit = False
         deadline = (None if deadline_ms is None

@@ -20,3 +20,14 @@ def cached_client(cache: dict[str, Any], key: str, sdk_class: Callable[..., Any]
             kwargs["http_client"] = http_client
         client = cache[key] = sdk_class(**kwargs)
     return client
+
+
+async def load_request_stack(client: Any, *resource: str) -> None:
+    """Load what ``client``'s first request would import (a provider's ``warm_up``): the
+    resource the request goes through (``client.chat.completions``: the SDKs load resources
+    lazily) and the async backend of the SDK's HTTP stack for the running loop (``anyio``, a
+    dependency of both SDKs, loads it at its first async call: ~0.1 s). Sends nothing."""
+    for name in resource:
+        client = getattr(client, name)
+    import anyio.lowlevel
+    await anyio.lowlevel.checkpoint()

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from fsm._extras import require
-from fsm.providers._clients import cached_client
+from fsm.providers._clients import cached_client, load_request_stack
 from fsm.providers import sdk_errors as _sdk
 from fsm.core.messages import AssistantMessage, Usage
 
@@ -107,6 +107,13 @@ class AnthropicMessagesProvider:
         return cached_client(self._clients, api_key or self._api_key, anthropic.AsyncAnthropic,
                              timeout_s=self.timeout_s, base_url=self.base_url,
                              http_client=self._http_client)
+
+    async def warm_up(self) -> None:
+        """Create the SDK client of the configured key and load what a request uses (the SDK
+        and its HTTP stack import those parts at first use: a few hundred ms), on the running
+        event loop: a caller that times requests (``python -m fsm demo``) awaits this first,
+        so that the first request's time is the request's. Sends nothing."""
+        await load_request_stack(self._client(None), "messages")
 
     def _error(self, text: str, partial: str, usage: Usage | None) -> AssistantMessage:
         return AssistantMessage("error", text=partial, error_message=text, usage=usage, model=self.model)

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fsm._extras import require
-from fsm.providers._clients import cached_client
+from fsm.providers._clients import cached_client, load_request_stack
 from fsm.core.messages import AssistantMessage, Usage
 from fsm.core.protocols import Provider  # re-exported: the protocol lives in fsm.core.protocols
 from fsm.providers.sdk_errors import ErrorFacts, error_facts
@@ -118,6 +118,13 @@ class OpenAIChatProvider:
         return cached_client(self._clients, api_key or self._api_key, openai.AsyncOpenAI,
                              timeout_s=self.timeout_s, base_url=self.base_url,
                              http_client=self._http_client)
+
+    async def warm_up(self) -> None:
+        """Create the SDK client of the configured key and load what a request uses (the SDK
+        and its HTTP stack import those parts at first use: a few hundred ms), on the running
+        event loop: a caller that times requests (``python -m fsm demo``) awaits this first,
+        so that the first request's time is the request's. Sends nothing."""
+        await load_request_stack(self._client(None), "chat", "completions")
 
     def _error(self, facts: ErrorFacts | str, text: str, usage: Usage | None) -> AssistantMessage:
         if isinstance(facts, str):

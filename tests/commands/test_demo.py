@@ -88,3 +88,37 @@ def test_demo_part_two_honours_a_short_hint_and_refuses_a_long_one_in_words(tmp_
     log = [json.loads(x) for x in (tmp_path / "out" / "session-honor.jsonl").read_text().splitlines()]
     assert [e["message"].get("stopReason", "user") for e in log[1:]] == \
         ["user", "error", "stop", "user", "error"]
+
+
+_FIRST_REQUEST = r"""
+import asyncio, json, sys
+from fsm.providers.apis import build_provider
+from fsm.testing.fault_server import FaultServer
+STACK = ("openai", "httpx2", "httpcore2", "h11", "h2", "anyio", "sniffio")
+with FaultServer([{"status": 503, "json": {"error": {"message": "down"}}}]) as server:
+    provider = build_provider("openai", base_url=server.base_url, model="m", api_key="k")
+    async def main():
+        if sys.argv[1] == "warm":
+            await provider.warm_up()
+        before = set(sys.modules)
+        await provider.complete([{"role": "user", "content": "hi"}])
+        await provider.aclose()
+        return sorted(m for m in set(sys.modules) - before if m.split(".")[0] in STACK)
+    print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_the_demo_s_clock_starts_after_the_sdk_is_loaded():
+    """The demo's printed times are the session's (README "make demo"): it awaits the
+    provider's ``warm_up()`` before its clock starts, and after it the first request imports
+    nothing more of the SDK or its HTTP stack (a cold client's first request imports
+    ``httpcore2``, ``h11``, the chat resource and anyio's backend: a few hundred ms that the
+    demo printed as the first request's time)."""
+    import pathlib
+    source = pathlib.Path(__file__).resolve().parents[2] / "fsm" / "commands" / "demo.py"
+    text = source.read_text()
+    assert text.index("await warm_up()") < text.index("t0 = time.monotonic()")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", _FIRST_REQUEST, "warm"],
+                                       capture_output=True, text=True, timeout=60,
+                                       check=True).stdout)
+    assert loaded == [], loaded

@@ -340,3 +340,23 @@ def test_live_brownout_runs_only_when_named(tmp_path):
                  "resilient", "--json", str(named)]) == 0
     rows = json.loads(named.read_text())["scenarios"]["live_brownout"]
     assert list(rows) == ["ideal", "resilient"] and rows["resilient"]["amplification"] >= 1
+
+
+def test_a_missed_target_is_reported_and_the_exit_status_stays_0(capsys):
+    """docs/simulation.md "Targets": a verdict that says MISSED is a report; the run exits 0
+    (2 only for bad arguments or an output that cannot be written). At N = 20 in
+    ``transient500`` the resilient profile misses the peak (one request more in a second of C =
+    2 is half a C)."""
+    assert main(["simulate", "--sessions", "20", "--scenario", "transient500",
+                 "--policy", "resilient"]) == 0
+    out = capsys.readouterr().out
+    assert "peak_load_x_capacity" in out and " MISSED (" in out, out
+
+
+def test_simulate_help_states_the_exit_status(capsys):
+    """``simulate --help`` says what the exit status is, a missed target included."""
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Exit status: 0 when the run completes, also when a verdict says MISSED" in text
+    assert "2 for bad arguments or an output (--json, --svg) that cannot be written" in text

@@ -7,6 +7,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Bytecode: a machine may set PYTHONDONTWRITEBYTECODE (container images often do), and uv
+# installs without .pyc files; then every Python process the targets start (the suite starts
+# hundreds) compiles every module it imports again, the SDKs' thousands among them. The targets
+# keep the compiled bytecode in build/pycache instead, outside the source tree.
+export PYTHONDONTWRITEBYTECODE :=
+export PYTHONPYCACHEPREFIX := $(CURDIR)/build/pycache
 # uv: the one on PATH, else a private copy in .uv/ (installed with pip on first use).
 UV ?= $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.uv/bin/uv)
 

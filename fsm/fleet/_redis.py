@@ -230,20 +230,18 @@ end
 local function pacer_forget(s, p)
   if s.on == 1 and PNOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 s.tat = 0.0 end
 end
-local function count_send(s, at)
+-- one more in a sliding window of two seconds: fields w..'s' (the newest second), w..'c'
+-- (its count), w..'p' (the second before's); w is 'sent' (sends) or 'thr' (throttles)
+local function count_in(s, w, at)
+  local fs, fc, fp = w .. 's', w .. 'c', w .. 'p'
   local sec = math.floor(at / 1000.0)
-  if sec <= s.sents then s.sentc = s.sentc + 1.0 return end
+  if sec <= s[fs] then s[fc] = s[fc] + 1.0 return end
   local prev = 0.0
-  if sec == s.sents + 1.0 then prev = s.sentc end
-  s.sents = sec s.sentc = 1.0 s.sentp = prev
+  if sec == s[fs] + 1.0 then prev = s[fc] end
+  s[fs] = sec s[fc] = 1.0 s[fp] = prev
 end
-local function count_throttle(s, at)
-  local sec = math.floor(at / 1000.0)
-  if sec <= s.thrs then s.thrc = s.thrc + 1.0 return end
-  local prev = 0.0
-  if sec == s.thrs + 1.0 then prev = s.thrc end
-  s.thrs = sec s.thrc = 1.0 s.thrp = prev
-end
+local function count_send(s, at) count_in(s, 'sent', at) end
+local function count_throttle(s, at) count_in(s, 'thr', at) end
 local function window_rate(newest, cur, prev)
   local sec = math.floor(PNOW / 1000.0)
   if sec > newest + 1.0 or newest < 0 then return 0.0 end

@@ -170,6 +170,7 @@ ORDER = (
     "pacing_peak_ratio", "pacing_peak_ratio_unpaced", "pacing_refused_per_call",
     "pacing_refused_per_call_unpaced", "pacing_chain_ends_lost",
     "fleet_admit_p99_ms_10k", "fleet_unknown_share_10k", "fleet_retries_10k", "fleet_unavailable_10k",
+    "fleet_script_calls_10k", "fleet_redis_ms_per_script_10k",
     "audit_events_100mb_s", "audit_events_mib_per_sec", "audit_events_log_mb",
     "live_vs_sim_failure_points", "live_vs_sim_amplification", "live_vs_sim_peak_ratio",
     "live_failure_rate", "sim_failure_rate", "live_amplification", "sim_amplification",

@@ -76,10 +76,21 @@ BUCKET_TTL_MS = 7 * 86_400_000
 #: throughput it remembers, beyond ``forgetAfterMs`` (:func:`pacer_ttl_ms`).
 PACER_MEMORY_HALF_LIVES = 4
 
-#: At most this many requests of one key go in one script call (:meth:`RedisCoordinator.admit`
+#: A script call holds this many requests of one key (:meth:`RedisCoordinator.admit`
 #: coalesces the calls of one event-loop iteration): a batch keeps Redis busy about a
-#: millisecond, so other keys' scripts and a probe are not held up behind it.
+#: millisecond, so other keys' scripts and a probe are not held up behind it. When the calls
+#: of one iteration would need more script calls than the coordinator has connections
+#: (``max_connections``), the batches grow instead (:func:`batch_size`), so that every batch
+#: is sent at once: a batch waiting for a connection waits for the loop to read another's
+#: reply, which a busy loop does late (10,000 callers: a fifth of them "unknown").
 BATCH_MAX = 256
+
+
+def batch_size(requests: int, connections: int) -> int:
+    """How many requests go in one script call when ``requests`` wait in one loop iteration
+    and ``connections`` commands may run at once: :data:`BATCH_MAX`, or more where that would
+    take more script calls than ``connections`` (``requests`` ÷ ``connections``, rounded up)."""
+    return max(BATCH_MAX, -(-requests // max(1, connections)))
 
 #: A process's heartbeat (:meth:`RedisCoordinator.processes`) counts for this long.
 PROCESS_TTL_MS = 30_000
@@ -219,20 +230,18 @@ end
 local function pacer_forget(s, p)
   if s.on == 1 and PNOW - s.lcut > p.forget then s.on = 0 s.rate = 0.0 s.tat = 0.0 end
 end
-local function count_send(s, at)
+-- one more in a sliding window of two seconds: fields w..'s' (the newest second), w..'c'
+-- (its count), w..'p' (the second before's); w is 'sent' (sends) or 'thr' (throttles)
+local function count_in(s, w, at)
+  local fs, fc, fp = w .. 's', w .. 'c', w .. 'p'
   local sec = math.floor(at / 1000.0)
-  if sec <= s.sents then s.sentc = s.sentc + 1.0 return end
+  if sec <= s[fs] then s[fc] = s[fc] + 1.0 return end
   local prev = 0.0
-  if sec == s.sents + 1.0 then prev = s.sentc end
-  s.sents = sec s.sentc = 1.0 s.sentp = prev
+  if sec == s[fs] + 1.0 then prev = s[fc] end
+  s[fs] = sec s[fc] = 1.0 s[fp] = prev
 end
-local function count_throttle(s, at)
-  local sec = math.floor(at / 1000.0)
-  if sec <= s.thrs then s.thrc = s.thrc + 1.0 return end
-  local prev = 0.0
-  if sec == s.thrs + 1.0 then prev = s.thrc end
-  s.thrs = sec s.thrc = 1.0 s.thrp = prev
-end
+local function count_send(s, at) count_in(s, 'sent', at) end
+local function count_throttle(s, at) count_in(s, 'thr', at) end
 local function window_rate(newest, cur, prev)
   local sec = math.floor(PNOW / 1000.0)
   if sec > newest + 1.0 or newest < 0 then return 0.0 end
@@ -511,9 +520,16 @@ class KeySpace:
         if not isinstance(prefix, str) or not prefix or any(c.isspace() for c in prefix):
             raise ValueError(f"Redis key prefix must be a non-empty string without spaces, got {prefix!r}")
         self.prefix = prefix
+        self._tags: dict[CoordKey, str] = {}  # key -> its hash-tagged name stem (at most 4,096)
 
     def _tag(self, key: CoordKey) -> str:
-        return f"{self.prefix}:{{{_part(key.provider)}:{_part(key.model)}:{_part(key.credential)}}}"
+        tag = self._tags.get(key)
+        if tag is None:  # percent-encoding each call cost a tenth of an admission's CPU
+            if len(self._tags) >= 4096:
+                self._tags.clear()
+            tag = self._tags[key] = (f"{self.prefix}:{{{_part(key.provider)}:{_part(key.model)}:"
+                                     f"{_part(key.credential)}}}")
+        return tag
 
     def cooldown(self, key: CoordKey) -> str:
         return self._tag(key) + ":cooldown"
@@ -783,7 +799,7 @@ class RedisCoordinator:
         self.eviction_warning: str | None = None
         self._scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
         # The calls of one event-loop iteration, per (script, key, shared arguments): sent
-        # together, one script call per BATCH_MAX of them, at the end of the iteration.
+        # together, one script call per batch_size() of them, at the end of the iteration.
         self._pending: dict[tuple, tuple[list[str], list, list]] = {}
         self._flush_handle: asyncio.Handle | None = None
         self._batches: set[asyncio.Task] = set()
@@ -921,9 +937,10 @@ class RedisCoordinator:
         self._flush_handle = None
         pending, self._pending = self._pending, {}
         loop = asyncio.get_running_loop()
+        size = batch_size(sum(len(items) for _, _, items in pending.values()), self.max_connections)
         for (name, _, _), (keys, common, items) in pending.items():
-            for start in range(0, len(items), BATCH_MAX):
-                task = loop.create_task(self._send(name, keys, common, items[start:start + BATCH_MAX]))
+            for start in range(0, len(items), size):
+                task = loop.create_task(self._send(name, keys, common, items[start:start + size]))
                 self._batches.add(task)
                 task.add_done_callback(self._batches.discard)
 
@@ -1129,8 +1146,9 @@ class RedisCoordinator:
                     _now: float | None = None) -> Admission:
         """Protocol v3's ``admit``. The calls of one event-loop iteration for one key (and the
         same settings) go to Redis together, in one call of the ADMIT script, which admits
-        them in order as separate steps would (:data:`BATCH_MAX` at most per call): ten
-        thousand callers cost Redis a few dozen round trips, not ten thousand. A caller that
+        them in order as separate steps would (:data:`BATCH_MAX` per call, more when the
+        calls would otherwise outnumber the connections: :func:`batch_size`): ten thousand
+        callers cost Redis a few dozen round trips, not ten thousand. A caller that
         stops waiting (cancelled) before its batch is sent is left out; after, a token its
         answer took is given back."""
         interval = floor_interval_ms(budget) if budget is not None else math.inf

@@ -105,7 +105,7 @@ test: setup .node
 # (build/transition-coverage.md), whatever the tests' outcome; pytest's status wins.
 test-locked: setup .node
 	@mkdir -p build
-	@status=0; COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --cov=fsm --cov-branch --cov-report=term --cov-fail-under=94 \
+	@status=0; COVERAGE_FILE=$(CURDIR)/build/.coverage $(PY) -m pytest -q -n 2 --dist worksteal --cov=fsm --cov-branch --cov-report=term --cov-fail-under=94 \
 	  --transition-coverage --transition-coverage-fail-under=100 \
 	  --transition-coverage-report=build/transition-coverage.json \
 	  --transition-coverage-html=build/transition-coverage-html || status=$$?; \

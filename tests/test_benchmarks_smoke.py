@@ -217,3 +217,14 @@ def test_live_against_simulated(monkeypatch):
     for name in ("live_vs_sim_failure_points", "live_vs_sim_amplification", "live_vs_sim_peak_ratio"):
         assert run.check(name, figures[name]) == (run.check(name, figures[name])[0], True)
     assert run.check("live_vs_sim_peak_ratio", 1.2) == ("in 0.85–1.15", False)
+
+
+@pytest.mark.parametrize("name", ["tenacity", "langchain", "langgraph", "pydantic_ai", "openai_agents"])
+def test_each_framework_integration_beside_its_bare_framework(name):
+    """Each framework integration's call ÷ the bare framework's same call against the fault
+    server (docs/integrations.md "Cost"): the three figures of that integration, no other."""
+    from benchmarks import integrations
+    figures = integrations.measure(number=1, repeat=1, warmup=1, only=[name])
+    keys = (f"{name}_us", f"{name}_bare_us", f"{name}_ratio_vs_bare")
+    assert_figures(figures, keys)
+    assert sorted(figures) == sorted(keys)

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, NoReturn
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
@@ -22,7 +22,8 @@ from fsm.host.chain import RETRY_OWNER, Chain, refuse_unsupported
 from fsm.host.clock import wait_ms
 
 __all__ = ["ENDED_BY_BRAIN", "BrainHost", "attempts_async", "attempts_sync", "drive_async",
-           "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_end"]
+           "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_end",
+           "raise_outcome"]
 
 
 class BrainHost:
@@ -67,11 +68,11 @@ class BrainHost:
 
 
 @contextlib.contextmanager
-def owned(chain: Chain) -> Iterator[Chain]:
+def owned(chain: Chain, *, close: bool = True) -> Iterator[Chain]:
     """The call is ``chain``'s (:data:`~fsm.host.chain.RETRY_OWNER`: a transport under it
     passes requests through) while the block runs; whatever stops the block (an exception,
     ``KeyboardInterrupt``, a cancellation) ends a running chain ``cancelled`` and goes on;
-    the chain is closed on the way out (:meth:`~fsm.host.chain.Chain.close`)."""
+    the chain is closed on the way out (:meth:`~fsm.host.chain.Chain.close`) when ``close``."""
     owner = RETRY_OWNER.set(chain)
     try:
         yield chain
@@ -80,21 +81,18 @@ def owned(chain: Chain) -> Iterator[Chain]:
         raise
     finally:
         RETRY_OWNER.reset(owner)
-        chain.close()
+        if close:
+            chain.close()
 
 
 @contextlib.asynccontextmanager
 async def owned_async(chain: Chain) -> AsyncIterator[Chain]:
     """:func:`owned`, the chain closed with :meth:`~fsm.host.chain.Chain.aclose` (the
     coordinator's writes in flight finished first)."""
-    owner = RETRY_OWNER.set(chain)
     try:
-        yield chain
-    except BaseException:
-        chain.cancel()
-        raise
+        with owned(chain, close=False):
+            yield chain
     finally:
-        RETRY_OWNER.reset(owner)
         await chain.aclose()
 
 
@@ -157,19 +155,28 @@ def mark_ended(exc: BaseException) -> BaseException:
     return exc
 
 
-def raise_end(chain: Chain, exc: BaseException) -> None:
-    """Raise what the caller sees once ``chain`` answered None for ``exc``: the chain's
-    :meth:`~fsm.host.chain.Chain.error` from ``exc``, or ``exc`` itself (scrubbed of the
-    request's credentials, with ``retry-fsm: endReason ...`` in its notes when a chain ended)."""
+def raise_outcome(chain: Chain, exc: BaseException) -> NoReturn:
+    """Raise what :func:`fsm.retrying` raises once ``chain`` answered None for ``exc``
+    (docs/policy.md §10): the chain's :meth:`~fsm.host.chain.Chain.error` from ``exc``, or
+    ``exc`` itself (a first failure that starts no chain: the loop noted why), ``exc`` and its
+    causes scrubbed in place of the request's credentials
+    (:func:`fsm.core.redact.scrub_exception`), its type kept."""
     from fsm.core.redact import request_secrets, scrub_exception
     scrub_exception(exc, request_secrets(exc))
     error = chain.error()
-    mark_ended(error)
     if error is exc:
-        if chain.end is not None:
-            exc.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
         raise exc
     raise error from exc
+
+
+def raise_end(chain: Chain, exc: BaseException) -> NoReturn:
+    """:func:`raise_outcome`, what it raises marked (:func:`mark_ended`) and, when that is
+    ``exc`` after a chain ended, ``retry-fsm: endReason ...`` in its notes."""
+    error = chain.error()
+    mark_ended(error)
+    if error is exc and chain.end is not None:
+        exc.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
+    raise_outcome(chain, exc)
 
 
 def drive_sync(chain: Chain, attempt: Callable[[], Any], *,

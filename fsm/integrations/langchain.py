@@ -33,7 +33,7 @@ from typing import Any, Callable
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import TIMEOUT_KEYS, Chain
-from fsm.integrations._drive import BrainHost, attempts_async, attempts_sync, owned
+from fsm.integrations._drive import BrainHost, attempts_async, attempts_sync, owned, raise_outcome
 from fsm.integrations._extra import require
 
 require("langchain.agents.middleware", "langchain")
@@ -108,7 +108,7 @@ class RetryBrainMiddleware(AgentMiddleware, BrainHost):
         def failed(exc: Exception) -> None:
             delay = chain.failed_sync(exc)
             if delay is None:
-                _raise_end(chain, exc)
+                raise_outcome(chain, exc)
             chain.pause_sync(delay, self._sleep_ms)
 
         with owned(chain):
@@ -124,20 +124,9 @@ class RetryBrainMiddleware(AgentMiddleware, BrainHost):
         async def failed(exc: Exception) -> None:
             delay = await chain.failed(exc)
             if delay is None:
-                _raise_end(chain, exc)
+                raise_outcome(chain, exc)
             await chain.pause(delay, pause)
 
         with owned(chain):
             return await attempts_async(chain, lambda model: handler(_switched(request, model)),
                                         failed, pause, passthrough=(GraphBubbleUp,))
-
-
-def _raise_end(chain: Chain, exc: Exception) -> None:
-    # what reaches the caller shows no credential: the exception's text and its causes'
-    # scrubbed in place (fsm.core.redact.scrub_exception), its type kept
-    from fsm.core.redact import request_secrets, scrub_exception
-    scrub_exception(exc, request_secrets(exc))
-    error = chain.error()
-    if error is exc:  # a first failure that starts no chain: the loop noted why
-        raise exc
-    raise error from exc

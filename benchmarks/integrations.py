@@ -1,7 +1,9 @@
 """``<framework>_ratio_vs_bare``: what each framework integration adds to a call that succeeds.
 
 One figure triple per integration of :mod:`fsm.integrations` that wraps a framework (the
-transport, Google Gen AI and LiteLLM have groups of their own): ``<name>_us`` (the call through
+transport, Google Gen AI and LiteLLM have groups of their own), named by the keys of
+:data:`FRAMEWORKS` (``tenacity_strategy``: the decision group has a ``tenacity_us`` of its
+own): ``<name>_us`` (the call through
 the integration), ``<name>_bare_us`` (the same call through the bare framework) and
 ``<name>_ratio_vs_bare``. Each call is one chat completion (the Agents SDK: one Responses API
 call) against a loopback fault server in a separate process (``python -m fsm fault-server``)
@@ -14,7 +16,7 @@ blocks, in µs. Reported, no target (docs/integrations.md "Cost").
 ========================  ====================================================  ==========================
 figure prefix             subject                                               baseline
 ========================  ====================================================  ==========================
-``tenacity``              ``tenacity.retry(**BrainStrategy().kwargs())(call)``  ``tenacity.retry(stop=
+``tenacity_strategy``     ``tenacity.retry(**BrainStrategy().kwargs())(call)``  ``tenacity.retry(stop=
                                                                                 stop_after_attempt(3))``
 ``langchain``             ``create_agent(..., middleware=[RetryBrainMiddleware  ``create_agent(...)``
                           ()])`` ``.invoke``                                    ``.invoke``
@@ -60,7 +62,7 @@ def tenacity_figures(base: str, sizes: dict) -> dict[str, float]:
     create = _openai(base).chat.completions.create
     ours = tenacity.retry(**BrainStrategy().kwargs())(create)
     bare = tenacity.retry(stop=tenacity.stop_after_attempt(3), reraise=True)(create)
-    return _sync("tenacity", lambda: ours(model="m", messages=MESSAGES),
+    return _sync("tenacity_strategy", lambda: ours(model="m", messages=MESSAGES),
                  lambda: bare(model="m", messages=MESSAGES), sizes)
 
 
@@ -130,7 +132,7 @@ def openai_agents_figures(base: str, sizes: dict) -> dict[str, float]:
 
 
 FRAMEWORKS: dict[str, Callable[[str, dict], dict[str, float]]] = {
-    "tenacity": tenacity_figures, "langchain": langchain_figures,
+    "tenacity_strategy": tenacity_figures, "langchain": langchain_figures,
     "langgraph": langgraph_figures, "pydantic_ai": pydantic_ai_figures,
     "openai_agents": openai_agents_figures,
 }

@@ -170,7 +170,7 @@ ORDER = (
     "genai_async_ratio_vs_bare",
     "litellm_us", "litellm_bare_us", "litellm_ratio_vs_bare", "litellm_us_sync",
     "litellm_bare_us_sync", "litellm_ratio_vs_bare_sync",
-    *(f"{name}_{figure}" for name in ("tenacity", "langchain", "langgraph", "pydantic_ai",
+    *(f"{name}_{figure}" for name in ("tenacity_strategy", "langchain", "langgraph", "pydantic_ai",
                                       "openai_agents") for figure in ("us", "bare_us", "ratio_vs_bare")),
     "pacing_peak_ratio", "pacing_peak_ratio_unpaced", "pacing_refused_per_call",
     "pacing_refused_per_call_unpaced", "pacing_chain_ends_lost",

@@ -109,6 +109,7 @@ nitpick_ignore = [
     ('py:class', 'fsm.core.lifecycle.TransitionRecord'),
     ('py:class', 'fsm.host.chain.Chain'),
     ('py:class', 'fsm.host.runner.T'),
+    ('py:class', 'fsm.integrations._drive.BrainHost'),
     ('py:class', 'fsm.integrations.httpx2._Base'),
     ('py:class', 'fsm.integrations.otel._Listener'),
     ('py:class', 'fsm.providers.openai_chat.OpenAIChatProvider'),

@@ -102,6 +102,16 @@ def test_rpc():
     assert "rpc_unclean_exits" in figures
 
 
+def test_no_two_groups_name_the_same_figure():
+    """Figures are keyed by name in build/bench.json: the integrations group's names are its
+    own (the decision group already reports ``tenacity_us``)."""
+    from benchmarks import integrations
+    names = [f"{key}_{figure}" for key in integrations.FRAMEWORKS
+             for figure in ("us", "bare_us", "ratio_vs_bare")]
+    assert len(set(run.ORDER)) == len(run.ORDER)
+    assert set(names) <= set(run.ORDER) and "tenacity_us" not in names
+
+
 def test_runner_checks_targets_and_formats_a_table():
     """Runner checks targets and formats a table."""
     figures = {}
@@ -217,3 +227,16 @@ def test_live_against_simulated(monkeypatch):
     for name in ("live_vs_sim_failure_points", "live_vs_sim_amplification", "live_vs_sim_peak_ratio"):
         assert run.check(name, figures[name]) == (run.check(name, figures[name])[0], True)
     assert run.check("live_vs_sim_peak_ratio", 1.2) == ("in 0.85–1.15", False)
+
+
+@pytest.mark.parametrize("name", ["tenacity_strategy", "langchain", "langgraph", "pydantic_ai",
+                                  "openai_agents"])
+def test_each_framework_integration_beside_its_bare_framework(name):
+    """Each framework integration's call ÷ the bare framework's same call against the fault
+    server (docs/integrations.md "Cost"): the three figures of that integration, no other."""
+    from benchmarks import integrations
+    assert name in integrations.FRAMEWORKS
+    figures = integrations.measure(number=1, repeat=1, warmup=1, only=[name])
+    keys = (f"{name}_us", f"{name}_bare_us", f"{name}_ratio_vs_bare")
+    assert_figures(figures, keys)
+    assert sorted(figures) == sorted(keys)

@@ -273,10 +273,12 @@ def scrub_exception(exc: BaseException, secrets: Iterable[str | None] = ()) -> B
     ``args`` (what ``str(exc)`` shows), its ``__notes__``, its string attributes (``message``
     of the SDKs' errors; ``strerror`` and ``filename`` of an ``OSError``), the strings inside
     its mapping, list and tuple attributes (``body``, the SDKs' parsed error body: a copy,
-    set in place of the original when it held a credential), and the same for
+    set in place of the original when it held a credential), the body of its HTTP
+    ``response`` once read (``exc.response.text``, ``.content``; an ``httpx``-shaped response,
+    scrubbed in place), and the same for
     every exception on its ``__cause__`` / ``__context__`` chain and inside an exception group
     (at most 32 exceptions), so a printed traceback shows no credential either. The type, the
-    traceback, the causes and every non-text attribute (``request``, ``response``) are kept:
+    traceback, the causes and every non-text attribute (``request``, ``response`` itself) are kept:
     ``except`` clauses and ``exc.__cause__`` work as before. Never raises (a field that
     cannot be set is left as it is)."""
     secrets = tuple(secrets)
@@ -321,12 +323,34 @@ def _scrub_fields(exc: BaseException, secrets: tuple[str | None, ...]) -> None:
             clean = scrub_value(value, secrets)
             changed = clean is not value
         else:
+            _scrub_read_body(value, secrets)  # ``response``: the HTTP response, body and all
             continue
         if changed:
             try:
                 setattr(exc, name, clean)
             except Exception:  # noqa: BLE001 - a read-only property: leave it
                 pass
+
+
+def _scrub_read_body(response: Any, secrets: tuple[str | None, ...]) -> None:
+    """Scrub, in place, the body of an HTTP response already read (duck-typed: an ``httpx`` or
+    ``httpx2`` ``Response``, whose ``content`` is its ``_content`` bytes and whose ``text`` is
+    cached in ``_text``): what ``exc.response.text`` / ``.content`` / ``.json()`` show. A body
+    not read, not text in its ``encoding`` (else UTF-8), or any other object: left as it is."""
+    content = getattr(response, "_content", None)
+    if not isinstance(content, bytes) or not hasattr(response, "status_code"):
+        return
+    encoding = getattr(response, "encoding", None) or "utf-8"
+    try:
+        text = content.decode(encoding)
+    except (LookupError, UnicodeDecodeError, TypeError):
+        return
+    clean = scrub_secrets(text, secrets)
+    if clean == text:
+        return
+    response._content = clean.encode(encoding, errors="replace")
+    if isinstance(getattr(response, "_text", None), str):
+        response._text = clean
 
 
 def _credential_param(name: str) -> bool:

@@ -553,6 +553,14 @@ class RetrySettings:
         """``retryHints`` is ``"honor"`` (D10)."""
         return self.retry_hints == "honor"
 
+    @property
+    def needs_coordinator(self) -> bool:
+        """Hints honoured, a retry budget, or pacing on: the settings a host asks the fleet's
+        coordinator for (docs/fleet.md); without them a call that succeeds at once has nothing
+        to ask before it nor to tell after it."""
+        return (self.retry_hints == "honor" or self.budget is not None
+                or (self.pacing is not None and self.pacing.enabled))
+
     def with_enabled(self, enabled: bool) -> "RetrySettings":
         """A copy with ``enabled`` changed (validated) and counted as set."""
         return replace(self, enabled=enabled, set_keys=self.set_keys | {"enabled"})

@@ -222,9 +222,7 @@ class HostKernel:
     def uses_coordinator(self) -> bool:
         """True when the settings need the coordinator: hints honoured, a retry budget, or
         pacing (docs/fleet.md), on a host that has an event loop."""
-        s = self.brain.settings
-        return self.use_coordinator and (s.honors_hints or s.budget is not None
-                                         or (s.pacing is not None and s.pacing.enabled))
+        return self.use_coordinator and self.brain.settings.needs_coordinator
 
     def quick_facts(self, cls: Classification, *, now_ms: int | None = None,
                     output_streamed: bool = False) -> TurnFacts | None:

@@ -10,13 +10,130 @@ without success, :func:`raise_end` raises what :func:`fsm.retrying` raises (docs
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, Awaitable, Callable, NoReturn
 
-from fsm.host.chain import RETRY_OWNER, Chain
+from fsm.core.events import Event
+from fsm.core.settings import RetrySettings
+from fsm.host.chain import RETRY_OWNER, Chain, refuse_unsupported
 from fsm.host.clock import wait_ms
 
-__all__ = ["ENDED_BY_BRAIN", "drive_async", "drive_sync", "ended_by_brain", "raise_end"]
+__all__ = ["ENDED_BY_BRAIN", "BrainHost", "attempts_async", "attempts_sync", "drive_async",
+           "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_end",
+           "raise_outcome"]
+
+
+class BrainHost:
+    """What an integration that runs a call's attempts keeps (the Google Gen AI client wrapper,
+    the LangChain middleware): the settings, resolved and refused once, and what each call's
+    :class:`~fsm.host.chain.Chain` is built with.
+
+    Args:
+        settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping.
+        host: the integration's name in a refusal (``"the LangChain middleware"``).
+        refused: the keys it cannot act on (:func:`~fsm.host.chain.refuse_unsupported`:
+            :class:`~fsm.core.settings.SettingsError` naming the first one set).
+        on_event, coordinator, clock, random: as :class:`~fsm.host.chain.Chain` takes them.
+        sleep: ``sleep(seconds)`` for sync calls (default the clock's, else ``time.sleep``).
+    """
+
+    def _host(self, settings: RetrySettings | Mapping[str, Any] | None, host: str,
+              refused: tuple[str, ...], *, on_event: Callable[[Event], Any] | None,
+              coordinator: Any, clock: Any, sleep: Callable[[float], Any] | None,
+              random: Callable[[], float] | None) -> None:
+        # a bad key, or one the host cannot act on, raises here, once
+        self.settings = refuse_unsupported(Chain(settings, sync=True).settings, host, refused)
+        self.on_event = on_event
+        self.coordinator = coordinator
+        self.clock = clock
+        self.sleep = sleep or getattr(clock, "sleep", None) or time.sleep
+        self._random = random
+
+    def _new_chain(self, *, sync: bool, **names: str) -> Chain:
+        """A chain for one call; ``names``: ``provider``, ``model`` (the coordinator key's)."""
+        if self._random is not None:
+            names["random"] = self._random  # type: ignore[assignment]
+        return Chain(self.settings, sync=sync, coordinator=self.coordinator,
+                     on_event=self.on_event, clock=self.clock, **names)  # type: ignore[arg-type]
+
+    def _sleep_ms(self, delay_ms: int) -> None:
+        self.sleep(delay_ms / 1000)
+
+    def _pause(self) -> Callable[[int], Awaitable[Any]]:
+        """``wait(ms)`` on :attr:`clock` for :meth:`~fsm.host.chain.Chain.pause`."""
+        return functools.partial(wait_ms, self.clock)
+
+
+@contextlib.contextmanager
+def owned(chain: Chain, *, close: bool = True) -> Iterator[Chain]:
+    """The call is ``chain``'s (:data:`~fsm.host.chain.RETRY_OWNER`: a transport under it
+    passes requests through) while the block runs; whatever stops the block (an exception,
+    ``KeyboardInterrupt``, a cancellation) ends a running chain ``cancelled`` and goes on;
+    the chain is closed on the way out (:meth:`~fsm.host.chain.Chain.close`) when ``close``."""
+    owner = RETRY_OWNER.set(chain)
+    try:
+        yield chain
+    except BaseException:
+        chain.cancel()
+        raise
+    finally:
+        RETRY_OWNER.reset(owner)
+        if close:
+            chain.close()
+
+
+@contextlib.asynccontextmanager
+async def owned_async(chain: Chain) -> AsyncIterator[Chain]:
+    """:func:`owned`, the chain closed with :meth:`~fsm.host.chain.Chain.aclose` (the
+    coordinator's writes in flight finished first)."""
+    try:
+        with owned(chain, close=False):
+            yield chain
+    finally:
+        await chain.aclose()
+
+
+def attempts_sync(chain: Chain, attempt: Callable[[str | None], Any],
+                  failed: Callable[[Exception], Any], sleep_ms: Callable[[int], Any], *,
+                  passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+    """The first request's gate (:meth:`~fsm.host.chain.Chain.start_sync`, waited with
+    ``sleep_ms``), then ``attempt(model)`` — ``model`` the fallback the brain switched to, or
+    None — until it returns (the chain ends ``success``; its result returned). An exception
+    of ``passthrough`` goes on untouched; any other is ``failed(exc)``'s: it waits for the next
+    attempt or raises what the caller sees."""
+    chain.pause_sync(chain.start_sync(), sleep_ms)
+    while True:
+        try:
+            result = attempt(chain.switched_model)
+        except passthrough:
+            raise
+        except Exception as exc:
+            failed(exc)
+        else:
+            chain.succeeded()
+            return result
+
+
+async def attempts_async(chain: Chain, attempt: Callable[[str | None], Awaitable[Any]],
+                         failed: Callable[[Exception], Awaitable[Any]],
+                         pause: Callable[[int], Awaitable[Any]], *,
+                         passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+    """:func:`attempts_sync` on asyncio: ``await attempt(model)``, ``await failed(exc)``, the
+    gate waited with ``pause(ms)``."""
+    await chain.pause(await chain.start(), pause)
+    while True:
+        try:
+            result = await attempt(chain.switched_model)
+        except passthrough:
+            raise
+        except Exception as exc:
+            await failed(exc)
+        else:
+            chain.succeeded()
+            return result
 
 ENDED_BY_BRAIN = "_fsm_chain_ended"
 """The attribute :func:`raise_end` sets on what it raises: a framework retry hook that sees it
@@ -28,7 +145,9 @@ def ended_by_brain(exc: BaseException) -> bool:
     return bool(getattr(exc, ENDED_BY_BRAIN, False))
 
 
-def _mark(exc: BaseException) -> BaseException:
+def mark_ended(exc: BaseException) -> BaseException:
+    """``exc``, marked as what a chain ended with (:func:`ended_by_brain`: a framework retry
+    hook that sees it knows the brain already decided)."""
     try:
         setattr(exc, ENDED_BY_BRAIN, True)
     except Exception:  # an exception class with __slots__: nothing to mark
@@ -36,19 +155,28 @@ def _mark(exc: BaseException) -> BaseException:
     return exc
 
 
-def raise_end(chain: Chain, exc: BaseException) -> None:
-    """Raise what the caller sees once ``chain`` answered None for ``exc``: the chain's
-    :meth:`~fsm.host.chain.Chain.error` from ``exc``, or ``exc`` itself (scrubbed of the
-    request's credentials, with ``retry-fsm: endReason ...`` in its notes when a chain ended)."""
+def raise_outcome(chain: Chain, exc: BaseException) -> NoReturn:
+    """Raise what :func:`fsm.retrying` raises once ``chain`` answered None for ``exc``
+    (docs/policy.md §10): the chain's :meth:`~fsm.host.chain.Chain.error` from ``exc``, or
+    ``exc`` itself (a first failure that starts no chain: the loop noted why), ``exc`` and its
+    causes scrubbed in place of the request's credentials
+    (:func:`fsm.core.redact.scrub_exception`), its type kept."""
     from fsm.core.redact import request_secrets, scrub_exception
     scrub_exception(exc, request_secrets(exc))
     error = chain.error()
-    _mark(error)
     if error is exc:
-        if chain.end is not None:
-            exc.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
         raise exc
     raise error from exc
+
+
+def raise_end(chain: Chain, exc: BaseException) -> NoReturn:
+    """:func:`raise_outcome`, what it raises marked (:func:`mark_ended`) and, when that is
+    ``exc`` after a chain ended, ``retry-fsm: endReason ...`` in its notes."""
+    error = chain.error()
+    mark_ended(error)
+    if error is exc and chain.end is not None:
+        exc.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
+    raise_outcome(chain, exc)
 
 
 def drive_sync(chain: Chain, attempt: Callable[[], Any], *,

@@ -61,17 +61,15 @@ raises :class:`~fsm.RetryChainError` (no ``__cause__``: there is no SDK error);
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping
 from typing import Any, Callable
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
-from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
-from fsm.host.clock import wait_ms
+from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain
 from fsm.host.errors import RetryChainError
-from fsm.integrations._drive import ENDED_BY_BRAIN
+from fsm.integrations._drive import (BrainHost, attempts_async, attempts_sync, mark_ended, owned,
+                                     owned_async)
 from fsm.integrations._extra import require
 
 require("google.genai", "genai")
@@ -170,7 +168,7 @@ _DONE = object()
 _TAKEN = object()
 
 
-class BrainClient:
+class BrainClient(BrainHost):
     """A ``google.genai.Client`` whose generate calls run under the retry brain.
 
     Args:
@@ -201,15 +199,10 @@ class BrainClient:
         if retry is not None and _attempts(retry) > 1:
             raise SDKRetriesError("the google.genai.Client", _attempts(retry))
         self._inject_async = retry is None  # each async call then carries one attempt
-        self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
-                                           "the Google Gen AI client wrapper", TIMEOUT_KEYS)
+        self._host(settings, "the Google Gen AI client wrapper", TIMEOUT_KEYS, on_event=on_event,
+                   coordinator=coordinator, clock=clock, sleep=sleep, random=random)
         self.client = client
-        self.coordinator = coordinator
-        self.clock = clock
-        self._sleep = sleep or getattr(clock, "sleep", None) or time.sleep
-        self._options: dict[str, Any] = {"on_event": on_event, "clock": clock, "provider": provider}
-        if random is not None:
-            self._options["random"] = random
+        self.provider = provider
         api_key = getattr(getattr(client, "_api_client", None), "api_key", None)
         self._secrets: tuple[str, ...] = (api_key,) if isinstance(api_key, str) and api_key else ()
         self.models = _Models(self, client.models, sync=True)
@@ -222,24 +215,14 @@ class BrainClient:
 
     # ------------------------------------------------------------------ plumbing
     def _chain(self, model: Any, *, sync: bool) -> Chain:
-        return Chain(self.settings, sync=sync, coordinator=self.coordinator,
-                     model=_model_name(model), **self._options)
-
-    def _sleep_ms(self, delay_ms: int) -> None:
-        self._sleep(delay_ms / 1000)
+        return self._new_chain(sync=sync, provider=self.provider, model=_model_name(model))
 
     def _raise_end(self, chain: Chain, exc: BaseException) -> None:
         """Raise the SDK's own exception once the chain ended without success (the module
         docstring's contract), scrubbed of the key and the request's credentials."""
-        from fsm.core.redact import request_secrets, scrub_exception, scrub_value
-        secrets = self._secrets + request_secrets(exc)
-        scrub_exception(exc, secrets)
-        details = getattr(exc, "details", None)  # an APIError's parsed body (a dict)
-        if isinstance(details, (Mapping, list)):
-            try:
-                exc.details = scrub_value(details, secrets)  # type: ignore[attr-defined]
-            except Exception:
-                pass
+        from fsm.core.redact import request_secrets, scrub_exception
+        # its text, its parsed body (an APIError's ``details``) and its response's body
+        scrub_exception(exc, self._secrets + request_secrets(exc))
         error = chain.error()
         end = chain.end
         if error is not exc:  # a chain that ended, or an overflow the loop names
@@ -249,11 +232,7 @@ class BrainClient:
                 note = "retry-fsm: not retried (context overflow)"
             if note not in getattr(exc, "__notes__", ()):
                 exc.add_note(note)
-        try:
-            setattr(exc, ENDED_BY_BRAIN, True)
-        except Exception:
-            pass
-        raise exc
+        raise mark_ended(exc)
 
     def _failed_sync(self, chain: Chain, exc: Exception, streamed: bool) -> None:
         """One failed attempt (sync): wait for the next one, or raise what the caller sees."""
@@ -270,7 +249,7 @@ class BrainClient:
         if delay is None:
             self._raise_end(chain, exc)
         try:
-            await chain.pause(delay, functools.partial(wait_ms, self.clock))
+            await chain.pause(delay, self._pause())
         except RetryChainError:
             self._raise_end(chain, exc)
 
@@ -278,24 +257,10 @@ class BrainClient:
     def _generate_sync(self, models: Any, model: Any, kwargs: dict) -> Any:
         config = _call_config(kwargs.pop("config", None), False)
         chain = self._chain(model, sync=True)
-        owner = RETRY_OWNER.set(chain)
-        try:
-            chain.pause_sync(chain.start_sync(), self._sleep_ms)  # the first request's gate
-            while True:
-                try:
-                    result = models.generate_content(model=chain.switched_model or model,
-                                                     config=config, **kwargs)
-                except Exception as exc:
-                    self._failed_sync(chain, exc, False)
-                else:
-                    chain.succeeded()
-                    return result
-        except BaseException:  # KeyboardInterrupt, SystemExit: a running chain ends cancelled
-            chain.cancel()
-            raise
-        finally:
-            RETRY_OWNER.reset(owner)
-            chain.close()
+        with owned(chain):
+            return attempts_sync(chain, lambda name: models.generate_content(
+                model=name or model, config=config, **kwargs),
+                lambda exc: self._failed_sync(chain, exc, False), self._sleep_ms)
 
     def _stream_sync(self, models: Any, model: Any, kwargs: dict) -> Iterator[Any]:
         config = _call_config(kwargs.pop("config", None), False)  # SDKRetriesError at the call
@@ -337,24 +302,10 @@ class BrainClient:
     async def _generate(self, models: Any, model: Any, kwargs: dict) -> Any:
         config = _call_config(kwargs.pop("config", None), self._inject_async)
         chain = self._chain(model, sync=False)
-        owner = RETRY_OWNER.set(chain)
-        try:
-            await chain.pause(await chain.start(), functools.partial(wait_ms, self.clock))
-            while True:
-                try:
-                    result = await models.generate_content(model=chain.switched_model or model,
-                                                           config=config, **kwargs)
-                except Exception as exc:
-                    await self._failed(chain, exc, False)
-                else:
-                    chain.succeeded()
-                    return result
-        except BaseException:  # cancelled, KeyboardInterrupt: a running chain ends cancelled
-            chain.cancel()
-            raise
-        finally:
-            RETRY_OWNER.reset(owner)
-            await chain.aclose()
+        async with owned_async(chain):
+            return await attempts_async(chain, lambda name: models.generate_content(
+                model=name or model, config=config, **kwargs),
+                lambda exc: self._failed(chain, exc, False), self._pause())
 
     async def _stream(self, models: Any, model: Any, kwargs: dict) -> AsyncIterator[Any]:
         config = _call_config(kwargs.pop("config", None), self._inject_async)
@@ -372,7 +323,7 @@ class BrainClient:
         chain = self._chain(model, sync=False)
         stream: Any = None
         try:
-            await chain.pause(await chain.start(), functools.partial(wait_ms, self.clock))
+            await chain.pause(await chain.start(), self._pause())
             streamed = False
             while True:
                 owner = RETRY_OWNER.set(chain)

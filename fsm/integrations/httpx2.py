@@ -208,7 +208,8 @@ def _error_message(response: Any) -> Any:
 class _Base:
     def __init__(self, wrapped: Any, settings: RetrySettings | Mapping[str, Any] | None,
                  on_event: Callable[[Event], Any] | None, coordinator: Any,
-                 provider: str | None, clock: Any, random: Callable[[], float] | None) -> None:
+                 provider: str | None, clock: Any, random: Callable[[], float] | None,
+                 *, sync: bool) -> None:
         self.wrapped = wrapped
         self._chain_options: dict[str, Any] = {"on_event": on_event, "clock": clock}
         if random is not None:
@@ -222,6 +223,11 @@ class _Base:
         self.provider = provider
         self.clock = clock
         self._warned = False
+        # The chain is built before the first request only when the coordinator is asked
+        # before it (the gate) or told after a success (the pacer's signal, the budget's
+        # credit): otherwise a request that succeeds at once needs no chain, and a failed
+        # first attempt builds it then (the same steps from the same first failure).
+        self._chain_first = (not sync or coordinator is not None) and self.settings.needs_coordinator
 
     def _chain(self, request: Any, *, sync: bool) -> Chain:
         url = request.url
@@ -267,7 +273,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                  provider: str | None = None, clock: Any = None,
                  random: Callable[[], float] | None = None) -> None:
         super().__init__(wrapped or httpx2.AsyncHTTPTransport(), settings, on_event, coordinator,
-                         provider, clock, random)
+                         provider, clock, random, sync=False)
 
     async def handle_async_request(self, request: Any) -> Any:
         """Send ``request``, retrying as the brain decides (see the module docstring)."""
@@ -275,11 +281,12 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
         if OWNER.get() is not None:
             return await self.wrapped.handle_async_request(request)
         replayable = _replayable(request)  # before sending: reading a stream makes it bytes
-        chain = self._chain(request, sync=False)
-        token = OWNER.set(chain)
+        chain = self._chain(request, sync=False) if self._chain_first else None
+        token = OWNER.set(self)
         pause = functools.partial(wait_ms, self.clock)
         try:
-            await chain.pause(await chain.start(), pause)  # the gate of the first request
+            if chain is not None:
+                await chain.pause(await chain.start(), pause)  # the gate of the first request
             while True:
                 try:
                     response = await self._attempt(request)
@@ -287,18 +294,21 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
                         raise
+                    chain = chain or self._chain(request, sync=False)
                     delay = await chain.failed(exc, secrets=_secrets(request))
                     if delay is None:
                         _note_end(exc, chain)
                         raise
                 else:
                     if response.status_code < 400:
-                        chain.succeeded()
+                        if chain is not None:
+                            chain.succeeded()
                         return response
                     response = await _aread(response, request)
                     if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return _scrubbed(response, request)
+                    chain = chain or self._chain(request, sync=False)
                     delay = await chain.failed(message=_error_message(response),
                                                secrets=_secrets(request))
                     if delay is None:
@@ -308,7 +318,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                 request = self._next(request, chain)
         except BaseException as exc:  # a started chain always ends, exactly once
             _scrub(exc, request)
-            if chain.running:
+            if chain is not None and chain.running:
                 if isinstance(exc, Exception):
                     delay = await chain.failed(exc)
                     if delay is not None:
@@ -318,7 +328,8 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
             raise
         finally:
             OWNER.reset(token)
-            chain.close()
+            if chain is not None:
+                chain.close()
 
     async def _attempt(self, request: Any) -> Any:
         """One attempt, bounded by ``retry.attemptTimeoutMs`` up to its response headers (on
@@ -366,7 +377,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                  provider: str | None = None, sleep: Callable[[float], Any] | None = None,
                  clock: Any = None, random: Callable[[], float] | None = None) -> None:
         super().__init__(wrapped or httpx2.HTTPTransport(), settings, on_event, coordinator,
-                         provider, clock, random)
+                         provider, clock, random, sync=True)
         self.sleep = sleep or getattr(clock, "sleep", None) or time.sleep
 
     def _sleep_ms(self, delay_ms: int) -> None:
@@ -378,11 +389,12 @@ class RetryTransport(_Base, httpx2.BaseTransport):
         if OWNER.get() is not None:
             return self.wrapped.handle_request(request)
         replayable = _replayable(request)  # before sending: reading a stream makes it bytes
-        chain = self._chain(request, sync=True)
-        token = OWNER.set(chain)
+        chain = self._chain(request, sync=True) if self._chain_first else None
+        token = OWNER.set(self)
         sleep = self._sleep_ms
         try:
-            chain.pause_sync(chain.start_sync(), sleep)  # the gate of the first request
+            if chain is not None:
+                chain.pause_sync(chain.start_sync(), sleep)  # the gate of the first request
             while True:
                 try:
                     response = self._attempt(request)
@@ -390,18 +402,21 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
                         raise
+                    chain = chain or self._chain(request, sync=True)
                     delay = chain.failed_sync(exc, secrets=_secrets(request))
                     if delay is None:
                         _note_end(exc, chain)
                         raise
                 else:
                     if response.status_code < 400:
-                        chain.succeeded()
+                        if chain is not None:
+                            chain.succeeded()
                         return response
                     response = _read(response, request)
                     if not replayable:
                         log.info("%s %s", response.status_code, NOT_REPLAYABLE)
                         return _scrubbed(response, request)
+                    chain = chain or self._chain(request, sync=True)
                     delay = chain.failed_sync(message=_error_message(response),
                                               secrets=_secrets(request))
                     if delay is None:
@@ -411,7 +426,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                 request = self._next(request, chain)
         except BaseException as exc:  # a started chain always ends, exactly once
             _scrub(exc, request)
-            if chain.running:
+            if chain is not None and chain.running:
                 if isinstance(exc, Exception):
                     if chain.failed_sync(exc) is not None:
                         chain.cancel()
@@ -420,7 +435,8 @@ class RetryTransport(_Base, httpx2.BaseTransport):
             raise
         finally:
             OWNER.reset(token)
-            chain.close()
+            if chain is not None:
+                chain.close()
 
     def _attempt(self, request: Any) -> Any:
         """One attempt, bounded by ``retry.attemptTimeoutMs`` through httpx2's per-request

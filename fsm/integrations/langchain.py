@@ -27,16 +27,13 @@ starts no chain is the model's own exception. LangGraph's control-flow exception
 
 from __future__ import annotations
 
-import functools
-
-import time
 from collections.abc import Mapping
 from typing import Any, Callable
 
 from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
-from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
-from fsm.host.clock import wait_ms
+from fsm.host.chain import TIMEOUT_KEYS, Chain
+from fsm.integrations._drive import BrainHost, attempts_async, attempts_sync, owned, raise_outcome
 from fsm.integrations._extra import require
 
 require("langchain.agents.middleware", "langchain")
@@ -74,7 +71,7 @@ def _provider_name(model: Any) -> str:
     return root.removeprefix("langchain_") or "default"
 
 
-class RetryBrainMiddleware(AgentMiddleware):
+class RetryBrainMiddleware(AgentMiddleware, BrainHost):
     """Retries an agent's failed model calls under the retry brain.
 
     Args:
@@ -93,92 +90,43 @@ class RetryBrainMiddleware(AgentMiddleware):
                  clock: Any = None, sleep: Callable[[float], Any] | None = None,
                  random: Callable[[], float] | None = None) -> None:
         super().__init__()
-        # a bad key, or a timeout the middleware cannot act on, raises here, once
-        self.settings = refuse_unsupported(Chain(settings, sync=True).settings,
-                                           "the LangChain middleware", TIMEOUT_KEYS)
-        self.on_event = on_event
-        self.coordinator = coordinator
-        self.clock = clock
-        self.sleep = sleep or getattr(clock, "sleep", None) or time.sleep
-        self._random = random
+        self._host(settings, "the LangChain middleware", TIMEOUT_KEYS, on_event=on_event,
+                   coordinator=coordinator, clock=clock, sleep=sleep, random=random)
 
     def _chain(self, request: Any, *, sync: bool) -> Chain:
-        options: dict[str, Any] = {"on_event": self.on_event, "clock": self.clock,
-                                   "provider": _provider_name(request.model),
-                                   "model": _model_name(request.model)}
-        if self._random is not None:
-            options["random"] = self._random
         # a synchronous agent asks a given coordinator too (at once in-process, else on the
         # process's coordinator loop), as the runner's run_sync does
-        return Chain(self.settings, sync=sync, coordinator=self.coordinator, **options)
-
-    def _sleep_ms(self, delay_ms: int) -> None:
-        self.sleep(delay_ms / 1000)
+        return self._new_chain(sync=sync, provider=_provider_name(request.model),
+                               model=_model_name(request.model))
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        """Call ``handler(request)`` until it succeeds or the brain ends the chain."""
+        """Call ``handler(request)`` until it succeeds or the brain ends the chain. An
+        interrupt (``GraphBubbleUp``), ``KeyboardInterrupt`` or ``SystemExit`` while a chain
+        runs ends it ``cancelled``, then goes on."""
         chain = self._chain(request, sync=True)
-        owner = RETRY_OWNER.set(chain)
-        try:
-            chain.pause_sync(chain.start_sync(), self._sleep_ms)  # the first request's gate
-            while True:
-                try:
-                    response = handler(_switched(request, chain.switched_model))
-                except GraphBubbleUp:
-                    raise
-                except Exception as exc:
-                    delay = chain.failed_sync(exc)
-                    if delay is None:
-                        _raise_end(chain, exc)
-                    chain.pause_sync(delay, self._sleep_ms)
-                else:
-                    chain.succeeded()
-                    return response
-        except BaseException:
-            # An interrupt (GraphBubbleUp), KeyboardInterrupt or SystemExit while a chain runs:
-            # the chain ends ``cancelled`` (no-op once it has ended), then the exception goes on.
-            chain.cancel()
-            raise
-        finally:
-            RETRY_OWNER.reset(owner)
-            chain.close()
+
+        def failed(exc: Exception) -> None:
+            delay = chain.failed_sync(exc)
+            if delay is None:
+                raise_outcome(chain, exc)
+            chain.pause_sync(delay, self._sleep_ms)
+
+        with owned(chain):
+            return attempts_sync(chain, lambda model: handler(_switched(request, model)), failed,
+                                 self._sleep_ms, passthrough=(GraphBubbleUp,))
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """``await handler(request)`` until it succeeds or the brain ends the chain; a
         cancellation ends the chain ``cancelled``."""
         chain = self._chain(request, sync=False)
-        owner = RETRY_OWNER.set(chain)
-        pause = functools.partial(wait_ms, self.clock)
-        try:
-            await chain.pause(await chain.start(), pause)  # the first request's gate
-            while True:
-                try:
-                    response = await handler(_switched(request, chain.switched_model))
-                except GraphBubbleUp:
-                    raise
-                except Exception as exc:
-                    delay = await chain.failed(exc)
-                    if delay is None:
-                        _raise_end(chain, exc)
-                    await chain.pause(delay, pause)
-                else:
-                    chain.succeeded()
-                    return response
-        except BaseException:  # cancelled, interrupted (GraphBubbleUp), KeyboardInterrupt
-            chain.cancel()
-            raise
-        finally:
-            RETRY_OWNER.reset(owner)
-            chain.close()
+        pause = self._pause()
 
+        async def failed(exc: Exception) -> None:
+            delay = await chain.failed(exc)
+            if delay is None:
+                raise_outcome(chain, exc)
+            await chain.pause(delay, pause)
 
-
-def _raise_end(chain: Chain, exc: Exception) -> None:
-    # what reaches the caller shows no credential: the exception's text and its causes'
-    # scrubbed in place (fsm.core.redact.scrub_exception), its type kept
-    from fsm.core.redact import request_secrets, scrub_exception
-    scrub_exception(exc, request_secrets(exc))
-    error = chain.error()
-    if error is exc:  # a first failure that starts no chain: the loop noted why
-        raise exc
-    raise error from exc
+        with owned(chain):
+            return await attempts_async(chain, lambda model: handler(_switched(request, model)),
+                                        failed, pause, passthrough=(GraphBubbleUp,))

@@ -54,6 +54,7 @@ from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, refuse_unsupported
 from fsm.host.clock import wait_ms
+from fsm.integrations._drive import raise_outcome
 from fsm.integrations._extra import require
 
 require("pydantic_ai", "pydantic-ai")
@@ -125,7 +126,7 @@ class RetryBrainCapability(AbstractCapability):
             raise error
         delay = await chain.failed(error)
         if delay is None:
-            _raise_end(chain, error)
+            raise_outcome(chain, error)
         await chain.pause(delay, lambda ms: wait_ms(self.clock, ms))
         raise RetryModelRequest()
 
@@ -134,18 +135,6 @@ class RetryBrainCapability(AbstractCapability):
         the stream after its events reached the consumer goes to the chain of the model request."""
         chain = RETRY_OWNER.get()
         return _WatchedStream(model, chain) if isinstance(chain, Chain) else None
-
-
-def _raise_end(chain: Chain, error: Exception) -> None:
-    """Raise what :func:`fsm.retrying` raises for a chain that ended on ``error``."""
-    # what reaches the caller shows no credential: the error's text and its causes' scrubbed in
-    # place (fsm.core.redact.scrub_exception), its type kept
-    from fsm.core.redact import request_secrets, scrub_exception
-    scrub_exception(error, request_secrets(error))
-    failure = chain.error()
-    if failure is error:  # a first failure that starts no chain: the loop noted why
-        raise error
-    raise failure from error
 
 
 class _WatchedStream(WrapperModel):
@@ -182,7 +171,7 @@ class _WatchedStream(WrapperModel):
                 raise  # before the first event: on_model_request_error's
             if await self._chain.failed(error, output_streamed=True) is not None:
                 self._chain.cancel()  # afterOutput "stop": the brain does not answer a retry
-            _raise_end(self._chain, error)
+            raise_outcome(self._chain, error)
 
 
 def http_client(settings: RetrySettings | Mapping[str, Any] | None = None, **options: Any) -> Any:

@@ -27,8 +27,6 @@ Strictly private to the fault server: :func:`answer` runs inside its request han
 from __future__ import annotations
 
 import json
-import socket
-import struct
 from typing import Any
 
 __all__ = ["answer"]
@@ -52,16 +50,11 @@ def _usage(text: str) -> dict:
 
 def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
     """Answer one ``/v1/messages`` request with ``entry`` (see the module docstring)."""
-    delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
-    if delay and not handler.pause(delay):
-        return handler.client_gone(None, "client_gone_during_delay")
-    status = entry.get("status", 200)
-    headers = entry.get("headers", {})
+    begun = handler.begin(entry)
+    if begun is None:
+        return None
+    status, headers = begun
     model = handler.server.owner.model
-    if "body" in entry:
-        return handler.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
-    if "json" in entry:
-        return handler.send_json(status, entry["json"], "json", headers)
     if "stream" not in entry:
         if status != 200:
             return handler.send(status, b"", "text/plain; charset=utf-8", headers, "empty")
@@ -92,14 +85,7 @@ _ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "per
 
 def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
             headers: dict[str, str], model: str) -> None:
-    handler.send_response(status)
-    headers = dict(headers)
-    handler.send_header("content-type", headers.pop("content-type", "text/event-stream"))
-    handler.send_header("cache-control", "no-cache")
-    handler.send_header("transfer-encoding", "chunked")
-    for name, value in headers.items():
-        handler.send_header(name, value)
-    handler.end_headers()
+    handler.open_stream(status, headers)
     start = _message(req, index, model, "", None, {"input_tokens": 10, "output_tokens": 1})  # type: ignore[arg-type]
     _sse(handler, "message_start", {"type": "message_start", "message": start})
     _sse(handler, "content_block_start", {"type": "content_block_start", "index": 0,
@@ -120,10 +106,9 @@ def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
             handler.done(status, "stream_error")
             return handler.chunk(b"")
     if entry.get("drop"):
-        return _drop(handler, entry, status, chunk_delay)
+        return handler.drop(entry, status, chunk_delay)
     if entry.get("no_done"):
-        handler.done(status, "truncated")
-        return handler.chunk(b"")
+        return handler.truncate(status)
     usage = entry.get("usage", None) if "usage" in entry else {"output_tokens": max(1, len(text) // 4)}
     _sse(handler, "content_block_stop", {"type": "content_block_stop", "index": 0})
     delta: dict[str, Any] = {"type": "message_delta",
@@ -135,21 +120,3 @@ def _stream(handler: Any, entry: dict, req: dict, index: int, status: int,
     handler.done(status, "stream")
     _sse(handler, "message_stop", {"type": "message_stop"})
     return handler.chunk(b"")
-
-
-def _drop(handler: Any, entry: dict, status: int, chunk_delay: float) -> None:
-    from fsm.testing.fault_server import wait_sent
-
-    if chunk_delay and entry["stream"] and not handler.pause(chunk_delay):
-        return handler.client_gone(status, "client_gone_mid_stream")
-    mode = entry.get("drop_mode", "rst")
-    handler.done(status, f"dropped_{mode}")
-    conn = handler.connection
-    if mode == "rst":
-        wait_sent(conn, handler.server.owner.stopping)  # the client sees the deltas, then the reset
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    else:
-        conn.shutdown(socket.SHUT_RDWR)
-    conn.close()
-    handler.close_connection = True
-    return None

@@ -66,17 +66,12 @@ def _model(path: str, fallback: str) -> str:
 
 def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
     """Answer one Gemini generate request with ``entry`` (see the module docstring)."""
-    delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
-    if delay and not handler.pause(delay):
-        return handler.client_gone(None, "client_gone_during_delay")
-    status = entry.get("status", 200)
-    headers = entry.get("headers", {})
+    begun = handler.begin(entry)
+    if begun is None:
+        return None
+    status, headers = begun
     model = _model(handler.path, handler.server.owner.model)
     streamed = handler.path.split("?")[0].rstrip("/").endswith(_STREAM)
-    if "body" in entry:
-        return handler.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
-    if "json" in entry:
-        return handler.send_json(status, entry["json"], "json", headers)
     if status != 200 and "stream" not in entry:
         return handler.send(status, b"", "text/plain; charset=utf-8", headers, "empty")
     items = entry.get("stream", ["ok"])
@@ -90,14 +85,7 @@ def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
         text = "".join(item for item in items if isinstance(item, str))
         usage = entry.get("usage", _usage(text))
         return handler.send_json(status, _response(index, model, text, finish, usage), "completion", headers)
-    handler.send_response(status)
-    headers = dict(headers)
-    handler.send_header("content-type", headers.pop("content-type", "text/event-stream"))
-    handler.send_header("cache-control", "no-cache")
-    handler.send_header("transfer-encoding", "chunked")
-    for name, value in headers.items():
-        handler.send_header(name, value)
-    handler.end_headers()
+    handler.open_stream(status, headers)
     chunk_delay = entry.get("chunk_delay_ms", 0)
     texts = [item for item in items if isinstance(item, str)]
     text, sent = "", 0
@@ -118,11 +106,9 @@ def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
             handler.done(status, "stream_error")
             return handler.chunk(b"")
     if entry.get("drop"):
-        from fsm.testing.fault_anthropic import _drop
-        return _drop(handler, {**entry, "stream": items}, status, chunk_delay)
+        return handler.drop({**entry, "stream": items}, status, chunk_delay)
     if entry.get("no_done"):
-        handler.done(status, "truncated")
-        return handler.chunk(b"")
+        return handler.truncate(status)
     if not texts:  # a stream of events only: close it with an empty final response
         handler.done(status, "stream")
         _event(handler, _response(index, model, "", finish, entry.get("usage", _usage(""))))

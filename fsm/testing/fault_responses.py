@@ -50,29 +50,18 @@ def _response(req: dict, index: int, model: str, text: str, status: str = "compl
 
 def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
     """Answer one ``/v1/responses`` request with ``entry`` (see the module docstring)."""
-    delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
-    if delay and not handler.pause(delay):
-        return handler.client_gone(None, "client_gone_during_delay")
-    status = entry.get("status", 200)
-    headers = entry.get("headers", {})
+    begun = handler.begin(entry)
+    if begun is None:
+        return None
+    status, headers = begun
     model = handler.server.owner.model
-    if "body" in entry:
-        return handler.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
-    if "json" in entry:
-        return handler.send_json(status, entry["json"], "json", headers)
     if status != 200 and "stream" not in entry:
         return handler.send(status, b"", "text/plain; charset=utf-8", headers, "empty")
     items = entry.get("stream", ["ok"])
     if not req.get("stream") and not entry.get("drop") and not entry.get("no_done"):
         text = "".join(item for item in items if isinstance(item, str))
         return handler.send_json(status, _response(req, index, model, text), "completion", headers)
-    handler.send_response(status)
-    headers = dict(headers)
-    handler.send_header("content-type", headers.pop("content-type", "text/event-stream"))
-    handler.send_header("transfer-encoding", "chunked")
-    for name, value in headers.items():
-        handler.send_header(name, value)
-    handler.end_headers()
+    handler.open_stream(status, headers, no_cache=False)
     seq = iter(range(1 << 30))
     _sse(handler, {"type": "response.created", "sequence_number": next(seq),
                    "response": _response(req, index, model, "", "in_progress")})
@@ -95,11 +84,9 @@ def answer(handler: Any, entry: dict, req: dict, index: int) -> None:
                     "output_index": 0, "content_index": 0, "delta": item, "logprobs": []}
         _sse(handler, {**item, "sequence_number": next(seq)})
     if entry.get("drop"):
-        from fsm.testing.fault_anthropic import _drop
-        return _drop(handler, {**entry, "stream": items}, status, chunk_delay)
+        return handler.drop({**entry, "stream": items}, status, chunk_delay)
     if entry.get("no_done"):
-        handler.done(status, "truncated")
-        return handler.chunk(b"")
+        return handler.truncate(status)
     add()
     _sse(handler, {"type": "response.output_text.done", "sequence_number": next(seq),
                    "item_id": f"msg_fault_{index}", "output_index": 0, "content_index": 0,

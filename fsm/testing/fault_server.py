@@ -576,6 +576,64 @@ class _Handler(BaseHTTPRequestHandler):
     def chunk(self, payload: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
 
+    # -- what every route's answer shares (chat here; fault_anthropic, fault_responses and
+    # fault_gemini for the other protocols) ------------------------------------------------
+    def begin(self, entry: dict) -> tuple[int, dict[str, str]] | None:
+        """The start of an answer to ``entry``: its ``delay_ms`` + ``hang_ms`` waited, then a
+        ``body`` or ``json`` entry sent as it is. None when that answered (or the client left
+        during the delay); else ``(status, headers)`` for the route to answer with."""
+        delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
+        if delay and not self.pause(delay):
+            self.client_gone(None, "client_gone_during_delay")
+            return None
+        status = entry.get("status", 200)
+        headers = entry.get("headers", {})
+        if "body" in entry:
+            self.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
+            return None
+        if "json" in entry:
+            self.send_json(status, entry["json"], "json", headers)
+            return None
+        return status, headers
+
+    def open_stream(self, status: int, headers: dict[str, str], *, no_cache: bool = True) -> None:
+        """The head of a chunked SSE answer: ``content-type`` (``text/event-stream`` unless
+        ``headers`` name one), ``cache-control: no-cache`` when ``no_cache``, the entry's
+        ``headers``."""
+        self.send_response(status)
+        headers = dict(headers)
+        self.send_header("content-type", headers.pop("content-type", "text/event-stream"))
+        if no_cache:
+            self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+
+    def drop(self, entry: dict, status: int, chunk_delay: float) -> None:
+        """Cut a stream after its items (``drop``): a last ``chunk_delay`` when it sent any,
+        then a TCP reset (``drop_mode: "rst"``, the default: once the client's kernel has
+        acknowledged what was sent, so the client sees it first) or a shutdown."""
+        if chunk_delay and entry["stream"] and not self.pause(chunk_delay):
+            return self.client_gone(status, "client_gone_mid_stream")
+        mode = entry.get("drop_mode", "rst")
+        self.done(status, f"dropped_{mode}")
+        conn = self.connection
+        if mode == "rst":
+            wait_sent(conn, self.server.owner.stopping)
+            # SO_LINGER 0: close() sends a TCP RST instead of a FIN.
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            conn.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        self.close_connection = True
+        return None
+
+    def truncate(self, status: int) -> None:
+        """End a stream without its final event (``no_done``)."""
+        self.done(status, "truncated")
+        return self.chunk(b"")
+
     def _event(self, obj: Any) -> None:
         self.chunk(b"data: " + (obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n\n")
 
@@ -657,19 +715,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self._gemini():  # Gemini's generateContent / streamGenerateContent, same script
             from fsm.testing.fault_gemini import answer as answer_gemini
             return answer_gemini(self, entry, req, index)
-        delay = entry.get("delay_ms", 0) + entry.get("hang_ms", 0)
-        if delay and not self.pause(delay):
-            return self.client_gone(None, "client_gone_during_delay")
-        status = entry.get("status", 200)
-        headers = entry.get("headers", {})
-        if self._is("/files") and status == 200 and "body" not in entry and "json" not in entry:
+        begun = self.begin(entry)
+        if begun is None:
+            return None
+        status, headers = begun
+        if self._is("/files") and status == 200:
             return self.send_json(200, {"id": f"file-fault-{index}", "object": "file", "bytes": 0,
                                         "created_at": int(time.time()), "filename": "upload",
                                         "purpose": "batch", "status": "processed"}, "file", headers)
-        if "body" in entry:
-            return self.send(status, entry["body"].encode(), "text/plain; charset=utf-8", headers, "body")
-        if "json" in entry:
-            return self.send_json(status, entry["json"], "json", headers)
         if "stream" not in entry:
             if status != 200:
                 return self.send(status, b"", "text/plain; charset=utf-8", headers, "empty")
@@ -689,14 +742,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self._stream(entry, req, index, status, headers)
 
     def _stream(self, entry: dict, req: dict, index: int, status: int, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        headers = dict(headers)
-        self.send_header("content-type", headers.pop("content-type", "text/event-stream"))
-        self.send_header("cache-control", "no-cache")
-        self.send_header("transfer-encoding", "chunked")
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
+        self.open_stream(status, headers)
         base = {"id": f"chatcmpl-fault-{index}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": req.get("model") or self.server.owner.model}
         self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -712,24 +758,9 @@ class _Handler(BaseHTTPRequestHandler):
                                              "finish_reason": None}]}
             self._event(item)
         if entry.get("drop"):
-            if chunk_delay and entry["stream"] and not self.pause(chunk_delay):
-                return self.client_gone(status, "client_gone_mid_stream")
-            mode = entry.get("drop_mode", "rst")
-            self.done(status, f"dropped_{mode}")
-            if mode == "rst":
-                # A reset throws away whatever is still in our send queue: let the client's
-                # kernel acknowledge the deltas first, so the client sees them, then the reset.
-                wait_sent(self.connection, self.server.owner.stopping)
-                # SO_LINGER 0: close() sends a TCP RST instead of a FIN.
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            else:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            self.connection.close()
-            self.close_connection = True
-            return None
+            return self.drop(entry, status, chunk_delay)
         if entry.get("no_done"):
-            self.done(status, "truncated")
-            return self.chunk(b"")
+            return self.truncate(status)
         self._event({**base, "choices": [{"index": 0, "delta": {},
                                           "finish_reason": entry.get("finish_reason", "stop")}]})
         usage = entry.get("usage", self._usage(text))

@@ -336,3 +336,23 @@ def test_scrub_exception_scrubs_text_notes_and_causes_in_place():
         assert secret not in text and REDACTED in text
         assert type(exc) is RuntimeError and exc.__cause__ is root and exc.args[1] == 42
         assert exc.message == f"see {REDACTED}" and root.errno == 111
+
+
+def test_scrub_exception_scrubs_the_body_of_the_response_it_carries():
+    """An SDK error's ``response`` (an httpx-shaped response, body read) keeps its identity and
+    loses the secret from its content and cached text; an unread body or a non-response is kept."""
+    from types import SimpleNamespace
+
+    from fsm.core.redact import scrub_exception
+    secret = "Hq7pW2xK9mV4body"
+    body = f'{{"message": "key {secret}"}}'
+    response = SimpleNamespace(status_code=529, encoding="utf-8", _text=body, _content=body.encode())
+    unread = SimpleNamespace(status_code=529)
+    error = RuntimeError("overloaded")
+    error.response = response
+    error.__cause__ = cause = RuntimeError("inner")
+    cause.response = unread
+    scrub_exception(error, [secret])
+    assert error.response is response and cause.response is unread
+    assert response._content == body.replace(secret, REDACTED).encode()
+    assert response._text == body.replace(secret, REDACTED) and vars(unread) == {"status_code": 529}

@@ -384,6 +384,9 @@ def test_what_reaches_the_caller_shows_no_api_key():
     shown = (str(caught.value) + " ".join(caught.value.__notes__) + str(caught.value.message)
              + repr(caught.value.details) + repr(events))
     assert KEY not in shown
+    response = caught.value.response  # the SDK's httpx response, its body read
+    assert "backend unavailable for key [redacted]" in response.text
+    assert KEY not in response.text and KEY.encode() not in response.content
     assert events and events[-1]["endReason"] == "exhausted"
 
 

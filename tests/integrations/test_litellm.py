@@ -89,6 +89,11 @@ def test_a_fatal_error_is_not_retried_and_shows_no_key():
         assert len(srv.chat_requests) == 1
     assert events == []
     assert KEY not in str(caught.value) and KEY not in repr(caught.value.args)
+    for error in (caught.value, getattr(caught.value, "original_exception", None)):
+        response = getattr(error, "response", None)
+        if response is not None:  # the provider's response, its body read
+            assert KEY.encode() not in (getattr(response, "_content", None) or b"")
+            assert KEY not in response.text
 
 
 async def test_an_exhausted_chain_raises_retry_chain_error_from_litellms_exception():

@@ -180,6 +180,18 @@ def echoing(key: str, count: int = 2) -> list[dict]:
     return [{"status": 529, "json": body}] * count
 
 
+def response_text(response: object) -> str:
+    """What ``exc.response`` shows of its body (an httpx/httpx2 response read or not, or
+    another SDK's response object: its ``text``), "" when it has none."""
+    if response is None:
+        return ""
+    content = getattr(response, "_content", None)
+    if isinstance(content, bytes):
+        return content.decode("utf-8", "replace")
+    text = getattr(response, "text", None)
+    return text if isinstance(text, str) else ""
+
+
 def assert_scrubbed(exc: BaseException, key: str) -> None:
     """Nothing a traceback prints (text, notes, causes) nor the SDK error's body holds the key;
     the text still says what happened."""
@@ -189,6 +201,7 @@ def assert_scrubbed(exc: BaseException, key: str) -> None:
     cause: BaseException | None = exc
     while cause is not None:
         assert key not in repr(getattr(cause, "body", None))
+        assert key not in response_text(getattr(cause, "response", None)), cause
         cause = cause.__cause__ or cause.__context__
 
 

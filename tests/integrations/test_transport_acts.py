@@ -125,3 +125,47 @@ def test_an_exhausted_chain_of_timeouts_raises_the_sdk_s_timeout_error():
             _sync_ask(srv, RetryTransport(settings={**FAST, "attemptTimeoutMs": 150,
                                                     "maxRetries": 1}, sleep=lambda s: None))
         assert len(srv.chat_requests) == 2
+
+
+class _Answers(httpx2.AsyncBaseTransport):
+    """Answers each request with the next status of ``statuses`` (a small JSON body)."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses = list(statuses)
+
+    async def handle_async_request(self, request):
+        return httpx2.Response(self.statuses.pop(0), json={"error": {"message": "overloaded"}},
+                               request=request)
+
+
+async def test_a_success_at_once_credits_the_budget_and_a_first_failure_still_starts_a_chain():
+    """Settings with a retry budget: the chain is built before the first request, so a
+    success at once is credited to the budget (the coordinator told). Without them the first
+    attempt goes before any chain is built; its failure then starts the chain from that
+    attempt (events from attempt 1, the backoff), as before (docs/integrations.md "Cost")."""
+    from fsm.fleet import InProcessCoordinator
+    from tests.integrations.parity_support import VirtualClock
+
+    class Crediting(InProcessCoordinator):
+        credited = asyncio.Event()
+
+        async def record_outcome(self, key, **options):
+            if options.get("success") and options.get("budget") is not None:
+                self.credited.set()
+            return await super().record_outcome(key, **options)
+
+    clock = VirtualClock()
+    coordinator = Crediting(clock=clock.time_ms)
+    budgeted = AsyncRetryTransport(_Answers(200), settings={"budget": {"maxTokens": 4}},
+                                   coordinator=coordinator, clock=clock)
+    async with httpx2.AsyncClient(transport=budgeted) as client:
+        assert (await client.post("http://127.0.0.1:9/v1/chat/completions", json={"model": "m"})).status_code == 200
+    await asyncio.wait_for(coordinator.credited.wait(), 10)  # the write goes off the request's path
+
+    events = []
+    plain = AsyncRetryTransport(_Answers(529, 200), settings={"baseDelayMs": 100, "jitter": "none"},
+                                clock=clock, on_event=lambda e: events.append(dict(e)))
+    async with httpx2.AsyncClient(transport=plain) as client:
+        assert (await client.post("http://127.0.0.1:9/v1/chat/completions", json={"model": "m"})).status_code == 200
+    assert [(e["type"], e.get("attempt")) for e in events] == [("auto_retry_start", 1), ("auto_retry_end", 1)]
+    assert events[-1]["success"] is True and clock.waits == [100]

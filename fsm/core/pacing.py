@@ -39,8 +39,16 @@ The rules (docs/fleet.md "Pacing" gives the measurements behind them):
   lowers the rate by
   ``beta`` down to :data:`PROBE_BACKOFF` × ``min_rate`` (a long outage is probed every few
   seconds, not every second); the first success lifts it back to the floor at least;
-- the pacer only paces after a throttle (botocore's ``_enabled``), and lets go after
-  ``forget_after_ms`` without one;
+- **engaging** (SPEC §15.7, "a lone caller is not slowed by one throttle"): the pacer paces
+  only after throttles (botocore's ``_enabled``), and only when the key's send rate exceeds
+  what the throttle answers imply it can send — what got through, the send rate less the
+  throttles heard — by more than :data:`ENGAGE_EXCESS` request per second: while not pacing,
+  a throttle engages pacing (and makes the first cut) only when the throttles heard over the
+  last second (the sliding window of :func:`throttle_rate`, this one included) are more than
+  one per second. A lone throttle (one 429 to an otherwise healthy key, a provider's
+  per-minute window, a blip) is counted and nothing else: nothing waits. A fleet above
+  capacity hears many at once and engages at its second. Once pacing, every throttle counts
+  as before; it lets go after ``forget_after_ms`` without a cut;
 - **clock steps**: every step reads its time as the latest clock reading seen (``seen_ms``):
   a clock that stepped back (an NTP step, a Redis failover to a server whose clock is behind)
   is clamped to it, so for the pacer no time passes until the clock is back there — nothing
@@ -59,7 +67,7 @@ from dataclasses import dataclass, replace
 
 from fsm.core.settings import PacingSettings
 
-__all__ = ["PacerState", "MAX_DELAY_MS", "FAST_BELOW", "PROBE_BACKOFF",
+__all__ = ["PacerState", "MAX_DELAY_MS", "FAST_BELOW", "PROBE_BACKOFF", "ENGAGE_EXCESS",
            "fresh", "slot_delay_ms", "reserve", "observe", "send_rate", "throttle_rate",
            "best_rate"]
 
@@ -72,6 +80,11 @@ FAST_BELOW = 0.9
 PROBE_BACKOFF = 0.25
 """While nothing gets through, the rate may fall below ``min_rate`` down to this share of it
 (one probe per 4 s at the default floor of 1/s)."""
+
+ENGAGE_EXCESS = 1.0
+"""Pacing engages only when the key's send rate exceeds what got through by more than this
+many requests/s, i.e. when the throttles heard over the last second are more than this many
+(SPEC §15.7: one throttle does not slow a lone caller)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +281,8 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
         state = _count_throttle(state, now_ms)
         if state.on and now_ms - state.last_cut_ms < settings.cut_interval_ms:
             return state  # this round of requests was cut once already
+        if not state.on and throttle_rate(state, now_ms) <= ENGAGE_EXCESS:
+            return state  # a lone throttle: the send rate is not above what got through
         measured = send_rate(state, now_ms)
         if measured > 0.0:  # what got through: sent less refused
             through = max(0.0, measured - throttle_rate(state, now_ms))

@@ -56,6 +56,7 @@ import weakref
 from typing import Any
 
 from fsm._extras import require
+from fsm.core import pacing as pacing_core
 from fsm.core.settings import PacingSettings
 from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, FLOOR_HORIZON_MS, WAIT_RECHECK_MS, floor_interval_ms
 from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, CoordinatorError, CoordinatorKeyError,
@@ -166,6 +167,7 @@ end
 # digits. PNOW is the pacer's time: NOW clamped to the latest time seen (a server clock that
 # stepped back, e.g. a failover: no reset, no time passes; fsm.core.pacing "clock steps").
 _LUA_PACER = """
+local ENGAGE_EXCESS = @ENGAGE_EXCESS@
 local PFIELDS = {'on', 'rate', 'tat', 'lcut', 'lgrow', 'wmax', 'good', 'goodt', 'oks', 'okn',
                  'sents', 'sentc', 'sentp', 'seen', 'thrs', 'thrc', 'thrp'}
 local PEMPTY = {thrs=-1, thrc=0, thrp=0}
@@ -276,6 +278,9 @@ local function pacer_observe(s, outcome, p)
   if outcome == 't' then
     count_throttle(s, PNOW)
     if s.on == 1 and PNOW - s.lcut < p.cut then return s end
+    -- a lone throttle (at most fsm.core.pacing.ENGAGE_EXCESS a second heard) does not
+    -- engage pacing (SPEC 15.7)
+    if s.on ~= 1 and throttle_rate(s) <= ENGAGE_EXCESS then return s end
     local measured = send_rate(s)
     local through
     if measured > 0.0 then through = math.max(0.0, measured - throttle_rate(s))
@@ -324,7 +329,7 @@ local function pacing_args(i)
   if ARGV[i + 1] ~= '' then p.max = tonumber(ARGV[i + 1]) end
   return p
 end
-"""
+""".replace("@ENGAGE_EXCESS@", repr(pacing_core.ENGAGE_EXCESS))
 
 # KEYS cooldown, bucket, floor, pacer (one key's: one slot). ARGV[3..6] budget (max milli or
 # '' none, seen, idle, ttl), [7] mode, [8] floor interval ms ('' none), [9..18] pacing, [19]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsm.core import pacing
-from fsm.core.pacing import (PROBE_BACKOFF, PacerState, best_rate, fresh, observe, reserve,
+from fsm.core.pacing import (ENGAGE_EXCESS, PROBE_BACKOFF, PacerState, best_rate, fresh, observe, reserve,
                              send_rate, slot_delay_ms, throttle_rate)
 from fsm.core.settings import BudgetSettings, PacingSettings, RetrySettings, SettingsError
 
@@ -24,6 +24,15 @@ def sent(state: PacerState, times: list[float], settings: PacingSettings = P) ->
     for t in times:
         state, delay = reserve(state, t, settings)
         assert delay is not None
+    return state
+
+
+def throttled(state: PacerState, t: float, settings: PacingSettings = P, n: int = 2) -> PacerState:
+    """``state`` after ``n`` throttles heard at ``t``. Two in one second: the key sends more than
+    one request a second above what gets through, so pacing engages (``ENGAGE_EXCESS``, SPEC
+    §15.7); one alone would not."""
+    for _ in range(n):
+        state = observe(state, t, True, settings)
     return state
 
 
@@ -74,16 +83,54 @@ def test_the_send_rate_is_a_sliding_window_over_the_last_second():
 
 
 def test_a_throttle_cuts_the_rate_to_beta_times_what_got_through_in_the_last_second():
-    """The first cut: rate = beta × what got through over the last second — the requests
-    sent less the throttles heard (this one counted) — and W_max = that (fsm/core/pacing.py
-    "the cut")."""
+    """The first cut, at the throttle that engages pacing: rate = beta × what got through over
+    the last second — the requests sent less the throttles heard (this one counted) — and
+    W_max = that (fsm/core/pacing.py "the cut")."""
     state = sent(fresh(), [float(t) for t in range(0, 1000, 50)])  # 20/s
-    cut = observe(state, 1500.0, True, P)
+    lone = observe(state, 1400.0, True, P)
+    assert lone == replace(state, seen_ms=1400.0, thr_sec=1.0, thr_cur=1.0), "one throttle: counted only"
+    cut = observe(lone, 1500.0, True, P)
     assert cut.on is True
-    assert (cut.thr_sec, cut.thr_cur) == (1.0, 1.0)
-    assert cut.w_max == pytest.approx(10.0 - 1.0)
-    assert cut.rate == pytest.approx(0.7 * 9.0)
+    assert (cut.thr_sec, cut.thr_cur) == (1.0, 2.0)
+    assert cut.w_max == pytest.approx(10.0 - 2.0)
+    assert cut.rate == pytest.approx(0.7 * 8.0)
     assert cut.last_cut_ms == 1500.0 and cut.tat_ms == 1500.0
+
+
+def test_a_lone_throttle_does_not_slow_a_lone_caller():
+    """SPEC §15.7: a caller sending 2 requests a second to a healthy key hears one 429: its
+    send rate does not exceed what got through by more than ENGAGE_EXCESS, so nothing is
+    paced — every later request goes when it wants, for the whole forgetAfterMs and beyond
+    (before, every request after it waited for a slot at the floor, 1/s: 0.5 s, 1 s, ...)."""
+    state = sent(fresh(), [t * 500.0 for t in range(120)])  # 60 s at 2/s
+    state = observe(state, 60_200.0, True, P)
+    assert state.on is False and throttle_rate(state, 60_200.0) == ENGAGE_EXCESS
+    for t in range(60_250, 100_000, 500):
+        state = observe(state, t - 50, False, P)
+        state, delay = reserve(state, t, P)
+        assert delay == 0
+    assert state.on is False and state.rate == 0.0
+    # another throttle, once the first has left the window (two seconds on), is a lone one too
+    state = observe(observe(state, 100_000.0, True, P), 102_000.0, True, P)
+    assert state.on is False
+
+
+def test_throttles_above_one_a_second_engage_pacing_and_the_fleet_is_paced():
+    """A fleet sending 20/s to a key that takes fewer: its throttles, more than one a second
+    (a second one within the sliding window), engage pacing at the cut to beta × what got
+    through, and the requests that follow are spaced by the rate (SPEC §15.7)."""
+    state = sent(fresh(), [float(t) for t in range(0, 1000, 50)])  # 20 in second 0
+    state = observe(state, 600.0, True, P)
+    assert state.on is False
+    state = observe(state, 1_900.0, True, P)  # 0.1 of the first throttle's second still counts
+    assert throttle_rate(state, 1_900.0) == pytest.approx(1.1) and state.on is True
+    assert send_rate(state, 1_900.0) == pytest.approx(2.0)
+    assert state.rate == 1.0, "beta × (2 sent - 1.1 refused) is below the floor"
+    delays = []
+    for _ in range(3):
+        state, delay = reserve(state, 1_900.0, P)
+        delays.append(delay)
+    assert delays == [0, 1000, 2000], "paced at the floor, 1/s"
 
 
 def test_a_cut_where_nothing_got_through_goes_to_the_floor_at_once():
@@ -135,7 +182,8 @@ def test_the_probes_back_off_below_the_floor_while_nothing_gets_through_and_neve
     for t in range(0, 20_000, 1000):
         state = observe(state, t, True, settings)
         rates.append(state.rate)
-    assert rates[:3] == [2.0, pytest.approx(1.4), pytest.approx(0.98)]
+    assert rates[0] == 0.0, "a lone throttle does not engage pacing"
+    assert rates[1:4] == [2.0, pytest.approx(1.4), pytest.approx(0.98)], "one a second does"
     assert state.on is True and state.rate == 2.0 * PROBE_BACKOFF == 0.5
     delays = []
     for _ in range(4):
@@ -231,7 +279,7 @@ def test_no_slot_within_the_horizon_reserves_and_counts_nothing():
     """A slot more than horizonMs after the time the request wants to go: (state, None),
     the state as it was (no slot, no send counted)."""
     settings = PacingSettings(min_rate=1.0, horizon_ms=1500)
-    state = observe(sent(fresh(), [0.0]), 100.0, True, settings)  # rate 1/s
+    state = throttled(sent(fresh(), [0.0]), 100.0, settings)  # rate 1/s
     state, first = reserve(state, 100.0, settings)
     state, second = reserve(state, 100.0, settings)
     assert (first, second) == (0, 1000)
@@ -257,7 +305,7 @@ def test_a_slot_is_reserved_no_earlier_than_the_request_goes():
 def test_the_pacer_lets_go_after_forget_after_ms_without_a_throttle():
     """No throttle for ``forgetAfterMs``: unpaced again (the send counts survive)."""
     settings = PacingSettings(forget_after_ms=10_000, min_rate=0.1, horizon_ms=86_400_000)
-    state = observe(fresh(), 0, True, settings)
+    state = throttled(fresh(), 0, settings)
     state, _ = reserve(state, 1, settings)
     state, delay = reserve(state, 1, settings)
     assert delay > 0
@@ -341,7 +389,8 @@ def test_a_clock_that_steps_back_neither_inflates_nor_overflows_the_best_rate():
     state = pacing.fresh()
     for t in range(0, 3_000, 100):
         state = pacing.observe(state, 100_000 + t, False, settings)
-    state = pacing.observe(state, 100_000 + 3_000, True, settings)  # pacing on
+    state = throttled(state, 100_000 + 3_000, settings)  # pacing on
+    assert state.on
     stepped = pacing.observe(state, 70_000, False, settings)
     assert math.isfinite(stepped.rate) and stepped.rate <= stepped.good == 10  # half the best: 5
     assert pacing.best_rate(stepped, 70_000, settings) <= stepped.good
@@ -351,7 +400,7 @@ def test_no_rate_grows_beyond_the_largest_max_rate_without_a_max_rate():
     """Minutes of successes with fast growth and no maxRate: the rate stops at MAX_RATE (1e6/s),
     where the Redis script's state stays valid too."""
     settings = PacingSettings(growth_per_s=10, fast_growth_per_s=10, forget_after_ms=600_000)
-    state = pacing.observe(pacing.fresh(), 0, True, settings)
+    state = throttled(pacing.fresh(), 0, settings)
     for t in range(1, 300):
         state = pacing.observe(state, t * 1_000, False, settings)
     assert state.on and state.rate == pacing.MAX_RATE
@@ -361,10 +410,10 @@ def test_a_forgotten_pacer_does_not_bring_back_its_old_slots_at_the_next_throttl
     """At the floor (0.01/s: one slot per 100 s), pacing lets go after forgetAfterMs; the next
     throttle starts pacing from now, not from the slot booked 100 s ahead before."""
     settings = PacingSettings(min_rate=0.01, forget_after_ms=1_000, horizon_ms=200_000)
-    state = observe(fresh(), 0, True, settings)
+    state = throttled(fresh(), 0, settings)
     state, delay = reserve(state, 0, settings)
     assert delay == 0 and state.tat_ms == 100_000
-    state = observe(state, 5_000, True, settings)          # forgotten, then throttled again
+    state = throttled(state, 5_000, settings)          # forgotten, then throttled again
     state, delay = reserve(state, 5_000, settings)
     assert delay == 0
 
@@ -391,7 +440,8 @@ def test_a_time_that_is_not_finite_is_refused_naming_it(bad):
     was written as the latest reading seen (an answer that teaches nothing), which turned the
     clamp of a later step back off, and elsewhere failed inside ``math.floor``."""
     settings = PacingSettings(min_rate=1.0)
-    paced = pacing.observe(pacing.fresh(), 1000.0, True, settings)
+    paced = throttled(pacing.fresh(), 1000.0, settings)
+    assert paced.on
     steps = [lambda: pacing.reserve(paced, bad, settings), lambda: pacing.slot_delay_ms(paced, bad, settings),
              lambda: pacing.observe(paced, bad, True, settings),
              lambda: pacing.observe(paced, bad, False, settings, success=False),

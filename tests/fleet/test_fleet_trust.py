@@ -275,7 +275,8 @@ async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, f
     the next admission is not paced and the hash is written whole again."""
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     name = c.keys.pacer(KEY)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    for _ in range(2):  # two throttles at once: pacing engages (one alone would not, SPEC §15.7)
+        await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
     assert (await c.client.hget(name, "on")) == b"1"
     await c.client.hset(name, field, value)
     answer = await c.admit(KEY, retry=False, budget=None, pacing=PACING)
@@ -290,7 +291,9 @@ async def test_a_pacer_cut_stamped_days_ahead_of_the_servers_clock_makes_a_fresh
     ever forgetting: it is read as a fresh pacer instead."""
     c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     name = c.keys.pacer(KEY)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    for _ in range(2):  # two throttles at once: pacing engages (one alone would not, SPEC §15.7)
+        await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    assert (await c.client.hget(name, "on")) == b"1"
     sec, usec = await c.client.time()
     ahead = sec * 1000 + usec // 1000 + 10 * 86_400_000
     await c.client.hset(name, "lcut", repr(float(ahead)))

@@ -229,7 +229,8 @@ def reserve(state: PacerState, now_ms: float, settings: PacingSettings,
 
     Returns ``(new state, delay_ms)``: the request goes ``delay_ms`` (an int ≥ 0, rounded up,
     at most 400 days) after ``now_ms``; ``delay_ms`` is ``earliest_ms`` rounded up when not
-    pacing (the send is still counted: the send rate a first throttle cuts from). ``(new
+    pacing (the send is still counted: the send rate the cut that engages pacing starts
+    from). ``(new
     state, None)``: no slot within ``horizon_ms`` of the time it wants to go — nothing is
     reserved or counted; ask again after ``recheck_ms`` (jittered). Pacing off
     (``enabled`` false): ``(state, earliest)`` unchanged. A ``now_ms`` before the latest
@@ -270,7 +271,10 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
     now (a capacity signal without progress: 429, 503, 529, a connection refused or reset —
     :attr:`fsm.core.classify.Classification.capacity_signal`, docs/fleet.md "Pacing");
     otherwise ``success`` tells a success (it grows the rate) from any other answer (a fatal
-    error, a usage limit, a random 500, a stall, a timeout: nothing learned).
+    error, a usage limit, a random 500, a stall, a timeout: nothing learned). While not
+    pacing, a throttle engages pacing (and cuts) only when the throttles heard over the last
+    second, this one included, are more than :data:`ENGAGE_EXCESS` a second; a lone one is
+    only counted (SPEC §15.7).
     Returns the new state. A ``now_ms`` before the latest reading seen counts as that reading;
     ``ValueError`` for one that is not a finite number."""
     if not settings.enabled:

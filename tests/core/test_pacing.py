@@ -36,6 +36,12 @@ def throttled(state: PacerState, t: float, settings: PacingSettings = P, n: int 
     return state
 
 
+def busy(state: PacerState) -> PacerState:
+    """``state`` with slots booked far ahead: the rate is in use, so successes may grow it
+    (fsm/core/pacing.py "growth": RFC 7661's validated phase)."""
+    return replace(state, sent_sec=1e6, sent_cur=1e9)
+
+
 def pacing_at(rate: float, *, now: float = 0.0, w_max: float = 0.0) -> PacerState:
     """A pacer that paces at ``rate`` since a cut at ``now``."""
     return PacerState(on=True, rate=rate, tat_ms=now, last_cut_ms=now, last_grow_ms=now, w_max=w_max)
@@ -196,23 +202,37 @@ def test_the_probes_back_off_below_the_floor_while_nothing_gets_through_and_neve
 def test_growth_never_passes_max_rate():
     """``maxRate`` caps the rate whatever the growth."""
     settings = PacingSettings(max_rate=3.0, fast_growth_per_s=10.0, growth_per_s=10.0)
-    state = pacing_at(2.9, w_max=100.0)
+    state = busy(pacing_at(2.9, w_max=100.0))
     for t in range(1000, 20_000, 1000):
         state = observe(state, float(t), False, settings)
     assert state.rate == 3.0
 
 
 def test_a_success_grows_fast_below_0_9_w_max_and_slowly_above():
-    """CUBIC's W_max: below 0.9 × the rate last cut, a second of successes grows the rate by
-    fastGrowthPerS; above it by growthPerS."""
-    below = observe(pacing_at(5.0, w_max=10.0), 1000.0, False, P)
+    """CUBIC's W_max: below the knee, 0.9 × the rate last cut, a second of successes grows the
+    rate by fastGrowthPerS, up to the knee and not past it; above it by growthPerS."""
+    below = observe(busy(pacing_at(5.0, w_max=10.0)), 1000.0, False, P)
     assert below.rate == pytest.approx(5.0 * 1.5)
-    above = observe(pacing_at(9.5, w_max=10.0), 1000.0, False, P)
+    knee = observe(busy(pacing_at(8.0, w_max=10.0)), 1000.0, False, P)
+    assert knee.rate == pytest.approx(9.0), "8 × 1.5 stops at the knee, 9"
+    above = observe(busy(pacing_at(9.5, w_max=10.0)), 1000.0, False, P)
     assert above.rate == pytest.approx(9.5 * 1.03)
-    half = observe(pacing_at(5.0, w_max=10.0), 500.0, False, P)
+    half = observe(busy(pacing_at(5.0, w_max=10.0)), 500.0, False, P)
     assert half.rate == pytest.approx(5.0 * 1.5 ** 0.5), "growth is per second, pro rata"
-    long = observe(pacing_at(5.0, w_max=10.0), 9000.0, False, P)
+    long = observe(busy(pacing_at(5.0, w_max=10.0)), 9000.0, False, P)
     assert long.rate == pytest.approx(5.0 * 1.5), "at most one second's growth per success"
+
+
+def test_a_rate_the_fleet_does_not_use_does_not_grow():
+    """RFC 7661's validated phase: a success grows the rate only while the send rate over the
+    last second is at least half of it; the fleet sending less (its requests waiting in their
+    backoff, a quiet spell), successes leave the rate as it is (measured in flapping: it grew
+    on the probes' successes to 1.3 × C before the backlog came)."""
+    state = sent(pacing_at(10.0, w_max=40.0), [0.0, 100.0, 200.0, 300.0])  # 4 sent: below 10 / 2
+    assert observe(state, 1000.0, False, P).rate == 10.0
+    state = sent(state, [400.0 + 10 * k for k in range(4)])  # 8 sent
+    assert send_rate(state, 999.0) == 8.0
+    assert observe(state, 999.0, False, P).rate == pytest.approx(10.0 * 1.5 ** 0.999), "5 or more: it grows"
 
 
 def test_an_answer_that_is_neither_a_success_nor_a_throttle_teaches_nothing():
@@ -224,15 +244,20 @@ def test_an_answer_that_is_neither_a_success_nor_a_throttle_teaches_nothing():
 
 
 def test_the_best_throughput_is_remembered_and_halves_every_memory_s():
-    """A complete second of successes sets the best rate; it decays with half-life memoryS."""
+    """A complete second of successes, counted as the lower of it and the second before it,
+    sets the best rate (a burst second after a quiet one is not capacity); it decays with
+    half-life memoryS."""
     settings = PacingSettings(memory_s=10.0)
     state = fresh()
-    for t in range(0, 1000, 25):  # 40 successes in second 0
+    for t in range(0, 1000, 10):  # 100 successes in second 0: a burst
         state = observe(state, float(t), False, settings)
-    state = observe(state, 1000.0, False, settings)  # second 0 is complete: measured
-    assert (state.good, state.good_ms) == (40.0, 1000.0)
-    assert best_rate(state, 11_000.0, settings) == pytest.approx(20.0)
-    assert best_rate(state, 21_000.0, settings) == pytest.approx(10.0)
+    for t in range(1000, 2000, 25):  # 40 in second 1
+        state = observe(state, float(t), False, settings)
+    assert state.good == 0.0, "second 0 had no second of successes before it"
+    state = observe(state, 2000.0, False, settings)  # second 1 is complete: measured
+    assert (state.good, state.good_ms) == (40.0, 2000.0)
+    assert best_rate(state, 12_000.0, settings) == pytest.approx(20.0)
+    assert best_rate(state, 22_000.0, settings) == pytest.approx(10.0)
 
 
 def test_fast_recovery_jumps_the_rate_to_half_the_best_throughput():
@@ -240,17 +265,19 @@ def test_fast_recovery_jumps_the_rate_to_half_the_best_throughput():
     successes/s seen lately, and W_max to that best (so growth stays fast up to it)."""
     settings = PacingSettings(min_rate=1.0)
     state = fresh()
-    for t in range(0, 2000, 25):  # 40 successes/s for two seconds
+    for t in range(0, 3000, 25):  # 40 successes/s for three seconds
         state = sent(state, [float(t)], settings)
         state = observe(state, float(t), False, settings)
-    for t in range(2000, 22_000, 1000):  # an outage: throttles bring the rate to the floor
+    for t in range(3000, 23_000, 1000):  # an outage: throttles bring the rate to the floor
         state = observe(state, float(t), True, settings)
     assert state.rate == 1.0 * PROBE_BACKOFF  # and its probes backed off
-    assert best_rate(state, 21_500.0, settings) == pytest.approx(40.0, rel=0.03)
-    back = observe(state, 21_500.0, False, settings)
-    assert back.good == 40.0, "the last second of 40 successes, measured now"
+    assert best_rate(state, 22_500.0, settings) == pytest.approx(40.0, rel=0.03)
+    back = observe(state, 22_500.0, False, settings)
+    assert back.good == 40.0
     assert back.w_max == pytest.approx(40.0)
-    assert back.rate == pytest.approx(20.0 * 1.5 ** 0.5), "half the best, then half a second's fast growth"
+    assert back.rate == pytest.approx(20.0, rel=0.03), "half the best (not grown: nothing is being sent)"
+    busier = observe(sent(back, [22_600.0 + k for k in range(10)], settings), 23_000.0, False, settings)
+    assert busier.rate == pytest.approx(back.rate * 1.5 ** 0.5), "sent at half of it: fast growth"
 
 
 def test_late_successes_among_many_throttles_are_not_a_recovery():
@@ -268,7 +295,7 @@ def test_late_successes_among_many_throttles_are_not_a_recovery():
 
 def test_fast_recovery_does_not_raise_w_max_above_the_floor_band():
     """A rate below half the best but well above the floor jumps to the half; W_max is kept."""
-    state = replace(pacing_at(4.0, w_max=30.0), good=40.0, good_ms=0.0, ok_sec=0.0, ok_n=1.0)
+    state = busy(replace(pacing_at(4.0, w_max=30.0), good=40.0, good_ms=0.0, ok_sec=0.0, ok_n=1.0))
     back = observe(state, 100.0, False, P)
     assert back.w_max == 30.0
     assert back.rate == pytest.approx(best_rate(state, 100.0, P) / 2 * 1.5 ** 0.1)
@@ -400,7 +427,7 @@ def test_no_rate_grows_beyond_the_largest_max_rate_without_a_max_rate():
     """Minutes of successes with fast growth and no maxRate: the rate stops at MAX_RATE (1e6/s),
     where the Redis script's state stays valid too."""
     settings = PacingSettings(growth_per_s=10, fast_growth_per_s=10, forget_after_ms=600_000)
-    state = throttled(pacing.fresh(), 0, settings)
+    state = busy(throttled(pacing.fresh(), 0, settings))
     for t in range(1, 300):
         state = pacing.observe(state, t * 1_000, False, settings)
     assert state.on and state.rate == pacing.MAX_RATE

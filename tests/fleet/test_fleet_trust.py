@@ -268,7 +268,7 @@ def test_clocks_skewed_both_ways_agree_on_every_wait(skews, hint):
     ("on", "7"), ("rate", "1e300"), ("rate", "-1"), ("rate", "0"), ("tat", "1e300"), ("lcut", "nan"),
     ("lgrow", "inf"), ("wmax", "2e9"), ("good", "-3"), ("goodt", "9e99"), ("oks", "1.5"),
     ("okn", "-1"), ("sents", "-2"), ("sentc", "1e10"), ("sentp", "x"), ("tat", ""),
-    ("thrs", "1.5"), ("thrc", "-1"), ("thrp", "nan"),
+    ("thrs", "1.5"), ("thrc", "-1"), ("thrp", "nan"), ("okp", "-1"),
 ])
 async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, field, value):  # noqa: F811
     """A pacer hash with one field out of range (or not a number) is read as a fresh pacer:
@@ -282,7 +282,7 @@ async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, f
     answer = await c.admit(KEY, retry=False, budget=None, pacing=PACING)
     assert (answer.pacing_booked, answer.pacing_ms) == (True, 0)
     stored = await c.client.hgetall(name)
-    assert stored[b"on"] == b"0" and float(stored[b"sentc"]) == 1.0 and len(stored) == 17
+    assert stored[b"on"] == b"0" and float(stored[b"sentc"]) == 1.0 and len(stored) == 18
     await c.aclose()
 
 

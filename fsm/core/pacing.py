@@ -23,10 +23,18 @@ The rules (docs/fleet.md "Pacing" gives the measurements behind them):
   through (an outage, a provider down), the rate drops to the floor at once instead of by
   steps of ``beta``;
 - **growth**: each second with successes multiplies the rate by ``1 + growth_per_s``, or by
-  ``1 + fast_growth_per_s`` while it is below 0.9 × the rate last cut (CUBIC's ``W_max``,
-  RFC 8312: capacity known to exist);
+  ``1 + fast_growth_per_s`` while it is below the knee, 0.9 × the rate last cut (CUBIC's
+  ``W_max``, RFC 8312: capacity known to exist) — up to the knee, never past it in one step
+  (one success after a quiet second multiplied the rate by 1.5, past the capacity). Only a
+  rate in use grows: while the send rate over the last second is below half the rate
+  (RFC 7661's non-validated phase: the fleet sends less than it may), successes do not grow
+  it (measured in ``flapping``: after each down period the rate grew on the probes' successes
+  to 1.3 × C before the backlog came, then the backlog went at it);
 - **fast recovery**: the best successes per second seen lately is remembered (forgotten
-  with the half-life ``memory_s``); a success while the rate is below half of it, and while
+  with the half-life ``memory_s``), each second counted as the lower of it and the second
+  before it (a provider's burst second, twice its capacity after a quiet spell, is not
+  capacity; a second with no success before it counts 0); a success while the rate is below
+  half of it, and while
   the throttles heard over the last second are at most twice the floor's rate, jumps the rate to
   that half (after an outage, the capacity that served before is tried again within seconds,
   not minutes; the late successes of requests sent before a fault began, heard among its
@@ -39,8 +47,16 @@ The rules (docs/fleet.md "Pacing" gives the measurements behind them):
   lowers the rate by
   ``beta`` down to :data:`PROBE_BACKOFF` × ``min_rate`` (a long outage is probed every few
   seconds, not every second); the first success lifts it back to the floor at least;
-- the pacer only paces after a throttle (botocore's ``_enabled``), and lets go after
-  ``forget_after_ms`` without one;
+- **engaging** (SPEC §15.7, "a lone caller is not slowed by one throttle"): the pacer paces
+  only after throttles (botocore's ``_enabled``), and only when the key's send rate exceeds
+  what the throttle answers imply it can send — what got through, the send rate less the
+  throttles heard — by more than :data:`ENGAGE_EXCESS` request per second: while not pacing,
+  a throttle engages pacing (and makes the first cut) only when the throttles heard over the
+  last second (the sliding window of :func:`throttle_rate`, this one included) are more than
+  one per second. A lone throttle (one 429 to an otherwise healthy key, a provider's
+  per-minute window, a blip) is counted and nothing else: nothing waits. A fleet above
+  capacity hears many at once and engages at its second. Once pacing, every throttle counts
+  as before; it lets go after ``forget_after_ms`` without a cut;
 - **clock steps**: every step reads its time as the latest clock reading seen (``seen_ms``):
   a clock that stepped back (an NTP step, a Redis failover to a server whose clock is behind)
   is clamped to it, so for the pacer no time passes until the clock is back there — nothing
@@ -59,7 +75,7 @@ from dataclasses import dataclass, replace
 
 from fsm.core.settings import PacingSettings
 
-__all__ = ["PacerState", "MAX_DELAY_MS", "FAST_BELOW", "PROBE_BACKOFF",
+__all__ = ["PacerState", "MAX_DELAY_MS", "FAST_BELOW", "PROBE_BACKOFF", "ENGAGE_EXCESS",
            "fresh", "slot_delay_ms", "reserve", "observe", "send_rate", "throttle_rate",
            "best_rate"]
 
@@ -73,6 +89,11 @@ PROBE_BACKOFF = 0.25
 """While nothing gets through, the rate may fall below ``min_rate`` down to this share of it
 (one probe per 4 s at the default floor of 1/s)."""
 
+ENGAGE_EXCESS = 1.0
+"""Pacing engages only when the key's send rate exceeds what got through by more than this
+many requests/s, i.e. when the throttles heard over the last second are more than this many
+(SPEC §15.7: one throttle does not slow a lone caller)."""
+
 
 @dataclass(frozen=True, slots=True)
 class PacerState:
@@ -85,7 +106,8 @@ class PacerState:
     - ``w_max``: the rate in use at the last cut (or the best seen, after an outage);
     - ``good``, ``good_ms``: the best successes per second seen, and when;
     - ``ok_sec``, ``ok_n``: the second (``floor(ms / 1000)``, -1 none yet) whose successes
-      are being counted, and their count;
+      are being counted, and their count; ``ok_prev``: the count of the second before
+      ``ok_sec`` (0 when it had none);
     - ``sent_sec``, ``sent_cur``, ``sent_prev``: the send rate's sliding window — the second
       of the newest sends, the requests sent in it and in the second before;
     - ``thr_sec``, ``thr_cur``, ``thr_prev``: the same window over the throttles heard;
@@ -110,6 +132,7 @@ class PacerState:
     thr_sec: float = -1.0
     thr_cur: float = 0.0
     thr_prev: float = 0.0
+    ok_prev: float = 0.0
 
 
 def fresh() -> PacerState:
@@ -216,7 +239,8 @@ def reserve(state: PacerState, now_ms: float, settings: PacingSettings,
 
     Returns ``(new state, delay_ms)``: the request goes ``delay_ms`` (an int ≥ 0, rounded up,
     at most 400 days) after ``now_ms``; ``delay_ms`` is ``earliest_ms`` rounded up when not
-    pacing (the send is still counted: the send rate a first throttle cuts from). ``(new
+    pacing (the send is still counted: the send rate the cut that engages pacing starts
+    from). ``(new
     state, None)``: no slot within ``horizon_ms`` of the time it wants to go — nothing is
     reserved or counted; ask again after ``recheck_ms`` (jittered). Pacing off
     (``enabled`` false): ``(state, earliest)`` unchanged. A ``now_ms`` before the latest
@@ -257,7 +281,10 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
     now (a capacity signal without progress: 429, 503, 529, a connection refused or reset —
     :attr:`fsm.core.classify.Classification.capacity_signal`, docs/fleet.md "Pacing");
     otherwise ``success`` tells a success (it grows the rate) from any other answer (a fatal
-    error, a usage limit, a random 500, a stall, a timeout: nothing learned).
+    error, a usage limit, a random 500, a stall, a timeout: nothing learned). While not
+    pacing, a throttle engages pacing (and cuts) only when the throttles heard over the last
+    second, this one included, are more than :data:`ENGAGE_EXCESS` a second; a lone one is
+    only counted (SPEC §15.7).
     Returns the new state. A ``now_ms`` before the latest reading seen counts as that reading;
     ``ValueError`` for one that is not a finite number."""
     if not settings.enabled:
@@ -268,6 +295,8 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
         state = _count_throttle(state, now_ms)
         if state.on and now_ms - state.last_cut_ms < settings.cut_interval_ms:
             return state  # this round of requests was cut once already
+        if not state.on and throttle_rate(state, now_ms) <= ENGAGE_EXCESS:
+            return state  # a lone throttle: the send rate is not above what got through
         measured = send_rate(state, now_ms)
         if measured > 0.0:  # what got through: sent less refused
             through = max(0.0, measured - throttle_rate(state, now_ms))
@@ -285,12 +314,14 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
     if not success:
         return state
     sec = float(math.floor(now_ms / 1000.0))
-    good, good_ms, ok_n = state.good, state.good_ms, state.ok_n
+    good, good_ms, ok_n, ok_prev = state.good, state.good_ms, state.ok_n, state.ok_prev
     if sec != state.ok_sec:  # the second counted is complete: measure it
-        if ok_n > best_rate(state, now_ms, settings):
-            good, good_ms = ok_n, now_ms
+        sustained = min(ok_n, ok_prev)
+        if sustained > best_rate(state, now_ms, settings):
+            good, good_ms = sustained, now_ms
+        ok_prev = ok_n if sec == state.ok_sec + 1.0 else 0.0
         ok_n = 0.0
-    state = replace(state, good=good, good_ms=good_ms, ok_sec=sec, ok_n=ok_n + 1.0)
+    state = replace(state, good=good, good_ms=good_ms, ok_sec=sec, ok_n=ok_n + 1.0, ok_prev=ok_prev)
     if not state.on:
         return state
     rate, w_max = state.rate, state.w_max
@@ -300,9 +331,12 @@ def observe(state: PacerState, now_ms: float, throttled: bool, settings: PacingS
             w_max = max(w_max, best)         # seen lately
         rate = best / 2.0
     dt = now_ms - state.last_grow_ms
-    if dt > 0:
-        share = settings.fast_growth_per_s if rate < FAST_BELOW * w_max else settings.growth_per_s
-        rate *= math.exp(math.log1p(share) * min(dt, 1000.0) / 1000.0)
+    if dt > 0 and send_rate(state, now_ms) >= rate / 2.0:
+        knee = FAST_BELOW * w_max
+        if rate < knee:  # fast growth up to the knee, not past it in one step
+            rate = min(knee, rate * math.exp(math.log1p(settings.fast_growth_per_s) * min(dt, 1000.0) / 1000.0))
+        else:
+            rate *= math.exp(math.log1p(settings.growth_per_s) * min(dt, 1000.0) / 1000.0)
     # the slots already booked keep their times: pulling them in at a rate that grows turned
     # each growth step into a burst (measured: brown-out waste 0.02 → 0.17 per call)
     return replace(state, rate=_cap(rate, settings), w_max=w_max, last_grow_ms=now_ms)

@@ -56,6 +56,7 @@ import weakref
 from typing import Any
 
 from fsm._extras import require
+from fsm.core import pacing as pacing_core
 from fsm.core.settings import PacingSettings
 from fsm.fleet._local import DEFAULT_BUCKET_IDLE_MS, FLOOR_HORIZON_MS, WAIT_RECHECK_MS, floor_interval_ms
 from fsm.fleet._types import (MAX_LEFT_MS, MILLI, Admission, BudgetSettings, CoordinatorError, CoordinatorKeyError,
@@ -173,18 +174,19 @@ end
 # The hash's fields are PacerState's: on (0/1), rate, tat, lcut (last_cut_ms), lgrow
 # (last_grow_ms), wmax, good, goodt (good_ms), oks (ok_sec), okn (ok_n), sents (sent_sec),
 # sentc (sent_cur), sentp (sent_prev), seen (seen_ms), thrs (thr_sec), thrc (thr_cur), thrp
-# (thr_prev); times in server ms, written with 17
+# (thr_prev), okp (ok_prev); times in server ms, written with 17
 # digits. PNOW is the pacer's time: NOW clamped to the latest time seen (a server clock that
 # stepped back, e.g. a failover: no reset, no time passes; fsm.core.pacing "clock steps").
 _LUA_PACER = """
+local ENGAGE_EXCESS = @ENGAGE_EXCESS@
 local PFIELDS = {'on', 'rate', 'tat', 'lcut', 'lgrow', 'wmax', 'good', 'goodt', 'oks', 'okn',
-                 'sents', 'sentc', 'sentp', 'seen', 'thrs', 'thrc', 'thrp'}
-local PEMPTY = {thrs=-1, thrc=0, thrp=0}
+                 'sents', 'sentc', 'sentp', 'seen', 'thrs', 'thrc', 'thrp', 'okp'}
+local PEMPTY = {thrs=-1, thrc=0, thrp=0, okp=0}
 local PNOW = NOW
 local function pfresh()
   PNOW = NOW
   return {on=0, rate=0, tat=0, lcut=0, lgrow=0, wmax=0, good=0, goodt=0, oks=-1, okn=0,
-          sents=-1, sentc=0, sentp=0, seen=-math.huge, thrs=-1, thrc=0, thrp=0}
+          sents=-1, sentc=0, sentp=0, seen=-math.huge, thrs=-1, thrc=0, thrp=0, okp=0}
 end
 local function count_ok(x) return x >= 0 and x <= 1e9 end
 local function second_ok(x, hi) return x == math.floor(x) and x >= -1 and x * 1000 <= hi end
@@ -196,7 +198,8 @@ local function pacer_get(k)
   local s = {}
   for i, f in ipairs(PFIELDS) do
     local n = num(v[i])
-    -- a hash written before the throttles' window was kept: that window is empty
+    -- a hash written before the throttles' window (or the second before oks) was kept:
+    -- that window is empty
     if n == nil and v[i] == false and PEMPTY[f] ~= nil then n = PEMPTY[f] end
     if n == nil then return pfresh() end
     s[f] = n
@@ -212,7 +215,7 @@ local function pacer_get(k)
      or s.tat > far or s.lcut > soon or s.lgrow > soon or s.goodt > soon
      or not count_ok(s.wmax) or not count_ok(s.good) or not count_ok(s.okn)
      or not count_ok(s.sentc) or not count_ok(s.sentp)
-     or not count_ok(s.thrc) or not count_ok(s.thrp)
+     or not count_ok(s.thrc) or not count_ok(s.thrp) or not count_ok(s.okp)
      or not second_ok(s.oks, soon) or not second_ok(s.sents, far)
      or not second_ok(s.thrs, soon) then
     return pfresh()
@@ -285,6 +288,9 @@ local function pacer_observe(s, outcome, p)
   if outcome == 't' then
     count_throttle(s, PNOW)
     if s.on == 1 and PNOW - s.lcut < p.cut then return s end
+    -- a lone throttle (at most fsm.core.pacing.ENGAGE_EXCESS a second heard) does not
+    -- engage pacing (SPEC 15.7)
+    if s.on ~= 1 and throttle_rate(s) <= ENGAGE_EXCESS then return s end
     local measured = send_rate(s)
     local through
     if measured > 0.0 then through = math.max(0.0, measured - throttle_rate(s))
@@ -302,12 +308,14 @@ local function pacer_observe(s, outcome, p)
   end
   if outcome ~= 's' then return s end
   local sec = math.floor(PNOW / 1000.0)
-  local good, goodt, okn = s.good, s.goodt, s.okn
+  local good, goodt, okn, okp = s.good, s.goodt, s.okn, s.okp
   if sec ~= s.oks then
-    if okn > best_rate(s, p) then good = okn goodt = PNOW end
+    local sustained = math.min(okn, okp)
+    if sustained > best_rate(s, p) then good = sustained goodt = PNOW end
+    if sec == s.oks + 1.0 then okp = okn else okp = 0.0 end
     okn = 0.0
   end
-  s.good = good s.goodt = goodt s.oks = sec s.okn = okn + 1.0
+  s.good = good s.goodt = goodt s.oks = sec s.okn = okn + 1.0 s.okp = okp
   if s.on ~= 1 then return s end
   local rate, wmax = s.rate, s.wmax
   local best = best_rate(s, p)
@@ -316,10 +324,13 @@ local function pacer_observe(s, outcome, p)
     rate = best / 2.0
   end
   local dt = PNOW - s.lgrow
-  if dt > 0 then
-    local lg = p.lgslow
-    if rate < 0.9 * wmax then lg = p.lgfast end
-    rate = rate * math.exp(lg * math.min(dt, 1000.0) / 1000.0)
+  if dt > 0 and send_rate(s) >= rate / 2.0 then
+    local knee = 0.9 * wmax
+    if rate < knee then
+      rate = math.min(knee, rate * math.exp(p.lgfast * math.min(dt, 1000.0) / 1000.0))
+    else
+      rate = rate * math.exp(p.lgslow * math.min(dt, 1000.0) / 1000.0)
+    end
   end
   s.rate = pacer_cap(rate, p) s.wmax = wmax s.lgrow = PNOW
   return s
@@ -333,7 +344,7 @@ local function pacing_args(i)
   if ARGV[i + 1] ~= '' then p.max = tonumber(ARGV[i + 1]) end
   return p
 end
-"""
+""".replace("@ENGAGE_EXCESS@", repr(pacing_core.ENGAGE_EXCESS))
 
 # KEYS cooldown, bucket, floor, pacer (one key's: one slot). ARGV[3..6] budget (max milli or
 # '' none, seen, idle, ttl), [7] mode, [8] floor interval ms ('' none), [9..18] pacing, [19]

@@ -205,7 +205,9 @@ class Coordinator(Protocol):
                              pacing: PacingSettings | None) -> None:
         """An answer came back: a success credits the budget ``token_ratio``; with pacing
         on, ``throttled`` (a capacity signal: 429, 503, 529, a connection error, a stall)
-        cuts the pacing rate (at most once per ``pacing.cut_interval_ms``), a ``success``
+        cuts the pacing rate (at most once per ``pacing.cut_interval_ms``; while not pacing,
+        only when the key hears more than one throttle a second: a lone throttle is counted,
+        SPEC §15.7), a ``success``
         lets it grow (and counts towards the best throughput remembered), and any other
         answer (a fatal error, a usage limit) teaches the pacer nothing
         (:func:`fsm.core.pacing.observe`)."""

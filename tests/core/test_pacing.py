@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsm.core import pacing
-from fsm.core.pacing import (PROBE_BACKOFF, PacerState, best_rate, fresh, observe, reserve,
+from fsm.core.pacing import (ENGAGE_EXCESS, PROBE_BACKOFF, PacerState, best_rate, fresh, observe, reserve,
                              send_rate, slot_delay_ms, throttle_rate)
 from fsm.core.settings import BudgetSettings, PacingSettings, RetrySettings, SettingsError
 
@@ -25,6 +25,21 @@ def sent(state: PacerState, times: list[float], settings: PacingSettings = P) ->
         state, delay = reserve(state, t, settings)
         assert delay is not None
     return state
+
+
+def throttled(state: PacerState, t: float, settings: PacingSettings = P, n: int = 2) -> PacerState:
+    """``state`` after ``n`` throttles heard at ``t``. Two in one second: the key sends more than
+    one request a second above what gets through, so pacing engages (``ENGAGE_EXCESS``, SPEC
+    §15.7); one alone would not."""
+    for _ in range(n):
+        state = observe(state, t, True, settings)
+    return state
+
+
+def busy(state: PacerState) -> PacerState:
+    """``state`` with slots booked far ahead: the rate is in use, so successes may grow it
+    (fsm/core/pacing.py "growth": RFC 7661's validated phase)."""
+    return replace(state, sent_sec=1e6, sent_cur=1e9)
 
 
 def pacing_at(rate: float, *, now: float = 0.0, w_max: float = 0.0) -> PacerState:
@@ -74,16 +89,54 @@ def test_the_send_rate_is_a_sliding_window_over_the_last_second():
 
 
 def test_a_throttle_cuts_the_rate_to_beta_times_what_got_through_in_the_last_second():
-    """The first cut: rate = beta × what got through over the last second — the requests
-    sent less the throttles heard (this one counted) — and W_max = that (fsm/core/pacing.py
-    "the cut")."""
+    """The first cut, at the throttle that engages pacing: rate = beta × what got through over
+    the last second — the requests sent less the throttles heard (this one counted) — and
+    W_max = that (fsm/core/pacing.py "the cut")."""
     state = sent(fresh(), [float(t) for t in range(0, 1000, 50)])  # 20/s
-    cut = observe(state, 1500.0, True, P)
+    lone = observe(state, 1400.0, True, P)
+    assert lone == replace(state, seen_ms=1400.0, thr_sec=1.0, thr_cur=1.0), "one throttle: counted only"
+    cut = observe(lone, 1500.0, True, P)
     assert cut.on is True
-    assert (cut.thr_sec, cut.thr_cur) == (1.0, 1.0)
-    assert cut.w_max == pytest.approx(10.0 - 1.0)
-    assert cut.rate == pytest.approx(0.7 * 9.0)
+    assert (cut.thr_sec, cut.thr_cur) == (1.0, 2.0)
+    assert cut.w_max == pytest.approx(10.0 - 2.0)
+    assert cut.rate == pytest.approx(0.7 * 8.0)
     assert cut.last_cut_ms == 1500.0 and cut.tat_ms == 1500.0
+
+
+def test_a_lone_throttle_does_not_slow_a_lone_caller():
+    """SPEC §15.7: a caller sending 2 requests a second to a healthy key hears one 429: its
+    send rate does not exceed what got through by more than ENGAGE_EXCESS, so nothing is
+    paced — every later request goes when it wants, for the whole forgetAfterMs and beyond
+    (before, every request after it waited for a slot at the floor, 1/s: 0.5 s, 1 s, ...)."""
+    state = sent(fresh(), [t * 500.0 for t in range(120)])  # 60 s at 2/s
+    state = observe(state, 60_200.0, True, P)
+    assert state.on is False and throttle_rate(state, 60_200.0) == ENGAGE_EXCESS
+    for t in range(60_250, 100_000, 500):
+        state = observe(state, t - 50, False, P)
+        state, delay = reserve(state, t, P)
+        assert delay == 0
+    assert state.on is False and state.rate == 0.0
+    # another throttle, once the first has left the window (two seconds on), is a lone one too
+    state = observe(observe(state, 100_000.0, True, P), 102_000.0, True, P)
+    assert state.on is False
+
+
+def test_throttles_above_one_a_second_engage_pacing_and_the_fleet_is_paced():
+    """A fleet sending 20/s to a key that takes fewer: its throttles, more than one a second
+    (a second one within the sliding window), engage pacing at the cut to beta × what got
+    through, and the requests that follow are spaced by the rate (SPEC §15.7)."""
+    state = sent(fresh(), [float(t) for t in range(0, 1000, 50)])  # 20 in second 0
+    state = observe(state, 600.0, True, P)
+    assert state.on is False
+    state = observe(state, 1_900.0, True, P)  # 0.1 of the first throttle's second still counts
+    assert throttle_rate(state, 1_900.0) == pytest.approx(1.1) and state.on is True
+    assert send_rate(state, 1_900.0) == pytest.approx(2.0)
+    assert state.rate == 1.0, "beta × (2 sent - 1.1 refused) is below the floor"
+    delays = []
+    for _ in range(3):
+        state, delay = reserve(state, 1_900.0, P)
+        delays.append(delay)
+    assert delays == [0, 1000, 2000], "paced at the floor, 1/s"
 
 
 def test_a_cut_where_nothing_got_through_goes_to_the_floor_at_once():
@@ -135,7 +188,8 @@ def test_the_probes_back_off_below_the_floor_while_nothing_gets_through_and_neve
     for t in range(0, 20_000, 1000):
         state = observe(state, t, True, settings)
         rates.append(state.rate)
-    assert rates[:3] == [2.0, pytest.approx(1.4), pytest.approx(0.98)]
+    assert rates[0] == 0.0, "a lone throttle does not engage pacing"
+    assert rates[1:4] == [2.0, pytest.approx(1.4), pytest.approx(0.98)], "one a second does"
     assert state.on is True and state.rate == 2.0 * PROBE_BACKOFF == 0.5
     delays = []
     for _ in range(4):
@@ -148,23 +202,37 @@ def test_the_probes_back_off_below_the_floor_while_nothing_gets_through_and_neve
 def test_growth_never_passes_max_rate():
     """``maxRate`` caps the rate whatever the growth."""
     settings = PacingSettings(max_rate=3.0, fast_growth_per_s=10.0, growth_per_s=10.0)
-    state = pacing_at(2.9, w_max=100.0)
+    state = busy(pacing_at(2.9, w_max=100.0))
     for t in range(1000, 20_000, 1000):
         state = observe(state, float(t), False, settings)
     assert state.rate == 3.0
 
 
 def test_a_success_grows_fast_below_0_9_w_max_and_slowly_above():
-    """CUBIC's W_max: below 0.9 × the rate last cut, a second of successes grows the rate by
-    fastGrowthPerS; above it by growthPerS."""
-    below = observe(pacing_at(5.0, w_max=10.0), 1000.0, False, P)
+    """CUBIC's W_max: below the knee, 0.9 × the rate last cut, a second of successes grows the
+    rate by fastGrowthPerS, up to the knee and not past it; above it by growthPerS."""
+    below = observe(busy(pacing_at(5.0, w_max=10.0)), 1000.0, False, P)
     assert below.rate == pytest.approx(5.0 * 1.5)
-    above = observe(pacing_at(9.5, w_max=10.0), 1000.0, False, P)
+    knee = observe(busy(pacing_at(8.0, w_max=10.0)), 1000.0, False, P)
+    assert knee.rate == pytest.approx(9.0), "8 × 1.5 stops at the knee, 9"
+    above = observe(busy(pacing_at(9.5, w_max=10.0)), 1000.0, False, P)
     assert above.rate == pytest.approx(9.5 * 1.03)
-    half = observe(pacing_at(5.0, w_max=10.0), 500.0, False, P)
+    half = observe(busy(pacing_at(5.0, w_max=10.0)), 500.0, False, P)
     assert half.rate == pytest.approx(5.0 * 1.5 ** 0.5), "growth is per second, pro rata"
-    long = observe(pacing_at(5.0, w_max=10.0), 9000.0, False, P)
+    long = observe(busy(pacing_at(5.0, w_max=10.0)), 9000.0, False, P)
     assert long.rate == pytest.approx(5.0 * 1.5), "at most one second's growth per success"
+
+
+def test_a_rate_the_fleet_does_not_use_does_not_grow():
+    """RFC 7661's validated phase: a success grows the rate only while the send rate over the
+    last second is at least half of it; the fleet sending less (its requests waiting in their
+    backoff, a quiet spell), successes leave the rate as it is (measured in flapping: it grew
+    on the probes' successes to 1.3 × C before the backlog came)."""
+    state = sent(pacing_at(10.0, w_max=40.0), [0.0, 100.0, 200.0, 300.0])  # 4 sent: below 10 / 2
+    assert observe(state, 1000.0, False, P).rate == 10.0
+    state = sent(state, [400.0 + 10 * k for k in range(4)])  # 8 sent
+    assert send_rate(state, 999.0) == 8.0
+    assert observe(state, 999.0, False, P).rate == pytest.approx(10.0 * 1.5 ** 0.999), "5 or more: it grows"
 
 
 def test_an_answer_that_is_neither_a_success_nor_a_throttle_teaches_nothing():
@@ -176,15 +244,20 @@ def test_an_answer_that_is_neither_a_success_nor_a_throttle_teaches_nothing():
 
 
 def test_the_best_throughput_is_remembered_and_halves_every_memory_s():
-    """A complete second of successes sets the best rate; it decays with half-life memoryS."""
+    """A complete second of successes, counted as the lower of it and the second before it,
+    sets the best rate (a burst second after a quiet one is not capacity); it decays with
+    half-life memoryS."""
     settings = PacingSettings(memory_s=10.0)
     state = fresh()
-    for t in range(0, 1000, 25):  # 40 successes in second 0
+    for t in range(0, 1000, 10):  # 100 successes in second 0: a burst
         state = observe(state, float(t), False, settings)
-    state = observe(state, 1000.0, False, settings)  # second 0 is complete: measured
-    assert (state.good, state.good_ms) == (40.0, 1000.0)
-    assert best_rate(state, 11_000.0, settings) == pytest.approx(20.0)
-    assert best_rate(state, 21_000.0, settings) == pytest.approx(10.0)
+    for t in range(1000, 2000, 25):  # 40 in second 1
+        state = observe(state, float(t), False, settings)
+    assert state.good == 0.0, "second 0 had no second of successes before it"
+    state = observe(state, 2000.0, False, settings)  # second 1 is complete: measured
+    assert (state.good, state.good_ms) == (40.0, 2000.0)
+    assert best_rate(state, 12_000.0, settings) == pytest.approx(20.0)
+    assert best_rate(state, 22_000.0, settings) == pytest.approx(10.0)
 
 
 def test_fast_recovery_jumps_the_rate_to_half_the_best_throughput():
@@ -192,17 +265,19 @@ def test_fast_recovery_jumps_the_rate_to_half_the_best_throughput():
     successes/s seen lately, and W_max to that best (so growth stays fast up to it)."""
     settings = PacingSettings(min_rate=1.0)
     state = fresh()
-    for t in range(0, 2000, 25):  # 40 successes/s for two seconds
+    for t in range(0, 3000, 25):  # 40 successes/s for three seconds
         state = sent(state, [float(t)], settings)
         state = observe(state, float(t), False, settings)
-    for t in range(2000, 22_000, 1000):  # an outage: throttles bring the rate to the floor
+    for t in range(3000, 23_000, 1000):  # an outage: throttles bring the rate to the floor
         state = observe(state, float(t), True, settings)
     assert state.rate == 1.0 * PROBE_BACKOFF  # and its probes backed off
-    assert best_rate(state, 21_500.0, settings) == pytest.approx(40.0, rel=0.03)
-    back = observe(state, 21_500.0, False, settings)
-    assert back.good == 40.0, "the last second of 40 successes, measured now"
+    assert best_rate(state, 22_500.0, settings) == pytest.approx(40.0, rel=0.03)
+    back = observe(state, 22_500.0, False, settings)
+    assert back.good == 40.0
     assert back.w_max == pytest.approx(40.0)
-    assert back.rate == pytest.approx(20.0 * 1.5 ** 0.5), "half the best, then half a second's fast growth"
+    assert back.rate == pytest.approx(20.0, rel=0.03), "half the best (not grown: nothing is being sent)"
+    busier = observe(sent(back, [22_600.0 + k for k in range(10)], settings), 23_000.0, False, settings)
+    assert busier.rate == pytest.approx(back.rate * 1.5 ** 0.5), "sent at half of it: fast growth"
 
 
 def test_late_successes_among_many_throttles_are_not_a_recovery():
@@ -220,7 +295,7 @@ def test_late_successes_among_many_throttles_are_not_a_recovery():
 
 def test_fast_recovery_does_not_raise_w_max_above_the_floor_band():
     """A rate below half the best but well above the floor jumps to the half; W_max is kept."""
-    state = replace(pacing_at(4.0, w_max=30.0), good=40.0, good_ms=0.0, ok_sec=0.0, ok_n=1.0)
+    state = busy(replace(pacing_at(4.0, w_max=30.0), good=40.0, good_ms=0.0, ok_sec=0.0, ok_n=1.0))
     back = observe(state, 100.0, False, P)
     assert back.w_max == 30.0
     assert back.rate == pytest.approx(best_rate(state, 100.0, P) / 2 * 1.5 ** 0.1)
@@ -231,7 +306,7 @@ def test_no_slot_within_the_horizon_reserves_and_counts_nothing():
     """A slot more than horizonMs after the time the request wants to go: (state, None),
     the state as it was (no slot, no send counted)."""
     settings = PacingSettings(min_rate=1.0, horizon_ms=1500)
-    state = observe(sent(fresh(), [0.0]), 100.0, True, settings)  # rate 1/s
+    state = throttled(sent(fresh(), [0.0]), 100.0, settings)  # rate 1/s
     state, first = reserve(state, 100.0, settings)
     state, second = reserve(state, 100.0, settings)
     assert (first, second) == (0, 1000)
@@ -257,7 +332,7 @@ def test_a_slot_is_reserved_no_earlier_than_the_request_goes():
 def test_the_pacer_lets_go_after_forget_after_ms_without_a_throttle():
     """No throttle for ``forgetAfterMs``: unpaced again (the send counts survive)."""
     settings = PacingSettings(forget_after_ms=10_000, min_rate=0.1, horizon_ms=86_400_000)
-    state = observe(fresh(), 0, True, settings)
+    state = throttled(fresh(), 0, settings)
     state, _ = reserve(state, 1, settings)
     state, delay = reserve(state, 1, settings)
     assert delay > 0
@@ -341,7 +416,8 @@ def test_a_clock_that_steps_back_neither_inflates_nor_overflows_the_best_rate():
     state = pacing.fresh()
     for t in range(0, 3_000, 100):
         state = pacing.observe(state, 100_000 + t, False, settings)
-    state = pacing.observe(state, 100_000 + 3_000, True, settings)  # pacing on
+    state = throttled(state, 100_000 + 3_000, settings)  # pacing on
+    assert state.on
     stepped = pacing.observe(state, 70_000, False, settings)
     assert math.isfinite(stepped.rate) and stepped.rate <= stepped.good == 10  # half the best: 5
     assert pacing.best_rate(stepped, 70_000, settings) <= stepped.good
@@ -351,7 +427,7 @@ def test_no_rate_grows_beyond_the_largest_max_rate_without_a_max_rate():
     """Minutes of successes with fast growth and no maxRate: the rate stops at MAX_RATE (1e6/s),
     where the Redis script's state stays valid too."""
     settings = PacingSettings(growth_per_s=10, fast_growth_per_s=10, forget_after_ms=600_000)
-    state = pacing.observe(pacing.fresh(), 0, True, settings)
+    state = busy(throttled(pacing.fresh(), 0, settings))
     for t in range(1, 300):
         state = pacing.observe(state, t * 1_000, False, settings)
     assert state.on and state.rate == pacing.MAX_RATE
@@ -361,10 +437,10 @@ def test_a_forgotten_pacer_does_not_bring_back_its_old_slots_at_the_next_throttl
     """At the floor (0.01/s: one slot per 100 s), pacing lets go after forgetAfterMs; the next
     throttle starts pacing from now, not from the slot booked 100 s ahead before."""
     settings = PacingSettings(min_rate=0.01, forget_after_ms=1_000, horizon_ms=200_000)
-    state = observe(fresh(), 0, True, settings)
+    state = throttled(fresh(), 0, settings)
     state, delay = reserve(state, 0, settings)
     assert delay == 0 and state.tat_ms == 100_000
-    state = observe(state, 5_000, True, settings)          # forgotten, then throttled again
+    state = throttled(state, 5_000, settings)          # forgotten, then throttled again
     state, delay = reserve(state, 5_000, settings)
     assert delay == 0
 
@@ -391,7 +467,8 @@ def test_a_time_that_is_not_finite_is_refused_naming_it(bad):
     was written as the latest reading seen (an answer that teaches nothing), which turned the
     clamp of a later step back off, and elsewhere failed inside ``math.floor``."""
     settings = PacingSettings(min_rate=1.0)
-    paced = pacing.observe(pacing.fresh(), 1000.0, True, settings)
+    paced = throttled(pacing.fresh(), 1000.0, settings)
+    assert paced.on
     steps = [lambda: pacing.reserve(paced, bad, settings), lambda: pacing.slot_delay_ms(paced, bad, settings),
              lambda: pacing.observe(paced, bad, True, settings),
              lambda: pacing.observe(paced, bad, False, settings, success=False),

@@ -268,20 +268,21 @@ def test_clocks_skewed_both_ways_agree_on_every_wait(skews, hint):
     ("on", "7"), ("rate", "1e300"), ("rate", "-1"), ("rate", "0"), ("tat", "1e300"), ("lcut", "nan"),
     ("lgrow", "inf"), ("wmax", "2e9"), ("good", "-3"), ("goodt", "9e99"), ("oks", "1.5"),
     ("okn", "-1"), ("sents", "-2"), ("sentc", "1e10"), ("sentp", "x"), ("tat", ""),
-    ("thrs", "1.5"), ("thrc", "-1"), ("thrp", "nan"),
+    ("thrs", "1.5"), ("thrc", "-1"), ("thrp", "nan"), ("okp", "-1"),
 ])
 async def test_an_absurd_pacer_field_makes_a_fresh_pacer(redis_server, prefix, field, value):  # noqa: F811
     """A pacer hash with one field out of range (or not a number) is read as a fresh pacer:
     the next admission is not paced and the hash is written whole again."""
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     name = c.keys.pacer(KEY)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    for _ in range(2):  # two throttles at once: pacing engages (one alone would not, SPEC §15.7)
+        await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
     assert (await c.client.hget(name, "on")) == b"1"
     await c.client.hset(name, field, value)
     answer = await c.admit(KEY, retry=False, budget=None, pacing=PACING)
     assert (answer.pacing_booked, answer.pacing_ms) == (True, 0)
     stored = await c.client.hgetall(name)
-    assert stored[b"on"] == b"0" and float(stored[b"sentc"]) == 1.0 and len(stored) == 17
+    assert stored[b"on"] == b"0" and float(stored[b"sentc"]) == 1.0 and len(stored) == 18
     await c.aclose()
 
 
@@ -290,7 +291,9 @@ async def test_a_pacer_cut_stamped_days_ahead_of_the_servers_clock_makes_a_fresh
     ever forgetting: it is read as a fresh pacer instead."""
     c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     name = c.keys.pacer(KEY)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    for _ in range(2):  # two throttles at once: pacing engages (one alone would not, SPEC §15.7)
+        await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PACING)
+    assert (await c.client.hget(name, "on")) == b"1"
     sec, usec = await c.client.time()
     ahead = sec * 1000 + usec // 1000 + 10 * 86_400_000
     await c.client.hset(name, "lcut", repr(float(ahead)))

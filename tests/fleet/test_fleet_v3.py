@@ -35,6 +35,15 @@ class Clock:
         return self.now
 
 
+async def throttles(c, pacing: PacingSettings, budget: BudgetSettings | None = None, n: int = 2,
+                    **kw) -> None:
+    """``n`` throttle answers at once. Two: more than one a second, a key sending above what
+    gets through, so pacing engages (fsm.core.pacing.ENGAGE_EXCESS, SPEC §15.7); one alone
+    would not."""
+    for _ in range(n):
+        await c.record_outcome(KEY, success=False, throttled=True, budget=budget, pacing=pacing, **kw)
+
+
 @pytest.fixture(params=["in-process", "redis", "cluster"])
 async def coord(request, prefix):  # noqa: F811
     c = InProcessCoordinator() if request.param == "in-process" else RedisCoordinator.from_url(
@@ -78,7 +87,7 @@ async def test_first_request_admission_gets_cooldown_and_pacing_but_takes_no_tok
     c = InProcessCoordinator(clock=clock)
     budget = BudgetSettings(max_tokens=4)
     await c.learn_cooldown(KEY, 5_000)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=budget, pacing=PacingSettings())
+    await throttles(c, PacingSettings(), budget)
     a = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings())
     assert a.cooldown_ms == 5_000 and a.budget is None and not a.token_taken
     assert a.pacing_ms == 5_000, "the slot is reserved at the cooldown's end"
@@ -91,9 +100,10 @@ async def test_a_cooldown_beyond_max_wait_reserves_and_takes_nothing():
     """A request that will be refused (cooldown > maxHintWaitMs) leaves budget and pacer alone."""
     c = InProcessCoordinator(clock=Clock())
     budget = BudgetSettings(max_tokens=4)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=PacingSettings())
+    await throttles(c, PacingSettings())
     await c.learn_cooldown(KEY, 90_000)
     before = c.pacer_state(KEY)
+    assert before.on
     a = await c.admit(KEY, retry=True, budget=budget, pacing=PacingSettings(), max_wait_ms=60_000)
     assert a == Admission(cooldown_ms=90_000)
     assert c.tokens(KEY, budget) == 4 and c.pacer_state(KEY) == before
@@ -192,19 +202,22 @@ async def test_the_pacing_slot_is_reserved_in_the_same_step_as_the_budget_take()
     clock = Clock()
     c = InProcessCoordinator(clock=clock)
     budget = BudgetSettings(max_tokens=2)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=budget, pacing=PacingSettings())
+    await throttles(c, PacingSettings(), budget)
     before = c.pacer_state(KEY)
+    assert before.on
     refused = await c.admit(KEY, retry=True, budget=budget, pacing=PacingSettings())
     assert refused.budget is False and refused.pacing_ms == 0 and refused.pacing_booked
     assert c.pacer_state(KEY) == before, "a refused retry reserves no slot and counts no send"
     first = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings(), earliest_ms=3_000)
     assert first.pacing_ms == 3_000
+    second = await c.admit(KEY, retry=False, budget=budget, pacing=PacingSettings(), earliest_ms=3_000)
+    assert second.pacing_ms == 4_000, "the next slot follows it at the floor rate (1/s)"
 
 
 async def test_the_in_process_pacer_counts_every_admitted_send_before_any_throttle():
     """Not pacing yet, an admission still counts its send (a pacer not yet stored is made);
-    the first throttle cuts to beta × what got through over the last second (the send rate
-    less the throttles heard: this one)."""
+    a lone throttle is counted only (SPEC §15.7); the one that engages pacing cuts to beta ×
+    what got through over the last second (the send rate less the throttles heard: two)."""
     clock = Clock(0.0)
     c = InProcessCoordinator(clock=clock)
     settings = PacingSettings()
@@ -215,7 +228,9 @@ async def test_the_in_process_pacer_counts_every_admitted_send_before_any_thrott
     assert c.pacer_state(KEY).sent_cur == 20 and not c.pacer_state(KEY).on
     clock.now = 1500.0
     await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
-    assert c.pacer_state(KEY).rate == pytest.approx(0.7 * (10 - 1))
+    assert not c.pacer_state(KEY).on and c.pacer_state(KEY).thr_cur == 1
+    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    assert c.pacer_state(KEY).on and c.pacer_state(KEY).rate == pytest.approx(0.7 * (10 - 2))
 
 
 async def test_the_in_process_pacer_tells_a_success_from_any_other_answer():
@@ -224,11 +239,13 @@ async def test_the_in_process_pacer_tells_a_success_from_any_other_answer():
     clock = Clock(0.0)
     c = InProcessCoordinator(clock=clock)
     settings = PacingSettings()
-    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    await throttles(c, settings)
     clock.now = 1000.0
+    await c.admit(KEY, retry=False, budget=None, pacing=settings)  # the rate in use (RFC 7661)
     before = c.pacer_state(KEY)
+    assert before.on
     await c.record_outcome(KEY, success=False, throttled=False, budget=None, pacing=settings)
-    assert c.pacer_state(KEY) == dataclasses.replace(before, seen_ms=1000.0)  # only the time seen
+    assert c.pacer_state(KEY) == before  # nothing learned
     await c.record_outcome(KEY, success=True, throttled=False, budget=None, pacing=settings)
     assert c.pacer_state(KEY).rate > before.rate
 
@@ -248,7 +265,7 @@ async def test_no_slot_within_the_horizon_takes_and_reserves_nothing(coord):
     budget = BudgetSettings(max_tokens=10)
     settings = PacingSettings(min_rate=1.0, horizon_ms=500)
     await coord.learn_cooldown(KEY, 3_000)
-    await coord.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    await throttles(coord, settings)
     first = await coord.admit(KEY, retry=True, budget=budget, pacing=settings)
     assert first.pacing_booked and first.token_taken and first.pacing_ms == first.cooldown_ms
     before = await pacer_of(coord)
@@ -270,11 +287,11 @@ async def test_the_guard_passes_pacing_booked_through_and_its_local_pacer_follow
     for _ in range(5):
         assert (await g.admit(KEY, retry=False, budget=None, pacing=settings)).pacing_booked
     assert g.fallback.pacer_state(KEY).sent_cur == 5
-    await g.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    await throttles(g, settings)
     local = g.fallback.pacer_state(KEY)
-    assert local.on and local.rate == pytest.approx(0.7 * (5 - 1))  # 5 sent, 1 throttled
+    assert local.on and local.rate == pytest.approx(0.7 * (5 - 2))  # 5 sent, 2 throttled
     answers = [await g.admit(KEY, retry=False, budget=None, pacing=settings) for _ in range(4)]
-    assert Admission(pacing_booked=False) in answers, "Redis paces at most 3.5/s: no 4 slots in 500 ms"
+    assert Admission(pacing_booked=False) in answers, "Redis paces at most 2.1/s: no 4 slots in 500 ms"
     assert g.available
     clock.now = 1000.0
     await g.record_outcome(KEY, success=True, throttled=False, budget=None, pacing=settings)
@@ -288,7 +305,7 @@ async def test_the_guards_local_fallback_answers_pacing_booked_too():
     settings = PacingSettings(min_rate=1.0, horizon_ms=500)
     g = GuardedCoordinator(RedisCoordinator.from_url("redis://127.0.0.1:1/0"), timeout_s=0.5,
                            clock=clock, probe_interval_s=60)
-    await g.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
+    await throttles(g, settings)
     assert not g.available
     first = await g.admit(KEY, retry=False, budget=None, pacing=settings)
     second = await g.admit(KEY, retry=False, budget=None, pacing=settings)
@@ -362,12 +379,17 @@ async def test_no_duration_in_or_out_goes_beyond_400_days(coord):
 
 
 async def test_pacing_is_shared_by_every_process_of_a_redis_fleet(any_redis, prefix):  # noqa: F811
-    """A throttle one process saw paces another's requests."""
+    """The throttles one process heard pace another's requests: one from each process is more
+    than one a second for the key (SPEC §15.7: the fleet's send rate, not a process's)."""
     a = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     b = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     settings = PacingSettings(min_rate=1.0)
     now = 1_700_000_000_000.0  # one time for both (the server's TIME would add load-dependent drift)
     await a.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings, _now=now)
+    assert (await b.admit(KEY, retry=False, budget=None, pacing=settings, _now=now)).pacing_ms == 0
+    assert (await b.admit(KEY, retry=False, budget=None, pacing=settings, _now=now)).pacing_ms == 0, \
+        "one throttle alone paces nothing"
+    await b.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings, _now=now)
     delays = [(await b.admit(KEY, retry=False, budget=None, pacing=settings, _now=now)).pacing_ms
               for _ in range(3)]
     assert delays == [0, 1000, 2000]
@@ -382,7 +404,7 @@ HASH_FIELDS = {"on": "on", "rate": "rate", "tat": "tat_ms", "lcut": "last_cut_ms
                "lgrow": "last_grow_ms", "wmax": "w_max", "good": "good", "goodt": "good_ms",
                "oks": "ok_sec", "okn": "ok_n", "sents": "sent_sec", "sentc": "sent_cur",
                "sentp": "sent_prev", "seen": "seen_ms", "thrs": "thr_sec", "thrc": "thr_cur",
-               "thrp": "thr_prev"}
+               "thrp": "thr_prev", "okp": "ok_prev"}
 
 
 async def stored_pacer(c: RedisCoordinator, key: CoordKey) -> pure.PacerState:
@@ -438,7 +460,7 @@ async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(any_redi
                               memory_s=rng.choice([5.0, 600.0]))
     c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     state, now = pure.fresh(), 1_700_000_000_000.0
-    refused = cuts = clamped = 0
+    refused = cuts = clamped = lone = engaged = 0
     for _ in range(400):
         now += rng.choice(BACKWARD) if rng.random() < 0.08 else rng.choice(FORWARD)
         clamped += now < state.seen_ms
@@ -447,11 +469,15 @@ async def test_the_redis_pacer_does_the_same_arithmetic_as_the_pure_one(any_redi
             before = state
             state, _ = await twin_step(c, state, now, settings, ("observe", kind == "throttled", kind == "success"))
             cuts += state.last_cut_ms != before.last_cut_ms
+            if kind == "throttled" and not before.on:
+                lone += not state.on   # SPEC §15.7: counted, nothing engaged
+                engaged += state.on
         else:
             before = state
             state, delay = await twin_step(c, state, now, settings, ("reserve", rng.choice([0, 0, 0, 700, 2500])))
             refused += delay is None and before.on
     assert cuts > 0 and refused > 0, "the run cut the rate and met the horizon"
+    assert lone > 0 and engaged > 0, "the run met lone throttles and throttles that engage pacing"
     assert clamped > 0, "the run stepped the clock back"
     await c.aclose()
 
@@ -465,27 +491,67 @@ async def test_both_pacers_clamp_a_step_back_to_the_latest_time_seen_and_agree_a
     settings = PacingSettings(min_rate=1.0, forget_after_ms=20_000)
     c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
     state, t0 = pure.fresh(), 1_700_000_000_000.0
-    for i in range(10):  # 10 successes a second, then a throttle: pacing at 7/s
+    for i in range(20):  # 10 successes a second for 2 s, then two throttles: pacing at 0.7 × 8/s
         state, _ = await twin_step(c, state, t0 + i * 100, settings, ("reserve", 0))
         state, _ = await twin_step(c, state, t0 + i * 100 + 50, settings, ("observe", False, True))
-    state, _ = await twin_step(c, state, t0 + 1000, settings, ("observe", False, True))
-    state, _ = await twin_step(c, state, t0 + 1010, settings, ("observe", True, False))
+    state, _ = await twin_step(c, state, t0 + 2000, settings, ("observe", False, True))
+    state, _ = await twin_step(c, state, t0 + 2005, settings, ("observe", True, False))
+    assert not state.on, "a lone throttle engages nothing, in both pacers"
+    state, _ = await twin_step(c, state, t0 + 2010, settings, ("observe", True, False))
     assert state.on and state.good == 10
-    back = t0 + 1010 - 120_000  # two minutes back: the time read is still t0 + 1010
+    back = t0 + 2010 - 120_000  # two minutes back: the time read is still t0 + 2010
     paced = []
     for _ in range(3):
         state, delay = await twin_step(c, state, back, settings, ("reserve", 0))
         paced.append(delay)
-    assert state.on and state.seen_ms == t0 + 1010 and state.good == 10
+    assert state.on and state.seen_ms == t0 + 2010 and state.good == 10
     assert paced[0] is not None and paced[1] > paced[0], "still pacing after the step back"
     state, delay = await twin_step(c, state, back + 1, settings, ("reserve", MAX_LEFT_MS))
     assert delay is not None and delay >= MAX_LEFT_MS
-    state, _ = await twin_step(c, state, t0 + 2_000, settings, ("observe", False, True))
+    state, _ = await twin_step(c, state, t0 + 3_000, settings, ("observe", False, True))
     edge = state.seen_ms - MAX_LEFT_MS  # exactly 400 days back: clamped, kept
     state, _ = await twin_step(c, state, edge, settings, ("observe", False, False))
-    assert state.on and state.seen_ms == t0 + 2_000
+    assert state.on and state.seen_ms == t0 + 3_000
     state, _ = await twin_step(c, state, edge - 1, settings, ("observe", False, False))
     assert state == dataclasses.replace(pure.fresh(), seen_ms=edge - 1), "beyond 400 days: another clock"
+    await c.aclose()
+
+
+async def test_both_pacers_leave_a_lone_caller_alone_after_one_throttle_and_pace_a_fleet_above_it(
+        any_redis, prefix):  # noqa: F811
+    """SPEC §15.7, in the Lua and the pure pacer alike (step by step, field by field): a caller
+    sending 2 requests a second hears one 429 — nothing is paced, every request after it goes
+    at once; a fleet sending 20 a second to a key that takes 10 hears its throttles, more than
+    one a second — pacing engages at the cut to beta × what got through and the next requests
+    are spaced by it."""
+    settings = PacingSettings(min_rate=1.0)
+    c = RedisCoordinator.from_url(any_redis.url, prefix=prefix)
+    state, t = pure.fresh(), 1_700_000_000_000.0
+    for k in range(20):  # 10 s at 2/s, each answered by a success 200 ms later
+        state, delay = await twin_step(c, state, t + 500 * k, settings, ("reserve", 0))
+        state, _ = await twin_step(c, state, t + 500 * k + 200, settings, ("observe", False, True))
+    state, _ = await twin_step(c, state, t + 10_200, settings, ("observe", True, False))  # one 429
+    delays = []
+    for k in range(21, 40):
+        state, delay = await twin_step(c, state, t + 500 * k, settings, ("reserve", 0))
+        delays.append(delay)
+        state, _ = await twin_step(c, state, t + 500 * k + 200, settings, ("observe", False, True))
+    assert delays == [0] * 19 and not state.on, "the lone caller is not slowed"
+    t += 60_000
+    for k in range(20):  # a fleet sends 20 in a second, then hears half of them refused
+        state, delay = await twin_step(c, state, t + 50 * k, settings, ("reserve", 0))
+        assert delay == 0
+    for k in range(20):
+        state, _ = await twin_step(c, state, t + 1_000 + 10 * k, settings, ("observe", k % 2 == 0, k % 2 == 1))
+        if k == 0:
+            assert not state.on, "its first throttle alone engages nothing"
+    assert state.on and state.last_cut_ms == t + 1_020, "the second throttle engaged pacing"
+    assert state.w_max == pytest.approx(20 * 0.98 - 2) and state.rate < 20, "cut from what got through"
+    slots = []
+    for _ in range(3):
+        state, delay = await twin_step(c, state, t + 1_200, settings, ("reserve", 0))
+        slots.append(delay)
+    assert slots[1] - slots[0] == slots[2] - slots[1] == pytest.approx(1000 / state.rate, abs=1)
     await c.aclose()
 
 
@@ -524,18 +590,20 @@ async def test_both_pacers_agree_through_an_outage_flapping_and_a_step_back(redi
     await c.aclose()
 
 
-async def test_a_pacer_hash_without_the_throttle_window_is_kept(redis_server, prefix):  # noqa: F811
-    """A pacer hash written before the throttles' window was kept (thrs, thrc, thrp absent:
-    an older process of the fleet) is read with that window empty, not as a fresh pacer."""
+@pytest.mark.parametrize("absent", [("thrs", "thrc", "thrp"), ("okp",)])
+async def test_a_pacer_hash_without_the_throttle_window_is_kept(redis_server, prefix, absent):  # noqa: F811
+    """A pacer hash written before the throttles' window or the count of the second before
+    ``oks`` was kept (those fields absent: an older process of the fleet) is read with them
+    empty, not as a fresh pacer."""
     settings = PacingSettings(min_rate=1.0)
     c = RedisCoordinator.from_url(redis_server.url, prefix=prefix)
     name = c.keys.pacer(KEY)
-    await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=settings)
-    await c.client.hdel(name, "thrs", "thrc", "thrp")
+    await throttles(c, settings)
+    await c.client.hdel(name, *absent)
     a = await c.admit(KEY, retry=False, budget=None, pacing=settings)
     b = await c.admit(KEY, retry=False, budget=None, pacing=settings)
     assert (await c.client.hget(name, "on")) == b"1" and b.pacing_ms > a.pacing_ms
-    assert float(await c.client.hget(name, "thrs")) == -1.0
+    assert float(await c.client.hget(name, absent[0])) == (-1.0 if absent[0] == "thrs" else 0.0)
     await c.aclose()
 
 

@@ -85,6 +85,11 @@ async def test_a_retry_waits_for_the_pacer_slot_after_its_backoff_then_goes():
     session, clock, coordinator, events, sent = make(resilient(pacing=pacing),
                                                      [error(OVERLOADED), ok()])
     key = session._coord_key()
+    # another process of the fleet heard a throttle just before: with the session's 529 the
+    # key hears two in a second, more than a lone one (SPEC §15.7), so pacing engages
+    await coordinator.record_outcome(key, success=False, throttled=True, budget=None,
+                                     pacing=session.settings.pacing)
+    assert not coordinator.pacer_state(key).on
     task = asyncio.ensure_future(session.prompt("hi"))
     await clock.advance(0.1)  # the 529 came back: the pacer paces; the backoff runs
     [start] = of(events, "auto_retry_start")

@@ -134,13 +134,15 @@ def test_the_pacer_slot_decides_a_retry_delay_when_it_is_the_longest():
 
 
 async def test_a_throttle_is_told_to_the_pacer():
-    """Every retryable failure without progress is a capacity signal for the shared pacer."""
+    """Every retryable failure without progress is a capacity signal for the shared pacer: it
+    hears the throttle (a lone one: counted, pacing not engaged, SPEC §15.7)."""
     session, provider, clock, coordinator, events = make(
         resilient(pacing={}), [error(OVERLOADED), ok()])
     task = asyncio.ensure_future(session.prompt("hi"))
     await settle(clock, task)
     await session.close()
-    assert coordinator.pacer_state(session._coord_key()).on
+    state = coordinator.pacer_state(session._coord_key())
+    assert state.thr_cur + state.thr_prev == 1 and not state.on
     assert of(events, "auto_retry_end")[-1]["success"] is True
 
 

@@ -26,16 +26,16 @@ def session_for(messages: Messages):
 
 
 def test_the_pacer_learns_from_the_classification_not_the_label():
-    """A random 500 leaves the fleet's pacer off; the same answer whose message classified as a 503 turns it on: the label is not read (docs/simulation.md)."""
+    """A random 500 is no throttle for the fleet's pacer; the same answer whose message classified as a 503 is one: the label is not read (docs/simulation.md)."""
     policy, session = session_for(Messages())
     session.answered(200, Answer("server_error"))
-    assert not session.coord.pacer_state(policy.key).on
+    assert session.coord.pacer_state(policy.key).thr_cur == 0
 
     messages = Messages()
     messages.cls["server_error"] = Classification("retryable", "structured.status_503")
     policy, session = session_for(messages)
     session.answered(200, Answer("server_error"))
-    assert session.coord.pacer_state(policy.key).on
+    assert session.coord.pacer_state(policy.key).thr_cur == 1
 
 
 def test_the_retry_budget_counts_on_one_clock_in_the_simulation():

@@ -212,9 +212,9 @@ def test_the_resilient_policy_is_the_library_profile_with_one_coordinator():
 
 
 def test_the_pacing_gate_spaces_first_requests_after_a_throttle():
-    """After a 529 cut the fleet's pacer to its floor (1/s), first requests go through the
-    loop's gate: one slot a second, and beyond the 2 s horizon a re-check after
-    recheckMs × U(0.5, 1.5) (docs/fleet.md "Pacing")."""
+    """After two 529s (more than a lone throttle, SPEC §15.7) cut the fleet's pacer to its
+    floor (1/s), first requests go through the loop's gate: one slot a second, and beyond the
+    2 s horizon a re-check after recheckMs × U(0.5, 1.5) (docs/fleet.md "Pacing")."""
     from fsm.sim.engine import SEND, VirtualClock, WAIT
     from fsm.sim.policies import BrainPolicy, Messages, make_brain_factory
     from fsm.sim.run import resilient_settings
@@ -222,10 +222,13 @@ def test_the_pacing_gate_spaces_first_requests_after_a_throttle():
     clock = VirtualClock()
     policy = BrainPolicy(resilient_settings(), Messages(), clock, "fleet")
     make = make_brain_factory(policy, 1)
-    first = make(0, None, None)
+    first, other = make(0, None, None), make(5, None, None)
     assert first.start(0) == (SEND, 0, 0)            # not pacing before a throttle
+    assert other.start(0) == (SEND, 0, 0)
     clock.now = 200
     assert first.answered(200, Answer("overloaded", None, True))[0] == WAIT
+    assert not first.coord.pacer_state(policy.key).on, "a lone throttle engages nothing"
+    assert other.answered(200, Answer("overloaded", None, True))[0] == WAIT
     assert first.coord.pacer_state(policy.key).on
     sessions = [make(i, None, None) for i in range(1, 5)]
     steps = [s.start(200) for s in sessions]

@@ -119,3 +119,14 @@ def off_machine_attempts() -> list[str]:
     """The attempts to reach another machine the running test made so far (a test of the guard
     itself clears it once it has checked it)."""
     return _OFF_MACHINE
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """One ``python -m fsm demo`` with its scripted parts (short backoffs, part 2's hint 150 ms
+    instead of 3 s), shared by the tests that read its output and files (the demo's own tests,
+    the audit of its trace): ``(process, out folder)``."""
+    from support import run_demo
+
+    folder = tmp_path_factory.mktemp("demo")
+    return run_demo(folder, "--hint-ms", "150"), folder / "out"

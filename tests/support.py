@@ -1,6 +1,9 @@
 """Shared by the tests that start the project's own processes (rpc, chat, fault server)."""
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,3 +41,13 @@ def examples(n: int) -> int:
     deep run), else two fifths of it (at least 20) — the default run's profile is small (SPEC
     §15.13 "Suite time")."""
     return n if os.environ.get("FSM_HYPOTHESIS_DEEP") == "1" else max(20, n * 2 // 5)
+
+
+def run_demo(folder: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``python -m fsm demo`` with short backoffs (20 ms first, the SDK's own retries off),
+    writing into ``folder/out``; the finished process (text output)."""
+    settings = folder / "settings.json"
+    settings.write_text(json.dumps({"retry": {"baseDelayMs": 20, "provider": {"maxRetries": 0}}}))
+    return subprocess.run([sys.executable, "-m", "fsm", "demo", "--out", str(folder / "out"),
+                           "--settings", str(settings), *extra],
+                          capture_output=True, text=True, timeout=60, env=env())

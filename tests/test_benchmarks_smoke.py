@@ -210,15 +210,16 @@ def test_the_live_fleet_draws_the_simulated_traffic():
 @pytest.mark.subprocess
 def test_live_against_simulated(monkeypatch):
     """The group's plumbing, end to end at the smallest size: a real Redis, the fault server's
-    capacity mode, one runner process, one session with one call (a world of 4 s), the same
-    world simulated. One accepted request either way, so the three figures are exact: no
-    difference in failures or requests per call, the same peak (1 request ÷ C = 0.1)."""
+    capacity mode, one runner process, one session with one call (due within 0.2 s: demand
+    50× C; then the 2-s service time), the same world simulated. One accepted request either
+    way, so the three figures are exact: no difference in failures or requests per call, the
+    same peak (1 request ÷ C = 0.1)."""
     from benchmarks import live
     from fsm.sim import SCENARIOS
     from fsm.sim.world import Scenario
 
     monkeypatch.setitem(SCENARIOS, "live_smoke", Scenario(
-        "live_smoke", 1, ((math.inf, 5.0),), "brownout529", "one call within 2 s"))
+        "live_smoke", 1, ((math.inf, 50.0),), "brownout529", "one call within 0.2 s"))
     figures = live.measure(sessions=1, processes=1, scenario="live_smoke")
     assert_figures(figures, ("live_vs_sim_peak_ratio", "live_amplification", "sim_amplification",
                              "live_peak_load_x_capacity", "live_seconds"))

@@ -76,17 +76,26 @@ async def run_with_an_echoing_provider(tmp_path):
     return client
 
 
-async def test_a_key_echoed_by_the_provider_reaches_no_file(tmp_path):
+@pytest.fixture(scope="module")
+def echoed(tmp_path_factory):
+    """One run against the echoing provider, read by the two tests below: (the client, after
+    its server exited; the folder of its session log and trace)."""
+    import asyncio
+    folder = tmp_path_factory.mktemp("echo")
+    return asyncio.run(run_with_an_echoing_provider(folder)), folder
+
+
+def test_a_key_echoed_by_the_provider_reaches_no_file(echoed):
     """A key echoed by the provider reaches no file."""
-    await run_with_an_echoing_provider(tmp_path)
-    assert list(tmp_path.glob("s-*.jsonl")), "the session log was written"
-    assert files_containing(tmp_path, KEY.encode()) == []
+    _, folder = echoed
+    assert list(folder.glob("s-*.jsonl")), "the session log was written"
+    assert files_containing(folder, KEY.encode()) == []
 
 
-async def test_a_key_echoed_by_the_provider_reaches_no_event_or_log(tmp_path):
+def test_a_key_echoed_by_the_provider_reaches_no_event_or_log(echoed):
     """A key echoed by the provider reaches no event or log."""
     import json
-    client = await run_with_an_echoing_provider(tmp_path)
+    client, _ = echoed
     assert KEY not in json.dumps(client.received)
     assert KEY not in client.stderr_tail
 

@@ -5,18 +5,12 @@ import re
 import subprocess
 import sys
 
-
-def run_demo(tmp_path, *extra):
-    settings = tmp_path / "settings.json"
-    settings.write_text(json.dumps({"retry": {"baseDelayMs": 20, "provider": {"maxRetries": 0}}}))
-    return subprocess.run([sys.executable, "-m", "fsm", "demo", "--out", str(tmp_path / "out"),
-                           "--settings", str(settings), *extra],
-                          capture_output=True, text=True, timeout=60)
+from support import run_demo
 
 
-def test_demo_survives_529_and_503(tmp_path):
-    """Demo survives 529 and 503."""
-    proc = run_demo(tmp_path)
+def test_demo_survives_529_and_503(demo_run):
+    """Demo survives 529 and 503 (part 1 of the shared run, tests/conftest.py ``demo_run``)."""
+    proc, out_dir = demo_run
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert re.search(r"request 1 failed: .*529", out)
@@ -30,9 +24,9 @@ def test_demo_survives_529_and_503(tmp_path):
     assert "answer (canned text from the local fault server, not a model): " in out
     assert "(script:" not in out and "{" not in out  # no jargon, no raw JSON
     assert "HTTP requests: 3 (one per attempt)" in out
-    log = [json.loads(line) for line in (tmp_path / "out" / "session.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (out_dir / "session.jsonl").read_text().splitlines()]
     assert [e["message"].get("stopReason", "user") for e in log[1:]] == ["user", "error", "error", "stop"]
-    trace = [json.loads(line) for line in (tmp_path / "out" / "trace.jsonl").read_text().splitlines()]
+    trace = [json.loads(line) for line in (out_dir / "trace.jsonl").read_text().splitlines()]
     assert trace[0]["type"] == "trace"
     assert any(r.get("dest") == "succeeded" and r.get("outcome") == "taken" for r in trace[1:])
 
@@ -74,9 +68,9 @@ def test_demo_refuses_bad_script(tmp_path):
     assert "0" in proc.stderr and "status" in proc.stderr
 
 
-def test_demo_part_two_honours_a_short_hint_and_refuses_a_long_one_in_words(tmp_path):
-    """Demo part two honours a short hint and refuses a long one in words."""
-    proc = run_demo(tmp_path, "--hint-ms", "150")
+def test_demo_part_two_honours_a_short_hint_and_refuses_a_long_one_in_words(demo_run):
+    """Demo part two honours a short hint (``--hint-ms 150``) and refuses a long one in words."""
+    proc, out_dir = demo_run
     assert proc.returncode == 0, proc.stderr
     part2 = proc.stdout.split('Part 2: the same kind of session with retryHints: "honor"', 1)[1]
     assert re.search(r"is retryable \(rule [a-z_.0-9]+\): waiting 0\.15 s as the server asked, "
@@ -85,7 +79,7 @@ def test_demo_part_two_honours_a_short_hint_and_refuses_a_long_one_in_words(tmp_
                      r"longer than retry.maxHintWaitMs = 1 min", part2), part2
     assert "HTTP requests: 3 (one per attempt)" in part2
     assert "no answer to the last prompt, as intended" in part2
-    log = [json.loads(x) for x in (tmp_path / "out" / "session-honor.jsonl").read_text().splitlines()]
+    log = [json.loads(x) for x in (out_dir / "session-honor.jsonl").read_text().splitlines()]
     assert [e["message"].get("stopReason", "user") for e in log[1:]] == \
         ["user", "error", "stop", "user", "error"]
 

@@ -4,8 +4,8 @@ pi (npm package ``@mariozechner/pi-coding-agent``, :data:`PI_VERSION`) is instal
 registry into :data:`CACHE` (outside the checkout) on first use; ``node`` and ``npm`` must be
 on the PATH (``make test`` installs them through the system package manager when missing).
 
-Each run starts the project's fault server (``python -m fsm fault-server --script FILE
---verbose``) with the scenario's script, then ``node driver.mjs SCENARIO`` with the client
+Each run starts the project's fault server (:class:`fsm.testing.fault_server.FaultServer`, in
+this process) with the scenario's script, then ``node driver.mjs SCENARIO`` with the client
 pointed at one of two servers:
 
 - ``"fsm"``: ``shim.mjs`` as the client's ``cliPath``; it ignores the flags the client adds
@@ -91,39 +91,28 @@ def _child_env() -> dict[str, str]:
 
 
 class _FaultServer:
-    """``python -m fsm fault-server`` with a script; counts the chat requests it answered."""
+    """The project's fault server (:class:`fsm.testing.fault_server.FaultServer`, in this
+    process's threads: what it serves is the subject, not its command line) with a script."""
 
-    def __init__(self, script: list[dict[str, Any]], work: Path) -> None:
-        path = work / "script.json"
-        path.write_text(json.dumps(script), encoding="utf-8")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fsm", "fault-server", "--script", str(path), "--verbose",
-             "--model", MODEL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_child_env(), cwd=work)
-        self.base_url = (self.proc.stdout.readline() or "").strip()
-        if not self.base_url.startswith("http://"):
-            self.proc.kill()
-            raise RuntimeError(f"fault server did not start: {self.proc.stderr.read()[-2000:]}")
+    def __init__(self, script: list[dict[str, Any]]) -> None:
+        from fsm.testing.fault_server import FaultServer
+
+        self.server = FaultServer(script, model=MODEL).start()
+        self.base_url = self.server.base_url
 
     def stop(self) -> list[dict[str, Any]]:
-        """Stop it; the requests it logged (one dict each)."""
-        self.proc.terminate()
-        try:
-            _, err = self.proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        out = []
-        for line in err.splitlines():
-            if line.startswith("fault-server: {"):
-                out.append(json.loads(line[len("fault-server: "):]))
-        return out
+        """Stop it; the requests it answered (one record each, as ``--verbose`` logs them:
+        without bodies and headers)."""
+        self.server.stop()
+        return [{k: v for k, v in rec.items() if k not in ("body", "headers")}
+                for rec in self.server.requests if rec["end_ms"] is not None]
 
 
 def run(name: str, impl: str, *, timeout_s: float = 300.0) -> dict[str, Any]:
     """Play scenario ``name`` against ``impl`` (``"fsm"`` or ``"pi"``).
 
-    Returns ``{"records": [driver lines], "requests": [fault-server log lines], "stderr": str}``.
+    Returns ``{"records": [driver lines], "requests": [the fault server's records of the
+    requests it answered], "stderr": str, "status": the driver's exit status}``.
     """
     client_js = install_pi()
     scenario = load_scenario(name)
@@ -132,7 +121,7 @@ def run(name: str, impl: str, *, timeout_s: float = 300.0) -> dict[str, Any]:
         (work / "cwd").mkdir()
         settings = work / "settings.json"
         settings.write_text(json.dumps(scenario["settings"]), encoding="utf-8")
-        server = _FaultServer(scenario["script"], work)
+        server = _FaultServer(scenario["script"])
         try:
             if impl == "fsm":
                 options = {
@@ -283,6 +272,7 @@ def record(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # this checkout's fsm (the fault server runs in this process)
     if sys.argv[1:2] != ["record"]:
         sys.exit("usage: python tests/conformance/harness.py record [SCENARIO ...]")
     record(sys.argv[2:] or scenario_names())

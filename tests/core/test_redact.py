@@ -57,9 +57,12 @@ async def test_debug_log_hides_a_key_echoed_in_a_response_header(tmp_path):
     child_env = env()
     child_env["OPENAI_API_KEY"] = key
     script = [{"status": 429, "headers": {"x-echo-key": key}, "json": {"error": {"message": "slow"}}}]
+    settings = tmp_path / "settings.json"  # the 429's retry after 20 ms, not the default 2 s
+    settings.write_text(json.dumps({"retry": {"baseDelayMs": 20}}))
     with FaultServer(script) as fs:
         client = RpcClient(["--base-url", fs.base_url, "--model", "m", "--log-level", "DEBUG",
-                            "--no-session"], env=child_env, cwd=tmp_path, record=True, timeout_s=120)
+                            "--settings", str(settings), "--no-session"], env=child_env,
+                           cwd=tmp_path, record=True, timeout_s=120)
         await client.start()
         try:
             await client.prompt("hi")

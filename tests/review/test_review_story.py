@@ -4,8 +4,6 @@ then one line of coverage; --table prints the full table."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -114,16 +112,13 @@ def test_the_audit_needs_a_trace_or_an_event_log(capsys):
 
 
 @pytest.mark.subprocess
-def test_the_demo_s_trace_tells_its_story_in_a_screen(tmp_path, capsys):
-    """`python -m fsm demo` then `python -m fsm audit build/demo/trace.jsonl`: the path first
-    (a 529, a 503, then success), the coverage line after it, under 40 lines."""
-    settings = tmp_path / "settings.json"
-    settings.write_text(json.dumps({"retry": {"baseDelayMs": 20, "provider": {"maxRetries": 0}}}))
-    proc = subprocess.run([sys.executable, "-m", "fsm", "demo", "--out", str(tmp_path / "out"),
-                           "--settings", str(settings)], capture_output=True, text=True,
-                          timeout=60)
+def test_the_demo_s_trace_tells_its_story_in_a_screen(demo_run, capsys):
+    """`python -m fsm demo` (the run tests/conftest.py ``demo_run`` shares) then `python -m fsm
+    audit build/demo/trace.jsonl`: the path first (a 529, a 503, then success), the coverage
+    line after it, under 40 lines."""
+    proc, out_dir = demo_run
     assert proc.returncode == 0, proc.stderr
-    trace = tmp_path / "out" / "trace.jsonl"
+    trace = out_dir / "trace.jsonl"
     assert main(["audit", str(trace)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) <= 40

@@ -9,6 +9,7 @@ only and that the process went on serving (or exited 0 when it should).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -360,24 +361,35 @@ def test_settings_with_huge_unknown_keys_are_named_briefly(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- other commands
-def test_classify_garbage_inputs(tmp_path):
-    """Classify garbage inputs."""
+def test_classify_garbage_inputs(tmp_path, capsysbinary, monkeypatch):
+    """Classify garbage inputs: a line that is not UTF-8, an empty file, a folder, a 20 MB
+    message, NUL bytes, deep nesting. The command runs in this process (its exit status is
+    ``main``'s return, an uncaught exception fails the test as a traceback would); the process
+    boundary of ``classify --jsonl`` is tested in tests/commands/test_classify_cli.py."""
+    from fsm.__main__ import main
+
+    def classify(*args: str, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        status = main(["classify", *args])
+        out, err = capsysbinary.readouterr()
+        return status, out, err
+
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(bytes(b for b in range(256) if b != 10) * 4 + b"\n" + json.dumps({"message": "503 Service Unavailable"}).encode())
-    proc = run_cli("classify", "--jsonl", str(binary))
-    assert proc.returncode == 1 and b"line 1: not valid UTF-8" in proc.stderr
-    assert json.loads(proc.stdout)["kind"] == "retryable"  # the good line is still classified
+    status, out, err = classify("--jsonl", str(binary))
+    assert status == 1 and b"line 1: not valid UTF-8" in err
+    assert json.loads(out)["kind"] == "retryable"  # the good line is still classified
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
-    proc = run_cli("classify", "--jsonl", str(empty))
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
-    proc = run_cli("classify", "--jsonl", str(tmp_path))
-    assert proc.returncode == 1 and b"is a folder, not a file" in proc.stderr and b"Traceback" not in proc.stderr
+    assert classify("--jsonl", str(empty)) == (0, b"", b"")
+    status, out, err = classify("--jsonl", str(tmp_path))
+    assert status == 1 and b"is a folder, not a file" in err
     big = json.dumps({"message": "x" * 20_000_000 + " 529 overloaded"}).encode() + b"\n"
-    proc = run_cli("classify", "--jsonl", "-", stdin=big + b"\x00" * 10 + b"\n" + b"[" * 100000 + b"\n")
-    assert proc.returncode == 1
-    assert json.loads(proc.stdout.splitlines()[0])["rule"] == "retryable.status_529"
-    assert b"line 2: invalid JSON" in proc.stderr and b"line 3: invalid JSON: nested too deeply" in proc.stderr
+    status, out, err = classify("--jsonl", "-", stdin=big + b"\x00" * 10 + b"\n" + b"[" * 100000 + b"\n")
+    assert status == 1
+    assert json.loads(out.splitlines()[0])["rule"] == "retryable.status_529"
+    assert b"line 2: invalid JSON" in err and b"line 3: invalid JSON: nested too deeply" in err
 
 
 def test_audit_and_fault_server_refuse_deeply_nested_json_cleanly(tmp_path):

@@ -23,11 +23,14 @@ from support import OVERLOADED, env
 pytestmark = pytest.mark.subprocess
 
 
-def client_for(fs: FaultServer, tmp_path: Path, retry: dict | None = None, **kwargs) -> RpcClient:
+def client_for(fs: FaultServer, tmp_path: Path, retry: dict | None = None, *args: str,
+               **kwargs) -> RpcClient:
+    """A client of ``python -m fsm rpc`` against ``fs`` with 20-ms backoffs (``retry``
+    overrides settings keys, ``args`` are more command-line arguments)."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"retry": {"maxRetries": 3, "baseDelayMs": 20, **(retry or {})}}))
     return RpcClient(["--base-url", fs.base_url, "--model", "m", "--settings", str(settings),
-                      "--no-session"], env=env(), cwd=tmp_path, **kwargs)
+                      "--no-session", *args], env=env(), cwd=tmp_path, **kwargs)
 
 
 async def test_commands_events_and_idle(tmp_path):
@@ -263,10 +266,9 @@ def test_a_bad_redis_url_is_refused_with_status_2(tmp_path):
 
 
 async def test_redis_memory_gives_the_session_a_coordinator(tmp_path):
-    """Redis memory gives the session a coordinator."""
+    """Redis memory gives the session a coordinator (20-ms backoffs, not the default 2 s)."""
     with FaultServer([OVERLOADED, {"stream": ["ok"]}]) as fs:
-        async with RpcClient(["--base-url", fs.base_url, "--model", "m", "--no-session",
-                              "--redis", "memory:"], env=env(), cwd=tmp_path, record=True) as client:
+        async with client_for(fs, tmp_path, None, "--redis", "memory:", record=True) as client:
             await client.set_auto_retry(True)
             await client.prompt("hi")
             await client.wait_for_idle(timeout_s=120)

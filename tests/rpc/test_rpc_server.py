@@ -464,9 +464,14 @@ def test_bad_settings_file_exits_2_naming_the_key(tmp_path):
     assert b"retry.maxRetries" in proc.stderr and b"-1" in proc.stderr
 
 
-def test_session_log_keeps_every_message(tmp_path):
-    """Session log keeps every message."""
-    fs, server = spawn(tmp_path, [OVERLOADED], {}, ["--session-file", str(tmp_path / "s" / "{id}.jsonl")])
+@pytest.fixture(scope="module")
+def retried_with_files(tmp_path_factory):
+    """One server with a session file (``{id}`` in its path) and a trace file, through one
+    retried prompt (a 529, then success) and EOF: ``(session id, folder)`` once it exited 0.
+    The session-log and trace tests read its files (one process instead of one each)."""
+    tmp_path = tmp_path_factory.mktemp("files")
+    fs, server = spawn(tmp_path, [OVERLOADED], {}, ["--session-file", str(tmp_path / "s" / "{id}.jsonl"),
+                                                    "--trace", str(tmp_path / "trace.jsonl")])
     try:
         sid = server.get_state()["sessionId"]
         server.request({"type": "prompt", "message": "hi"})
@@ -475,6 +480,12 @@ def test_session_log_keeps_every_message(tmp_path):
     finally:
         server.close()
         fs.stop()
+    return sid, tmp_path
+
+
+def test_session_log_keeps_every_message(retried_with_files):
+    """Session log keeps every message."""
+    sid, tmp_path = retried_with_files
     lines = [json.loads(x) for x in (tmp_path / "s" / f"{sid}.jsonl").read_text().splitlines()]
     assert lines[0]["type"] == "session" and lines[0]["id"] == sid
     assert [m["message"].get("stopReason", "user") for m in lines[1:]] == ["user", "error", "stop"]
@@ -491,18 +502,10 @@ def test_default_session_file_is_under_dot_fsm(tmp_path, provider):
     assert (tmp_path / ".fsm" / "sessions" / f"{sid}.jsonl").exists()
 
 
-def test_trace_file_records_transitions(tmp_path):
+def test_trace_file_records_transitions(retried_with_files):
     """Trace file records transitions."""
-    trace = tmp_path / "trace.jsonl"
-    fs, server = spawn(tmp_path, [OVERLOADED], {}, ["--trace", str(trace)])
-    try:
-        server.request({"type": "prompt", "message": "hi"})
-        server.event("auto_retry_end")
-        assert server.close() == 0
-    finally:
-        server.close()
-        fs.stop()
-    records = [json.loads(x) for x in trace.read_text().splitlines()]
+    _, tmp_path = retried_with_files
+    records = [json.loads(x) for x in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert records[0]["type"] == "trace" and len(records) > 1
 
 

@@ -27,6 +27,9 @@ from fsm.testing.fault_server import FaultServer, validate_script
 from fsm.rpc.protocol import CommandError, parse_command
 from support import OVERLOADED, env, stop_process
 
+HANG_GUARD_S = 60.0
+"""How long a test waits for what must happen (a hang guard, never a margin: SPEC §15.13)."""
+
 pytestmark = pytest.mark.subprocess
 
 
@@ -75,16 +78,16 @@ class Proc:
                 raise AssertionError(f"not found; last lines {self.objs[-5:]}; stderr {bytes(self.stderr[-1500:])!r}")
             time.sleep(0.002)
 
-    def response(self, id_, timeout: float = 10.0) -> dict:
+    def response(self, id_, timeout: float = HANG_GUARD_S) -> dict:
         return self.find(lambda o: o.get("type") == "response" and o.get("id") == id_, timeout)
 
-    def request(self, obj: dict, timeout: float = 10.0) -> dict:
+    def request(self, obj: dict, timeout: float = HANG_GUARD_S) -> dict:
         self._n += 1
         rid = f"r{self._n}"
         self.send(json.dumps({**obj, "id": rid}).encode() + b"\n")
         return self.response(rid, timeout)
 
-    def idle(self, timeout: float = 10.0) -> dict:
+    def idle(self, timeout: float = HANG_GUARD_S) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             state = self.request({"type": "get_state"})["data"]
@@ -255,8 +258,6 @@ def test_bursts_of_controls_at_the_moment_the_backoff_elapses(tmp_path):
         assert not early, (s, early)
 
 
-HANG_GUARD_S = 60.0
-"""How long a test waits for what must happen (a hang guard, never a margin: SPEC §15.13)."""
 NEVER_MS = 600_000
 """An answer the model never gives while the test runs (the fault server's stop ends it)."""
 

@@ -738,22 +738,26 @@ _PARSED: "dict[Any, RetrySettings]" = {}
 :data:`_PARSED_LIMIT`; emptied when full). The values are immutable, so they are shared."""
 _PARSED_LIMIT = 256
 _ATOMS = frozenset({str, int, bool, type(None)})
+_KEY_DEPTH = 8  # the deepest settings: {"retry": {"providers": {"openai": {"budget": {...}}}}}
 
 
-def _content_key(value: Any) -> Any:
+def _content_key(value: Any, depth: int = 0) -> Any:
     """A hashable key that equals another's only for the same content, types included
     (``1``, ``1.0`` and ``True`` differ; a float by its exact bits), of a value made of dicts,
-    lists, tuples, str, int, float, bool and None; None for anything else (a value that is
-    not cached: another mapping, an object whose equality is its own)."""
+    lists, tuples, str, int, float, bool and None, at most :data:`_KEY_DEPTH` deep; None for
+    anything else (a value that is not cached: another mapping, an object whose equality is
+    its own, a deeper or self-containing value)."""
     kind = type(value)
     if kind in _ATOMS:
         return (kind, value)
     if kind is float:
         return (kind, value.hex())
+    if depth >= _KEY_DEPTH:
+        return None
     if kind is dict:
         items = []
         for k, v in value.items():
-            fk, fv = _content_key(k), _content_key(v)
+            fk, fv = _content_key(k, depth + 1), _content_key(v, depth + 1)
             if fk is None or fv is None:
                 return None
             items.append((fk, fv))
@@ -761,7 +765,7 @@ def _content_key(value: Any) -> Any:
     if kind is list or kind is tuple:
         out = []
         for v in value:
-            fv = _content_key(v)
+            fv = _content_key(v, depth + 1)
             if fv is None:
                 return None
             out.append(fv)

@@ -105,6 +105,10 @@ def test_coerce_parses_a_mapping_once_per_content_and_again_when_it_changes():
     assert RetrySettings.coerce({"maxRetries": 1.0}).max_retries == 1
     with pytest.raises(SettingsError, match="maxRetries"):
         RetrySettings.coerce({"maxRetries": True})
+    looped: dict = {"maxRetries": 1}
+    looped["budget"] = looped  # a self-containing value is not cached: the parse names it
+    with pytest.raises(SettingsError, match="budget"):
+        RetrySettings.coerce(looped)
 
 
 def test_coerce_warns_each_time_it_ignores_a_key():

@@ -82,8 +82,8 @@ from fsm.core.settings import PROFILES, RetrySettings, SettingsError
 from fsm.host.clock import wait_ms
 from fsm.host.errors import (PROGRAMMING_ERRORS, RETRY_OWNER, AttemptTimedOut,
                              ContextOverflowError, DeadlinePassed, RetryChainError)
-from fsm.host.kernel import COORDINATOR_TIMEOUT_S, ZoneResolver, default_zone
-from fsm.host.loop import Attempt, RetryLoop, Send, Wait, drive_sync, run_async, tell_sync
+from fsm.host.kernel import COORDINATOR_TIMEOUT_S, ZoneResolver, default_zone, drive_async
+from fsm.host.loop import Attempt, RetryLoop, Send, Wait, drive_sync, tell_sync
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut",
            "DeadlinePassed", "PROGRAMMING_ERRORS", "retrying", "retrying_sync", "retry",
@@ -287,14 +287,24 @@ class RetryRunner:
                 return Attempt(exc=TypeError(
                     f"{_name(fn)} returned {type(pending).__name__}, not an awaitable: use "
                     "fsm.retrying_sync (RetryRunner.run_sync) for a synchronous callable"))
+            if command.timeout_ms is None and command.deadline_ms is None:
+                try:  # nothing bounds the attempt: awaited here, one coroutine fewer
+                    return Attempt(result=await pending)
+                except Exception as failure:
+                    return Attempt(exc=failure)
             return await self._bounded(pending, command)
 
+        sleep = self.sleep
+
         async def wait(command: Wait) -> bool:
-            await self._wait(command.delay_ms)
+            if sleep is not None:
+                await sleep(command.delay_ms / 1000)
+            else:
+                await wait_ms(self.clock, command.delay_ms)
             return True
 
         try:
-            return await run_async(loop.steps(), send, wait)  # type: ignore[no-any-return]
+            return await drive_async(loop.steps(), send=send, wait=wait)  # type: ignore[no-any-return]
         finally:
             RETRY_OWNER.reset(owner)
             loop.close()
@@ -347,12 +357,6 @@ class RetryRunner:
                 handle.cancel()
             if not task.done():
                 task.cancel()
-
-    async def _wait(self, delay_ms: int) -> None:
-        if self.sleep is not None:
-            await self.sleep(delay_ms / 1000)
-        else:
-            await wait_ms(self.clock, delay_ms)
 
     # -------------------------------------------------------------- sync
     def run_sync(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:

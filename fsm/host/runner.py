@@ -304,7 +304,7 @@ class RetryRunner:
             return True
 
         try:
-            return await drive_async(loop.steps(), send=send, wait=wait)  # type: ignore[no-any-return]
+            return await drive_async(loop.steps(), send=send, wait=wait)
         finally:
             RETRY_OWNER.reset(owner)
             loop.close()

@@ -170,12 +170,12 @@ _TRANSPORT_SPEAKERS = _TRANSPORT_FAILURES | {"HTTPStatusError"}
 
 def _speaks(exc: BaseException) -> bool:
     """An SDK error, or an ``httpx``/``httpx2`` status or transport error."""
-    return _by_class(exc, "speaks")
+    return _by_class(exc, "speaks") is True
 
 
 def _genai_error(exc: BaseException) -> bool:
     """A ``google.genai.errors.APIError`` (by its module and class name: no import)."""
-    return _by_class(exc, "genai")
+    return _by_class(exc, "genai") is True
 
 
 def _genai_facts(exc: BaseException, now_ms: float | None) -> ErrorFacts:
@@ -301,7 +301,8 @@ def kept_headers(headers: Mapping[str, str] | Any) -> dict[str, str] | None:
 
 def _class_names(exc: BaseException, modules: tuple[str, ...]) -> frozenset[str]:
     """Names of the exception's classes that come from one of ``modules`` (by root package)."""
-    return _by_class(exc, modules)
+    names: frozenset[str] = _by_class(exc, modules)
+    return names
 
 
 _BY_CLASS: dict[tuple[type, Any], Any] = {}

@@ -685,7 +685,7 @@ class RetrySettings:
                 raise SettingsError.unknown_key(str(key), [*_KEYS, "profile"])
         ignored = tuple(f"retry.{k}" for k in ORIGINAL_RETRY_KEYS if k in retry)
         given = {_KEYS[k]: v for k, v in retry.items() if k in _KEYS}
-        start = base or cls()
+        start = base or (_default_settings() if cls is RetrySettings else cls())
         if "profile" in retry:  # profile < top-level keys (docs/policy.md §1, "Profiles")
             start = profile_settings(retry["profile"], base=start)
         result = replace(start, **given, set_keys=start.set_keys | given.keys(),
@@ -704,12 +704,81 @@ class RetrySettings:
         if settings is None or isinstance(settings, RetrySettings):
             return settings
         if isinstance(settings, Mapping):
+            # A plain dict of JSON values is parsed once per content (a host that is given the
+            # same dict on every call: ``fsm.retrying(fn, settings={...})``); the cache is keyed
+            # on a frozen copy of the content, never on the dict's identity, so a dict the
+            # caller mutates afterwards is parsed again (:func:`_content_key`).
+            key = _content_key(settings) if type(settings) is dict else None
+            if key is not None:
+                parsed = _PARSED.get(key)
+                if parsed is not None and parsed.__class__ is cls:
+                    return parsed
             if "retry" in settings or any(_near_retry_group(k) and (v is None or isinstance(v, Mapping))
                                           for k, v in settings.items() if k not in _KEYS):
-                return cls._from_file(settings, base=None, require_retry=True, stacklevel=4)
-            return cls._from_retry(settings, base=None, stacklevel=3)
+                result = cls._from_file(settings, base=None, require_retry=True, stacklevel=4)
+                quiet = len(settings) == 1  # only the retry group: no group of another program
+            else:
+                result = cls._from_retry(settings, base=None, stacklevel=3)
+                quiet = True
+            if key is not None and quiet and not result.ignored_keys:
+                # only a parse that warned about nothing is remembered (a warning is said each time)
+                if len(_PARSED) >= _PARSED_LIMIT:
+                    _PARSED.clear()
+                _PARSED[key] = result
+            return result
         raise TypeError(f"settings must be RetrySettings or a mapping of retry keys such as "
                         f"{{'maxRetries': 5}} (or {{'retry': {{...}}}}), got {type(settings).__name__}")
+
+
+_DEFAULT: "list[RetrySettings]" = []
+
+
+def _default_settings() -> "RetrySettings":
+    """``RetrySettings()``, built once: it is immutable, and a mapping's keys are applied over
+    it (:meth:`RetrySettings._from_retry`)."""
+    if not _DEFAULT:
+        _DEFAULT.append(RetrySettings())
+    return _DEFAULT[0]
+
+
+_PARSED: "dict[Any, RetrySettings]" = {}
+""":meth:`RetrySettings.coerce`'s parsed mappings, keyed by :func:`_content_key` (at most
+:data:`_PARSED_LIMIT`; emptied when full). The values are immutable, so they are shared."""
+_PARSED_LIMIT = 256
+_ATOMS = frozenset({str, int, bool, type(None)})
+_KEY_DEPTH = 8  # the deepest settings: {"retry": {"providers": {"openai": {"budget": {...}}}}}
+
+
+def _content_key(value: Any, depth: int = 0) -> Any:
+    """A hashable key that equals another's only for the same content, types included
+    (``1``, ``1.0`` and ``True`` differ; a float by its exact bits), of a value made of dicts,
+    lists, tuples, str, int, float, bool and None, at most :data:`_KEY_DEPTH` deep; None for
+    anything else (a value that is not cached: another mapping, an object whose equality is
+    its own, a deeper or self-containing value)."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return (kind, value)
+    if kind is float:
+        return (kind, value.hex())
+    if depth >= _KEY_DEPTH:
+        return None
+    if kind is dict:
+        items = []
+        for k, v in value.items():
+            fk, fv = _content_key(k, depth + 1), _content_key(v, depth + 1)
+            if fk is None or fv is None:
+                return None
+            items.append((fk, fv))
+        return (kind, tuple(items))
+    if kind is list or kind is tuple:
+        out = []
+        for v in value:
+            fv = _content_key(v, depth + 1)
+            if fv is None:
+                return None
+            out.append(fv)
+        return (kind, tuple(out))
+    return None
 
 
 # ---------------------------------------------------------------------------- docs/policy.md §13

@@ -61,13 +61,48 @@ def _forget(task: "asyncio.Task[Any]") -> None:
 _PROBE_KEY = CoordKey("retry-fsm", "probe")
 
 
+class _Patience:
+    """When a bound waited for on the event loop gives up (:func:`_bounded`), sans clock: told
+    the loop's time each time its deadline is reached, it answers the next deadline or None
+    (give up). Times are in seconds on one clock (the loop's).
+
+    A deadline reached more than :data:`LOOP_LAG_TOLERANCE_S` late means the loop was busy
+    (an answer may be sitting unread): the deadline moves on by as long as it was late, at
+    most ``timeout``. A call's bound does so at most :data:`MAX_EXTENSIONS` times. A
+    ``patient`` bound (a probe, a heartbeat) counts only the time the loop was not busy: the
+    lateness of each deadline is not patience spent, so it gives up only at a deadline the
+    loop reaches on time once ``timeout`` of time that was not late has passed — never on load
+    alone (SPEC §15.6: the guard declares the coordinator down only on errors or a probe that
+    confirms it). A loop that stays busy for good is bounded by the remote's socket timeout
+    (a probe's ``PING`` that gets no answer raises)."""
+
+    __slots__ = ("timeout", "patient", "deadline", "extensions")
+
+    def __init__(self, start: float, timeout: float, *, patient: bool = False) -> None:
+        self.timeout = timeout
+        self.patient = patient
+        self.deadline = start + timeout
+        self.extensions = 0
+
+    def reached(self, now: float) -> float | None:
+        """The loop reached :attr:`deadline` at ``now``: the next deadline, or None. Each
+        deadline is set ``timeout`` (or a lateness, at most ``timeout``) after the time it was
+        set at, so the one reached on time closes at least ``timeout`` of time that was not
+        lateness."""
+        late = now - self.deadline
+        if late > LOOP_LAG_TOLERANCE_S and (self.patient or self.extensions < MAX_EXTENSIONS):
+            self.extensions += 1
+            self.deadline = now + min(late, self.timeout)
+            return self.deadline
+        return None
+
+
 async def _bounded(task: "asyncio.Future[Any]", timeout: float, *, patient: bool = False) -> bool:
     """Wait for ``task`` at most ``timeout`` seconds: True when it is done. A bound the event
-    loop reaches more than :data:`LOOP_LAG_TOLERANCE_S` late (it was busy: an answer may be
-    sitting unread) moves on by as long as it was late, at most ``timeout`` each time:
-    :data:`MAX_EXTENSIONS` times, or (``patient``: a probe, a heartbeat) for as long as the
-    loop keeps being late, at most ten times ``timeout`` in all. The caller's cancellation
-    propagates; ``task`` is left as it is."""
+    loop reaches late (it was busy: an answer may be sitting unread) moves on as
+    :class:`_Patience` says: a call's :data:`MAX_EXTENSIONS` times; a ``patient`` one (a
+    probe, a heartbeat) until ``timeout`` of time the loop was not busy has passed. The
+    caller's cancellation propagates; ``task`` is left as it is."""
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
 
@@ -75,24 +110,18 @@ async def _bounded(task: "asyncio.Future[Any]", timeout: float, *, patient: bool
         if not waiter.done():
             waiter.set_result(None)
 
-    start = loop.time()
-    deadline = start + timeout
-    extensions = 0
+    patience = _Patience(loop.time(), timeout, patient=patient)
 
     def on_deadline() -> None:
-        nonlocal deadline, extensions, handle
-        now = loop.time()
-        late = now - deadline
-        more = (now - start < 10 * timeout) if patient else extensions < MAX_EXTENSIONS
-        if more and late > LOOP_LAG_TOLERANCE_S:
-            extensions += 1
-            deadline = now + min(late, timeout)
-            handle = loop.call_at(deadline, on_deadline)
-        else:
+        nonlocal handle
+        deadline = patience.reached(loop.time())
+        if deadline is None:
             wake()
+        else:
+            handle = loop.call_at(deadline, on_deadline)
 
     task.add_done_callback(wake)
-    handle = loop.call_at(deadline, on_deadline)
+    handle = loop.call_at(patience.deadline, on_deadline)
     try:
         await waiter
     finally:
@@ -373,7 +402,8 @@ class GuardedCoordinator:
         (cancelling redis-py mid-reply closes the connection); a call still waiting for its
         turn is cancelled (it sent nothing). A bound the loop reaches late (it was busy, so an
         answer may be sitting unread) is extended by as long as it was late, at most
-        ``timeout_s``, three times: the bound measures the remote, not this process's load.
+        ``timeout_s``, :data:`MAX_EXTENSIONS` times: the bound measures the remote, not this
+        process's load.
         Neither kind of miss declares the remote down; a slow one starts a probe.
         """
         self._maybe_heartbeat()

@@ -78,12 +78,12 @@ from fsm.core import brain as B
 from fsm.core.events import Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.redact import register_secret, request_secrets
-from fsm.core.settings import RetrySettings, SettingsError
+from fsm.core.settings import PROFILES, RetrySettings, SettingsError
 from fsm.host.clock import wait_ms
 from fsm.host.errors import (PROGRAMMING_ERRORS, RETRY_OWNER, AttemptTimedOut,
                              ContextOverflowError, DeadlinePassed, RetryChainError)
-from fsm.host.kernel import COORDINATOR_TIMEOUT_S, ZoneResolver, default_zone
-from fsm.host.loop import Attempt, RetryLoop, Send, Wait, drive_sync, run_async, tell_sync
+from fsm.host.kernel import COORDINATOR_TIMEOUT_S, ZoneResolver, default_zone, drive_async
+from fsm.host.loop import Attempt, RetryLoop, Send, Wait, drive_sync, tell_sync
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut",
            "DeadlinePassed", "PROGRAMMING_ERRORS", "retrying", "retrying_sync", "retry",
@@ -126,8 +126,9 @@ def _without_profile_watchdog(settings: RetrySettings) -> RetrySettings:
     """The runner sees no stream: the stall watchdog a *profile* turns on (the resilient
     profile's ``idleTimeoutMs``) is left out here, while a stall key the user gave still
     raises (docs/policy.md §13.1). A value equal to the profile's counts as the profile's."""
-    from fsm.core.settings import PROFILES
-    profile = PROFILES.get(settings.profile, {})
+    profile = PROFILES.get(settings.profile)
+    if not profile:  # the seed profile turns no watchdog on
+        return settings
     fields = {}
     for key, attr in (("firstTokenTimeoutMs", "first_token_timeout_ms"),
                       ("idleTimeoutMs", "idle_timeout_ms")):
@@ -135,6 +136,10 @@ def _without_profile_watchdog(settings: RetrySettings) -> RetrySettings:
         if value is not None and profile.get(key) == value:
             fields[attr] = None
     return dataclasses.replace(settings, **fields) if fields else settings
+
+
+_DEFAULT_SETTINGS = RetrySettings()
+"""The settings of a runner given none (docs/policy.md §1's defaults); immutable, so shared."""
 
 
 def _default_key(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
@@ -237,7 +242,7 @@ class RetryRunner:
             return self.secrets + found
 
         model = kwargs.get("model")
-        settings = self.settings or RetrySettings()
+        settings = self.settings or _DEFAULT_SETTINGS
         return RetryLoop(settings, emit=self._emit, clock=self.clock,
                          coordinator=self.coordinator, key=key, to_message=self.to_message,
                          secrets=secrets, model=model if isinstance(model, str) else None,
@@ -282,14 +287,24 @@ class RetryRunner:
                 return Attempt(exc=TypeError(
                     f"{_name(fn)} returned {type(pending).__name__}, not an awaitable: use "
                     "fsm.retrying_sync (RetryRunner.run_sync) for a synchronous callable"))
+            if command.timeout_ms is None and command.deadline_ms is None:
+                try:  # nothing bounds the attempt: awaited here, one coroutine fewer
+                    return Attempt(result=await pending)
+                except Exception as failure:
+                    return Attempt(exc=failure)
             return await self._bounded(pending, command)
 
+        sleep = self.sleep
+
         async def wait(command: Wait) -> bool:
-            await self._wait(command.delay_ms)
+            if sleep is not None:
+                await sleep(command.delay_ms / 1000)
+            else:
+                await wait_ms(self.clock, command.delay_ms)
             return True
 
         try:
-            return await run_async(loop.steps(), send, wait)  # type: ignore[no-any-return]
+            return await drive_async(loop.steps(), send=send, wait=wait)
         finally:
             RETRY_OWNER.reset(owner)
             loop.close()
@@ -342,12 +357,6 @@ class RetryRunner:
                 handle.cancel()
             if not task.done():
                 task.cancel()
-
-    async def _wait(self, delay_ms: int) -> None:
-        if self.sleep is not None:
-            await self.sleep(delay_ms / 1000)
-        else:
-            await wait_ms(self.clock, delay_ms)
 
     # -------------------------------------------------------------- sync
     def run_sync(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:

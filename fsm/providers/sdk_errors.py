@@ -164,17 +164,18 @@ def speaking_error(exc: BaseException) -> BaseException:
     return exc
 
 
+_SDK_SPEAKERS = frozenset({"APIError", "APIStatusError", "APIConnectionError"})
+_TRANSPORT_SPEAKERS = _TRANSPORT_FAILURES | {"HTTPStatusError"}
+
+
 def _speaks(exc: BaseException) -> bool:
     """An SDK error, or an ``httpx``/``httpx2`` status or transport error."""
-    return bool(_class_names(exc, _SDK_MODULES) & {"APIError", "APIStatusError", "APIConnectionError"}
-                or _class_names(exc, _TRANSPORT_MODULES) & (_TRANSPORT_FAILURES | {"HTTPStatusError"})
-                or _genai_error(exc))
+    return _by_class(exc, "speaks") is True
 
 
 def _genai_error(exc: BaseException) -> bool:
     """A ``google.genai.errors.APIError`` (by its module and class name: no import)."""
-    return any(cls.__name__ == "APIError" and cls.__module__.startswith(_GENAI_MODULE)
-               for cls in type(exc).__mro__)
+    return _by_class(exc, "genai") is True
 
 
 def _genai_facts(exc: BaseException, now_ms: float | None) -> ErrorFacts:
@@ -298,10 +299,39 @@ def kept_headers(headers: Mapping[str, str] | Any) -> dict[str, str] | None:
 
 # --------------------------------------------------------------------------------------------
 
-def _class_names(exc: BaseException, modules: tuple[str, ...]) -> set[str]:
+def _class_names(exc: BaseException, modules: tuple[str, ...]) -> frozenset[str]:
     """Names of the exception's classes that come from one of ``modules`` (by root package)."""
-    return {cls.__name__ for cls in type(exc).__mro__
-            if cls.__module__.split(".", 1)[0] in modules}
+    names: frozenset[str] = _by_class(exc, modules)
+    return names
+
+
+_BY_CLASS: dict[tuple[type, Any], Any] = {}
+_BY_CLASS_LIMIT = 1024
+
+
+def _by_class(exc: BaseException, what: Any) -> Any:
+    """What the exception's class says, read once per class (a runner reads it several times
+    per failure): ``"speaks"`` (:func:`_speaks`), ``"genai"`` (:func:`_genai_error`), or a
+    tuple of root packages (:func:`_class_names`). At most :data:`_BY_CLASS_LIMIT` classes
+    are remembered (emptied when full)."""
+    key = (type(exc), what)
+    found = _BY_CLASS.get(key)
+    if found is None:
+        mro = type(exc).__mro__
+        if what == "speaks":
+            found = bool(_class_names(exc, _SDK_MODULES) & _SDK_SPEAKERS
+                         or _class_names(exc, _TRANSPORT_MODULES) & _TRANSPORT_SPEAKERS
+                         or _genai_error(exc))
+        elif what == "genai":
+            found = any(cls.__name__ == "APIError" and cls.__module__.startswith(_GENAI_MODULE)
+                        for cls in mro)
+        else:
+            found = frozenset(cls.__name__ for cls in mro
+                              if cls.__module__.split(".", 1)[0] in what)
+        if len(_BY_CLASS) >= _BY_CLASS_LIMIT:
+            _BY_CLASS.clear()
+        _BY_CLASS[key] = found
+    return found
 
 
 def _read_body(exc: BaseException, response: Any) -> Any:
@@ -465,7 +495,11 @@ def _mask(text: str) -> str:
     (:func:`fsm.core.text.safe_error_text`: a 100 MB exception text costs microseconds, not
     seconds), then the remaining bearer tokens and ``sk-…`` keys replaced by ``***`` (an SDK
     error can echo a header)."""
-    return _SECRET.sub(lambda m: (m.group(1) or "") + "***", safe_error_text(text))
+    text = safe_error_text(text)
+    lowered = text.lower()
+    if "sk-" not in lowered and "bearer" not in lowered:  # nothing _SECRET could match
+        return text
+    return _SECRET.sub(lambda m: (m.group(1) or "") + "***", text)
 
 
 def _cause_chain(exc: BaseException, *, include_self: bool = False) -> list[str]:

@@ -114,3 +114,21 @@ def test_an_explicit_signal_holds_only_for_a_retryable_verdict_that_is_no_usage_
     refused = classify("error", "connect ECONNREFUSED 127.0.0.1:443")
     assert refused == Classification("retryable", refused.rule)
     assert replace(refused, retry_hint_ms=1_000).capacity_signal is True
+
+
+@pytest.mark.parametrize("text", [
+    "503 The engine is currently overloaded", "503 we are over capacity", "503 no capacity left",
+    "503 the model is at capacity", "503 capacity exhausted", "503 high demand right now",
+    "503 high traffic", "503 heavy load", "503 heavy traffic", "503 under heavy load",
+    "503 the server is too busy", "503 server busy", "503 models are currently busy",
+    "503 the engine is currently loading", "503 serveur surchargé", "503 servidor sobrecargado",
+    "503 Server überlastet", "503 Dienst ausgelastet", "503 服务器繁忙", "503 服务过载",
+    "503 サーバー過負荷", "503 サーバー混雑", "503 서버 과부하"])
+def test_every_wording_of_an_engine_at_capacity_is_overloaded(text):
+    """docs/classification.md "Families": a retryable 5xx whose text says the engine is at
+    capacity is ``overloaded``, in every wording the family knows — each one holds a word of
+    the cheap test that runs before the family's regex (fsm.core.classify.decide)."""
+    from fsm.core.classify.decide import _OVERLOADED_NEEDLES
+    assert any(needle in text.lower() for needle in _OVERLOADED_NEEDLES)
+    assert classify("error", text).family == "overloaded"
+    assert classify("error", "503 the server had an error").family != "overloaded"

@@ -86,6 +86,39 @@ def test_coerce_takes_the_file_shape_or_the_inner_object():
         RetrySettings.coerce([("maxRetries", 5)])  # type: ignore[arg-type]
 
 
+def test_coerce_parses_a_mapping_once_per_content_and_again_when_it_changes():
+    """docs/embedding.md "The API": `fsm.retrying(fn, settings={...})` on every call parses the
+    mapping once per content — the same settings again — and a dict the caller mutates is
+    read afresh (the parse is keyed on the content, never on the dict's identity); 1, 1.0 and
+    True are different contents (True is refused as a count)."""
+    settings = {"maxRetries": 5, "fallbackModels": ["gpt-a"], "budget": {"maxTokens": 10}}
+    first = RetrySettings.coerce(settings)
+    assert RetrySettings.coerce(settings) is first  # parsed once
+    assert RetrySettings.coerce(dict(settings)) is first  # the same content, another dict
+    settings["maxRetries"] = 7
+    assert RetrySettings.coerce(settings).max_retries == 7
+    settings["fallbackModels"].append("gpt-b")  # a nested change is a new content too
+    assert RetrySettings.coerce(settings).fallback_models == ("gpt-a", "gpt-b")
+    settings["budget"]["maxTokens"] = 20
+    assert RetrySettings.coerce(settings).budget.max_tokens == 20
+    assert RetrySettings.coerce({"maxRetries": 1}).max_retries == 1
+    assert RetrySettings.coerce({"maxRetries": 1.0}).max_retries == 1
+    with pytest.raises(SettingsError, match="maxRetries"):
+        RetrySettings.coerce({"maxRetries": True})
+    looped: dict = {"maxRetries": 1}
+    looped["budget"] = looped  # a self-containing value is not cached: the parse names it
+    with pytest.raises(SettingsError, match="budget"):
+        RetrySettings.coerce(looped)
+
+
+def test_coerce_warns_each_time_it_ignores_a_key():
+    """A mapping whose parse warns (the original's keys) warns on every call: only a quiet
+    parse is remembered."""
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="retry.provider"):
+            RetrySettings.coerce({"maxRetries": 1, "provider": {}})
+
+
 @pytest.mark.parametrize("settings", [{"max_retries": 5}, {"retry": {"max_retries": 5}}])
 def test_the_runner_refuses_a_snake_case_key_suggesting_camel_case(settings):
     """fsm.RetryRunner(settings=...) with a snake_case key raises SettingsError naming

@@ -267,3 +267,62 @@ async def test_a_store_that_drops_every_byte_is_down_once_and_never_restored():
         writer.close()
     server.close()
     await g.aclose()
+
+
+# ------------------------------------------------ a probe's patience is not spent by load (§15.6)
+def test_a_probe_s_patience_counts_only_time_the_loop_was_not_late():
+    """SPEC §15.6: the guard declares the coordinator down only on errors or a probe that
+    confirms it, never on load alone. A probe's bound (0.5 s) whose every deadline the loop
+    reaches a second late is never given up, however long that lasts (the remote's socket
+    timeout is the backstop); the first deadline reached on time ends it. A call's bound
+    still gives up after MAX_EXTENSIONS late deadlines."""
+    from fsm.fleet._guard import LOOP_LAG_TOLERANCE_S, MAX_EXTENSIONS, _Patience
+
+    probe = _Patience(100.0, 0.5, patient=True)
+    now = 100.0
+    for _ in range(100):  # 150 s of a busy loop: far beyond ten times the bound
+        now = probe.deadline + 1.0
+        assert probe.reached(now) == now + 0.5  # moved on by the lateness, at most the bound
+    assert probe.reached(probe.deadline + LOOP_LAG_TOLERANCE_S / 2) is None  # on time: given up
+
+    quiet = _Patience(100.0, 0.5, patient=True)
+    assert quiet.deadline == 100.5 and quiet.reached(100.5) is None  # a quiet loop: 0.5 s
+
+    call = _Patience(100.0, 0.05)
+    for _ in range(MAX_EXTENSIONS):
+        assert call.reached(call.deadline + 0.02) is not None
+    assert call.reached(call.deadline + 0.02) is None
+
+
+async def test_a_probe_on_a_loop_late_at_every_deadline_waits_for_its_answer():
+    """The probe of a guard whose event loop reaches every deadline a second late (the loop's
+    clock is the test's: each look at it finds it a second on) gets its answer after 30 such
+    seconds (60 times its bound): the remote stays up, no event (SPEC §15.6)."""
+    loop = asyncio.get_running_loop()
+    answered = asyncio.Event()
+    real_time = loop.time
+    start = real_time()
+    fake = [start]
+
+    def late_clock() -> float:  # each look finds the clock a second on: every deadline is late
+        fake[0] += 1.0
+        if fake[0] - start > 30:
+            answered.set()
+        return fake[0]
+
+    class Slow(Held):
+        async def probe(self):
+            self.probes += 1
+            await answered.wait()
+
+    events: list = []
+    inner = Slow(InProcessCoordinator())
+    g = GuardedCoordinator(inner, timeout_s=0.001, probe_timeout_s=0.5, on_event=events.append)
+    g.breaker.probing = True  # the probe below is the one the breaker allowed
+    loop.time = late_clock  # type: ignore[method-assign]
+    try:
+        ok = await g._probe()
+    finally:
+        del loop.time  # the loop's own clock again
+    assert ok and inner.probes == 1 and fake[0] - start > 30
+    assert events == [] and g.available

@@ -214,6 +214,18 @@ _OVERLOADED_WORDS = re.compile(
 """The overloaded family's words (docs/classification.md "Families"): any retryable 5xx, gateway,
 "retry later" or rate-limit verdict whose text says so is ``overloaded``, so that
 ``retry.fallbackOn: ["overloaded"]`` fires for every wording of an engine at capacity."""
+_OVERLOADED_NEEDLES = ("load", "capacity", "demand", "traffic", "busy", "surcharg", "sobrecarg",
+                       "überlastet", "ausgelastet", "繁忙", "过载", "過負荷", "混雑", "과부하")
+"""Every match of :data:`_OVERLOADED_WORDS` holds one of these (each branch of it names one):
+a text without any is not searched (a few substring tests instead of a regex's scan)."""
+
+
+def _may_say_overloaded(lowered: str) -> bool:
+    """Whether the lower-case text holds one of :data:`_OVERLOADED_NEEDLES`."""
+    for needle in _OVERLOADED_NEEDLES:
+        if needle in lowered:
+            return True
+    return False
 
 
 _REFUSED_OR_RESET_RE = re.compile(
@@ -232,12 +244,13 @@ def _refine(result: Classification, text: str | None) -> Classification:
     "Capacity signal")."""
     if result.kind != "retryable" or not text:
         return result
+    lowered = text.lower()
     if (result.family in _REFINABLE and not result.usage_limit
-            and _OVERLOADED_WORDS.search(text.lower()) is not None):
+            and _may_say_overloaded(lowered) and _OVERLOADED_WORDS.search(lowered) is not None):
         return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
                               "overloaded")
     if (result.family == "network" and not result.capacity_signal
-            and _REFUSED_OR_RESET_RE.search(text.lower()) is not None):
+            and _REFUSED_OR_RESET_RE.search(lowered) is not None):
         return Classification("retryable", result.rule, result.usage_limit, result.retry_hint_ms,
                               "network", True)
     return result

@@ -144,7 +144,7 @@ async def test_a_success_at_once_credits_the_budget_and_a_first_failure_still_st
     attempt goes before any chain is built; its failure then starts the chain from that
     attempt (events from attempt 1, the backoff), as before (docs/integrations.md "Cost")."""
     from fsm.fleet import InProcessCoordinator
-    from tests.integrations.parity_support import VirtualClock
+    from parity_support import VirtualClock
 
     class Crediting(InProcessCoordinator):
         credited = asyncio.Event()

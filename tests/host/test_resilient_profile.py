@@ -24,11 +24,12 @@ def resilient(**keys):
     return RetrySettings.from_json({"retry": {"profile": "resilient", **keys}})
 
 
-def make(settings, script=None):
+def make(settings, script=None, random=None):
     clock = FakeClock()
     provider = ScriptedProvider(script or [ok()])
     coordinator = InProcessCoordinator(monotonic_ms=clock.time_ms)
-    session = AgentSession(provider, settings=settings, clock=clock, coordinator=coordinator)
+    session = AgentSession(provider, settings=settings, clock=clock, coordinator=coordinator,
+                           random=random)
     events = []
     session.subscribe(events.append)
     return session, provider, clock, coordinator, events
@@ -148,10 +149,12 @@ async def test_a_throttle_is_told_to_the_pacer():
 
 async def test_a_retry_the_budget_cannot_afford_waits_for_its_floor_slot():
     """Budget in wait mode: a refused retry waits (delaySource budget) and goes at its slot."""
-    settings = resilient(budget={"maxTokens": 1, "tokenRatio": 0.1, "mode": "wait",
-                                 "minRetriesPerSecond": 0.2})
+    # no jitter and a fixed random source (the floor's re-check is jittered): a wait long enough
+    # would find the floor's slot free already, and the test would not test the wait
+    settings = resilient(jitter="none", budget={"maxTokens": 1, "tokenRatio": 0.1, "mode": "wait",
+                                                "minRetriesPerSecond": 0.2})
     session, provider, clock, coordinator, events = make(
-        settings, [error(OVERLOADED), error(OVERLOADED), ok()])
+        settings, [error(OVERLOADED), error(OVERLOADED), ok()], random=lambda: 0.5)
     task = asyncio.ensure_future(session.prompt("hi"))
     await settle(clock, task)
     starts = of(events, "auto_retry_start")

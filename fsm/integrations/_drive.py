@@ -20,6 +20,7 @@ from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER, Chain, refuse_unsupported
 from fsm.host.clock import wait_ms
+from fsm.host.loop import Attempt, Send, Wait, run_async, run_sync
 
 __all__ = ["ENDED_BY_BRAIN", "BrainHost", "attempts_async", "attempts_sync", "drive_async",
            "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_end",
@@ -179,29 +180,43 @@ def raise_end(chain: Chain, exc: BaseException) -> NoReturn:
     raise_outcome(chain, exc)
 
 
+def _send(attempt: Callable[[], Any], passthrough: tuple[type[BaseException], ...]
+          ) -> Callable[[Send], Attempt]:
+    def send(command: Send) -> Attempt:
+        try:
+            return Attempt(result=attempt())
+        except passthrough:
+            raise  # thrown into the steps: a running chain ends cancelled, then it goes on
+        except Exception as exc:
+            return Attempt(exc=exc)
+    return send
+
+
 def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
                sleep: Callable[[float], Any] = time.sleep,
                passthrough: tuple[type[BaseException], ...] = ()) -> Any:
-    """Run ``attempt()`` until it returns or the brain ends the chain (``chain`` built with
-    ``sync=True``); ``sleep(seconds)`` waits each backoff. Closes ``chain``."""
+    """Run ``attempt()`` on ``chain``'s loop (built with ``sync=True``) with the loop's own
+    driver, :func:`fsm.host.loop.run_sync`, as the runner's :meth:`~fsm.host.runner.RetryRunner.run_sync`
+    does: every wait the steps ask for — the first request's gate (admission, cooldown,
+    pacing), the backoff, the budget's re-check in wait mode, the gate before each retry — is
+    waited with ``sleep(seconds)``, until ``attempt()`` returns (its result) or the brain ends
+    the chain (the exception of docs/policy.md §10, marked :func:`ended_by_brain`). An
+    exception of ``passthrough`` ends a running chain ``cancelled`` and goes on untouched.
+    Closes ``chain``."""
+    loop = chain.loop
+    loop.gate_first = True
+
+    def wait(command: Wait) -> bool:
+        sleep(command.delay_ms / 1000)
+        return True
+
     owner = RETRY_OWNER.set(chain)
     try:
-        while True:
-            try:
-                result = attempt()
-            except passthrough:
-                raise
-            except Exception as exc:
-                delay = chain.failed_sync(exc)
-                if delay is None:
-                    raise_end(chain, exc)
-                sleep(delay / 1000)
-                chain.backoff_elapsed()
-            else:
-                chain.succeeded()
-                return result
-    except BaseException:  # KeyboardInterrupt, control flow: a running chain ends cancelled
-        chain.cancel()
+        return run_sync(loop.steps(), send=_send(attempt, passthrough), wait=wait)
+    except passthrough:
+        raise
+    except Exception as exc:
+        mark_ended(exc)
         raise
     finally:
         RETRY_OWNER.reset(owner)
@@ -210,27 +225,32 @@ def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
 
 async def drive_async(chain: Chain, attempt: Callable[[], Awaitable[Any]], *, clock: Any = None,
                       passthrough: tuple[type[BaseException], ...] = ()) -> Any:
-    """``await attempt()`` until it succeeds or the brain ends the chain; each backoff waits on
-    ``clock`` (:func:`fsm.host.clock.wait_ms`); a cancellation ends the chain ``cancelled``.
-    Closes ``chain``."""
+    """:func:`drive_sync` on asyncio with :func:`fsm.host.loop.run_async` (the runner's
+    driver): ``await attempt()``, every wait on ``clock`` (:func:`fsm.host.clock.wait_ms`);
+    a cancellation ends the chain ``cancelled``. Closes ``chain`` (its coordinator writes in
+    flight finished first)."""
+    loop = chain.loop
+    loop.gate_first = True
+
+    async def send(command: Send) -> Attempt:
+        try:
+            return Attempt(result=await attempt())
+        except passthrough:
+            raise
+        except Exception as exc:
+            return Attempt(exc=exc)
+
+    async def wait(command: Wait) -> bool:
+        await wait_ms(clock, command.delay_ms)
+        return True
+
     owner = RETRY_OWNER.set(chain)
     try:
-        while True:
-            try:
-                result = await attempt()
-            except passthrough:
-                raise
-            except Exception as exc:
-                delay = await chain.failed(exc)
-                if delay is None:
-                    raise_end(chain, exc)
-                await wait_ms(clock, delay)
-                chain.backoff_elapsed()
-            else:
-                chain.succeeded()
-                return result
-    except BaseException:
-        chain.cancel()
+        return await run_async(loop.steps(), send, wait)
+    except passthrough:
+        raise
+    except Exception as exc:
+        mark_ended(exc)
         raise
     finally:
         RETRY_OWNER.reset(owner)

@@ -5,7 +5,9 @@ that a transport under it passes requests through.
 ``attempt()`` runs one attempt (a request, a stream consumed); an exception it raises is the
 failure the brain classifies. ``passthrough``: exception classes that are control flow, not
 failures (re-raised untouched; a running chain ends ``cancelled`` first). When the chain ends
-without success, :func:`raise_end` raises what :func:`fsm.retrying` raises (docs/policy.md §10).
+without success, what :func:`fsm.retrying` raises is raised (docs/policy.md §10): by the loop
+itself in :func:`drive_sync` / :func:`drive_async` (the runner's drivers,
+:mod:`fsm.host.loop`), by :func:`raise_outcome` for a host that steps a chain from outside.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from fsm.host.clock import wait_ms
 from fsm.host.loop import Attempt, Send, Wait, run_async, run_sync
 
 __all__ = ["ENDED_BY_BRAIN", "BrainHost", "attempts_async", "attempts_sync", "drive_async",
-           "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_end",
-           "raise_outcome"]
+           "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_outcome"]
 
 
 class BrainHost:
@@ -137,12 +138,13 @@ async def attempts_async(chain: Chain, attempt: Callable[[str | None], Awaitable
             return result
 
 ENDED_BY_BRAIN = "_fsm_chain_ended"
-"""The attribute :func:`raise_end` sets on what it raises: a framework retry hook that sees it
-knows the brain already decided (one retry owner)."""
+"""The attribute :func:`mark_ended` sets on what a chain ended with (:func:`drive_sync` and
+:func:`drive_async` mark what they raise): a framework retry hook that sees it knows the brain
+already decided (one retry owner)."""
 
 
 def ended_by_brain(exc: BaseException) -> bool:
-    """True for an exception a chain ended with (raised by :func:`raise_end`)."""
+    """True for an exception a chain ended with (:func:`mark_ended`)."""
     return bool(getattr(exc, ENDED_BY_BRAIN, False))
 
 
@@ -168,16 +170,6 @@ def raise_outcome(chain: Chain, exc: BaseException) -> NoReturn:
     if error is exc:
         raise exc
     raise error from exc
-
-
-def raise_end(chain: Chain, exc: BaseException) -> NoReturn:
-    """:func:`raise_outcome`, what it raises marked (:func:`mark_ended`) and, when that is
-    ``exc`` after a chain ended, ``retry-fsm: endReason ...`` in its notes."""
-    error = chain.error()
-    mark_ended(error)
-    if error is exc and chain.end is not None:
-        exc.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
-    raise_outcome(chain, exc)
 
 
 def _send(attempt: Callable[[], Any], passthrough: tuple[type[BaseException], ...]

@@ -145,7 +145,7 @@ class Chain:
         settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping
             (``{"maxRetries": 5}`` or ``{"retry": {...}}``); None = the defaults. The chain
             runs on them resolved for its provider and model
-            (:meth:`~fsm.core.settings.RetrySettings.for_provider`: the ``retry.providers``
+            (:meth:`~fsm.RetrySettings.for_provider`: the ``retry.providers``
             entries of ``key``'s provider and model, else of ``provider``/``model``;
             docs/policy.md §13.4): :attr:`settings`.
         on_event: called with each :mod:`fsm.core.events` event, in the brain's order; an

@@ -170,7 +170,7 @@ class RetryRunner:
         key: the coordinator's key for this call's provider account; None = the callable's
             top-level module (``openai``, ``anthropic``) and its ``model=`` argument. Its
             provider and model also pick the ``retry.providers`` entries each call runs on
-            (:meth:`~fsm.core.settings.RetrySettings.for_provider`, docs/policy.md §13.4).
+            (:meth:`~fsm.RetrySettings.for_provider`, docs/policy.md §13.4).
         clock: a :class:`~fsm.host.clock.Clock` (``call_later`` for the backoff, ``time_ms`` for
             the time; :class:`~fsm.testing.FakeClock` in tests). None = asyncio's loop and
             ``time.time()``.

@@ -92,7 +92,8 @@ def refuse_unsupported(settings: RetrySettings, host: str, keys: tuple[str, ...]
     """Refuse the settings ``host`` cannot act on rather than accept and ignore them: the first
     of ``keys`` (camelCase: ``fallbackModels``, ``attemptTimeoutMs``) set in ``settings``
     raises :class:`~fsm.core.settings.SettingsError` naming it and the host
-    (docs/integrations.md, "Settings each integration honours"). A value a *profile* set (the
+    (docs/integrations.md, "Settings each integration honours"), and so does one of them in a
+    ``retry.providers`` entry (``providers["openai"].idleTimeoutMs``). A value a *profile* set (the
     resilient profile's ``idleTimeoutMs``) is left out instead, as the runner does
     (docs/policy.md §13.1). Returns ``settings``, without those profile values."""
     import dataclasses
@@ -107,6 +108,13 @@ def refuse_unsupported(settings: RetrySettings, host: str, keys: tuple[str, ...]
             raise SettingsError(key, list(value) if isinstance(value, tuple) else value,
                                 f"unset: {host} cannot act on it (docs/integrations.md; use "
                                 f"fsm.retrying or the agent session)")
+    for name, entry in settings.providers:  # an override per provider (§13.4) is refused alike
+        for key in keys:
+            value = entry.get(key)
+            if value is not None and value != ():
+                raise SettingsError(f'providers["{name}"].{key}',
+                                    list(value) if isinstance(value, tuple) else value,
+                                    f"unset: {host} cannot act on it (docs/integrations.md)")
     return settings
 
 
@@ -135,7 +143,11 @@ class Chain:
 
     Args:
         settings: :class:`~fsm.core.settings.RetrySettings` or the file's ``retry`` mapping
-            (``{"maxRetries": 5}`` or ``{"retry": {...}}``); None = the defaults.
+            (``{"maxRetries": 5}`` or ``{"retry": {...}}``); None = the defaults. The chain
+            runs on them resolved for its provider and model
+            (:meth:`~fsm.RetrySettings.for_provider`: the ``retry.providers``
+            entries of ``key``'s provider and model, else of ``provider``/``model``;
+            docs/policy.md §13.4): :attr:`settings`.
         on_event: called with each :mod:`fsm.core.events` event, in the brain's order; an
             exception it raises is swallowed (a broken listener never breaks the chain).
         coordinator: the fleet's coordinator (``docs/fleet.md``); None = the in-process one of
@@ -166,10 +178,10 @@ class Chain:
                  zone: ZoneResolver | None = default_zone, sync: bool = False) -> None:
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
-        self.settings = _settings(settings)
-        self.on_event = on_event
         self.provider = provider or "default"
         self.model = model or "default"
+        self.settings = _settings(settings).for_provider(*self._names(key))
+        self.on_event = on_event
         self._key = key
         self._sync = sync
         self.loop = RetryLoop(self.settings, emit=self._emit, clock=clock, coordinator=coordinator,
@@ -183,6 +195,14 @@ class Chain:
         self._error: BaseException | None = None
         self._done = False
         self.delay_ms: int | None = None
+
+    def _names(self, key: Any) -> tuple[str | None, str | None]:
+        """The provider and model whose ``retry.providers`` entries apply (docs/policy.md
+        §13.4): ``key``'s when given, else ``provider``/``model``; ``"default"`` is unknown."""
+        provider = getattr(key, "provider", None) if key is not None else self.provider
+        model = getattr(key, "model", None) if key is not None else self.model
+        return (provider if provider and provider != "default" else None,
+                model if model and model != "default" else None)
 
     # ------------------------------------------------------------------ the loop's state
     @property

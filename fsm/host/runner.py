@@ -114,8 +114,13 @@ def _settings(settings: RetrySettings | Mapping[str, Any] | None) -> RetrySettin
     settings = RetrySettings.coerce(settings)  # {"retry": {...}} or the inner object, camelCase
     if settings is not None:
         settings = _without_profile_watchdog(settings)
-        for key, value in (("firstTokenTimeoutMs", settings.first_token_timeout_ms),
-                           ("idleTimeoutMs", settings.idle_timeout_ms)):
+        stall = [(key, value) for key, value in (
+            ("firstTokenTimeoutMs", settings.first_token_timeout_ms),
+            ("idleTimeoutMs", settings.idle_timeout_ms))]
+        stall += [(f'providers["{name}"].{key}', entry.get(key))
+                  for name, entry in settings.providers
+                  for key in ("firstTokenTimeoutMs", "idleTimeoutMs")]
+        for key, value in stall:
             if value is not None:  # docs/policy.md §13.1: the runner sees no stream
                 raise SettingsError(key, value, "null in the runner, which sees no stream "
                                     "(a stall watchdog needs the deltas; use attemptTimeoutMs)")
@@ -168,7 +173,9 @@ class RetryRunner:
             coordinator at once (in-process) or on the process's background coordinator loop;
             without one it shares nothing.
         key: the coordinator's key for this call's provider account; None = the callable's
-            top-level module (``openai``, ``anthropic``) and its ``model=`` argument.
+            top-level module (``openai``, ``anthropic``) and its ``model=`` argument. Its
+            provider and model also pick the ``retry.providers`` entries each call runs on
+            (:meth:`~fsm.RetrySettings.for_provider`, docs/policy.md §13.4).
         clock: a :class:`~fsm.host.clock.Clock` (``call_later`` for the backoff, ``time_ms`` for
             the time; :class:`~fsm.testing.FakeClock` in tests). None = asyncio's loop and
             ``time.time()``.
@@ -243,6 +250,11 @@ class RetryRunner:
 
         model = kwargs.get("model")
         settings = self.settings or _DEFAULT_SETTINGS
+        if settings.providers:  # the entries of the call's provider and model (§13.4)
+            given = self.key
+            provider, name = ((getattr(given, "provider", None), getattr(given, "model", None))
+                              if given is not None else _default_key(fn, kwargs))
+            settings = settings.for_provider(provider, name if name != "default" else None)
         return RetryLoop(settings, emit=self._emit, clock=self.clock,
                          coordinator=self.coordinator, key=key, to_message=self.to_message,
                          secrets=secrets, model=model if isinstance(model, str) else None,
@@ -363,12 +375,13 @@ class RetryRunner:
         """``fn(*args, **kwargs)`` under the brain, waiting with ``sleep`` (default
         ``time.sleep``); the same loop, results and exceptions as :meth:`run`. A
         ``KeyboardInterrupt`` during a chain ends it ``cancelled`` and propagates."""
-        if self.settings is not None and self.settings.attempt_timeout_ms is not None:
-            raise TypeError("retry.attemptTimeoutMs needs an async call (a sync call cannot be "
-                            "stopped): use RetryRunner.run (or fsm.retrying)")
         sleep = self.sleep or time.sleep
         kwargs = self._model_for_new_call(kwargs)  # type: ignore[assignment]
         loop = self._loop(fn, kwargs, sync=True)
+        if loop.brain.settings.attempt_timeout_ms is not None:
+            loop.close()
+            raise TypeError("retry.attemptTimeoutMs needs an async call (a sync call cannot be "
+                            "stopped): use RetryRunner.run (or fsm.retrying)")
 
         def send(command: Send) -> Attempt:
             call = kwargs if command.model is None else {**kwargs, "model": command.model}

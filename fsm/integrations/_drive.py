@@ -5,7 +5,9 @@ that a transport under it passes requests through.
 ``attempt()`` runs one attempt (a request, a stream consumed); an exception it raises is the
 failure the brain classifies. ``passthrough``: exception classes that are control flow, not
 failures (re-raised untouched; a running chain ends ``cancelled`` first). When the chain ends
-without success, :func:`raise_end` raises what :func:`fsm.retrying` raises (docs/policy.md §10).
+without success, what :func:`fsm.retrying` raises is raised (docs/policy.md §10): by the loop
+itself in :func:`drive_sync` / :func:`drive_async` (the runner's drivers,
+:mod:`fsm.host.loop`), by :func:`raise_outcome` for a host that steps a chain from outside.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER, Chain, refuse_unsupported
 from fsm.host.clock import wait_ms
+from fsm.host.loop import Attempt, Send, Wait, run_async, run_sync
 
 __all__ = ["ENDED_BY_BRAIN", "BrainHost", "attempts_async", "attempts_sync", "drive_async",
-           "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_end",
-           "raise_outcome"]
+           "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_outcome"]
 
 
 class BrainHost:
@@ -136,12 +138,13 @@ async def attempts_async(chain: Chain, attempt: Callable[[str | None], Awaitable
             return result
 
 ENDED_BY_BRAIN = "_fsm_chain_ended"
-"""The attribute :func:`raise_end` sets on what it raises: a framework retry hook that sees it
-knows the brain already decided (one retry owner)."""
+"""The attribute :func:`mark_ended` sets on what a chain ended with (:func:`drive_sync` and
+:func:`drive_async` mark what they raise): a framework retry hook that sees it knows the brain
+already decided (one retry owner)."""
 
 
 def ended_by_brain(exc: BaseException) -> bool:
-    """True for an exception a chain ended with (raised by :func:`raise_end`)."""
+    """True for an exception a chain ended with (:func:`mark_ended`)."""
     return bool(getattr(exc, ENDED_BY_BRAIN, False))
 
 
@@ -169,39 +172,43 @@ def raise_outcome(chain: Chain, exc: BaseException) -> NoReturn:
     raise error from exc
 
 
-def raise_end(chain: Chain, exc: BaseException) -> NoReturn:
-    """:func:`raise_outcome`, what it raises marked (:func:`mark_ended`) and, when that is
-    ``exc`` after a chain ended, ``retry-fsm: endReason ...`` in its notes."""
-    error = chain.error()
-    mark_ended(error)
-    if error is exc and chain.end is not None:
-        exc.add_note(f"retry-fsm: endReason {chain.end.end_reason}")
-    raise_outcome(chain, exc)
+def _send(attempt: Callable[[], Any], passthrough: tuple[type[BaseException], ...]
+          ) -> Callable[[Send], Attempt]:
+    def send(command: Send) -> Attempt:
+        try:
+            return Attempt(result=attempt())
+        except passthrough:
+            raise  # thrown into the steps: a running chain ends cancelled, then it goes on
+        except Exception as exc:
+            return Attempt(exc=exc)
+    return send
 
 
 def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
                sleep: Callable[[float], Any] = time.sleep,
                passthrough: tuple[type[BaseException], ...] = ()) -> Any:
-    """Run ``attempt()`` until it returns or the brain ends the chain (``chain`` built with
-    ``sync=True``); ``sleep(seconds)`` waits each backoff. Closes ``chain``."""
+    """Run ``attempt()`` on ``chain``'s loop (built with ``sync=True``) with the loop's own
+    driver, :func:`fsm.host.loop.run_sync`, as the runner's :meth:`~fsm.host.runner.RetryRunner.run_sync`
+    does: every wait the steps ask for — the first request's gate (admission, cooldown,
+    pacing), the backoff, the budget's re-check in wait mode, the gate before each retry — is
+    waited with ``sleep(seconds)``, until ``attempt()`` returns (its result) or the brain ends
+    the chain (the exception of docs/policy.md §10, marked :func:`ended_by_brain`). An
+    exception of ``passthrough`` ends a running chain ``cancelled`` and goes on untouched.
+    Closes ``chain``."""
+    loop = chain.loop
+    loop.gate_first = True
+
+    def wait(command: Wait) -> bool:
+        sleep(command.delay_ms / 1000)
+        return True
+
     owner = RETRY_OWNER.set(chain)
     try:
-        while True:
-            try:
-                result = attempt()
-            except passthrough:
-                raise
-            except Exception as exc:
-                delay = chain.failed_sync(exc)
-                if delay is None:
-                    raise_end(chain, exc)
-                sleep(delay / 1000)
-                chain.backoff_elapsed()
-            else:
-                chain.succeeded()
-                return result
-    except BaseException:  # KeyboardInterrupt, control flow: a running chain ends cancelled
-        chain.cancel()
+        return run_sync(loop.steps(), send=_send(attempt, passthrough), wait=wait)
+    except passthrough:
+        raise
+    except Exception as exc:
+        mark_ended(exc)
         raise
     finally:
         RETRY_OWNER.reset(owner)
@@ -210,27 +217,32 @@ def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
 
 async def drive_async(chain: Chain, attempt: Callable[[], Awaitable[Any]], *, clock: Any = None,
                       passthrough: tuple[type[BaseException], ...] = ()) -> Any:
-    """``await attempt()`` until it succeeds or the brain ends the chain; each backoff waits on
-    ``clock`` (:func:`fsm.host.clock.wait_ms`); a cancellation ends the chain ``cancelled``.
-    Closes ``chain``."""
+    """:func:`drive_sync` on asyncio with :func:`fsm.host.loop.run_async` (the runner's
+    driver): ``await attempt()``, every wait on ``clock`` (:func:`fsm.host.clock.wait_ms`);
+    a cancellation ends the chain ``cancelled``. Closes ``chain`` (its coordinator writes in
+    flight finished first)."""
+    loop = chain.loop
+    loop.gate_first = True
+
+    async def send(command: Send) -> Attempt:
+        try:
+            return Attempt(result=await attempt())
+        except passthrough:
+            raise
+        except Exception as exc:
+            return Attempt(exc=exc)
+
+    async def wait(command: Wait) -> bool:
+        await wait_ms(clock, command.delay_ms)
+        return True
+
     owner = RETRY_OWNER.set(chain)
     try:
-        while True:
-            try:
-                result = await attempt()
-            except passthrough:
-                raise
-            except Exception as exc:
-                delay = await chain.failed(exc)
-                if delay is None:
-                    raise_end(chain, exc)
-                await wait_ms(clock, delay)
-                chain.backoff_elapsed()
-            else:
-                chain.succeeded()
-                return result
-    except BaseException:
-        chain.cancel()
+        return await run_async(loop.steps(), send, wait)
+    except passthrough:
+        raise
+    except Exception as exc:
+        mark_ended(exc)
         raise
     finally:
         RETRY_OWNER.reset(owner)

@@ -223,13 +223,28 @@ class _Base:
         self.provider = provider
         self.clock = clock
         self._warned = False
-        # The chain is built before the first request only when the coordinator is asked
-        # before it (the gate) or told after a success (the pacer's signal, the budget's
-        # credit): otherwise a request that succeeds at once needs no chain, and a failed
-        # first attempt builds it then (the same steps from the same first failure).
-        self._chain_first = (not sync or coordinator is not None) and self.settings.needs_coordinator
+        self._may_ask = not sync or coordinator is not None
+
+    def _settings_for(self, request: Any) -> RetrySettings:
+        """The settings of ``request``'s call: :attr:`settings` resolved for its provider
+        (:func:`~fsm.host.kernel.provider_id`: ``provider``, else the URL's host) and its JSON
+        body's ``model`` (``retry.providers``, docs/policy.md §13.4)."""
+        if not self.settings.providers:
+            return self.settings
+        url = request.url
+        return self.settings.for_provider(provider_id(self.provider, url.host, url.port),
+                                          _model(request))
+
+    def _chain_first(self, settings: RetrySettings) -> bool:
+        """The chain is built before the first request only when the coordinator is asked
+        before it (the gate) or told after a success (the pacer's signal, the budget's
+        credit): otherwise a request that succeeds at once needs no chain, and a failed
+        first attempt builds it then (the same steps from the same first failure)."""
+        return self._may_ask and settings.needs_coordinator
 
     def _chain(self, request: Any, *, sync: bool) -> Chain:
+        """The chain of ``request``'s call (its settings resolved for its provider and model:
+        :class:`~fsm.host.chain.Chain`)."""
         url = request.url
         return Chain(self.settings, sync=sync, coordinator=self.coordinator,
                      provider=provider_id(self.provider, url.host, url.port),
@@ -262,8 +277,10 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
         on_event: called with each :mod:`fsm.core.events` event.
         coordinator: the fleet's coordinator (docs/fleet.md); None = the event loop's
             in-process one when hints are honoured or a budget is set.
-        provider: the provider's name for the coordinator key and ``retry.providers``; None =
-            from the request's host (``api.openai.com`` → ``openai``).
+        provider: the provider's name for the coordinator key and ``retry.providers`` (its
+            entries, and the ``"provider/model"`` entry of the JSON body's ``model``, apply
+            to each request: docs/policy.md §13.4); None = from the request's host
+            (``api.openai.com`` → ``openai``).
         clock: a host clock (``time_ms()``, ``call_later``); None = real time.
         random: floats in [0, 1) for jitter.
     """
@@ -281,7 +298,8 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
         if OWNER.get() is not None:
             return await self.wrapped.handle_async_request(request)
         replayable = _replayable(request)  # before sending: reading a stream makes it bytes
-        chain = self._chain(request, sync=False) if self._chain_first else None
+        settings = self._settings_for(request)
+        chain = self._chain(request, sync=False) if self._chain_first(settings) else None
         token = OWNER.set(self)
         pause = functools.partial(wait_ms, self.clock)
         try:
@@ -289,7 +307,7 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
                 await chain.pause(await chain.start(), pause)  # the gate of the first request
             while True:
                 try:
-                    response = await self._attempt(request)
+                    response = await self._attempt(request, settings.attempt_timeout_ms)
                 except httpx2.TransportError as exc:
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
@@ -331,10 +349,10 @@ class AsyncRetryTransport(_Base, httpx2.AsyncBaseTransport):
             if chain is not None:
                 chain.close()
 
-    async def _attempt(self, request: Any) -> Any:
-        """One attempt, bounded by ``retry.attemptTimeoutMs`` up to its response headers (on
-        :attr:`clock` when it has ``call_later``): ``httpx2.TimeoutException`` at the bound."""
-        limit = self.settings.attempt_timeout_ms
+    async def _attempt(self, request: Any, limit: int | None) -> Any:
+        """One attempt, bounded by ``limit`` ms (``retry.attemptTimeoutMs``) up to its
+        response headers (on :attr:`clock` when it has ``call_later``):
+        ``httpx2.TimeoutException`` at the bound."""
         if limit is None:
             return await self.wrapped.handle_async_request(request)
         task = asyncio.ensure_future(self.wrapped.handle_async_request(request))
@@ -389,7 +407,8 @@ class RetryTransport(_Base, httpx2.BaseTransport):
         if OWNER.get() is not None:
             return self.wrapped.handle_request(request)
         replayable = _replayable(request)  # before sending: reading a stream makes it bytes
-        chain = self._chain(request, sync=True) if self._chain_first else None
+        settings = self._settings_for(request)
+        chain = self._chain(request, sync=True) if self._chain_first(settings) else None
         token = OWNER.set(self)
         sleep = self._sleep_ms
         try:
@@ -397,7 +416,7 @@ class RetryTransport(_Base, httpx2.BaseTransport):
                 chain.pause_sync(chain.start_sync(), sleep)  # the gate of the first request
             while True:
                 try:
-                    response = self._attempt(request)
+                    response = self._attempt(request, settings.attempt_timeout_ms)
                 except httpx2.TransportError as exc:
                     if not replayable:
                         exc.add_note(NOT_REPLAYABLE)
@@ -438,11 +457,10 @@ class RetryTransport(_Base, httpx2.BaseTransport):
             if chain is not None:
                 chain.close()
 
-    def _attempt(self, request: Any) -> Any:
-        """One attempt, bounded by ``retry.attemptTimeoutMs`` through httpx2's per-request
-        timeouts (each phase — connect, write, each read — at most the bound; a shorter one the
-        client set stays): ``httpx2.TimeoutException`` at the bound."""
-        limit = self.settings.attempt_timeout_ms
+    def _attempt(self, request: Any, limit: int | None) -> Any:
+        """One attempt, bounded by ``limit`` ms (``retry.attemptTimeoutMs``) through httpx2's
+        per-request timeouts (each phase — connect, write, each read — at most the bound; a
+        shorter one the client set stays): ``httpx2.TimeoutException`` at the bound."""
         if limit is None:
             return self.wrapped.handle_request(request)
         given = request.extensions.get("timeout") or {}

@@ -6,8 +6,9 @@ wait* for one error (docs/integrations.md, "LangGraph"):
 - :func:`retry_node` — **the one to use**: a decorator for a node function (sync or ``async``)
   that runs the node's attempts on a :class:`~fsm.host.chain.Chain`. Every wait comes from the
   brain: retry hints (``retry-after``, ``retry-after-ms``, ``x-ratelimit-reset-*``) under
-  ``retryHints: "honor"``, the retry budget, ``maxElapsedMs``, the fleet's cooldowns (async
-  nodes with a ``coordinator``), events per attempt, chain ends::
+  ``retryHints: "honor"``, the retry budget (its re-check in wait mode), ``maxElapsedMs``, the
+  fleet's cooldowns and pacing (the gate before the first request and each retry), events per
+  attempt, chain ends::
 
       import openai
       from langgraph.graph import StateGraph, MessagesState, START
@@ -108,11 +109,19 @@ def retry_node(settings: RetrySettings | Mapping[str, Any] | None = None, *,
             ``fallbackModels`` and the timeouts are refused (a node wrapper can neither switch
             the model nor abort the attempt: use :func:`fsm.retrying` inside the node).
         on_event: called with each :mod:`fsm.core.events` event.
-        coordinator: the fleet's coordinator for ``async`` nodes (docs/fleet.md).
+        coordinator: the fleet's coordinator (docs/fleet.md); a sync node asks it at once
+            (in-process) or on the process's background coordinator loop, as
+            :meth:`fsm.RetryRunner.run_sync` does. None = the event loop's in-process one for
+            ``async`` nodes; a sync node then shares nothing.
         clock: a host clock (``time_ms()``, ``call_later``); None = real time.
         sleep: ``sleep(seconds)`` for sync nodes (default the clock's, else ``time.sleep``).
         random: floats in [0, 1) for jitter.
-        provider, model: the coordinator key's names (``CoordKey(provider, model)``).
+        provider, model: the coordinator key's names (``CoordKey(provider, model)``); they
+            also pick the ``retry.providers`` entries the node runs on (docs/policy.md §13.4).
+
+    Every wait is the one loop's (:mod:`fsm.host.loop`, driven as the runner drives it): the
+    first request's gate (admission under the ``resilient`` profile, cooldowns, pacing), the
+    backoff, the budget's re-check in wait mode and the gate before each retry.
 
     The wrapped function keeps its signature (LangGraph passes ``config``, ``runtime``... as
     to the original). Raises :class:`~fsm.core.settings.SettingsError` here for a bad key.
@@ -138,7 +147,7 @@ def retry_node(settings: RetrySettings | Mapping[str, Any] | None = None, *,
         @functools.wraps(fn)
         def node(*args: Any, **kwargs: Any) -> Any:
             _refuse_rerun()
-            chain = Chain(base, sync=True, **options)
+            chain = Chain(base, sync=True, coordinator=coordinator, **options)
             return drive_sync(chain, lambda: fn(*args, **kwargs), sleep=wait,
                               passthrough=(GraphBubbleUp,))
         return node  # type: ignore[return-value]

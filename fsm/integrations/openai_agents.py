@@ -123,7 +123,9 @@ class BrainRetryPolicy:
 
     def retry_settings(self) -> Any:
         """The ``ModelRetrySettings`` with this policy (for a ``ModelSettings`` of your own)."""
-        return ModelRetrySettings(max_retries=self.settings.max_retries + 1, policy=self)
+        resolved = Chain(self.settings, sync=True, provider=self._options["provider"],
+                         model=self._options["model"]).settings  # retry.providers (§13.4)
+        return ModelRetrySettings(max_retries=resolved.max_retries + 1, policy=self)
 
     def hooks(self) -> Any:
         """A ``RunHooks`` telling the brain when a model call succeeded (pass it as

@@ -119,13 +119,35 @@ SCRIPTS: dict[str, Script] = {
                     ("RetryChainError", "exhausted"), (3, 1, 0)),
         settings={"maxRetries": 2},
         rows={"the exception of a chain's end": ("outcome",)}),
+    "529s under pacing": Script(
+        [OVERLOADED] * 3 + [OK],
+        Observation((MODEL,) * 4, (100, 200, 800, 400, 600),
+                    (start(1, 3, 100, "backoff"), start(2, 3, 200, "backoff"),
+                     start(3, 3, 400, "backoff"), end(True, 3, "succeeded")),
+                    ("ok",), (3, 0, 1)),
+        settings={"pacing": {"minRate": 1, "maxRate": 2}}),
+    "resilient: budget in wait mode, pacing": Script(
+        [OVERLOADED] * 3 + [OK],
+        Observation((MODEL,) * 4, (100, 1900, 2000),
+                    (start(1, 100, 100, "backoff"), start(2, 100, 1900, "budget"),
+                     start(3, 100, 2000, "budget"), end(True, 3, "succeeded")),
+                    ("ok",), (0, 0, 1)),
+        settings={"profile": "resilient", "jitter": "none", "maxElapsedMs": None,
+                  "idleTimeoutMs": None, "pacing": {"minRate": 1, "maxRate": 2},
+                  "budget": {"maxTokens": 2, "tokenRatio": 0.5, "mode": "wait",
+                             "minRetriesPerSecond": 0.5}}),
 }
+"""Under pacing, the waits between the backoffs are the pacer's slots (its rate cut by the
+529s, docs/fleet.md "Pacing"); in wait mode the budget's floor slot is waited and asked again
+(docs/fleet.md "Budget in wait mode"). The resilient script leaves out ``maxElapsedMs`` and the
+stall watchdog (the virtual clock fires every timer at once)."""
 
 
 # ---------------------------------------------------------------------------- the one table
 HOST_COLUMNS = {"session": "session", "runner async": "runner", "runner sync": "runner",
                 "httpx2 async": "httpx2 transports", "httpx2 sync": "httpx2 transports",
-                "tenacity": "tenacity", "LangChain": "LangChain", "pydantic-ai": "pydantic-ai"}
+                "tenacity": "tenacity", "LangChain": "LangChain", "pydantic-ai": "pydantic-ai",
+                "LangGraph sync": "LangGraph", "LangGraph async": "LangGraph"}
 """Each host's column in the table."""
 
 

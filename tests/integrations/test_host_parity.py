@@ -135,10 +135,52 @@ def _pydantic_ai(srv, settings, clock, coordinator, events):
     return _run(run())
 
 
+def _langgraph_graph(node: Any) -> Any:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class State(TypedDict):
+        answer: str
+
+    graph = StateGraph(State)
+    graph.add_node("ask", node)  # no retry_policy: one retry owner
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph.compile()
+
+
+def _langgraph_sync(srv, settings, clock, coordinator, events):
+    from fsm.integrations.langgraph import retry_node
+    client = openai.OpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0)
+
+    @retry_node(settings, on_event=events.append, coordinator=coordinator, clock=clock,
+                provider="openai", model=MODEL)
+    def ask(state):
+        reply = client.chat.completions.create(model=MODEL, messages=PROMPT)
+        return {"answer": reply.choices[0].message.content}
+    return _langgraph_graph(ask).invoke({"answer": ""})
+
+
+def _langgraph_async(srv, settings, clock, coordinator, events):
+    from fsm.integrations.langgraph import retry_node
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
+            @retry_node(settings, on_event=events.append, coordinator=coordinator, clock=clock,
+                        provider="openai", model=MODEL)
+            async def ask(state):
+                reply = await client.chat.completions.create(model=MODEL, messages=PROMPT)
+                return {"answer": reply.choices[0].message.content}
+            return await _langgraph_graph(ask).ainvoke({"answer": ""})
+    return _run(run())
+
+
 HOSTS: dict[str, Host] = {
     "session": _session, "runner async": _runner_async, "runner sync": _runner_sync,
     "httpx2 async": _httpx2_async, "httpx2 sync": _httpx2_sync, "tenacity": _tenacity,
-    "LangChain": _langchain, "pydantic-ai": _pydantic_ai}
+    "LangChain": _langchain, "pydantic-ai": _pydantic_ai, "LangGraph sync": _langgraph_sync,
+    "LangGraph async": _langgraph_async}
 
 
 def observe(host: Host, name: str) -> Observation:

@@ -406,3 +406,74 @@ async def test_what_redis_told_is_remembered_for_local_answers(own_redis, prefix
     assert set(marks) == {"c9"} and now + 59_000 < marks["c9"] <= now + 61_000
     assert [e["type"] for e in events] == ["coordinator_unavailable"]
     await g.aclose()
+
+
+class Silent(InProcessCoordinator):
+    """A remote that never answers an admission or an outcome (a Redis that drops bytes)."""
+
+    async def admit(self, *args, **kwargs):
+        await asyncio.Event().wait()
+
+    async def record_outcome(self, *args, **kwargs):
+        await asyncio.Event().wait()
+
+
+class Refusing(InProcessCoordinator):
+    """A remote that refuses every call (a Redis that is down)."""
+
+    async def admit(self, *args, **kwargs):
+        raise CoordinatorError("refused by 127.0.0.1:1")
+
+    async def record_outcome(self, *args, **kwargs):
+        raise CoordinatorError("refused by 127.0.0.1:1")
+
+
+async def _wave(c, clock: list, order: str) -> list:
+    """One wave of 30 calls as the issue-31 reproducer makes it, on the fake clock ``clock``
+    (ms): each first request is admitted at the gate and throttled once, then each retry
+    takes its slot. ``order`` "burst": every first request goes before the first throttle
+    (what the in-process coordinator saw); "interleaved": one admission, one throttle, in
+    turn. Returns the retries' pacing delays (ms)."""
+    from fsm.core.settings import PacingSettings
+    pacing = PacingSettings()
+    if order == "burst":
+        for _ in range(30):
+            await c.admit(KEY, retry=False, budget=None, pacing=pacing)
+        clock[0] += 5
+        for _ in range(30):
+            await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=pacing)
+    else:
+        for _ in range(30):
+            await c.admit(KEY, retry=False, budget=None, pacing=pacing)
+            clock[0] += 1
+            await c.record_outcome(KEY, success=False, throttled=True, budget=None, pacing=pacing)
+    clock[0] += 20  # the retries' backoff
+    return [(await c.admit(KEY, retry=False, budget=None, pacing=pacing)).pacing_ms
+            for _ in range(30)]
+
+
+@pytest.mark.parametrize("remote", [Silent, Refusing])
+@pytest.mark.parametrize("order", ["burst", "interleaved"])
+async def test_the_local_pacer_hears_every_send_and_throttle_decided_without_the_remote(remote, order):
+    """Issue 31: with the remote unknown (no answer within the bound) or down, the guard's
+    local pacer gets the same facts as an in-process coordinator for this process's own
+    traffic (SPEC §15.6): every send it admitted and every throttle heard, so its state
+    after N sends and M throttles is the in-process pacer's, field by field, and a wave of
+    first requests that each throttle once is not held at the floor (its retries all get a
+    slot within the horizon, at the rate the cut left: about 1.5 s for 30)."""
+    clock = [1_000_000.0]
+    alone = InProcessCoordinator(clock=lambda: clock[0])
+    expected = await _wave(alone, clock, order)
+    clock[0] = 1_000_000.0
+    g = GuardedCoordinator(remote(), timeout_s=0.001, write_timeout_s=0.001,
+                           probe_interval_s=3600, monotonic=lambda: 0.0,
+                           fallback=InProcessCoordinator(clock=lambda: clock[0]))
+    assert await _wave(g, clock, order) == expected
+    assert g.fallback.pacer_state(KEY) == alone.pacer_state(KEY)
+    assert g.answers["remote"] == 0 and g.answers["unknown" if remote is Silent else "down"] >= 30
+    if order == "burst":  # the reproducer's wave: one cut from what got through, not the floor
+        state = g.fallback.pacer_state(KEY)
+        assert state.on and state.w_max == 28 and state.rate == pytest.approx(19.6)
+        assert max(expected) < 2000
+    for task in list(g._background):
+        task.cancel()

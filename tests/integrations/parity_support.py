@@ -121,7 +121,9 @@ SCRIPTS: dict[str, Script] = {
         rows={"the exception of a chain's end": ("outcome",)}),
     "529s under pacing": Script(
         [OVERLOADED] * 3 + [OK],
-        Observation((MODEL,) * 4, (100, 200, 800, 400, 600),
+        # the second 529 within a second engages pacing (a lone throttle does not, SPEC §15.7):
+        # the third retry waits for its slot (600 ms) after its backoff
+        Observation((MODEL,) * 4, (100, 200, 400, 600),
                     (start(1, 3, 100, "backoff"), start(2, 3, 200, "backoff"),
                      start(3, 3, 400, "backoff"), end(True, 3, "succeeded")),
                     ("ok",), (3, 0, 1)),

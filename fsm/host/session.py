@@ -606,8 +606,6 @@ class AgentSession:
             return Attempt(stopped="deadline")
         if not message.timestamp_ms:  # the host stamps the answer with its clock
             message = dataclasses.replace(message, timestamp_ms=self._started or self._stamp())
-        if self._abort_turn and message.stop_reason != "aborted":
-            message = self._aborted()  # abort() returned: this answer is not taken (§8.8)
         self._turn_run = run
         cls = self._kernel.classify(message, self.context_window)  # reads the whole text
         self._turn_message = message = self._kept(message)
@@ -656,6 +654,10 @@ class AgentSession:
                 self._emit(E.MessageEnd(user.to_json()))
                 run.append(user.to_json())
             message = await self._complete()
+            if self._abort_turn and message.stop_reason != "aborted":
+                # abort() came as the answer did (its task already done, nothing to cancel):
+                # the answer is not taken (§8.8). Checked here, before _end_turn clears the flag.
+                message = self._aborted()
             return message, run
         finally:
             if deadline is not None:

@@ -226,6 +226,36 @@ async def test_abort_between_backoff_end_and_continue_prevents_the_request():
     assert retry_events(events)[-1] == ("end", False, 1, "Retry cancelled")
 
 
+async def test_abort_after_the_answer_arrived_but_before_the_turn_took_it_starts_no_retry():
+    """Abort in the tick between the provider's answer (a 529) and the turn taking it: the
+    stream task is done, so nothing is cancelled, yet once abort() returned no retry is
+    pending (docs/policy.md §8.8: an answer arriving with the abort is taken as aborted)."""
+    answered = asyncio.get_running_loop().create_future()
+
+    class Gated(ScriptedProvider):
+        async def complete(self, messages, *, on_text=None, api_key=None):
+            if not self.requests:
+                await answered
+            return await super().complete(messages, on_text=on_text, api_key=api_key)
+    clock = FakeClock()
+    session = AgentSession(Gated([error(OVERLOADED), ok()]), clock=clock)
+    events = []
+    session.subscribe(events.append)
+    task = asyncio.ensure_future(session.prompt("hi"))
+    await clock.settle()
+    assert session.is_streaming and not answered.done()
+    answered.set_result(None)  # the provider's answer is due: its task runs next ...
+    await asyncio.sleep(0)     # ... and is done when this one resumes; the turn has not run on
+    assert session._stream_task is not None and session._stream_task.done()
+    await session.abort()
+    assert not session.is_retrying and clock.pending == [], "abort() returned with a retry pending"
+    await asyncio.wait_for(task, 1)
+    await clock.advance(10)
+    assert len(session.provider.requests) == 1
+    assert session.messages[-1].stop_reason == "aborted"
+    assert retry_events(events) == []
+
+
 async def test_global_abort_during_backoff_cancels():
     """Global abort during backoff cancels."""
     session, provider, clock, events = make([error(OVERLOADED), ok()])

@@ -37,9 +37,6 @@ pytestmark = [pytest.mark.subprocess]
 MAX_RETRIES = 3
 BASE_DELAY_MS = 40
 ROUNDS = 24
-# A request already on the wire when abort returned is recorded by the server's thread a little
-# later; on a loaded machine that can take a while. The event order check below is exact.
-ABORT_SLACK_MS = 250
 RNG_SEEDS = [int(os.environ["FSM_RACE_RNG"])] if os.environ.get("FSM_RACE_RNG") else [2]
 
 
@@ -172,12 +169,17 @@ async def test_random_controls_keep_the_lifecycle_invariants(tmp_path, rng_seed)
         assert not any(e["type"] == "agent_start" for e in after), (
             f"rng_seed {rng_seed}: a turn started after abort() returned: {summary(after)}")
     for (returned, next_prompt), mark in zip(quiet_windows, abort_marks):
-        late = [r["t_ms"] - returned for r in requests
-                if returned + ABORT_SLACK_MS < r["t_ms"] < next_prompt]
-        assert late == [], (f"rng_seed {rng_seed}: {len(late)} request(s) reached the provider "
-                            f"{[round(x) for x in late]} ms after abort() returned; events "
-                            f"before and after it: {summary(client.received[mark - 8:mark])} | "
-                            f"{summary(client.received[mark:mark + 12])}")
+        # No request is sent after abort() returned: each request follows its turn's assistant
+        # message_start, so the requests the server saw before the next prompt are at most the
+        # message_starts before abort's answer (a request already on the wire may be recorded
+        # late, by any amount on a loaded machine: a count, not a time, SPEC §15.13).
+        sent = sum(1 for e in client.received[:mark] if e["type"] == "message_start"
+                   and e["message"]["role"] == "assistant")
+        seen = sum(1 for r in requests if r["t_ms"] < next_prompt)
+        assert seen <= sent, (f"rng_seed {rng_seed}: {seen - sent} request(s) reached the provider "
+                              f"after abort() returned; events before and after it: "
+                              f"{summary(client.received[mark - 8:mark])} | "
+                              f"{summary(client.received[mark:mark + 12])}")
     # The run really raced: chains started and aborts landed (else the test proves nothing).
     assert chains >= 3 and len(quiet_windows) >= 3, (chains, len(quiet_windows))
     print(f"rng_seed {rng_seed}: {chains} chains, controls accepted {accepted}")

@@ -80,7 +80,7 @@ from fsm.host.kernel import (Admit, Admitted, AskStore, Attempt, HostKernel, Sen
                              coordinator_loop, default_zone, drive_async)
 
 __all__ = ["RetryLoop", "Send", "Wait", "Admit", "Admitted", "Tell", "AskStore", "Attempt",
-           "Clock", "run_async", "run_sync", "drive_sync", "answer_async", "answer_sync",
+           "Clock", "bounded", "run_async", "run_sync", "drive_sync", "answer_async", "answer_sync",
            "answer_at_once", "tell_sync", "coordinator_loop", "next_chain_id", "SUCCESS",
            "ABORTED_TEXT"]
 
@@ -575,6 +575,56 @@ async def run_async(steps: Steps[Any], send: Callable[[Send], Awaitable[Attempt]
     """Drive ``steps`` on asyncio: ``send`` runs an attempt, ``wait`` waits; coordinator
     commands are bounded by the one rule (:func:`~fsm.host.kernel.answer_async`)."""
     return await drive_async(steps, send=send, wait=wait)
+
+
+async def bounded(pending: Awaitable[Any], command: Send, clock: Any = None, *,
+                  passthrough: tuple[type[BaseException], ...] = ()) -> Attempt:
+    """Await one attempt (``pending``: its coroutine or awaitable), bounded as ``command``
+    says (docs/policy.md §13.2): ``Send.timeout_ms`` (``retry.attemptTimeoutMs``) and
+    ``Send.deadline_ms`` (the time left before ``retry.maxElapsedMs``). The attempt is
+    cancelled at the first bound and the loop told which: ``Attempt(stopped="timeout")`` or
+    ``Attempt(stopped="deadline")``. Its result is ``Attempt(result=...)``, an exception it
+    raises ``Attempt(exc=...)`` — save one of ``passthrough`` (control flow, not a failure),
+    raised as it is. The bounds are timed with ``clock.call_later(seconds, callback, *args)``
+    (None = the running event loop's). A cancellation of the awaiting task (not one of the
+    bounds) is raised as it is, the attempt cancelled with it.
+
+    Every asyncio host of the loop sends its attempts through this (the runner, the
+    integrations' :func:`fsm.integrations._drive.drive_async`)."""
+    limit, left = command.timeout_ms, command.deadline_ms
+    if limit is None and left is None:
+        try:
+            return Attempt(result=await pending)
+        except passthrough:
+            raise
+        except Exception as failure:
+            return Attempt(exc=failure)
+    task = asyncio.ensure_future(pending)
+    fired: list[str] = []
+
+    def expire(why: str) -> None:
+        if not task.done() and not fired:
+            fired.append(why)
+            task.cancel()
+    timer = clock if clock is not None and hasattr(clock, "call_later") else asyncio.get_running_loop()
+    handles = [timer.call_later(ms / 1000, expire, why)
+               for ms, why in ((limit, "timeout"), (left, "deadline")) if ms is not None]
+    try:
+        return Attempt(result=await task)
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
+            return Attempt(stopped=fired[0])
+        raise
+    except passthrough:
+        raise
+    except Exception as failure:
+        return Attempt(exc=failure)
+    finally:
+        for handle in handles:
+            handle.cancel()
+        if not task.done():
+            task.cancel()
 
 
 def drive_sync(steps: Steps[Any], *, send: Callable[[Send], Attempt] | None = None,

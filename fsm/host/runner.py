@@ -83,7 +83,7 @@ from fsm.host.clock import wait_ms
 from fsm.host.errors import (PROGRAMMING_ERRORS, RETRY_OWNER, AttemptTimedOut,
                              ContextOverflowError, DeadlinePassed, RetryChainError)
 from fsm.host.kernel import COORDINATOR_TIMEOUT_S, ZoneResolver, default_zone, drive_async
-from fsm.host.loop import Attempt, RetryLoop, Send, Wait, drive_sync, tell_sync
+from fsm.host.loop import Attempt, RetryLoop, Send, Wait, bounded, drive_sync, tell_sync
 
 __all__ = ["RetryRunner", "RetryChainError", "ContextOverflowError", "AttemptTimedOut",
            "DeadlinePassed", "PROGRAMMING_ERRORS", "retrying", "retrying_sync", "retry",
@@ -304,7 +304,7 @@ class RetryRunner:
                     return Attempt(result=await pending)
                 except Exception as failure:
                     return Attempt(exc=failure)
-            return await self._bounded(pending, command)
+            return await bounded(pending, command, self.clock)
 
         sleep = self.sleep
 
@@ -334,41 +334,6 @@ class RetryRunner:
             self._fallback = None
             return kwargs
         return {**kwargs, "model": entry}
-
-    async def _bounded(self, pending: Awaitable[Any], command: Send) -> Attempt:
-        """Await one attempt, bounded by ``attemptTimeoutMs`` and the chain's deadline
-        (docs/policy.md §13.2): the attempt is aborted at the first bound and the loop is told
-        which (``Attempt(stopped=...)``)."""
-        limit, left = command.timeout_ms, command.deadline_ms
-        if limit is None and left is None:
-            try:
-                return Attempt(result=await pending)
-            except Exception as failure:
-                return Attempt(exc=failure)
-        task = asyncio.ensure_future(pending)
-        fired: list[str] = []
-
-        def expire(why: str) -> None:
-            if not task.done() and not fired:
-                fired.append(why)
-                task.cancel()
-        clock = self.clock if self.clock is not None else asyncio.get_running_loop()
-        handles = [clock.call_later(ms / 1000, expire, why)
-                   for ms, why in ((limit, "timeout"), (left, "deadline")) if ms is not None]
-        try:
-            return Attempt(result=await task)
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if fired and (me is None or not me.cancelling()):  # ours, not the caller's cancel
-                return Attempt(stopped=fired[0])
-            raise
-        except Exception as failure:
-            return Attempt(exc=failure)
-        finally:
-            for handle in handles:
-                handle.cancel()
-            if not task.done():
-                task.cancel()
 
     # -------------------------------------------------------------- sync
     def run_sync(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:

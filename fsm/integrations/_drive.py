@@ -13,6 +13,7 @@ itself in :func:`drive_sync` / :func:`drive_async` (the runner's drivers,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -22,7 +23,7 @@ from fsm.core.events import Event
 from fsm.core.settings import RetrySettings
 from fsm.host.chain import RETRY_OWNER, Chain, refuse_unsupported
 from fsm.host.clock import wait_ms
-from fsm.host.loop import Attempt, Send, Wait, run_async, run_sync
+from fsm.host.loop import Attempt, Send, Wait, bounded, run_async, run_sync
 
 __all__ = ["ENDED_BY_BRAIN", "BrainHost", "attempts_async", "attempts_sync", "drive_async",
            "drive_sync", "ended_by_brain", "mark_ended", "owned", "owned_async", "raise_outcome"]
@@ -172,21 +173,26 @@ def raise_outcome(chain: Chain, exc: BaseException) -> NoReturn:
     raise error from exc
 
 
-def _send(attempt: Callable[[], Any], passthrough: tuple[type[BaseException], ...]
-          ) -> Callable[[Send], Attempt]:
+def _send(attempt: Callable[[str | None], Any], passthrough: tuple[type[BaseException], ...],
+          secrets: tuple[str, ...]) -> Callable[[Send], Attempt]:
     def send(command: Send) -> Attempt:
         try:
-            return Attempt(result=attempt())
+            return Attempt(result=attempt(command.model))
         except passthrough:
             raise  # thrown into the steps: a running chain ends cancelled, then it goes on
         except Exception as exc:
-            return Attempt(exc=exc)
+            return Attempt(exc=exc, secrets=secrets)
     return send
 
 
-def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
+def _model_arg(attempt: Callable[..., Any], takes_model: bool) -> Callable[[str | None], Any]:
+    return attempt if takes_model else (lambda model: attempt())
+
+
+def drive_sync(chain: Chain, attempt: Callable[..., Any], *,
                sleep: Callable[[float], Any] = time.sleep,
-               passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+               passthrough: tuple[type[BaseException], ...] = (), takes_model: bool = False,
+               secrets: tuple[str, ...] = ()) -> Any:
     """Run ``attempt()`` on ``chain``'s loop (built with ``sync=True``) with the loop's own
     driver, :func:`fsm.host.loop.run_sync`, as the runner's :meth:`~fsm.host.runner.RetryRunner.run_sync`
     does: every wait the steps ask for — the first request's gate (admission, cooldown,
@@ -194,7 +200,11 @@ def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
     waited with ``sleep(seconds)``, until ``attempt()`` returns (its result) or the brain ends
     the chain (the exception of docs/policy.md §10, marked :func:`ended_by_brain`). An
     exception of ``passthrough`` ends a running chain ``cancelled`` and goes on untouched.
-    Closes ``chain``."""
+    ``takes_model``: ``attempt(model)`` is called with the fallback the brain switched to
+    (None = the caller's model). ``secrets``: credentials the requests carry, scrubbed from
+    what events and errors show. A sync attempt runs to its end: the chain's deadline
+    (``Send.deadline_ms``) cannot stop it (docs/integrations.md, the one table). Closes
+    ``chain``."""
     loop = chain.loop
     loop.gate_first = True
 
@@ -204,7 +214,8 @@ def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
 
     owner = RETRY_OWNER.set(chain)
     try:
-        return run_sync(loop.steps(), send=_send(attempt, passthrough), wait=wait)
+        return run_sync(loop.steps(), send=_send(_model_arg(attempt, takes_model), passthrough,
+                                                 secrets), wait=wait)
     except passthrough:
         raise
     except Exception as exc:
@@ -215,22 +226,31 @@ def drive_sync(chain: Chain, attempt: Callable[[], Any], *,
         chain.close()
 
 
-async def drive_async(chain: Chain, attempt: Callable[[], Awaitable[Any]], *, clock: Any = None,
-                      passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+async def drive_async(chain: Chain, attempt: Callable[..., Awaitable[Any]], *, clock: Any = None,
+                      passthrough: tuple[type[BaseException], ...] = (),
+                      takes_model: bool = False, secrets: tuple[str, ...] = ()) -> Any:
     """:func:`drive_sync` on asyncio with :func:`fsm.host.loop.run_async` (the runner's
-    driver): ``await attempt()``, every wait on ``clock`` (:func:`fsm.host.clock.wait_ms`);
-    a cancellation ends the chain ``cancelled``. Closes ``chain`` (its coordinator writes in
-    flight finished first)."""
+    driver): ``await attempt()`` (``attempt(model)`` when ``takes_model``), every wait on
+    ``clock`` (:func:`fsm.host.clock.wait_ms`); a cancellation ends the chain ``cancelled``.
+    Each attempt is bounded as the runner bounds it (:func:`fsm.host.loop.bounded`,
+    docs/policy.md §13.2): cancelled at ``retry.attemptTimeoutMs`` and at the chain's
+    deadline (``retry.maxElapsedMs``), timed on ``clock`` (``call_later``; None = the event
+    loop's). Closes ``chain`` (its coordinator writes in flight finished first)."""
     loop = chain.loop
     loop.gate_first = True
+    call = _model_arg(attempt, takes_model)
 
     async def send(command: Send) -> Attempt:
         try:
-            return Attempt(result=await attempt())
+            pending = call(command.model)
         except passthrough:
             raise
         except Exception as exc:
-            return Attempt(exc=exc)
+            return Attempt(exc=exc, secrets=secrets)
+        answer = await bounded(pending, command, clock, passthrough=passthrough)
+        if answer.exc is not None and secrets:
+            answer = dataclasses.replace(answer, secrets=secrets)
+        return answer
 
     async def wait(command: Wait) -> bool:
         await wait_ms(clock, command.delay_ms)

@@ -70,9 +70,10 @@ from typing import Any, Callable
 from fsm.core.events import Event
 from fsm.core.messages import AssistantMessage
 from fsm.core.settings import RetrySettings, SettingsError
-from fsm.host.chain import RETRY_OWNER, TIMEOUT_KEYS, Chain, http_error_message, refuse_unsupported
-from fsm.host.clock import wait_ms
+from fsm.core.redact import register_secret
+from fsm.host.chain import TIMEOUT_KEYS, Chain, http_error_message, refuse_unsupported
 from fsm.host.kernel import provider_id
+from fsm.integrations._drive import drive_async, drive_sync
 from fsm.integrations._extra import require
 
 litellm = require("litellm", "litellm")
@@ -178,18 +179,14 @@ def _scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:
         scrub_exception(original, secrets)
 
 
-def _raise_end(chain: Chain, exc: BaseException, secrets: tuple[str, ...]) -> None:
-    """Raise what the caller sees once ``chain`` answered None for ``exc`` (docs/policy.md §10):
-    :meth:`~fsm.host.chain.Chain.error` — LiteLLM's own exception (a refusal at rest carries the
-    loop's ``retry-fsm: not retried (endReason: ..., attempt 0)`` note) or the
-    :class:`~fsm.RetryChainError` of a chain that started, from it — scrubbed of ``secrets``
-    and of the credentials its request carried."""
+def _scrub_raised(raised: BaseException, secrets: tuple[str, ...]) -> None:
+    """Scrub what the caller sees (docs/policy.md §10: LiteLLM's own exception, or the
+    :class:`~fsm.RetryChainError` of a chain that started, from it) of ``secrets`` and of the
+    credentials the failed request carried, LiteLLM's ``original_exception`` included."""
     from fsm.core.redact import request_secrets
-    _scrub(exc, secrets + request_secrets(exc))
-    error = chain.error()
-    if error is exc:
-        raise exc
-    raise error from exc
+    cause = raised.__cause__ if raised.__cause__ is not None else raised
+    for exc in (raised, cause):
+        _scrub(exc, secrets + request_secrets(exc))
 
 
 # ---------------------------------------------------------------------------- streams
@@ -368,63 +365,36 @@ class _Host:
 
     def _drive_sync(self, call: Callable[[str], Any], model: str, key: tuple[str, str],
                     secrets: tuple[str, ...], stream: bool) -> Any:
-        from fsm.core.redact import register_secret
+        """The call's attempts on the one loop, with its own sync driver
+        (:func:`fsm.integrations._drive.drive_sync`): ``call(model)`` — a stream read to its
+        first output inside the attempt — until it returns or the brain ends the chain; what
+        is raised is scrubbed of ``secrets`` (LiteLLM's ``original_exception`` too)."""
         register_secret(*secrets)
-        chain = self._chain(key, sync=True)
-        owner = RETRY_OWNER.set(chain)
-        sleep_ms = lambda ms: self._sleep(ms / 1000)  # noqa: E731
+
+        def attempt(switched: str | None) -> Any:
+            result = call(switched or model)
+            return _read_head(result, secrets) if stream else result
         try:
-            chain.pause_sync(chain.start_sync(), sleep_ms)  # the gate of the first request
-            while True:
-                try:
-                    result = call(chain.switched_model or model)
-                    if stream:
-                        result = _read_head(result, secrets)
-                except Exception as exc:
-                    delay = chain.failed_sync(exc, secrets=secrets)
-                    if delay is None:
-                        _raise_end(chain, exc, secrets)
-                    chain.pause_sync(delay, sleep_ms)  # the backoff, the budget, the gate
-                else:
-                    chain.succeeded()
-                    return result
-        except BaseException as exc:  # a started chain always ends, exactly once
-            chain.cancel()
-            _scrub(exc, secrets)
+            return drive_sync(self._chain(key, sync=True), attempt, sleep=self._sleep,
+                              takes_model=True, secrets=secrets)
+        except BaseException as exc:
+            _scrub_raised(exc, secrets)
             raise
-        finally:
-            RETRY_OWNER.reset(owner)
-            chain.close()
 
     async def _drive_async(self, call: Callable[[str], Any], model: str, key: tuple[str, str],
                            secrets: tuple[str, ...], stream: bool) -> Any:
-        from fsm.core.redact import register_secret
+        """:meth:`_drive_sync` on asyncio (:func:`fsm.integrations._drive.drive_async`)."""
         register_secret(*secrets)
-        chain = self._chain(key, sync=False)
-        owner = RETRY_OWNER.set(chain)
-        pause = lambda ms: wait_ms(self.clock, ms)  # noqa: E731
+
+        async def attempt(switched: str | None) -> Any:
+            result = await call(switched or model)
+            return (await _aread_head(result, secrets)) if stream else result
         try:
-            await chain.pause(await chain.start(), pause)  # the gate of the first request
-            while True:
-                try:
-                    result = await call(chain.switched_model or model)
-                    if stream:
-                        result = await _aread_head(result, secrets)
-                except Exception as exc:
-                    delay = await chain.failed(exc, secrets=secrets)
-                    if delay is None:
-                        _raise_end(chain, exc, secrets)
-                    await chain.pause(delay, pause)  # the backoff, the budget, the gate
-                else:
-                    chain.succeeded()
-                    return result
-        except BaseException as exc:  # a cancellation ends a running chain `cancelled`
-            chain.cancel()
-            _scrub(exc, secrets)
+            return await drive_async(self._chain(key, sync=False), attempt, clock=self.clock,
+                                     takes_model=True, secrets=secrets)
+        except BaseException as exc:
+            _scrub_raised(exc, secrets)
             raise
-        finally:
-            RETRY_OWNER.reset(owner)
-            await chain.aclose()
 
 
 class BrainLiteLLM:

@@ -1,0 +1,191 @@
+"""The chain's deadline passes while an attempt runs (docs/policy.md §13.2; docs/integrations.md,
+the one table, row "maxElapsedMs reached during an attempt"): every host that can stop its
+attempt aborts it at the deadline, ends the chain ``deadline`` and raises ``RetryChainError``,
+as the runner does — the agent session, the runner and LangGraph's ``async`` node alike. A
+synchronous call cannot be stopped: the runner's and LangGraph's sync forms let it run to its
+end, as the table says (and must then differ).
+
+All on the virtual clock of parity_support: the async hosts' attempt hangs at the fault server
+until the deadline's timer (900 ms recorded, fired as soon as the retry has reached the server)
+cancels it; the sync hosts' slow attempt takes 5 s of virtual time before its request. No real
+sleep."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+
+from fsm import RetryRunner
+from fsm.core.settings import RetrySettings
+from fsm.host.session import AgentSession
+from fsm.providers.openai_chat import OpenAIChatProvider
+from fsm.testing.fault_server import FaultServer
+
+from parity_support import (DEADLINE_IN_ATTEMPT, MODEL, OK, OVERLOADED, PROMPT, SETTINGS,
+                            Observation, RecordingCoordinator, VirtualClock, exemptions,
+                            one_table, outcome_of, shown)
+
+KEY = "sk-test"
+SLOW_S = 5.0
+"""How long the sync hosts' slow attempt takes (virtual seconds): past the deadline."""
+
+
+DEADLINE_S = 0.9
+"""The time left before the deadline when the retry goes (1 s - its 100 ms backoff)."""
+
+
+class DeadlineClock(VirtualClock):
+    """The virtual clock, whose timer of :data:`DEADLINE_S` fires once the retry has reached
+    the fault server (``arrived()``): the deadline passes *during* the attempt, not before
+    its request is sent (the other timers fire at once, as on :class:`VirtualClock`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = lambda: True
+
+    def call_later(self, delay_s: float, callback: Any, *args: Any) -> Any:
+        if round(delay_s * 1000) != round(DEADLINE_S * 1000):
+            return super().call_later(delay_s, callback, *args)
+        self._wait(delay_s)
+
+        async def fire() -> None:
+            while not self.arrived():
+                await asyncio.sleep(0.001)  # the server thread records the request
+            callback(*args)
+        return asyncio.get_running_loop().create_task(fire())
+
+
+def _run(coro: Any) -> Any:
+    async def settled():
+        try:
+            return await coro
+        finally:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if others:
+                await asyncio.wait(others, timeout=5)
+    return asyncio.run(settled())
+
+
+class SlowClient:
+    """The sync OpenAI client whose second request takes :data:`SLOW_S` on the virtual clock."""
+
+    def __init__(self, srv: FaultServer, clock: VirtualClock) -> None:
+        self.client = openai.OpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0)
+        self.clock, self.calls = clock, 0
+
+    def ask(self) -> Any:
+        self.calls += 1
+        if self.calls == 2:
+            self.clock.sleep(SLOW_S)
+        return self.client.chat.completions.create(model=MODEL, messages=PROMPT)
+
+
+def _session(srv, settings, clock, coordinator, events):
+    async def run():
+        session = AgentSession(OpenAIChatProvider(base_url=srv.base_url, model=MODEL,
+                                                  api_key=KEY),
+                               settings=RetrySettings.coerce(settings), clock=clock,
+                               coordinator=coordinator)
+        session.subscribe(events.append)
+        try:
+            return await session.prompt("hi")
+        finally:
+            await session.close()
+    return _run(run())
+
+
+def _runner_async(srv, settings, clock, coordinator, events):
+    async def run():
+        runner = RetryRunner(settings, on_event=events.append, coordinator=coordinator,
+                             clock=clock, sleep=clock.asleep)
+        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
+            return await runner.run(client.chat.completions.create, model=MODEL, messages=PROMPT)
+    return _run(run())
+
+
+def _runner_sync(srv, settings, clock, coordinator, events):
+    client = SlowClient(srv, clock)
+    runner = RetryRunner(settings, on_event=events.append, coordinator=coordinator, clock=clock,
+                         sleep=clock.sleep)
+    return runner.run_sync(client.ask)
+
+
+def _graph(node: Any) -> Any:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class State(TypedDict):
+        answer: str
+
+    graph = StateGraph(State)
+    graph.add_node("ask", node)  # no retry_policy: one retry owner
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph.compile()
+
+
+def _langgraph_async(srv, settings, clock, coordinator, events):
+    from fsm.integrations.langgraph import retry_node
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
+            @retry_node(settings, on_event=events.append, coordinator=coordinator, clock=clock,
+                        provider="openai", model=MODEL)
+            async def ask(state):
+                reply = await client.chat.completions.create(model=MODEL, messages=PROMPT)
+                return {"answer": reply.choices[0].message.content}
+            return await _graph(ask).ainvoke({"answer": ""})
+    return _run(run())
+
+
+def _langgraph_sync(srv, settings, clock, coordinator, events):
+    from fsm.integrations.langgraph import retry_node
+    client = SlowClient(srv, clock)
+
+    @retry_node(settings, on_event=events.append, coordinator=coordinator, clock=clock,
+                provider="openai", model=MODEL)
+    def ask(state):
+        return {"answer": client.ask().choices[0].message.content}
+    return _graph(ask).invoke({"answer": ""})
+
+
+HOSTS = {"session": _session, "runner async": _runner_async, "runner sync": _runner_sync,
+         "LangGraph async": _langgraph_async, "LangGraph sync": _langgraph_sync}
+
+
+def observe(name: str) -> Observation:
+    """Run the script through host ``name``: the sync hosts against a server that answers at
+    once (their slowness is virtual), the async ones against the script's hanging answer."""
+    script = DEADLINE_IN_ATTEMPT
+    answers = [OVERLOADED, OK] if name.endswith(" sync") else script.answers
+    clock = DeadlineClock()
+    coordinator = RecordingCoordinator(clock)
+    events: list = []
+    result, error = None, None
+    with FaultServer(answers) as srv:
+        clock.arrived = lambda: len(srv.chat_requests) >= 2
+        try:
+            result = HOSTS[name](srv, {**SETTINGS, **script.settings}, clock, coordinator, events)
+        except Exception as exc:  # noqa: BLE001 - the outcome observed
+            error = exc
+        requests = tuple((r["body"] or {}).get("model") for r in srv.chat_requests)
+    seen = tuple(s for s in map(shown, events) if s is not None)
+    return Observation(requests, tuple(clock.waits), seen, outcome_of(result, error),
+                       coordinator.accounting())
+
+
+@pytest.mark.parametrize("host", sorted(HOSTS))
+def test_a_deadline_during_an_attempt(host):
+    """An attempt still running at the chain's deadline is aborted there and the chain ends
+    ``deadline`` (docs/policy.md §13.2), on every host that can stop it; a host the one table
+    says cannot (a sync call) lets it run and differs in its waits, events and outcome."""
+    exempt = exemptions(DEADLINE_IN_ATTEMPT, host, one_table())
+    seen, expected = observe(host), DEADLINE_IN_ATTEMPT.expected
+    held = tuple(f for f in Observation.FIELDS if f not in exempt)
+    assert seen.differences(expected, held) == []
+    assert [f for f in exempt if getattr(seen, f) == getattr(expected, f)] == [], (
+        f"docs/integrations.md says {host} cannot act here, but it does: update the one table")

@@ -590,7 +590,7 @@ async def bounded(pending: Awaitable[Any], command: Send, clock: Any = None, *,
     bounds) is raised as it is, the attempt cancelled with it.
 
     Every asyncio host of the loop sends its attempts through this (the runner, the
-    integrations' :func:`fsm.integrations._drive.drive_async`)."""
+    integrations' ``fsm.integrations._drive.drive_async``)."""
     limit, left = command.timeout_ms, command.deadline_ms
     if limit is None and left is None:
         try:

@@ -18,7 +18,13 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+import openai
+
+from fsm import RetryRunner
+from fsm.core.settings import RetrySettings
 from fsm.fleet import InProcessCoordinator
+from fsm.host.session import AgentSession
+from fsm.providers.openai_chat import OpenAIChatProvider
 from fsm.testing import FakeClock
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
@@ -287,3 +293,75 @@ def shown(event: Any) -> tuple[Any, ...] | None:
     if kind == "retry_fallback":
         return (kind, event["from"], event["to"])
     return None
+
+
+# ---------------------------------------------------------------------------- shared hosts
+KEY = "sk-test"
+"""The API key every host sends to the fault server."""
+
+
+def run_settled(coro: Any) -> Any:
+    """``asyncio.run(coro)``, letting the coordinator's writes the call spawned land first
+    (a budget token given back in the background is part of the call's accounting)."""
+    async def settled():
+        try:
+            return await coro
+        finally:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if others:
+                await asyncio.wait(others, timeout=5)
+    return asyncio.run(settled())
+
+
+
+def session_host(srv, settings, clock, coordinator, events):
+    async def run():
+        session = AgentSession(OpenAIChatProvider(base_url=srv.base_url, model=MODEL,
+                                                  api_key=KEY),
+                               settings=RetrySettings.coerce(settings), clock=clock,
+                               coordinator=coordinator)
+        session.subscribe(events.append)
+        try:
+            return await session.prompt("hi")
+        finally:
+            await session.close()
+    return run_settled(run())
+
+
+
+def runner_async_host(srv, settings, clock, coordinator, events):
+    async def run():
+        runner = RetryRunner(settings, on_event=events.append, coordinator=coordinator,
+                             clock=clock, sleep=clock.asleep)
+        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
+            return await runner.run(client.chat.completions.create, model=MODEL, messages=PROMPT)
+    return run_settled(run())
+
+
+def one_node_graph(node: Any) -> Any:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class State(TypedDict):
+        answer: str
+
+    graph = StateGraph(State)
+    graph.add_node("ask", node)  # no retry_policy: one retry owner
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph.compile()
+
+
+def langgraph_async_host(srv, settings, clock, coordinator, events):
+    from fsm.integrations.langgraph import retry_node
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
+            @retry_node(settings, on_event=events.append, coordinator=coordinator, clock=clock,
+                        provider="openai", model=MODEL)
+            async def ask(state):
+                reply = await client.chat.completions.create(model=MODEL, messages=PROMPT)
+                return {"answer": reply.choices[0].message.content}
+            return await one_node_graph(ask).ainvoke({"answer": ""})
+    return run_settled(run())

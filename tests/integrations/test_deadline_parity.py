@@ -19,16 +19,12 @@ import openai
 import pytest
 
 from fsm import RetryRunner
-from fsm.core.settings import RetrySettings
-from fsm.host.session import AgentSession
-from fsm.providers.openai_chat import OpenAIChatProvider
 from fsm.testing.fault_server import FaultServer
 
-from parity_support import (DEADLINE_IN_ATTEMPT, MODEL, OK, OVERLOADED, PROMPT, SETTINGS,
-                            Observation, RecordingCoordinator, VirtualClock, exemptions,
-                            one_table, outcome_of, shown)
+from parity_support import (langgraph_async_host, one_node_graph, DEADLINE_IN_ATTEMPT, KEY, MODEL, OK, OVERLOADED, PROMPT, SETTINGS,
+                            exemptions, Observation, one_table, outcome_of, RecordingCoordinator,
+                            run_settled, runner_async_host, session_host, shown, VirtualClock)
 
-KEY = "sk-test"
 SLOW_S = 5.0
 """How long the sync hosts' slow attempt takes (virtual seconds): past the deadline."""
 
@@ -58,15 +54,6 @@ class DeadlineClock(VirtualClock):
         return asyncio.get_running_loop().create_task(fire())
 
 
-def _run(coro: Any) -> Any:
-    async def settled():
-        try:
-            return await coro
-        finally:
-            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if others:
-                await asyncio.wait(others, timeout=5)
-    return asyncio.run(settled())
 
 
 class SlowClient:
@@ -83,63 +70,11 @@ class SlowClient:
         return self.client.chat.completions.create(model=MODEL, messages=PROMPT)
 
 
-def _session(srv, settings, clock, coordinator, events):
-    async def run():
-        session = AgentSession(OpenAIChatProvider(base_url=srv.base_url, model=MODEL,
-                                                  api_key=KEY),
-                               settings=RetrySettings.coerce(settings), clock=clock,
-                               coordinator=coordinator)
-        session.subscribe(events.append)
-        try:
-            return await session.prompt("hi")
-        finally:
-            await session.close()
-    return _run(run())
-
-
-def _runner_async(srv, settings, clock, coordinator, events):
-    async def run():
-        runner = RetryRunner(settings, on_event=events.append, coordinator=coordinator,
-                             clock=clock, sleep=clock.asleep)
-        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
-            return await runner.run(client.chat.completions.create, model=MODEL, messages=PROMPT)
-    return _run(run())
-
-
 def _runner_sync(srv, settings, clock, coordinator, events):
     client = SlowClient(srv, clock)
     runner = RetryRunner(settings, on_event=events.append, coordinator=coordinator, clock=clock,
                          sleep=clock.sleep)
     return runner.run_sync(client.ask)
-
-
-def _graph(node: Any) -> Any:
-    from typing import TypedDict
-
-    from langgraph.graph import END, START, StateGraph
-
-    class State(TypedDict):
-        answer: str
-
-    graph = StateGraph(State)
-    graph.add_node("ask", node)  # no retry_policy: one retry owner
-    graph.add_edge(START, "ask")
-    graph.add_edge("ask", END)
-    return graph.compile()
-
-
-def _langgraph_async(srv, settings, clock, coordinator, events):
-    from fsm.integrations.langgraph import retry_node
-
-    async def run():
-        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
-            @retry_node(settings, on_event=events.append, coordinator=coordinator, clock=clock,
-                        provider="openai", model=MODEL)
-            async def ask(state):
-                reply = await client.chat.completions.create(model=MODEL, messages=PROMPT)
-                return {"answer": reply.choices[0].message.content}
-            return await _graph(ask).ainvoke({"answer": ""})
-    return _run(run())
 
 
 def _langgraph_sync(srv, settings, clock, coordinator, events):
@@ -150,11 +85,11 @@ def _langgraph_sync(srv, settings, clock, coordinator, events):
                 provider="openai", model=MODEL)
     def ask(state):
         return {"answer": client.ask().choices[0].message.content}
-    return _graph(ask).invoke({"answer": ""})
+    return one_node_graph(ask).invoke({"answer": ""})
 
 
-HOSTS = {"session": _session, "runner async": _runner_async, "runner sync": _runner_sync,
-         "LangGraph async": _langgraph_async, "LangGraph sync": _langgraph_sync}
+HOSTS = {"session": session_host, "runner async": runner_async_host, "runner sync": _runner_sync,
+         "LangGraph async": langgraph_async_host, "LangGraph sync": _langgraph_sync}
 
 
 def observe(name: str) -> Observation:

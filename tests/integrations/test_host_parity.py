@@ -7,7 +7,6 @@ table says a host cannot act, which is read from the table (and must then show).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Callable
 
 import httpx2
@@ -16,59 +15,20 @@ import pytest
 import tenacity
 
 from fsm import RetryRunner
-from fsm.core.settings import RetrySettings
-from fsm.host.session import AgentSession
 from fsm.integrations.httpx2 import AsyncRetryTransport, RetryTransport
 from fsm.integrations.tenacity import BrainStrategy
-from fsm.providers.openai_chat import OpenAIChatProvider
 from fsm.testing.fault_server import FaultServer
 
-from parity_support import (MODEL, PROMPT, SCRIPTS, SETTINGS, Observation, RecordingCoordinator,
-                            VirtualClock, exemptions, one_table, outcome_of, shown)
+from parity_support import (langgraph_async_host, one_node_graph, KEY, MODEL, PROMPT, SCRIPTS, SETTINGS, exemptions, Observation,
+                            one_table, outcome_of, RecordingCoordinator, run_settled,
+                            runner_async_host, session_host, shown, VirtualClock)
 
-KEY = "sk-test"
 Host = Callable[[FaultServer, dict, VirtualClock, RecordingCoordinator, list], Any]
 """``host(server, settings, clock, coordinator, events)``: runs one call, returns its result or
 raises (a session returns its TurnOutcome)."""
 
 
 # ---------------------------------------------------------------------------- the hosts
-def _run(coro: Any) -> Any:
-    """``asyncio.run(coro)``, letting the coordinator's writes the call spawned land first
-    (a budget token given back in the background is part of the call's accounting)."""
-    async def settled():
-        try:
-            return await coro
-        finally:
-            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if others:
-                await asyncio.wait(others, timeout=5)
-    return asyncio.run(settled())
-
-
-def _session(srv, settings, clock, coordinator, events):
-    async def run():
-        session = AgentSession(OpenAIChatProvider(base_url=srv.base_url, model=MODEL,
-                                                  api_key=KEY),
-                               settings=RetrySettings.coerce(settings), clock=clock,
-                               coordinator=coordinator)
-        session.subscribe(events.append)
-        try:
-            return await session.prompt("hi")
-        finally:
-            await session.close()
-    return _run(run())
-
-
-def _runner_async(srv, settings, clock, coordinator, events):
-    async def run():
-        runner = RetryRunner(settings, on_event=events.append, coordinator=coordinator,
-                             clock=clock, sleep=clock.asleep)
-        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
-            return await runner.run(client.chat.completions.create, model=MODEL, messages=PROMPT)
-    return _run(run())
-
-
 def _runner_sync(srv, settings, clock, coordinator, events):
     client = openai.OpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0)
     runner = RetryRunner(settings, on_event=events.append, coordinator=coordinator, clock=clock,
@@ -84,7 +44,7 @@ def _httpx2_async(srv, settings, clock, coordinator, events):
             client = openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0,
                                         http_client=http)
             return await client.chat.completions.create(model=MODEL, messages=PROMPT)
-    return _run(run())
+    return run_settled(run())
 
 
 def _httpx2_sync(srv, settings, clock, coordinator, events):
@@ -132,22 +92,7 @@ def _pydantic_ai(srv, settings, clock, coordinator, events):
                                                              coordinator=coordinator,
                                                              clock=clock)])
             return await agent.run("hi")
-    return _run(run())
-
-
-def _langgraph_graph(node: Any) -> Any:
-    from typing import TypedDict
-
-    from langgraph.graph import END, START, StateGraph
-
-    class State(TypedDict):
-        answer: str
-
-    graph = StateGraph(State)
-    graph.add_node("ask", node)  # no retry_policy: one retry owner
-    graph.add_edge(START, "ask")
-    graph.add_edge("ask", END)
-    return graph.compile()
+    return run_settled(run())
 
 
 def _langgraph_sync(srv, settings, clock, coordinator, events):
@@ -159,28 +104,14 @@ def _langgraph_sync(srv, settings, clock, coordinator, events):
     def ask(state):
         reply = client.chat.completions.create(model=MODEL, messages=PROMPT)
         return {"answer": reply.choices[0].message.content}
-    return _langgraph_graph(ask).invoke({"answer": ""})
-
-
-def _langgraph_async(srv, settings, clock, coordinator, events):
-    from fsm.integrations.langgraph import retry_node
-
-    async def run():
-        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0) as client:
-            @retry_node(settings, on_event=events.append, coordinator=coordinator, clock=clock,
-                        provider="openai", model=MODEL)
-            async def ask(state):
-                reply = await client.chat.completions.create(model=MODEL, messages=PROMPT)
-                return {"answer": reply.choices[0].message.content}
-            return await _langgraph_graph(ask).ainvoke({"answer": ""})
-    return _run(run())
+    return one_node_graph(ask).invoke({"answer": ""})
 
 
 HOSTS: dict[str, Host] = {
-    "session": _session, "runner async": _runner_async, "runner sync": _runner_sync,
+    "session": session_host, "runner async": runner_async_host, "runner sync": _runner_sync,
     "httpx2 async": _httpx2_async, "httpx2 sync": _httpx2_sync, "tenacity": _tenacity,
     "LangChain": _langchain, "pydantic-ai": _pydantic_ai, "LangGraph sync": _langgraph_sync,
-    "LangGraph async": _langgraph_async}
+    "LangGraph async": langgraph_async_host}
 
 
 def observe(host: Host, name: str) -> Observation:
@@ -228,7 +159,7 @@ def test_every_host_gives_what_the_script_says(host, script):
 
 # ---------------------------------------------------------------------------- broken hosts
 def _ignores_hints(srv, settings, clock, coordinator, events):
-    return _runner_async(srv, {**settings, "retryHints": "ignore"}, clock, coordinator, events)
+    return runner_async_host(srv, {**settings, "retryHints": "ignore"}, clock, coordinator, events)
 
 
 def _one_retry_more(srv, settings, clock, coordinator, events):
@@ -238,7 +169,7 @@ def _one_retry_more(srv, settings, clock, coordinator, events):
 
 def _keeps_its_token(srv, settings, clock, coordinator, events):
     coordinator.return_retry_token = _nothing  # type: ignore[method-assign]
-    return _session(srv, settings, clock, coordinator, events)
+    return session_host(srv, settings, clock, coordinator, events)
 
 
 def _wraps_a_refusal(srv, settings, clock, coordinator, events):

@@ -45,13 +45,35 @@ SHAPES = {
 """(document, reason) of every example skipped on purpose."""
 
 
+def _never_called(source: str) -> list[str]:
+    """The functions a block defines at its top level and never calls (an example that defines
+    ``main()`` and stops there runs nothing when copied)."""
+    tree = ast.parse(source)
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == "main"}
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Name)}
+    return sorted(defined - called)
+
+
+STANDALONE = {"docs/integrations.md"}
+"""Documents whose blocks each run on their own (the page says each runs as written: a reader
+copies one block, so nothing a block defines reaches the next); elsewhere a block may use what
+the blocks before it on the page defined."""
+
+
 def _evaluate(example) -> None:
-    """Run one block: top-level ``await`` on the document's loop, anything else as is."""
+    """Run one block: top-level ``await`` on the document's loop, anything else as is; in a
+    document of :data:`STANDALONE`, in a namespace of its own."""
     __tracebackhide__ = True
     source = "\n" * (example.line + example.parsed.line_offset) + example.parsed
+    uncalled = _never_called(source)
+    assert not uncalled, f"{example.path}, line {example.line}: {uncalled} defined, never called"
     code = compile(source, example.path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
                    dont_inherit=True)
     namespace = example.namespace
+    if Path(example.path).relative_to(ROOT).as_posix() in STANDALONE:
+        namespace = {"__loop__": namespace["__loop__"], "__name__": "__main__"}
     result = eval(code, namespace)
     if inspect.CO_COROUTINE & code.co_flags:
         namespace["__loop__"].run_until_complete(result)

@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = re.sub(r"^\.\. [\w-]+::? ?.*\n\n?", "", __doc__.split("\n", 2)[2],
                            flags=re.M).replace("``", "").replace("::", ":")
     parser.add_argument("--sessions", type=int, default=1000, metavar="N",
-                        help="the fleet's size N (capacity C = 0.1 × N requests/s; default 1000)")
+                        help="the fleet's size N (capacity C = 0.1 × N requests/s; default 1000); "
+                             "lone_throttle runs its 10 sessions whatever N")
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), metavar="NAME",
                         help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)} "
                              f"(default: all but {', '.join(sorted(NOT_BY_DEFAULT))})")

@@ -105,4 +105,4 @@ def test_the_readme_install_lines_are_true_today():
     named = {e for group in re.findall(r"\.\[([a-z0-9,-]+)\]", section) for e in group.split(",")}
     named |= {e for group in re.findall(r"whl\[([a-z0-9,-]+)\]", section) for e in group.split(",")}
     assert named and named <= extras, named - extras
-    assert "make test" in readme and "~15 min on 2 cores" in readme
+    assert "make test" in readme and "about 7 minutes on 2 cores" in readme

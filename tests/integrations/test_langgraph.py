@@ -169,15 +169,15 @@ def test_the_policy_refuses_settings_it_cannot_act_on():
         retry_node({"attemptTimeoutMs": 1000})
 
 
-def test_the_documented_langgraph_example_runs_as_written():
-    """docs/integrations.md's LangGraph example runs as written against the fault server (one
-    529, then the answer)."""
+def test_the_documented_langgraph_example_runs_as_written(monkeypatch):
+    """docs/integrations.md's LangGraph example runs as written, on its own, against the fault
+    server named by OPENAI_BASE_URL (one 529, then the answer)."""
     docs = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
     block = re.search(r"```python\n(# LangGraph node.*?)```", docs, re.S).group(1)
     printed = []
     with FaultServer([OVERLOADED]) as srv:
-        exec(compile(block, "docs/integrations.md", "exec"),
-             {"base_url": srv.base_url, "print": printed.append})
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
+        exec(compile(block, "docs/integrations.md", "exec"), {"print": printed.append})
         assert len(srv.chat_requests) == 2
     assert printed[-1] == "ok"
     assert [type(e).__name__ for e in printed[:-1]] == ["AutoRetryStart", "AutoRetryEnd"]

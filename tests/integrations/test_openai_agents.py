@@ -113,15 +113,15 @@ def test_settings_the_policy_cannot_act_on_are_refused():
         BrainRetryPolicy({"attemptTimeoutMs": 1000})
 
 
-async def test_the_documented_agents_example_runs_as_written():
-    """docs/integrations.md's Agents SDK example runs as written against the fault server."""
+def test_the_documented_agents_example_runs_as_written(monkeypatch):
+    """docs/integrations.md's Agents SDK example runs as written, on its own (it runs its
+    ``main()``), against the fault server named by OPENAI_BASE_URL."""
     docs = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
     block = re.search(r"```python\n(# OpenAI Agents SDK.*?)```", docs, re.S).group(1)
     printed = []
     with FaultServer([OVERLOADED]) as srv:
-        scope = {"base_url": srv.base_url, "print": printed.append}
-        exec(compile(block, "docs/integrations.md", "exec"), scope)
-        await scope["main"]()
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
+        exec(compile(block, "docs/integrations.md", "exec"), {"print": printed.append})
         assert len(srv.chat_requests) == 2
     assert printed[-1] == "ok"
     assert [type(e).__name__ for e in printed[:-1]] == ["AutoRetryStart", "AutoRetryEnd"]

@@ -27,6 +27,7 @@ top-level ``fsm.load_settings``).
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import random as _random
 import warnings
@@ -730,15 +731,11 @@ class RetrySettings:
                         f"{{'maxRetries': 5}} (or {{'retry': {{...}}}}), got {type(settings).__name__}")
 
 
-_DEFAULT: "list[RetrySettings]" = []
-
-
+@functools.cache
 def _default_settings() -> "RetrySettings":
     """``RetrySettings()``, built once: it is immutable, and a mapping's keys are applied over
     it (:meth:`RetrySettings._from_retry`)."""
-    if not _DEFAULT:
-        _DEFAULT.append(RetrySettings())
-    return _DEFAULT[0]
+    return RetrySettings()
 
 
 _PARSED: "dict[Any, RetrySettings]" = {}

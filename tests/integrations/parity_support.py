@@ -365,3 +365,26 @@ def langgraph_async_host(srv, settings, clock, coordinator, events):
                 return {"answer": reply.choices[0].message.content}
             return await one_node_graph(ask).ainvoke({"answer": ""})
     return run_settled(run())
+
+
+def observe_host(host: Any, answers: list, settings: dict, clock: VirtualClock,
+                 on_server: Callable[[Any], None] | None = None) -> Observation:
+    """Run one call through ``host(server, settings, clock, coordinator, events)`` against a
+    fresh fault server answering ``answers`` (``on_server(server)`` once it is up): the
+    requests' models, the clock's waits, the events shown, the outcome and the tokens."""
+    from fsm.testing.fault_server import FaultServer
+
+    coordinator = RecordingCoordinator(clock)
+    events: list = []
+    result, error = None, None
+    with FaultServer(answers) as srv:
+        if on_server is not None:
+            on_server(srv)
+        try:
+            result = host(srv, settings, clock, coordinator, events)
+        except Exception as exc:  # noqa: BLE001 - the outcome observed
+            error = exc
+        requests = tuple((r["body"] or {}).get("model") for r in srv.chat_requests)
+    seen = tuple(s for s in map(shown, events) if s is not None)
+    return Observation(requests, tuple(clock.waits), seen, outcome_of(result, error),
+                       coordinator.accounting())

@@ -21,9 +21,10 @@ import pytest
 from fsm import RetryRunner
 from fsm.testing.fault_server import FaultServer
 
-from parity_support import (langgraph_async_host, one_node_graph, DEADLINE_IN_ATTEMPT, KEY, MODEL, OK, OVERLOADED, PROMPT, SETTINGS,
-                            exemptions, Observation, one_table, outcome_of, RecordingCoordinator,
-                            run_settled, runner_async_host, session_host, shown, VirtualClock)
+from parity_support import (DEADLINE_IN_ATTEMPT, KEY, MODEL, OK, OVERLOADED, PROMPT, SETTINGS,
+                            exemptions, langgraph_async_host, Observation, observe_host,
+                            one_node_graph, one_table, run_settled, runner_async_host, session_host,
+                            VirtualClock)
 
 SLOW_S = 5.0
 """How long the sync hosts' slow attempt takes (virtual seconds): past the deadline."""
@@ -98,19 +99,10 @@ def observe(name: str) -> Observation:
     script = DEADLINE_IN_ATTEMPT
     answers = [OVERLOADED, OK] if name.endswith(" sync") else script.answers
     clock = DeadlineClock()
-    coordinator = RecordingCoordinator(clock)
-    events: list = []
-    result, error = None, None
-    with FaultServer(answers) as srv:
+
+    def watch(srv: FaultServer) -> None:
         clock.arrived = lambda: len(srv.chat_requests) >= 2
-        try:
-            result = HOSTS[name](srv, {**SETTINGS, **script.settings}, clock, coordinator, events)
-        except Exception as exc:  # noqa: BLE001 - the outcome observed
-            error = exc
-        requests = tuple((r["body"] or {}).get("model") for r in srv.chat_requests)
-    seen = tuple(s for s in map(shown, events) if s is not None)
-    return Observation(requests, tuple(clock.waits), seen, outcome_of(result, error),
-                       coordinator.accounting())
+    return observe_host(HOSTS[name], answers, {**SETTINGS, **script.settings}, clock, watch)
 
 
 @pytest.mark.parametrize("host", sorted(HOSTS))

@@ -19,9 +19,10 @@ from fsm.integrations.httpx2 import AsyncRetryTransport, RetryTransport
 from fsm.integrations.tenacity import BrainStrategy
 from fsm.testing.fault_server import FaultServer
 
-from parity_support import (langgraph_async_host, one_node_graph, KEY, MODEL, PROMPT, SCRIPTS, SETTINGS, exemptions, Observation,
-                            one_table, outcome_of, RecordingCoordinator, run_settled,
-                            runner_async_host, session_host, shown, VirtualClock)
+from parity_support import (KEY, MODEL, PROMPT, SCRIPTS, SETTINGS, exemptions, langgraph_async_host,
+                            Observation, observe_host, one_node_graph, one_table,
+                            RecordingCoordinator, run_settled, runner_async_host, session_host,
+                            VirtualClock)
 
 Host = Callable[[FaultServer, dict, VirtualClock, RecordingCoordinator, list], Any]
 """``host(server, settings, clock, coordinator, events)``: runs one call, returns its result or
@@ -117,20 +118,7 @@ HOSTS: dict[str, Host] = {
 def observe(host: Host, name: str) -> Observation:
     """Run script ``name`` through ``host`` against a fresh fault server."""
     script = SCRIPTS[name]
-    settings = {**SETTINGS, **script.settings}
-    clock = VirtualClock()
-    coordinator = RecordingCoordinator(clock)
-    events: list = []
-    result, error = None, None
-    with FaultServer(script.answers) as srv:
-        try:
-            result = host(srv, settings, clock, coordinator, events)
-        except Exception as exc:  # noqa: BLE001 - the outcome observed
-            error = exc
-        requests = tuple((r["body"] or {}).get("model") for r in srv.chat_requests)
-    seen = tuple(s for s in map(shown, events) if s is not None)
-    return Observation(requests, tuple(clock.waits), seen, outcome_of(result, error),
-                       coordinator.accounting())
+    return observe_host(host, script.answers, {**SETTINGS, **script.settings}, VirtualClock())
 
 
 # ---------------------------------------------------------------------------- the tests
